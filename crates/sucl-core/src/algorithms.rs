@@ -1,0 +1,458 @@
+//! Generic collective algorithms over the point-to-point [`Engine`], chosen by message size:
+//! recursive doubling and binomial trees for small messages (latency: log2 n steps), rings and
+//! pipelined chains for large ones (bandwidth: every link busy, each byte sent ~once per rank).
+//! Any backend with an engine gets every collective from here.
+
+use crate::backend::{CollDesc, CollOp};
+use crate::chunk::{block_range, bytes, pieces};
+use crate::dtype::{finish_reduce, reduce_bytes};
+use crate::engine::Engine;
+use crate::error::Result;
+
+/// Tuning knobs of the generic algorithms.
+#[derive(Clone, Copy, Debug)]
+pub struct AlgoConfig {
+    /// Messages up to this many bytes use latency-optimal algorithms.
+    pub small_bytes: usize,
+    /// Pipeline piece size of rings and chains.
+    pub piece_bytes: usize,
+}
+
+impl Default for AlgoConfig {
+    fn default() -> Self {
+        AlgoConfig { small_bytes: 64 << 10, piece_bytes: 256 << 10 }
+    }
+}
+
+/// Runs one collective over `e` (the `send`/`recv` convention of [`crate::Backend::collective`]).
+pub fn run(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    e.check_usable(desc.op.name())?;
+    let tag = e.next_coll_tag();
+    let meta = desc.encode();
+    let c = Ctx { tag, meta, desc: *desc, cfg: *cfg };
+    match desc.op {
+        CollOp::Barrier => barrier(e, &c),
+        CollOp::Broadcast => broadcast(e, &c, recv),
+        CollOp::AllReduce => {
+            if let Some(s) = send {
+                recv.copy_from_slice(s);
+            }
+            all_reduce(e, &c, recv)
+        }
+        CollOp::Reduce => reduce(e, &c, send, recv),
+        CollOp::Gather => gather(e, &c, send, recv),
+        CollOp::AllGather => all_gather(e, &c, send, recv),
+        CollOp::Scatter => scatter(e, &c, send, recv),
+        CollOp::AllToAll => all_to_all(e, &c, send.expect("all_to_all needs a send buffer"), recv),
+        CollOp::ReduceScatter => reduce_scatter(e, &c, send.expect("reduce_scatter needs a send buffer"), recv),
+    }
+}
+
+struct Ctx {
+    tag: u64,
+    meta: [u64; 2],
+    desc: CollDesc,
+    cfg: AlgoConfig,
+}
+
+fn barrier(e: &mut Engine, c: &Ctx) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let mut k = 1;
+    while k < n {
+        e.sendrecv((r + k) % n, &[], (r + n - k) % n, &mut [], c.tag, c.meta)?;
+        k <<= 1;
+    }
+    Ok(())
+}
+
+fn broadcast(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    if n == 1 {
+        return Ok(());
+    }
+    let root = c.desc.root;
+    let vr = (r + n - root) % n;
+    let real = |v: usize| (v + root) % n;
+    if buf.len() <= c.cfg.small_bytes || n == 2 && buf.len() <= c.cfg.piece_bytes {
+        // Binomial tree.
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                e.recv(real(vr - mask), c.tag, Some(c.meta), buf)?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if vr + mask < n {
+                e.send(real(vr + mask), c.tag, c.meta, buf)?;
+            }
+            mask >>= 1;
+        }
+        return Ok(());
+    }
+    // Pipelined chain in virtual-rank order: piece k moves on while piece k+1 arrives.
+    let next = (vr + 1 < n).then(|| real(vr + 1));
+    let prev = (vr > 0).then(|| real(vr - 1));
+    let mut recvs = std::mem::take(&mut e.reqs);
+    recvs.clear();
+    let mut sends = Vec::new();
+    let res = (|| -> Result<()> {
+        let ptr = buf.as_mut_ptr();
+        if let Some(p) = prev {
+            for rg in pieces(buf.len(), c.cfg.piece_bytes) {
+                // SAFETY: every request is waited for or cancelled before returning.
+                recvs.push(unsafe { e.post_recv(p, c.tag, Some(c.meta), ptr.add(rg.start), rg.len())? });
+            }
+        }
+        for (k, rg) in pieces(buf.len(), c.cfg.piece_bytes).enumerate() {
+            if prev.is_some() {
+                e.wait(recvs[k])?;
+                recvs[k] = 0;
+            }
+            if let Some(nx) = next {
+                // SAFETY: as above.
+                sends.push(unsafe { e.post_send(nx, c.tag, c.meta, ptr.add(rg.start), rg.len())? });
+            }
+        }
+        for &s in &sends {
+            e.wait(s)?;
+        }
+        sends.clear();
+        Ok(())
+    })();
+    if res.is_err() {
+        for &q in recvs.iter().chain(&sends) {
+            e.cancel(q);
+        }
+    }
+    e.reqs = recvs;
+    res
+}
+
+fn all_reduce(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+    let n = e.size();
+    let es = c.desc.dtype.size();
+    if n > 1 && buf.len() > 0 {
+        if buf.len() <= c.cfg.small_bytes || c.desc.count < n {
+            recursive_doubling(e, c, buf)?;
+        } else {
+            ring_reduce_scatter(e, c, buf)?;
+            ring_all_gather(e, c, buf, es)?;
+        }
+    }
+    finish_reduce(buf, c.desc.dtype, c.desc.redop, n);
+    Ok(())
+}
+
+fn recursive_doubling(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let (dt, op) = (c.desc.dtype, c.desc.redop);
+    let mut tmp = std::mem::take(&mut e.scratch);
+    tmp.resize(buf.len(), 0);
+    let res = (|| -> Result<()> {
+        let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        let rem = n - p;
+        let newrank = if r < 2 * rem {
+            if r % 2 == 0 {
+                e.send(r + 1, c.tag, c.meta, buf)?;
+                None
+            } else {
+                e.recv(r - 1, c.tag, Some(c.meta), &mut tmp)?;
+                reduce_bytes(buf, &tmp, dt, op);
+                Some(r / 2)
+            }
+        } else {
+            Some(r - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut d = 1;
+            while d < p {
+                let pn = nr ^ d;
+                let partner = if pn < rem { pn * 2 + 1 } else { pn + rem };
+                e.sendrecv(partner, buf, partner, &mut tmp, c.tag, c.meta)?;
+                reduce_bytes(buf, &tmp, dt, op);
+                d <<= 1;
+            }
+        }
+        if r < 2 * rem {
+            if r % 2 == 1 {
+                e.send(r - 1, c.tag, c.meta, buf)?;
+            } else {
+                e.recv(r + 1, c.tag, Some(c.meta), buf)?;
+            }
+        }
+        Ok(())
+    })();
+    e.scratch = tmp;
+    res
+}
+
+/// Ring reduce-scatter in place: afterwards rank r's block r of `buf` (blocks by
+/// [`block_range`] over the element count) holds the reduction of every rank's block r.
+fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let es = c.desc.dtype.size();
+    let count = buf.len() / es;
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let mut tmp = std::mem::take(&mut e.scratch);
+    let mut reqs = std::mem::take(&mut e.reqs);
+    let res = (|| -> Result<()> {
+        for s in 0..n - 1 {
+            let sb = bytes(block_range(count, n, (r + 2 * n - s - 1) % n), es);
+            let rb = bytes(block_range(count, n, (r + 2 * n - s - 2) % n), es);
+            tmp.resize(rb.len(), 0);
+            reqs.clear();
+            let base = buf.as_mut_ptr();
+            // Post every piece of the incoming block first so no frame arrives unexpected, then
+            // send ours; reduce each piece as soon as it lands, overlapping the rest's transfer.
+            for pr in pieces(rb.len(), c.cfg.piece_bytes) {
+                // SAFETY: all requests are completed or cancelled before tmp/buf borrows end.
+                reqs.push(unsafe { e.post_recv(left, c.tag, Some(c.meta), tmp.as_mut_ptr().add(pr.start), pr.len())? });
+            }
+            let nrecv = reqs.len();
+            for pr in pieces(sb.len(), c.cfg.piece_bytes) {
+                // SAFETY: as above; the send block and the reduced block are disjoint.
+                reqs.push(unsafe { e.post_send(right, c.tag, c.meta, base.add(sb.start + pr.start), pr.len())? });
+            }
+            for (k, pr) in pieces(rb.len(), c.cfg.piece_bytes).enumerate() {
+                if let Err(err) = e.wait(reqs[k]) {
+                    for &q in &reqs[k..] {
+                        e.cancel(q);
+                    }
+                    return Err(err);
+                }
+                // SAFETY: disjoint from the in-flight send block.
+                let acc = unsafe { std::slice::from_raw_parts_mut(base.add(rb.start + pr.start), pr.len()) };
+                reduce_bytes(acc, &tmp[pr.clone()], c.desc.dtype, c.desc.redop);
+            }
+            let sends: Vec<_> = reqs[nrecv..].to_vec();
+            e.wait_all(&sends)?;
+        }
+        Ok(())
+    })();
+    e.scratch = tmp;
+    e.reqs = reqs;
+    res
+}
+
+/// Ring all-gather in place of blocks by [`block_range`]: rank r contributes block r.
+fn ring_all_gather(e: &mut Engine, c: &Ctx, buf: &mut [u8], es: usize) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let count = buf.len() / es;
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let base = buf.as_mut_ptr();
+    for s in 0..n - 1 {
+        let sb = bytes(block_range(count, n, (r + n - s) % n), es);
+        let rb = bytes(block_range(count, n, (r + 2 * n - s - 1) % n), es);
+        // SAFETY: the two blocks are disjoint parts of buf.
+        let (sv, rv) = unsafe {
+            (std::slice::from_raw_parts(base.add(sb.start), sb.len()), std::slice::from_raw_parts_mut(base.add(rb.start), rb.len()))
+        };
+        e.sendrecv(right, sv, left, rv, c.tag, c.meta)?;
+    }
+    Ok(())
+}
+
+fn reduce(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let root = c.desc.root;
+    let (dt, op) = (c.desc.dtype, c.desc.redop);
+    let len = c.desc.count * dt.size();
+    // Work in recv on the root and in scratch elsewhere.
+    let mut work = std::mem::take(&mut e.scratch2);
+    let res = (|| -> Result<()> {
+        let acc: &mut [u8] = if r == root {
+            if let Some(s) = send {
+                recv.copy_from_slice(s);
+            }
+            recv
+        } else {
+            work.clear();
+            work.extend_from_slice(send.expect("non-root reduce needs a send buffer"));
+            &mut work[..]
+        };
+        if n == 1 || len == 0 {
+        } else if len <= c.cfg.small_bytes || c.desc.count < n {
+            let vr = (r + n - root) % n;
+            let mut tmp = std::mem::take(&mut e.scratch);
+            tmp.resize(len, 0);
+            let res = (|| -> Result<()> {
+                let mut mask = 1;
+                while mask < n {
+                    if vr & mask == 0 {
+                        let src = vr | mask;
+                        if src < n {
+                            e.recv((src + root) % n, c.tag, Some(c.meta), &mut tmp)?;
+                            reduce_bytes(acc, &tmp, dt, op);
+                        }
+                    } else {
+                        e.send((vr - mask + root) % n, c.tag, c.meta, acc)?;
+                        break;
+                    }
+                    mask <<= 1;
+                }
+                Ok(())
+            })();
+            e.scratch = tmp;
+            res?;
+        } else {
+            ring_reduce_scatter(e, c, acc)?;
+            let es = dt.size();
+            if r == root {
+                for j in (0..n).filter(|&j| j != root) {
+                    let b = bytes(block_range(c.desc.count, n, j), es);
+                    e.recv(j, c.tag, Some(c.meta), &mut acc[b])?;
+                }
+            } else {
+                let b = bytes(block_range(c.desc.count, n, r), es);
+                e.send(root, c.tag, c.meta, &acc[b])?;
+            }
+        }
+        if r == root {
+            finish_reduce(acc, dt, op, n);
+        }
+        Ok(())
+    })();
+    e.scratch2 = work;
+    res
+}
+
+fn gather(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let root = c.desc.root;
+    let blk = c.desc.count * c.desc.dtype.size();
+    if r != root {
+        return e.send(root, c.tag, c.meta, send.expect("non-root gather needs a send buffer"));
+    }
+    if let Some(s) = send {
+        recv[r * blk..(r + 1) * blk].copy_from_slice(s);
+    }
+    let mut reqs = std::mem::take(&mut e.reqs);
+    reqs.clear();
+    let base = recv.as_mut_ptr();
+    let mut res = Ok(());
+    for j in (0..n).filter(|&j| j != root) {
+        // SAFETY: waited for or cancelled below before recv's borrow ends.
+        match unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk) } {
+            Ok(q) => reqs.push(q),
+            Err(err) => {
+                res = Err(err);
+                break;
+            }
+        }
+    }
+    let res = match res {
+        Ok(()) => e.wait_all(&reqs),
+        Err(err) => {
+            for &q in &reqs {
+                e.cancel(q);
+            }
+            Err(err)
+        }
+    };
+    e.reqs = reqs;
+    res
+}
+
+fn all_gather(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let blk = c.desc.count * c.desc.dtype.size();
+    if let Some(s) = send {
+        recv[r * blk..(r + 1) * blk].copy_from_slice(s);
+    }
+    if n == 1 || blk == 0 {
+        return Ok(());
+    }
+    // Blocks are equal here, so the ring over "n blocks of blk bytes" is block_range over n*blk
+    // units of one byte.
+    ring_all_gather(e, c, recv, 1).map(|_| ())
+}
+
+fn scatter(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let root = c.desc.root;
+    let blk = c.desc.count * c.desc.dtype.size();
+    if r != root {
+        e.recv(root, c.tag, Some(c.meta), recv)?;
+        return Ok(());
+    }
+    let send = send.expect("root scatter needs a send buffer");
+    let mut reqs = std::mem::take(&mut e.reqs);
+    reqs.clear();
+    let mut res = Ok(());
+    for k in 1..n {
+        let j = (root + k) % n;
+        // SAFETY: waited for or cancelled below before send's borrow ends.
+        match unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk) } {
+            Ok(q) => reqs.push(q),
+            Err(err) => {
+                res = Err(err);
+                break;
+            }
+        }
+    }
+    recv.copy_from_slice(&send[r * blk..(r + 1) * blk]);
+    let res = match res {
+        Ok(()) => e.wait_all(&reqs),
+        Err(err) => {
+            for &q in &reqs {
+                e.cancel(q);
+            }
+            Err(err)
+        }
+    };
+    e.reqs = reqs;
+    res
+}
+
+fn all_to_all(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let blk = c.desc.count * c.desc.dtype.size();
+    recv[r * blk..(r + 1) * blk].copy_from_slice(&send[r * blk..(r + 1) * blk]);
+    let mut reqs = std::mem::take(&mut e.reqs);
+    reqs.clear();
+    let base = recv.as_mut_ptr();
+    let res = (|| -> Result<()> {
+        for k in 1..n {
+            let j = (r + n - k) % n;
+            // SAFETY: completed or cancelled before the borrows end.
+            reqs.push(unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk)? });
+        }
+        for k in 1..n {
+            let j = (r + k) % n;
+            // SAFETY: as above.
+            reqs.push(unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk)? });
+        }
+        Ok(())
+    })();
+    let res = match res {
+        Ok(()) => e.wait_all(&reqs),
+        Err(err) => {
+            for &q in &reqs {
+                e.cancel(q);
+            }
+            Err(err)
+        }
+    };
+    e.reqs = reqs;
+    res
+}
+
+fn reduce_scatter(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    let (r, n) = (e.rank(), e.size());
+    let blk = c.desc.count * c.desc.dtype.size();
+    let mut work = std::mem::take(&mut e.scratch2);
+    work.clear();
+    work.extend_from_slice(send);
+    // Blocks are equal: treat the whole buffer as n*count elements so block_range(.., n, j)
+    // is exactly block j.
+    let res = if n > 1 && blk > 0 { ring_reduce_scatter(e, c, &mut work) } else { Ok(()) };
+    if res.is_ok() {
+        recv.copy_from_slice(&work[r * blk..(r + 1) * blk]);
+        finish_reduce(recv, c.desc.dtype, c.desc.redop, n);
+    }
+    e.scratch2 = work;
+    res
+}

@@ -1,0 +1,200 @@
+//! The `Backend` trait: what every transport implements, over bytes + count + dtype (SuCL's buffer
+//! reinterpretation). Typed generics live in the facade crate above.
+
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+
+/// Handle of a posted non-blocking send or receive.
+pub type ReqId = u64;
+
+/// A collective operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CollOp {
+    /// Synchronize all ranks.
+    Barrier = 0,
+    /// Root's buffer to every rank.
+    Broadcast = 1,
+    /// Reduce every rank's buffer onto root.
+    Reduce = 2,
+    /// Reduce every rank's buffer onto every rank.
+    AllReduce = 3,
+    /// Concatenate every rank's block on root.
+    Gather = 4,
+    /// Concatenate every rank's block on every rank.
+    AllGather = 5,
+    /// Root's blocks, one to each rank.
+    Scatter = 6,
+    /// Block j of rank i goes to block i of rank j.
+    AllToAll = 7,
+    /// Reduce, then rank r keeps block r.
+    ReduceScatter = 8,
+}
+
+impl CollOp {
+    /// Every collective.
+    pub const ALL: [CollOp; 9] = [
+        CollOp::Barrier,
+        CollOp::Broadcast,
+        CollOp::Reduce,
+        CollOp::AllReduce,
+        CollOp::Gather,
+        CollOp::AllGather,
+        CollOp::Scatter,
+        CollOp::AllToAll,
+        CollOp::ReduceScatter,
+    ];
+
+    /// snake_case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollOp::Barrier => "barrier",
+            CollOp::Broadcast => "broadcast",
+            CollOp::Reduce => "reduce",
+            CollOp::AllReduce => "all_reduce",
+            CollOp::Gather => "gather",
+            CollOp::AllGather => "all_gather",
+            CollOp::Scatter => "scatter",
+            CollOp::AllToAll => "all_to_all",
+            CollOp::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    /// Parses a name as printed by [`CollOp::name`].
+    pub fn parse(s: &str) -> Option<CollOp> {
+        CollOp::ALL.iter().copied().find(|o| o.name() == s)
+    }
+
+    /// Whether the op takes a root.
+    pub const fn rooted(self) -> bool {
+        matches!(self, CollOp::Broadcast | CollOp::Reduce | CollOp::Gather | CollOp::Scatter)
+    }
+
+    /// Whether the op reduces.
+    pub const fn reduces(self) -> bool {
+        matches!(self, CollOp::Reduce | CollOp::AllReduce | CollOp::ReduceScatter)
+    }
+}
+
+/// What every rank must agree on for one collective call. `count` is per rank as the typed API
+/// takes it: the element count of all_reduce, reduce and broadcast; one rank's block for gather,
+/// all_gather, scatter, reduce_scatter; one peer's block for all_to_all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollDesc {
+    /// The operation.
+    pub op: CollOp,
+    /// The element type.
+    pub dtype: DType,
+    /// The reduce op (ignored unless the op reduces).
+    pub redop: ReduceOp,
+    /// The root (ignored unless the op is rooted).
+    pub root: usize,
+    /// Elements, as above.
+    pub count: usize,
+}
+
+impl CollDesc {
+    /// A descriptor for a barrier.
+    pub const BARRIER: CollDesc =
+        CollDesc { op: CollOp::Barrier, dtype: DType::U8, redop: ReduceOp::Sum, root: 0, count: 0 };
+
+    /// Packs into the two meta words carried by every frame of the collective.
+    pub fn encode(&self) -> [u64; 2] {
+        let root = if self.op.rooted() { self.root as u64 } else { 0 };
+        let redop = if self.op.reduces() { self.redop as u64 } else { 0 };
+        [
+            (self.op as u64) | (self.dtype as u64) << 8 | redop << 16 | (root & 0xffff_ffff) << 32,
+            self.count as u64,
+        ]
+    }
+
+    /// Unpacks [`CollDesc::encode`]'s words.
+    pub fn decode(w: [u64; 2]) -> Option<CollDesc> {
+        Some(CollDesc {
+            op: *CollOp::ALL.get((w[0] & 0xff) as usize)?,
+            dtype: DType::from_code((w[0] >> 8 & 0xff) as u8)?,
+            redop: ReduceOp::from_code((w[0] >> 16 & 0xff) as u8)?,
+            root: (w[0] >> 32) as usize,
+            count: w[1] as usize,
+        })
+    }
+
+    /// Says how `theirs` (from rank `peer`) differs from `self` (this rank's).
+    pub fn describe_mismatch(&self, me: usize, theirs: [u64; 2], peer: usize) -> String {
+        let Some(t) = CollDesc::decode(theirs) else {
+            return format!("{} arguments: rank {peer} sent an undecodable descriptor", self.op.name());
+        };
+        let mut diffs = vec![];
+        if t.op != self.op {
+            diffs.push(format!("operation (rank {me}: {}, rank {peer}: {})", self.op.name(), t.op.name()));
+        }
+        if t.count != self.count {
+            diffs.push(format!("count (rank {me}: {}, rank {peer}: {})", self.count, t.count));
+        }
+        if t.dtype != self.dtype {
+            diffs.push(format!("dtype (rank {me}: {}, rank {peer}: {})", self.dtype, t.dtype));
+        }
+        if self.op.reduces() && t.redop != self.redop {
+            diffs.push(format!("reduce op (rank {me}: {}, rank {peer}: {})", self.redop, t.redop));
+        }
+        if self.op.rooted() && t.root != self.root {
+            diffs.push(format!("root (rank {me}: {}, rank {peer}: {})", self.root, t.root));
+        }
+        format!("{} {}", self.op.name(), diffs.join(", "))
+    }
+}
+
+/// A transport for one memory kind. A backend serves one communicator (a fixed group of ranks).
+///
+/// In the collective call, `send == None` means in place: the input already sits in `recv` (for
+/// all_gather and gather: this rank's block at its position). Non-root ranks of a rooted op pass
+/// an empty `recv` where they receive nothing. Buffer sizes are validated by the caller.
+pub trait Backend: Send {
+    /// Short name (`shm`, `tcp`, ...).
+    fn name(&self) -> &'static str;
+    /// This rank in the backend's communicator.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// Posts a send of `len` bytes at `ptr` to `peer` with `tag`.
+    ///
+    /// # Safety
+    /// The memory must stay valid and unmodified until the request completes or is cancelled.
+    unsafe fn post_send(&mut self, peer: usize, tag: u64, ptr: *const u8, len: usize) -> Result<ReqId>;
+
+    /// Posts a receive of at most `cap` bytes into `ptr` from `peer` with `tag`.
+    ///
+    /// # Safety
+    /// The memory must stay valid and otherwise untouched until the request completes or is
+    /// cancelled.
+    unsafe fn post_recv(&mut self, peer: usize, tag: u64, ptr: *mut u8, cap: usize) -> Result<ReqId>;
+
+    /// Makes progress; `Some(bytes)` and the request is retired once it completed.
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>>;
+
+    /// Blocks (bounded by the timeout) until the request completes; returns its byte count.
+    fn wait(&mut self, req: ReqId) -> Result<usize>;
+
+    /// Withdraws a request whose memory is about to go away. Afterwards the backend never touches
+    /// that memory; if that is impossible without corrupting the stream, the communicator aborts.
+    fn cancel(&mut self, req: ReqId);
+
+    /// Runs a collective (see the trait's documentation for `send`/`recv`).
+    fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn desc_round_trip_and_mismatch_text() {
+        let d = CollDesc { op: CollOp::Reduce, dtype: DType::BF16, redop: ReduceOp::Max, root: 3, count: 1 << 40 };
+        assert_eq!(CollDesc::decode(d.encode()), Some(d));
+        let other = CollDesc { count: 7, root: 1, ..d };
+        let s = d.describe_mismatch(0, other.encode(), 2);
+        assert!(s.contains("count (rank 0: 1099511627776, rank 2: 7)"), "{s}");
+        assert!(s.contains("root (rank 0: 3, rank 2: 1)"), "{s}");
+    }
+}

@@ -1,0 +1,731 @@
+//! The point-to-point engine: frames, tag matching and non-blocking progress over any byte channel.
+//!
+//! Each peer is one ordered byte stream (a TCP socket, a shared-memory ring). Sends are queued
+//! per peer and written as header + payload without copies; incoming frames are matched in
+//! arrival order against posted receives with the same tag (MPI's non-overtaking rule) and land
+//! directly in the user's buffer. Frames nobody posted for yet are kept as unexpected messages,
+//! growing only as their bytes actually arrive. Any failure aborts the whole communicator.
+
+use crate::backend::{CollDesc, ReqId};
+use crate::error::{AbortState, Error, Result};
+use crate::wait::{Phase, Waiter};
+use crate::wire::{Header, Kind, HEADER_LEN};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tag bit reserved for collectives; user tags never set it.
+pub const COLL_TAG_BIT: u64 = 1 << 63;
+
+/// A non-blocking, ordered byte stream to one peer.
+pub trait Channel: Send {
+    /// Writes a prefix of the concatenation of `parts`; `Ok(0)` when the stream is full.
+    fn try_write(&mut self, parts: &[&[u8]]) -> io::Result<usize>;
+    /// Reads what is available into `buf`; `Ok(0)` when nothing is; end of stream is an error.
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+    /// A file descriptor to block on with `poll`, if the channel has one.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+enum OpKind {
+    Send { hdr: [u8; HEADER_LEN], ptr: *const u8, len: usize, sent: usize },
+    Recv { ptr: *mut u8, cap: usize, tag: u64, expect: Option<[u64; 2]>, unexp: Option<u64> },
+}
+
+struct Op {
+    peer: usize,
+    done: bool,
+    bytes: usize,
+    kind: OpKind,
+}
+
+struct Slot {
+    gen: u32,
+    op: Option<Op>,
+}
+
+enum Target {
+    Op(u32),
+    Unexpected(u64),
+    Discard,
+}
+
+enum Rx {
+    Header { buf: [u8; HEADER_LEN], got: usize },
+    Payload { len: usize, got: usize, target: Target, hdr: Header },
+}
+
+struct Unexpected {
+    id: u64,
+    tag: u64,
+    meta: [u64; 2],
+    len: usize,
+    data: Vec<u8>,
+    claimed_by: Option<u32>,
+}
+
+struct Peer {
+    chan: Option<Box<dyn Channel>>,
+    sendq: VecDeque<u32>,
+    posted: VecDeque<u32>,
+    unexpected: VecDeque<Unexpected>,
+    rx: Rx,
+}
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Bound of every wait.
+    pub timeout: Duration,
+    /// Largest payload a peer may announce.
+    pub max_message: u64,
+}
+
+/// Point-to-point engine of one communicator (see the module documentation).
+pub struct Engine {
+    rank: usize,
+    world_ranks: Vec<usize>,
+    peers: Vec<Peer>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    next_unexp: u64,
+    abort: Arc<AbortState>,
+    cfg: EngineConfig,
+    failed: bool,
+    pollfds: Vec<libc::pollfd>,
+    coll_seq: u64,
+    /// Reusable scratch for algorithms (kept here so steady-state calls do not allocate).
+    pub scratch: Vec<u8>,
+    /// A second scratch buffer.
+    pub scratch2: Vec<u8>,
+    /// Reusable request list for algorithms.
+    pub reqs: Vec<ReqId>,
+}
+
+// SAFETY: the raw pointers inside ops are owned by the posting caller under the contract of
+// `post_send`/`post_recv`; the engine is used from one thread at a time.
+unsafe impl Send for Engine {}
+
+impl Engine {
+    /// An engine for `rank` among `channels.len()` ranks; `channels[rank]` must be `None`.
+    /// `world_ranks` maps communicator ranks to world ranks for error messages.
+    pub fn new(
+        rank: usize,
+        channels: Vec<Option<Box<dyn Channel>>>,
+        world_ranks: Vec<usize>,
+        abort: Arc<AbortState>,
+        cfg: EngineConfig,
+    ) -> Self {
+        let peers = channels
+            .into_iter()
+            .map(|chan| Peer {
+                chan,
+                sendq: VecDeque::new(),
+                posted: VecDeque::new(),
+                unexpected: VecDeque::new(),
+                rx: Rx::Header { buf: [0; HEADER_LEN], got: 0 },
+            })
+            .collect();
+        Engine {
+            rank,
+            world_ranks,
+            peers,
+            slots: vec![],
+            free: vec![],
+            next_unexp: 0,
+            abort,
+            cfg,
+            failed: false,
+            pollfds: vec![],
+            coll_seq: 0,
+            scratch: vec![],
+            scratch2: vec![],
+            reqs: vec![],
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The configured timeout.
+    pub fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    /// The abort state shared with the rest of the process.
+    pub fn abort_state(&self) -> &Arc<AbortState> {
+        &self.abort
+    }
+
+    /// The world rank of communicator rank `r`.
+    pub fn world_rank(&self, r: usize) -> usize {
+        self.world_ranks.get(r).copied().unwrap_or(r)
+    }
+
+    /// A fresh tag for the next collective (all ranks call collectives in the same order).
+    pub fn next_coll_tag(&mut self) -> u64 {
+        self.coll_seq = self.coll_seq.wrapping_add(1);
+        COLL_TAG_BIT | (self.coll_seq & 0x7fff_ffff_ffff_ffff)
+    }
+
+    /// Fails fast if this engine or the job was already aborted.
+    pub fn check_usable(&self, during: &str) -> Result<()> {
+        self.abort.check(self.world_rank(self.rank), during)?;
+        if self.failed {
+            return Err(Error::Aborted { rank: self.world_rank(self.rank), reason: "communicator failed earlier".into() });
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.failed = true;
+        self.abort.raise(e.abort_info());
+        e
+    }
+
+    fn alloc(&mut self, op: Op) -> ReqId {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { gen: 0, op: None });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[idx as usize];
+        s.gen = s.gen.wrapping_add(1);
+        s.op = Some(op);
+        (s.gen as u64) << 32 | idx as u64
+    }
+
+    fn slot_of(&self, req: ReqId) -> Option<u32> {
+        let idx = (req & 0xffff_ffff) as u32;
+        let s = self.slots.get(idx as usize)?;
+        (s.gen == (req >> 32) as u32 && s.op.is_some()).then_some(idx)
+    }
+
+    fn op_mut(&mut self, idx: u32) -> &mut Op {
+        self.slots[idx as usize].op.as_mut().expect("live op")
+    }
+
+    fn retire(&mut self, idx: u32) -> usize {
+        let op = self.slots[idx as usize].op.take().expect("live op");
+        self.free.push(idx);
+        op.bytes
+    }
+
+    fn check_peer(&self, peer: usize, arg: &'static str) -> Result<()> {
+        if peer >= self.peers.len() {
+            return Err(Error::invalid(
+                self.world_rank(self.rank),
+                arg,
+                format!("rank {peer} out of range (communicator size {})", self.peers.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Posts a send. `meta` travels in the header (a collective descriptor, or zeros).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid and unmodified until the request completes or is cancelled.
+    pub unsafe fn post_send(&mut self, peer: usize, tag: u64, meta: [u64; 2], ptr: *const u8, len: usize) -> Result<ReqId> {
+        self.check_peer(peer, "peer")?;
+        self.check_usable("send")?;
+        if peer == self.rank {
+            return self.self_send(tag, meta, ptr, len);
+        }
+        let hdr = Header::data(tag, len, meta).encode();
+        let req = self.alloc(Op { peer, done: false, bytes: len, kind: OpKind::Send { hdr, ptr, len, sent: 0 } });
+        let idx = (req & 0xffff_ffff) as u32;
+        self.peers[peer].sendq.push_back(idx);
+        if self.peers[peer].sendq.len() == 1 {
+            // Eager first attempt: small messages usually leave right here.
+            if let Err(e) = self.progress_send(peer) {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(req)
+    }
+
+    unsafe fn self_send(&mut self, tag: u64, meta: [u64; 2], ptr: *const u8, len: usize) -> Result<ReqId> {
+        let data = std::slice::from_raw_parts(ptr, len);
+        let me = self.rank;
+        let pos = self.peers[me].posted.iter().position(|&i| {
+            matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag: t, .. }, .. }) if *t == tag)
+        });
+        if let Some(p) = pos {
+            let idx = self.peers[me].posted.remove(p).unwrap();
+            self.deliver_copy(idx, tag, meta, data)?;
+        } else {
+            let id = self.next_unexp;
+            self.next_unexp += 1;
+            self.peers[me].unexpected.push_back(Unexpected { id, tag, meta, len, data: data.to_vec(), claimed_by: None });
+        }
+        Ok(self.alloc(Op { peer: me, done: true, bytes: len, kind: OpKind::Send { hdr: [0; HEADER_LEN], ptr, len, sent: len } }))
+    }
+
+    /// Copies a complete message into recv op `idx` and completes it.
+    fn deliver_copy(&mut self, idx: u32, tag: u64, meta: [u64; 2], data: &[u8]) -> Result<()> {
+        let me = self.world_rank(self.rank);
+        let op = self.op_mut(idx);
+        let peer = op.peer;
+        let OpKind::Recv { ptr, cap, expect, .. } = op.kind else { unreachable!() };
+        let _ = tag;
+        if let Some(exp) = expect {
+            if exp != meta {
+                let what = describe(exp, me, meta, peer);
+                return Err(Error::Mismatch { rank: me, what });
+            }
+        }
+        if data.len() > cap {
+            return Err(Error::invalid(me, "recv buffer", format!("message of {} bytes from rank {peer} does not fit in {cap} bytes", data.len())));
+        }
+        // SAFETY: the posting caller guarantees ptr..ptr+cap is valid.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+        op.bytes = data.len();
+        op.done = true;
+        Ok(())
+    }
+
+    /// Posts a receive. With `expect`, a frame whose meta words differ is a mismatch error.
+    ///
+    /// # Safety
+    /// `ptr..ptr+cap` must stay valid and untouched until the request completes or is cancelled.
+    pub unsafe fn post_recv(&mut self, peer: usize, tag: u64, expect: Option<[u64; 2]>, ptr: *mut u8, cap: usize) -> Result<ReqId> {
+        self.check_peer(peer, "peer")?;
+        self.check_usable("recv")?;
+        let req = self.alloc(Op { peer, done: false, bytes: 0, kind: OpKind::Recv { ptr, cap, tag, expect, unexp: None } });
+        let idx = (req & 0xffff_ffff) as u32;
+        let pos = self.peers[peer].unexpected.iter().position(|u| u.tag == tag && u.claimed_by.is_none());
+        match pos {
+            Some(p) if self.peers[peer].unexpected[p].data.len() == self.peers[peer].unexpected[p].len && !self.is_filling(peer, p) => {
+                let u = self.peers[peer].unexpected.remove(p).unwrap();
+                if let Err(e) = self.deliver_copy(idx, u.tag, u.meta, &u.data) {
+                    self.retire(idx);
+                    return Err(self.fail(e));
+                }
+            }
+            Some(p) => {
+                let id = self.peers[peer].unexpected[p].id;
+                self.peers[peer].unexpected[p].claimed_by = Some(idx);
+                if let OpKind::Recv { unexp, .. } = &mut self.op_mut(idx).kind {
+                    *unexp = Some(id);
+                }
+            }
+            None => self.peers[peer].posted.push_back(idx),
+        }
+        Ok(req)
+    }
+
+    fn is_filling(&self, peer: usize, p: usize) -> bool {
+        let id = self.peers[peer].unexpected[p].id;
+        matches!(&self.peers[peer].rx, Rx::Payload { target: Target::Unexpected(t), .. } if *t == id)
+    }
+
+    /// Blocking send of `data` (bounded by the timeout).
+    pub fn send(&mut self, peer: usize, tag: u64, meta: [u64; 2], data: &[u8]) -> Result<()> {
+        // SAFETY: we wait for completion before `data`'s borrow ends.
+        let r = unsafe { self.post_send(peer, tag, meta, data.as_ptr(), data.len())? };
+        self.wait_guarded(r)
+    }
+
+    /// Blocking receive into `buf`; returns the message length.
+    pub fn recv(&mut self, peer: usize, tag: u64, expect: Option<[u64; 2]>, buf: &mut [u8]) -> Result<usize> {
+        // SAFETY: we wait for completion before `buf`'s borrow ends.
+        let r = unsafe { self.post_recv(peer, tag, expect, buf.as_mut_ptr(), buf.len())? };
+        match self.wait(r) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                self.cancel(r);
+                Err(e)
+            }
+        }
+    }
+
+    /// Simultaneous send and receive (what ring and pairwise steps need).
+    pub fn sendrecv(&mut self, to: usize, sbuf: &[u8], from: usize, rbuf: &mut [u8], tag: u64, meta: [u64; 2]) -> Result<()> {
+        // SAFETY: both requests complete or are cancelled before the borrows end.
+        unsafe {
+            let r = self.post_recv(from, tag, Some(meta), rbuf.as_mut_ptr(), rbuf.len())?;
+            let s = match self.post_send(to, tag, meta, sbuf.as_ptr(), sbuf.len()) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.cancel(r);
+                    return Err(e);
+                }
+            };
+            let res = self.wait(r).and_then(|_| self.wait(s));
+            if res.is_err() {
+                self.cancel(r);
+                self.cancel(s);
+            }
+            res.map(|_| ())
+        }
+    }
+
+    fn wait_guarded(&mut self, r: ReqId) -> Result<()> {
+        match self.wait(r) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.cancel(r);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for every request in `reqs` (cancelling all of them on error).
+    pub fn wait_all(&mut self, reqs: &[ReqId]) -> Result<()> {
+        for (i, &r) in reqs.iter().enumerate() {
+            if let Err(e) = self.wait(r) {
+                for &q in &reqs[i..] {
+                    self.cancel(q);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes and retires `req` if done, after one round of progress.
+    pub fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
+        let idx = self.slot_of(req).ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
+        if !self.slots[idx as usize].op.as_ref().unwrap().done {
+            self.progress()?;
+        }
+        if self.slots[idx as usize].op.as_ref().unwrap().done {
+            return Ok(Some(self.retire(idx)));
+        }
+        self.check_usable("test")?;
+        Ok(None)
+    }
+
+    /// Waits (bounded) for `req`, then retires it.
+    pub fn wait(&mut self, req: ReqId) -> Result<usize> {
+        let idx = self.slot_of(req).ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
+        let mut waiter = Waiter::new(self.cfg.timeout);
+        loop {
+            if self.slots[idx as usize].op.as_ref().unwrap().done {
+                return Ok(self.retire(idx));
+            }
+            let moved = self.progress()?;
+            if self.slots[idx as usize].op.as_ref().unwrap().done {
+                return Ok(self.retire(idx));
+            }
+            if !moved {
+                let blocked = waiter.phase() == Phase::Block && self.block_on_fds(&waiter);
+                let rank = self.world_rank(self.rank);
+                let peer = self.slots[idx as usize].op.as_ref().unwrap().peer;
+                let wr = self.world_rank(peer);
+                let is_send = matches!(self.slots[idx as usize].op.as_ref().unwrap().kind, OpKind::Send { .. });
+                if let Err(e) = waiter.pause(&self.abort, rank, &|| format!("{} {} rank {wr}", if is_send { "send to" } else { "receive from" }, ""), blocked) {
+                    let e = match e {
+                        Error::Timeout { rank, after, .. } => Error::Timeout { rank, op: format!("{} rank {wr}", if is_send { "send to" } else { "receive from" }), after },
+                        e => e,
+                    };
+                    self.failed = true;
+                    if matches!(e, Error::Timeout { .. }) {
+                        self.abort.raise(e.abort_info());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Polls every channel that has a file descriptor for up to 1 ms; false if none has one.
+    fn block_on_fds(&mut self, waiter: &Waiter) -> bool {
+        self.pollfds.clear();
+        for p in &self.peers {
+            match p.chan.as_ref().map(|c| c.raw_fd()) {
+                Some(Some(fd)) => {
+                    let events = libc::POLLIN | if p.sendq.is_empty() { 0 } else { libc::POLLOUT };
+                    self.pollfds.push(libc::pollfd { fd, events, revents: 0 });
+                }
+                Some(None) => return false,
+                None => {}
+            }
+        }
+        if self.pollfds.is_empty() {
+            return false;
+        }
+        let ms = waiter.remaining().as_millis().clamp(0, 1) as i32;
+        // SAFETY: pollfds is a valid array of the given length.
+        unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, ms) };
+        true
+    }
+
+    /// Withdraws a request (see [`crate::Backend::cancel`]).
+    pub fn cancel(&mut self, req: ReqId) {
+        let Some(idx) = self.slot_of(req) else { return };
+        let op = self.slots[idx as usize].op.as_ref().unwrap();
+        let peer = op.peer;
+        if op.done {
+            self.retire(idx);
+            return;
+        }
+        match op.kind {
+            OpKind::Send { sent, .. } => {
+                if sent > 0 {
+                    // Half a frame is on the wire; the stream cannot be resynchronized.
+                    let e = Error::Aborted { rank: self.world_rank(self.rank), reason: "a partially sent message was cancelled".into() };
+                    let _ = self.fail(e);
+                }
+                self.peers[peer].sendq.retain(|&i| i != idx);
+            }
+            OpKind::Recv { unexp, .. } => {
+                self.peers[peer].posted.retain(|&i| i != idx);
+                if let Some(id) = unexp {
+                    if let Some(u) = self.peers[peer].unexpected.iter_mut().find(|u| u.id == id) {
+                        u.claimed_by = None;
+                    }
+                }
+                if let Rx::Payload { target, .. } = &mut self.peers[peer].rx {
+                    if matches!(target, Target::Op(i) if *i == idx) {
+                        *target = Target::Discard;
+                    }
+                }
+            }
+        }
+        self.retire(idx);
+    }
+
+    /// One round of progress on every channel. Returns whether any byte moved.
+    pub fn progress(&mut self) -> Result<bool> {
+        if self.abort.is_set() {
+            self.check_usable("progress")?;
+        }
+        let mut moved = false;
+        for p in 0..self.peers.len() {
+            if self.peers[p].chan.is_none() {
+                continue;
+            }
+            let r = self.progress_send(p).and_then(|a| self.progress_recv(p).map(|b| a | b));
+            match r {
+                Ok(m) => moved |= m,
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        Ok(moved)
+    }
+
+    fn lost(&self, peer: usize, e: io::Error, during: &str) -> Error {
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
+                Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: during.into() }
+            }
+            _ => Error::io(self.world_rank(self.rank), format!("{during} rank {}", self.world_rank(peer)), e),
+        }
+    }
+
+    fn progress_send(&mut self, p: usize) -> Result<bool> {
+        let mut moved = false;
+        while let Some(&idx) = self.peers[p].sendq.front() {
+            let Some(Op { kind: OpKind::Send { hdr, ptr, len, sent }, .. }) = &self.slots[idx as usize].op else { unreachable!() };
+            let (hdr, ptr, len, sent) = (*hdr, *ptr, *len, *sent);
+            // SAFETY: the posting caller keeps ptr..ptr+len valid until completion.
+            let data = unsafe { std::slice::from_raw_parts(ptr, len) };
+            let total = HEADER_LEN + len;
+            let parts: [&[u8]; 2] = if sent < HEADER_LEN { [&hdr[sent..], data] } else { [&data[sent - HEADER_LEN..], &[]] };
+            let chan = self.peers[p].chan.as_mut().unwrap();
+            let n = match chan.try_write(&parts) {
+                Ok(n) => n,
+                Err(e) => return Err(self.lost(p, e, "send to")),
+            };
+            if n == 0 {
+                break;
+            }
+            moved = true;
+            let op = self.op_mut(idx);
+            if let OpKind::Send { sent, .. } = &mut op.kind {
+                *sent += n;
+                if *sent == total {
+                    op.done = true;
+                    self.peers[p].sendq.pop_front();
+                    continue;
+                }
+            }
+            break;
+        }
+        Ok(moved)
+    }
+
+    fn progress_recv(&mut self, p: usize) -> Result<bool> {
+        let mut moved = false;
+        loop {
+            let peer = &mut self.peers[p];
+            match &mut peer.rx {
+                Rx::Header { buf, got } => {
+                    let chan = peer.chan.as_mut().unwrap();
+                    let n = match chan.try_read(&mut buf[*got..]) {
+                        Ok(n) => n,
+                        Err(e) => return Err(self.lost(p, e, "receive from")),
+                    };
+                    if n == 0 {
+                        return Ok(moved);
+                    }
+                    moved = true;
+                    *got += n;
+                    if *got < HEADER_LEN {
+                        continue;
+                    }
+                    let raw = *buf;
+                    self.on_header(p, &raw)?;
+                }
+                Rx::Payload { len, got, target, hdr } => {
+                    let (len, hdr) = (*len, *hdr);
+                    if *got == len {
+                        let target = std::mem::replace(target, Target::Discard);
+                        peer.rx = Rx::Header { buf: [0; HEADER_LEN], got: 0 };
+                        self.on_payload_done(p, target, hdr)?;
+                        continue;
+                    }
+                    let g = *got;
+                    let n = match target {
+                        Target::Op(idx) => {
+                            let Some(Op { kind: OpKind::Recv { ptr, .. }, .. }) = &self.slots[*idx as usize].op else { unreachable!() };
+                            // SAFETY: the posting caller keeps the buffer valid; len <= cap was checked.
+                            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.add(g), len - g) };
+                            peer.chan.as_mut().unwrap().try_read(dst)
+                        }
+                        Target::Unexpected(id) => {
+                            let id = *id;
+                            let u = peer.unexpected.iter_mut().find(|u| u.id == id).expect("unexpected entry");
+                            // Grow only as bytes arrive, so a peer's claim costs nothing until sent.
+                            let want = (len - g).min(1 << 20);
+                            u.data.resize(g + want, 0);
+                            let r = peer.chan.as_mut().unwrap().try_read(&mut u.data[g..g + want]);
+                            if let Ok(k) = r {
+                                u.data.truncate(g + k);
+                            }
+                            r
+                        }
+                        Target::Discard => {
+                            let mut sink = [0u8; 4096];
+                            let want = (len - g).min(sink.len());
+                            peer.chan.as_mut().unwrap().try_read(&mut sink[..want])
+                        }
+                    };
+                    let n = match n {
+                        Ok(n) => n,
+                        Err(e) => return Err(self.lost(p, e, "receive from")),
+                    };
+                    if n == 0 {
+                        return Ok(moved);
+                    }
+                    moved = true;
+                    if let Rx::Payload { got, .. } = &mut self.peers[p].rx {
+                        *got += n;
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_header(&mut self, p: usize, raw: &[u8; HEADER_LEN]) -> Result<()> {
+        let me = self.world_rank(self.rank);
+        let wp = self.world_rank(p);
+        let hdr = Header::decode(raw, self.cfg.max_message).map_err(|w| Error::Protocol { rank: me, peer: wp, why: w.to_string() })?;
+        match hdr.kind {
+            Kind::Data => {}
+            Kind::Abort => {
+                // The payload (reason) is read and reported below, once complete.
+                if hdr.len > 4096 {
+                    return Err(Error::Protocol { rank: me, peer: wp, why: format!("abort reason of {} bytes", hdr.len) });
+                }
+            }
+            k => return Err(Error::Protocol { rank: me, peer: wp, why: format!("unexpected frame kind {k:?} on a data connection") }),
+        }
+        let len = hdr.len as usize;
+        let target = if hdr.kind == Kind::Abort {
+            let id = self.push_unexpected(p, hdr);
+            Target::Unexpected(id)
+        } else {
+            let pos = self.peers[p].posted.iter().position(|&i| {
+                matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag, .. }, .. }) if *tag == hdr.tag)
+            });
+            match pos {
+                Some(k) => {
+                    let idx = self.peers[p].posted.remove(k).unwrap();
+                    let Some(Op { kind: OpKind::Recv { cap, expect, .. }, .. }) = &self.slots[idx as usize].op else { unreachable!() };
+                    if let Some(exp) = *expect {
+                        if exp != hdr.meta {
+                            return Err(Error::Mismatch { rank: me, what: describe(exp, me, hdr.meta, wp) });
+                        }
+                    }
+                    if len > *cap {
+                        return Err(Error::invalid(me, "recv buffer", format!("message of {len} bytes from rank {wp} does not fit in {cap} bytes")));
+                    }
+                    self.op_mut(idx).bytes = len;
+                    Target::Op(idx)
+                }
+                None => Target::Unexpected(self.push_unexpected(p, hdr)),
+            }
+        };
+        self.peers[p].rx = Rx::Payload { len, got: 0, target, hdr };
+        Ok(())
+    }
+
+    fn push_unexpected(&mut self, p: usize, hdr: Header) -> u64 {
+        let id = self.next_unexp;
+        self.next_unexp += 1;
+        self.peers[p].unexpected.push_back(Unexpected { id, tag: hdr.tag, meta: hdr.meta, len: hdr.len as usize, data: Vec::new(), claimed_by: None });
+        id
+    }
+
+    fn on_payload_done(&mut self, p: usize, target: Target, hdr: Header) -> Result<()> {
+        match target {
+            Target::Op(idx) => {
+                self.op_mut(idx).done = true;
+            }
+            Target::Unexpected(id) => {
+                let pos = self.peers[p].unexpected.iter().position(|u| u.id == id).expect("unexpected entry");
+                if hdr.kind == Kind::Abort {
+                    let u = self.peers[p].unexpected.remove(pos).unwrap();
+                    let reason = String::from_utf8_lossy(&u.data).into_owned();
+                    let me = self.world_rank(self.rank);
+                    let info = crate::error::AbortInfo { lost_rank: None, reason: format!("rank {} aborted: {reason}", self.world_rank(p)) };
+                    self.abort.set_remote(info.clone());
+                    return Err(info.to_error(me, "receive"));
+                }
+                if let Some(idx) = self.peers[p].unexpected[pos].claimed_by {
+                    let u = self.peers[p].unexpected.remove(pos).unwrap();
+                    self.deliver_copy(idx, u.tag, u.meta, &u.data)?;
+                }
+            }
+            Target::Discard => {}
+        }
+        Ok(())
+    }
+
+    /// Sends an abort frame to every peer (best effort, non-blocking).
+    pub fn broadcast_abort(&mut self, reason: &str) {
+        let payload = reason.as_bytes();
+        let payload = &payload[..payload.len().min(4096)];
+        let hdr = Header { kind: Kind::Abort, tag: 0, len: payload.len() as u64, meta: [0, 0] }.encode();
+        for p in &mut self.peers {
+            if let Some(c) = p.chan.as_mut() {
+                if p.sendq.is_empty() {
+                    let _ = c.try_write(&[&hdr, payload]);
+                }
+            }
+        }
+    }
+}
+
+fn describe(mine: [u64; 2], me: usize, theirs: [u64; 2], peer: usize) -> String {
+    match CollDesc::decode(mine) {
+        Some(d) => d.describe_mismatch(me, theirs, peer),
+        None => format!("message descriptor with rank {peer}"),
+    }
+}

@@ -1,0 +1,213 @@
+//! The one error type users see, and the shared abort state that turns one rank's failure into an
+//! error on every rank.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A sucl result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong. Every message names the rank that saw it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An argument was invalid; nothing was sent or received.
+    #[error("rank {rank}: invalid argument `{arg}`: {why}")]
+    InvalidArgument {
+        /// The rank that saw it.
+        rank: usize,
+        /// The argument's name.
+        arg: &'static str,
+        /// Why it is invalid.
+        why: String,
+    },
+    /// A peer process died or closed its connections.
+    #[error("rank {rank}: lost peer rank {peer} during {during}")]
+    LostPeer {
+        /// The rank that saw it.
+        rank: usize,
+        /// The lost rank (in the world communicator).
+        peer: usize,
+        /// What was going on.
+        during: String,
+    },
+    /// A bounded wait ran out.
+    #[error("rank {rank}: {op} timed out after {after:?}")]
+    Timeout {
+        /// The rank that saw it.
+        rank: usize,
+        /// The operation that waited.
+        op: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// Ranks called a collective with different arguments.
+    #[error("rank {rank}: ranks disagree on {what}")]
+    Mismatch {
+        /// The rank that saw it.
+        rank: usize,
+        /// What differs, and between whom.
+        what: String,
+    },
+    /// A backend cannot serve this communicator or call.
+    #[error("rank {rank}: backend {backend} cannot serve: {why}")]
+    BackendUnavailable {
+        /// The rank that saw it.
+        rank: usize,
+        /// The backend's name.
+        backend: String,
+        /// Why not.
+        why: String,
+    },
+    /// A configuration or launch-environment problem.
+    #[error("config error: {0}")]
+    Config(String),
+    /// A peer sent bytes that do not follow the wire format.
+    #[error("rank {rank}: protocol error from rank {peer}: {why}")]
+    Protocol {
+        /// The rank that saw it.
+        rank: usize,
+        /// The rank that sent the bytes.
+        peer: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// The communicator was aborted because some rank failed; the reason says which and why.
+    #[error("rank {rank}: communicator aborted: {reason}")]
+    Aborted {
+        /// The rank that saw it.
+        rank: usize,
+        /// The reason the failing rank gave.
+        reason: String,
+    },
+    /// An operating-system error.
+    #[error("rank {rank}: I/O error during {during}: {source}")]
+    Io {
+        /// The rank that saw it.
+        rank: usize,
+        /// What was going on.
+        during: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Builds an [`Error::InvalidArgument`].
+    pub fn invalid(rank: usize, arg: &'static str, why: impl Into<String>) -> Self {
+        Error::InvalidArgument { rank, arg, why: why.into() }
+    }
+
+    /// Builds an [`Error::Io`].
+    pub fn io(rank: usize, during: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { rank, during: during.into(), source }
+    }
+
+    /// The information other ranks receive when this error aborts the communicator.
+    pub fn abort_info(&self) -> AbortInfo {
+        match self {
+            Error::LostPeer { peer, during, .. } => {
+                AbortInfo { lost_rank: Some(*peer), reason: format!("lost peer rank {peer} during {during}") }
+            }
+            Error::Aborted { reason, .. } => AbortInfo { lost_rank: None, reason: reason.clone() },
+            other => AbortInfo { lost_rank: None, reason: other.to_string() },
+        }
+    }
+}
+
+/// Why a communicator was aborted, as passed between ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AbortInfo {
+    /// The world rank that was lost, if the abort is a lost peer.
+    pub lost_rank: Option<usize>,
+    /// Human-readable reason.
+    pub reason: String,
+}
+
+impl AbortInfo {
+    /// The error a rank returns for a wait interrupted by this abort.
+    pub fn to_error(&self, rank: usize, during: &str) -> Error {
+        match self.lost_rank {
+            Some(peer) => Error::LostPeer { rank, peer, during: during.to_string() },
+            None => Error::Aborted { rank, reason: self.reason.clone() },
+        }
+    }
+}
+
+type Notifier = Box<dyn Fn(&AbortInfo) + Send + Sync>;
+
+/// Process-wide abort flag shared by all communicators and backends of one job.
+///
+/// Waits poll [`AbortState::is_set`] (one relaxed atomic load); the rendezvous store's watcher
+/// raises it when any rank fails, and a rank that fails raises it and tells the store.
+#[derive(Default)]
+pub struct AbortState {
+    flag: AtomicBool,
+    info: Mutex<Option<AbortInfo>>,
+    notifier: Mutex<Option<Notifier>>,
+}
+
+impl std::fmt::Debug for AbortState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortState").field("info", &self.info()).finish()
+    }
+}
+
+impl AbortState {
+    /// A fresh, un-raised state.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Whether an abort was raised.
+    #[inline(always)]
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// The abort's information, if raised.
+    pub fn info(&self) -> Option<AbortInfo> {
+        self.info.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Installs the function that tells the other ranks (normally: a message to the store).
+    pub fn set_notifier(&self, f: Notifier) {
+        *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+    }
+
+    /// Records an abort seen from outside (the store told us); does not notify anyone.
+    pub fn set_remote(&self, info: AbortInfo) {
+        let mut g = self.info.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(info);
+        }
+        self.flag.store(true, Ordering::Release);
+    }
+
+    /// Raises an abort that this rank decided, and tells the other ranks. The first abort wins.
+    pub fn raise(&self, info: AbortInfo) {
+        {
+            let mut g = self.info.lock().unwrap_or_else(|e| e.into_inner());
+            if g.is_some() {
+                return;
+            }
+            *g = Some(info.clone());
+        }
+        self.flag.store(true, Ordering::Release);
+        if let Some(n) = self.notifier.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            n(&info);
+        }
+    }
+
+    /// The error to return if an abort was raised.
+    #[inline]
+    pub fn check(&self, rank: usize, during: &str) -> Result<()> {
+        if self.is_set() {
+            if let Some(info) = self.info() {
+                return Err(info.to_error(rank, during));
+            }
+        }
+        Ok(())
+    }
+}
