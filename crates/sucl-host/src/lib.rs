@@ -1,1 +1,45 @@
-//! placeholder
+//! sucl-host: the host-memory backends.
+//!
+//! - [`tcp::TcpBackend`]: any ranks on any hosts, one persistent `TCP_NODELAY` connection per
+//!   pair, driven by the core engine and its generic algorithms.
+//! - [`shm::ShmBackend`]: ranks on one host, over one POSIX shared-memory segment: lock-free
+//!   byte rings for point-to-point, and per-rank arenas where collectives let every rank copy
+//!   and reduce its share in parallel, synchronized by flag barriers (no syscall on the fast path).
+//!
+//! Depends only on `sucl-core`.
+
+pub mod shm;
+pub mod tcp;
+
+use std::time::Duration;
+use sucl_core::algorithms::AlgoConfig;
+
+/// Settings shared by the host backends.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Bound of every wait.
+    pub timeout: Duration,
+    /// Largest payload a peer may announce on the wire.
+    pub max_message: u64,
+    /// Generic-algorithm tuning (tcp).
+    pub algo: AlgoConfig,
+    /// Bytes of each shared-memory point-to-point ring (rounded up to a power of two).
+    pub shm_ring_bytes: usize,
+    /// Bytes of each rank's shared-memory collective arena (two halves used alternately).
+    pub shm_arena_bytes: usize,
+    /// Collectives up to this size use the single-barrier shared-memory algorithms.
+    pub shm_small_bytes: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            timeout: Duration::from_secs(300),
+            max_message: 1 << 40,
+            algo: AlgoConfig::default(),
+            shm_ring_bytes: 512 << 10,
+            shm_arena_bytes: 8 << 20,
+            shm_small_bytes: 16 << 10,
+        }
+    }
+}

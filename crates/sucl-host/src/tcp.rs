@@ -1,0 +1,250 @@
+//! The TCP backend: a full mesh of persistent non-blocking connections, framed by the core wire
+//! header, with the core engine's matching and the generic collective algorithms.
+
+use crate::HostConfig;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use sucl_core::algorithms::{self, AlgoConfig};
+use sucl_core::backend::{Backend, CollDesc, ReqId};
+use sucl_core::engine::{Channel, Engine, EngineConfig};
+use sucl_core::store::StoreClient;
+use sucl_core::wire::{Header, Kind, HEADER_LEN};
+use sucl_core::{AbortState, Error, Result};
+
+/// A non-blocking TCP stream as an engine channel.
+pub struct TcpChannel(pub TcpStream);
+
+impl Channel for TcpChannel {
+    fn try_write(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+        let slices: [IoSlice<'_>; 2] = [IoSlice::new(parts[0]), IoSlice::new(parts.get(1).copied().unwrap_or(&[]))];
+        let n = if parts.len() == 1 { 1 } else { 2 };
+        match self.0.write_vectored(&slices[..n]) {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.0.read(buf) {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.0.as_raw_fd())
+    }
+}
+
+/// The TCP backend of one communicator.
+pub struct TcpBackend {
+    engine: Engine,
+    algo: AlgoConfig,
+}
+
+fn hello_frame(rank: usize, ctx: u64) -> [u8; HEADER_LEN] {
+    Header { kind: Kind::Hello, tag: 0, len: 0, meta: [rank as u64, ctx] }.encode()
+}
+
+fn ctx_hash(prefix: &str) -> u64 {
+    prefix.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+impl TcpBackend {
+    /// Builds the mesh: every rank listens, publishes its address under `prefix` in the store,
+    /// connects to lower ranks and accepts higher ones; a hello frame names each connection.
+    pub fn connect(store: &StoreClient, prefix: &str, rank: usize, world_ranks: Vec<usize>, abort: Arc<AbortState>, cfg: &HostConfig) -> Result<TcpBackend> {
+        let n = world_ranks.len();
+        let wr = world_ranks[rank];
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |e: io::Error| Error::io(wr, format!("tcp setup: {what}"), e)
+        };
+        let ip = store.local_ip().unwrap_or_else(|| [127, 0, 0, 1].into());
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(io("bind"))?;
+        let addr = listener.local_addr().map_err(io("local addr"))?;
+        store.set(&format!("{prefix}/tcp/{rank}"), addr.to_string().as_bytes())?;
+        let ctx = ctx_hash(prefix);
+        let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+        for (j, slot) in streams.iter_mut().enumerate().take(rank) {
+            let a = String::from_utf8_lossy(&store.get(&format!("{prefix}/tcp/{j}"))?).into_owned();
+            let sa: SocketAddr = a.parse().map_err(|_| Error::Protocol { rank: wr, peer: world_ranks[j], why: format!("bad advertised address {a:?}") })?;
+            let mut s = TcpStream::connect_timeout(&sa, cfg.timeout).map_err(io(&format!("connect to rank {} at {sa}", world_ranks[j])))?;
+            s.write_all(&hello_frame(rank, ctx)).map_err(io("hello"))?;
+            *slot = Some(s);
+        }
+        listener.set_nonblocking(true).map_err(io("listener"))?;
+        let deadline = Instant::now() + cfg.timeout;
+        let mut missing = n - 1 - rank;
+        while missing > 0 {
+            abort.check(wr, "tcp setup")?;
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).map_err(io("accept"))?;
+                    s.set_read_timeout(Some(cfg.timeout)).map_err(io("accept"))?;
+                    let mut h = [0u8; HEADER_LEN];
+                    s.read_exact(&mut h).map_err(io("reading hello"))?;
+                    let hdr = Header::decode(&h, 0).map_err(|w| Error::Protocol { rank: wr, peer: usize::MAX, why: format!("bad hello: {w}") })?;
+                    let peer = hdr.meta[0] as usize;
+                    if hdr.kind != Kind::Hello || hdr.meta[1] != ctx || peer <= rank || peer >= n || streams[peer].is_some() {
+                        return Err(Error::Protocol { rank: wr, peer, why: "unexpected hello on the tcp mesh".into() });
+                    }
+                    s.set_read_timeout(None).map_err(io("accept"))?;
+                    streams[peer] = Some(s);
+                    missing -= 1;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout { rank: wr, op: "tcp setup (waiting for higher ranks to connect)".into(), after: cfg.timeout });
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(io("accept")(e)),
+            }
+        }
+        let mut channels: Vec<Option<Box<dyn Channel>>> = Vec::with_capacity(n);
+        for s in streams {
+            match s {
+                Some(s) => {
+                    s.set_nodelay(true).map_err(io("nodelay"))?;
+                    s.set_nonblocking(true).map_err(io("nonblocking"))?;
+                    channels.push(Some(Box::new(TcpChannel(s))));
+                }
+                None => channels.push(None),
+            }
+        }
+        let engine = Engine::new(rank, channels, world_ranks, abort, EngineConfig { timeout: cfg.timeout, max_message: cfg.max_message });
+        Ok(TcpBackend { engine, algo: cfg.algo })
+    }
+
+    /// A backend over already-connected streams (`streams[rank]` is `None`); used by tests.
+    pub fn from_streams(rank: usize, streams: Vec<Option<TcpStream>>, abort: Arc<AbortState>, cfg: &HostConfig) -> io::Result<TcpBackend> {
+        let n = streams.len();
+        let mut channels: Vec<Option<Box<dyn Channel>>> = Vec::with_capacity(n);
+        for s in streams {
+            channels.push(match s {
+                Some(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_nonblocking(true)?;
+                    Some(Box::new(TcpChannel(s)))
+                }
+                None => None,
+            });
+        }
+        let engine = Engine::new(rank, channels, (0..n).collect(), abort, EngineConfig { timeout: cfg.timeout, max_message: cfg.max_message });
+        Ok(TcpBackend { engine, algo: cfg.algo })
+    }
+}
+
+impl Backend for TcpBackend {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+    fn rank(&self) -> usize {
+        self.engine.rank()
+    }
+    fn size(&self) -> usize {
+        self.engine.size()
+    }
+    unsafe fn post_send(&mut self, peer: usize, tag: u64, ptr: *const u8, len: usize) -> Result<ReqId> {
+        self.engine.post_send(peer, tag, [0, 0], ptr, len)
+    }
+    unsafe fn post_recv(&mut self, peer: usize, tag: u64, ptr: *mut u8, cap: usize) -> Result<ReqId> {
+        self.engine.post_recv(peer, tag, None, ptr, cap)
+    }
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
+        self.engine.test(req)
+    }
+    fn wait(&mut self, req: ReqId) -> Result<usize> {
+        self.engine.wait(req)
+    }
+    fn cancel(&mut self, req: ReqId) {
+        self.engine.cancel(req)
+    }
+    fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        algorithms::run(&mut self.engine, &self.algo, desc, send, recv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn backend(s: TcpStream) -> TcpBackend {
+        let cfg = HostConfig { timeout: Duration::from_secs(5), ..Default::default() };
+        TcpBackend::from_streams(0, vec![None, Some(s)], AbortState::new(), &cfg).unwrap()
+    }
+
+    fn recv_one(b: &mut TcpBackend) -> Result<usize> {
+        let mut buf = [0u8; 64];
+        let r = unsafe { b.post_recv(1, 5, buf.as_mut_ptr(), buf.len())? };
+        b.wait(r)
+    }
+
+    #[test]
+    fn garbage_frame_is_rejected() {
+        let (a, mut raw) = pair();
+        let mut b = backend(a);
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nxxxxxxxxxxxxxxxx").unwrap();
+        let err = recv_one(&mut b).unwrap_err().to_string();
+        assert!(err.contains("protocol error") && err.contains("bad magic"), "{err}");
+    }
+
+    #[test]
+    fn truncated_frame_is_an_error() {
+        let (a, mut raw) = pair();
+        let mut b = backend(a);
+        raw.write_all(&Header::data(5, 32, [0, 0]).encode()).unwrap();
+        raw.write_all(&[1, 2, 3]).unwrap();
+        drop(raw);
+        let err = recv_one(&mut b).unwrap_err().to_string();
+        assert!(err.contains("lost peer rank 1"), "{err}");
+    }
+
+    #[test]
+    fn oversized_and_unknown_version_rejected() {
+        let (a, mut raw) = pair();
+        let mut b = backend(a);
+        let mut h = Header::data(5, 8, [0, 0]).encode();
+        h[4] = 99;
+        raw.write_all(&h).unwrap();
+        let err = recv_one(&mut b).unwrap_err().to_string();
+        assert!(err.contains("unsupported wire version 99"), "{err}");
+
+        let (a, mut raw) = pair();
+        let cfg = HostConfig { timeout: Duration::from_secs(5), max_message: 1024, ..Default::default() };
+        let mut b = TcpBackend::from_streams(0, vec![None, Some(a)], AbortState::new(), &cfg).unwrap();
+        raw.write_all(&Header::data(5, 1 << 40, [0, 0]).encode()).unwrap();
+        let err = recv_one(&mut b).unwrap_err().to_string();
+        assert!(err.contains("exceeds the limit 1024"), "{err}");
+    }
+
+    #[test]
+    fn message_larger_than_buffer_is_an_error() {
+        let (a, mut raw) = pair();
+        let mut b = backend(a);
+        raw.write_all(&Header::data(5, 100, [0, 0]).encode()).unwrap();
+        raw.write_all(&[0u8; 100]).unwrap();
+        let err = recv_one(&mut b).unwrap_err().to_string();
+        assert!(err.contains("does not fit in 64 bytes"), "{err}");
+    }
+}
