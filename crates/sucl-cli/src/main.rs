@@ -1,1 +1,268 @@
-fn main(){}
+//! The `sucl` command: `run` launches ranks, `bench` measures, `check` verifies correctness.
+
+mod bench;
+mod check;
+mod launcher;
+mod ops;
+mod pattern;
+mod plot;
+
+use clap::{Args, Parser, Subcommand};
+use std::time::Duration;
+use sucl::{CollOp, DType, ReduceOp};
+
+#[derive(Parser)]
+#[command(name = "sucl", version, about = "sucl: one communication API over shared memory, TCP and more")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Launch N ranks of a program on this machine.
+    Run {
+        /// Number of ranks.
+        #[arg(short = 'n', long = "ranks")]
+        ranks: usize,
+        /// Do not prefix output lines with the rank.
+        #[arg(long)]
+        no_prefix: bool,
+        /// Seconds between SIGTERM and SIGKILL when a rank fails.
+        #[arg(long, default_value_t = 2.0)]
+        grace: f64,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Benchmark one operation over a range of sizes (nccl-tests style).
+    Bench(BenchCli),
+    /// Check every collective, dtype and reduce op against serial references.
+    Check(CheckCli),
+}
+
+#[derive(Args)]
+struct Common {
+    /// Ranks to launch when not already inside a launched job.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// Backend: auto, shm or tcp (sets SUCL_BACKEND).
+    #[arg(long)]
+    backend: Option<String>,
+}
+
+#[derive(Args)]
+struct BenchCli {
+    /// sendrecv, broadcast, reduce, all_reduce, gather, all_gather, scatter, all_to_all,
+    /// reduce_scatter or barrier.
+    op: String,
+    #[command(flatten)]
+    common: Common,
+    /// Smallest size (suffixes K, M, G).
+    #[arg(long, default_value = "8")]
+    min_bytes: String,
+    /// Largest size.
+    #[arg(long, default_value = "128M")]
+    max_bytes: String,
+    /// Size multiplier between steps.
+    #[arg(long, default_value_t = 2)]
+    factor: u64,
+    /// Timed iterations per size.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Reduce operation.
+    #[arg(long, default_value = "sum")]
+    redop: String,
+    /// Root of rooted operations.
+    #[arg(long, default_value_t = 0)]
+    root: usize,
+    /// Print one JSON object per size on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Draw time and busbw against size into this SVG file.
+    #[arg(long)]
+    plot: Option<String>,
+    /// Skip the per-size correctness check.
+    #[arg(long)]
+    no_check: bool,
+}
+
+#[derive(Args)]
+struct CheckCli {
+    #[command(flatten)]
+    common: Common,
+    /// Comma-separated ops (default: all).
+    #[arg(long)]
+    ops: Option<String>,
+    /// Comma-separated dtypes (default: all).
+    #[arg(long)]
+    dtypes: Option<String>,
+    /// Comma-separated reduce ops (default: all).
+    #[arg(long)]
+    redops: Option<String>,
+    /// Comma-separated element counts (default: 0,1,7,3n+1,1000,70001).
+    #[arg(long)]
+    sizes: Option<String>,
+    /// Also check all_reduce, broadcast and reduce_scatter of this many MiB of f32.
+    #[arg(long, default_value_t = 0)]
+    big_mib: usize,
+    /// Seed of the test patterns.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, hide = true)]
+    inject_exit: Option<usize>,
+    #[arg(long, hide = true)]
+    inject_kill: Option<usize>,
+    #[arg(long, hide = true)]
+    inject_mismatch: Option<usize>,
+    #[arg(long, hide = true, default_value_t = 3)]
+    inject_after: usize,
+}
+
+fn parse_list<T>(s: &Option<String>, all: &[T], parse: impl Fn(&str) -> Option<T>, what: &str) -> Result<Vec<T>, String>
+where
+    T: Copy,
+{
+    match s {
+        None => Ok(all.to_vec()),
+        Some(s) => s.split(',').map(|x| parse(x.trim()).ok_or_else(|| format!("unknown {what} `{x}`"))).collect(),
+    }
+}
+
+fn bytes_arg(name: &str, s: &str) -> Result<u64, String> {
+    sucl::config::parse_bytes(s).ok_or_else(|| format!("--{name} {s:?}: expected a byte size such as 8, 64K, 128M"))
+}
+
+/// If asked for N ranks outside a launched job, relaunch this same command under `sucl run`.
+fn maybe_self_launch(common: &Common, prefix: bool) -> Option<i32> {
+    if let Some(b) = &common.backend {
+        std::env::set_var("SUCL_BACKEND", b);
+    }
+    let env = sucl_core::bootstrap::detect(&|k| std::env::var(k).ok()).ok()?;
+    if env.launcher != sucl::Launcher::None || common.ranks <= 1 {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?.to_string_lossy().into_owned();
+    let argv: Vec<String> = std::iter::once(exe).chain(std::env::args().skip(1)).collect();
+    Some(launcher::launch(&launcher::LaunchOpts { ranks: common.ranks, argv, prefix, grace: Duration::from_secs(2) }))
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("sucl: {msg}");
+    2
+}
+
+fn init_checked(common: &Common) -> Result<sucl::Communicator, i32> {
+    let comm = sucl::init().map_err(|e| {
+        eprintln!("sucl: init failed: {e}");
+        1
+    })?;
+    if common.ranks > 1 && comm.size() != common.ranks {
+        eprintln!("sucl: --ranks {} but the job has {} ranks", common.ranks, comm.size());
+        return Err(2);
+    }
+    Ok(comm)
+}
+
+fn bench_main(b: BenchCli) -> i32 {
+    let Some(op) = bench::BenchOp::parse(&b.op) else {
+        return fail(format!("unknown op `{}` (sendrecv, broadcast, reduce, all_reduce, gather, all_gather, scatter, all_to_all, reduce_scatter, barrier)", b.op));
+    };
+    let (min, max) = match (bytes_arg("min-bytes", &b.min_bytes), bytes_arg("max-bytes", &b.max_bytes)) {
+        (Ok(a), Ok(z)) => (a, z),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+    };
+    if min > max {
+        return fail(format!("--min-bytes {min} is larger than --max-bytes {max}"));
+    }
+    let Some(dtype) = DType::parse(&b.dtype) else { return fail(format!("unknown dtype `{}`", b.dtype)) };
+    let Some(redop) = ReduceOp::parse(&b.redop) else { return fail(format!("unknown reduce op `{}`", b.redop)) };
+    if b.iters == 0 {
+        return fail("--iters must be at least 1");
+    }
+    if let Some(code) = maybe_self_launch(&b.common, false) {
+        return code;
+    }
+    let comm = match init_checked(&b.common) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let args = bench::BenchArgs { op, min_bytes: min, max_bytes: max, factor: b.factor, iters: b.iters, warmup: b.warmup, dtype, redop, root: b.root, json: b.json, check: !b.no_check };
+    match bench::run(&comm, &args) {
+        Ok(rows) => {
+            if let (Some(path), 0) = (&b.plot, comm.rank()) {
+                let title = format!("{} {} ranks", op.name(), comm.size());
+                if let Err(e) = plot::plot(path, &title, &rows) {
+                    return fail(format!("cannot draw {path}: {e}"));
+                }
+            }
+            if rows.iter().any(|r| r.wrong > 0) {
+                eprintln!("sucl bench: some results were wrong");
+                return 1;
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("sucl bench: {e}");
+            1
+        }
+    }
+}
+
+fn check_main(c: CheckCli) -> i32 {
+    let parsed = (|| -> Result<check::CheckArgs, String> {
+        Ok(check::CheckArgs {
+            ops: parse_list(&c.ops, &CollOp::ALL, CollOp::parse, "op")?,
+            dtypes: parse_list(&c.dtypes, &DType::ALL, DType::parse, "dtype")?,
+            redops: parse_list(&c.redops, &ReduceOp::ALL, ReduceOp::parse, "reduce op")?,
+            sizes: c.sizes.as_ref().map(|s| s.split(',').map(|x| x.trim().parse::<usize>().map_err(|_| format!("bad size `{x}`"))).collect::<Result<Vec<_>, _>>()).transpose()?,
+            big_mib: c.big_mib,
+            seed: c.seed,
+            inject_exit: c.inject_exit,
+            inject_kill: c.inject_kill,
+            inject_mismatch: c.inject_mismatch,
+            inject_after: c.inject_after,
+        })
+    })();
+    let args = match parsed {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    if let Some(code) = maybe_self_launch(&c.common, true) {
+        return code;
+    }
+    let comm = match init_checked(&c.common) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match check::run(&comm, &args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sucl check: error: {e}");
+            1
+        }
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Cmd::Run { ranks, no_prefix, grace, argv } => {
+            if ranks == 0 {
+                fail("-n must be at least 1")
+            } else {
+                launcher::launch(&launcher::LaunchOpts { ranks, argv, prefix: !no_prefix, grace: Duration::from_secs_f64(grace.max(0.0)) })
+            }
+        }
+        Cmd::Bench(b) => bench_main(b),
+        Cmd::Check(c) => check_main(c),
+    };
+    std::process::exit(code);
+}

@@ -27,10 +27,11 @@ impl Default for AlgoConfig {
 /// Runs one collective over `e` (the `send`/`recv` convention of [`crate::Backend::collective`]).
 pub fn run(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
     e.check_usable(desc.op.name())?;
+    e.set_activity(desc.op.name());
     let tag = e.next_coll_tag();
     let meta = desc.encode();
     let c = Ctx { tag, meta, desc: *desc, cfg: *cfg };
-    match desc.op {
+    let r = match desc.op {
         CollOp::Barrier => barrier(e, &c),
         CollOp::Broadcast => broadcast(e, &c, recv),
         CollOp::AllReduce => {
@@ -45,7 +46,9 @@ pub fn run(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8]
         CollOp::Scatter => scatter(e, &c, send, recv),
         CollOp::AllToAll => all_to_all(e, &c, send.expect("all_to_all needs a send buffer"), recv),
         CollOp::ReduceScatter => reduce_scatter(e, &c, send.expect("reduce_scatter needs a send buffer"), recv),
-    }
+    };
+    e.set_activity("point-to-point");
+    r
 }
 
 struct Ctx {

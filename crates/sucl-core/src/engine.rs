@@ -8,7 +8,7 @@
 
 use crate::backend::{CollDesc, ReqId};
 use crate::error::{AbortState, Error, Result};
-use crate::wait::{Phase, Waiter};
+use crate::wait::{Backoff, Phase, Waiter};
 use crate::wire::{Header, Kind, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io;
@@ -70,6 +70,8 @@ struct Unexpected {
 
 struct Peer {
     chan: Option<Box<dyn Channel>>,
+    /// The peer closed its end between frames: fine unless we still need something from it.
+    closed: bool,
     sendq: VecDeque<u32>,
     posted: VecDeque<u32>,
     unexpected: VecDeque<Unexpected>,
@@ -83,6 +85,8 @@ pub struct EngineConfig {
     pub timeout: Duration,
     /// Largest payload a peer may announce.
     pub max_message: u64,
+    /// How waits poll before blocking.
+    pub backoff: Backoff,
 }
 
 /// Point-to-point engine of one communicator (see the module documentation).
@@ -98,6 +102,7 @@ pub struct Engine {
     failed: bool,
     pollfds: Vec<libc::pollfd>,
     coll_seq: u64,
+    activity: &'static str,
     /// Reusable scratch for algorithms (kept here so steady-state calls do not allocate).
     pub scratch: Vec<u8>,
     /// A second scratch buffer.
@@ -124,6 +129,7 @@ impl Engine {
             .into_iter()
             .map(|chan| Peer {
                 chan,
+                closed: false,
                 sendq: VecDeque::new(),
                 posted: VecDeque::new(),
                 unexpected: VecDeque::new(),
@@ -142,6 +148,7 @@ impl Engine {
             failed: false,
             pollfds: vec![],
             coll_seq: 0,
+            activity: "point-to-point",
             scratch: vec![],
             scratch2: vec![],
             reqs: vec![],
@@ -244,6 +251,10 @@ impl Engine {
         self.check_usable("send")?;
         if peer == self.rank {
             return self.self_send(tag, meta, ptr, len);
+        }
+        if self.peers[peer].closed {
+            let e = Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: "send (the peer had already closed its connection)".into() };
+            return Err(self.fail(e));
         }
         let hdr = Header::data(tag, len, meta).encode();
         let req = self.alloc(Op { peer, done: false, bytes: len, kind: OpKind::Send { hdr, ptr, len, sent: 0 } });
@@ -413,7 +424,7 @@ impl Engine {
     /// Waits (bounded) for `req`, then retires it.
     pub fn wait(&mut self, req: ReqId) -> Result<usize> {
         let idx = self.slot_of(req).ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
-        let mut waiter = Waiter::new(self.cfg.timeout);
+        let mut waiter = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         loop {
             if self.slots[idx as usize].op.as_ref().unwrap().done {
                 return Ok(self.retire(idx));
@@ -422,17 +433,20 @@ impl Engine {
             if self.slots[idx as usize].op.as_ref().unwrap().done {
                 return Ok(self.retire(idx));
             }
+            let peer = self.slots[idx as usize].op.as_ref().unwrap().peer;
+            if self.peers[peer].closed {
+                let e = Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: format!("{} (rank {} closed its connection)", self.activity, self.world_rank(peer)) };
+                return Err(self.fail(e));
+            }
             if !moved {
                 let blocked = waiter.phase() == Phase::Block && self.block_on_fds(&waiter);
                 let rank = self.world_rank(self.rank);
                 let peer = self.slots[idx as usize].op.as_ref().unwrap().peer;
                 let wr = self.world_rank(peer);
                 let is_send = matches!(self.slots[idx as usize].op.as_ref().unwrap().kind, OpKind::Send { .. });
-                if let Err(e) = waiter.pause(&self.abort, rank, &|| format!("{} {} rank {wr}", if is_send { "send to" } else { "receive from" }, ""), blocked) {
-                    let e = match e {
-                        Error::Timeout { rank, after, .. } => Error::Timeout { rank, op: format!("{} rank {wr}", if is_send { "send to" } else { "receive from" }), after },
-                        e => e,
-                    };
+                let activity = self.activity;
+                let what = || format!("{activity} ({} rank {wr})", if is_send { "send to" } else { "receive from" });
+                if let Err(e) = waiter.pause(&self.abort, rank, &what, blocked) {
                     self.failed = true;
                     if matches!(e, Error::Timeout { .. }) {
                         self.abort.raise(e.abort_info());
@@ -507,7 +521,7 @@ impl Engine {
         }
         let mut moved = false;
         for p in 0..self.peers.len() {
-            if self.peers[p].chan.is_none() {
+            if self.peers[p].chan.is_none() || self.peers[p].closed {
                 continue;
             }
             let r = self.progress_send(p).and_then(|a| self.progress_recv(p).map(|b| a | b));
@@ -520,12 +534,20 @@ impl Engine {
     }
 
     fn lost(&self, peer: usize, e: io::Error, during: &str) -> Error {
+        let wp = self.world_rank(peer);
+        let during = format!("{} ({during} rank {wp})", self.activity);
         match e.kind() {
             io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
-                Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: during.into() }
+                Error::LostPeer { rank: self.world_rank(self.rank), peer: wp, during }
             }
-            _ => Error::io(self.world_rank(self.rank), format!("{during} rank {}", self.world_rank(peer)), e),
+            _ => Error::io(self.world_rank(self.rank), during, e),
         }
+    }
+
+    /// Names what the engine is doing, for error messages (a collective's name, or
+    /// point-to-point).
+    pub fn set_activity(&mut self, activity: &'static str) {
+        self.activity = activity;
     }
 
     fn progress_send(&mut self, p: usize) -> Result<bool> {
@@ -569,6 +591,11 @@ impl Engine {
                     let chan = peer.chan.as_mut().unwrap();
                     let n = match chan.try_read(&mut buf[*got..]) {
                         Ok(n) => n,
+                        Err(e) if *got == 0 && e.kind() == io::ErrorKind::UnexpectedEof => {
+                            // A clean close between frames; an error only if we wait on this peer.
+                            peer.closed = true;
+                            return Ok(moved);
+                        }
                         Err(e) => return Err(self.lost(p, e, "receive from")),
                     };
                     if n == 0 {

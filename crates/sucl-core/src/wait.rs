@@ -4,8 +4,37 @@
 use crate::error::{AbortState, Error, Result};
 use std::time::{Duration, Instant};
 
-const SPIN_ROUNDS: u32 = 4000;
-const YIELD_ROUNDS: u32 = 2000;
+/// How long a wait busy-polls and then yields before it blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Busy-polling time (lowest latency; zero when ranks outnumber cores).
+    pub spin: Duration,
+    /// Time spent yielding the core between polls after spinning.
+    pub yield_for: Duration,
+}
+
+impl Backoff {
+    /// For a host whose ranks fit its cores: spin 50 µs, yield 200 µs.
+    pub const DEDICATED: Backoff = Backoff { spin: Duration::from_micros(50), yield_for: Duration::from_micros(200) };
+    /// For an oversubscribed host: give the core away at once.
+    pub const OVERSUBSCRIBED: Backoff = Backoff { spin: Duration::ZERO, yield_for: Duration::from_micros(200) };
+
+    /// The backoff for `local_ranks` processes on this host.
+    pub fn for_local_ranks(local_ranks: usize) -> Backoff {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        if local_ranks > cores {
+            Backoff::OVERSUBSCRIBED
+        } else {
+            Backoff::DEDICATED
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::DEDICATED
+    }
+}
 
 /// Where a wait stands in its backoff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,23 +51,25 @@ pub enum Phase {
 /// nothing to do.
 pub struct Waiter {
     start: Option<Instant>,
-    rounds: u32,
+    elapsed: Duration,
     timeout: Duration,
+    backoff: Backoff,
 }
 
 impl Waiter {
-    /// A wait bounded by `timeout`. Creating one costs nothing (no clock read).
+    /// A wait bounded by `timeout`. Creating one costs nothing (the clock starts at the first
+    /// pause).
     #[inline]
-    pub fn new(timeout: Duration) -> Self {
-        Waiter { start: None, rounds: 0, timeout }
+    pub fn new(timeout: Duration, backoff: Backoff) -> Self {
+        Waiter { start: None, elapsed: Duration::ZERO, timeout, backoff }
     }
 
     /// The current backoff phase.
     #[inline]
     pub fn phase(&self) -> Phase {
-        if self.rounds < SPIN_ROUNDS {
+        if self.elapsed < self.backoff.spin {
             Phase::Spin
-        } else if self.rounds < SPIN_ROUNDS + YIELD_ROUNDS {
+        } else if self.elapsed < self.backoff.spin + self.backoff.yield_for {
             Phase::Yield
         } else {
             Phase::Block
@@ -47,53 +78,30 @@ impl Waiter {
 
     /// Time left before the timeout (for kernel blocking calls).
     pub fn remaining(&self) -> Duration {
-        match self.start {
-            Some(s) => self.timeout.saturating_sub(s.elapsed()),
-            None => self.timeout,
-        }
+        self.timeout.saturating_sub(self.elapsed)
     }
 
     /// Checks the abort flag and the clock, then backs off once. `what` names the operation for
     /// the error message and is only called on failure. In [`Phase::Block`] it sleeps briefly
     /// unless `blocked_elsewhere` says the caller already blocked in the kernel.
     #[inline]
-    pub fn pause(
-        &mut self,
-        abort: &AbortState,
-        rank: usize,
-        what: &dyn Fn() -> String,
-        blocked_elsewhere: bool,
-    ) -> Result<()> {
-        self.rounds = self.rounds.saturating_add(1);
+    pub fn pause(&mut self, abort: &AbortState, rank: usize, what: &dyn Fn() -> String, blocked_elsewhere: bool) -> Result<()> {
         if abort.is_set() {
             abort.check(rank, &what())?;
         }
+        let start = *self.start.get_or_insert_with(Instant::now);
+        self.elapsed = start.elapsed();
+        if self.elapsed >= self.timeout {
+            return Err(Error::Timeout { rank, op: what(), after: self.elapsed });
+        }
         match self.phase() {
-            Phase::Spin => {
-                std::hint::spin_loop();
-                if self.rounds % 256 == 0 {
-                    self.check_clock(rank, what)?;
-                }
-            }
-            Phase::Yield => {
-                std::thread::yield_now();
-                self.check_clock(rank, what)?;
-            }
+            Phase::Spin => std::hint::spin_loop(),
+            Phase::Yield => std::thread::yield_now(),
             Phase::Block => {
                 if !blocked_elsewhere {
                     std::thread::sleep(Duration::from_micros(50));
                 }
-                self.check_clock(rank, what)?;
             }
-        }
-        Ok(())
-    }
-
-    fn check_clock(&mut self, rank: usize, what: &dyn Fn() -> String) -> Result<()> {
-        let start = *self.start.get_or_insert_with(Instant::now);
-        let elapsed = start.elapsed();
-        if elapsed >= self.timeout {
-            return Err(Error::Timeout { rank, op: what(), after: elapsed });
         }
         Ok(())
     }

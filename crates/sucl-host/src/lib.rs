@@ -13,6 +13,7 @@ pub mod tcp;
 
 use std::time::Duration;
 use sucl_core::algorithms::AlgoConfig;
+use sucl_core::wait::Backoff;
 
 /// Settings shared by the host backends.
 #[derive(Clone, Debug)]
@@ -29,6 +30,15 @@ pub struct HostConfig {
     pub shm_arena_bytes: usize,
     /// Collectives up to this size use the single-barrier shared-memory algorithms.
     pub shm_small_bytes: usize,
+    /// How waits poll before blocking (set from the number of ranks on this host).
+    pub backoff: Backoff,
+}
+
+impl HostConfig {
+    /// The engine settings these host settings imply.
+    pub fn engine(&self) -> sucl_core::engine::EngineConfig {
+        sucl_core::engine::EngineConfig { timeout: self.timeout, max_message: self.max_message, backoff: self.backoff }
+    }
 }
 
 impl Default for HostConfig {
@@ -40,6 +50,7 @@ impl Default for HostConfig {
             shm_ring_bytes: 512 << 10,
             shm_arena_bytes: 8 << 20,
             shm_small_bytes: 16 << 10,
+            backoff: Backoff::DEDICATED,
         }
     }
 }

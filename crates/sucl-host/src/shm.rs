@@ -20,7 +20,7 @@ use std::sync::Arc;
 use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId};
 use sucl_core::chunk::{block_range, bytes};
 use sucl_core::dtype::{finish_reduce, reduce_bytes};
-use sucl_core::engine::{Channel, Engine, EngineConfig};
+use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
 use sucl_core::{AbortState, Error, Result};
@@ -250,7 +250,7 @@ impl ShmBackend {
                 })
             })
             .collect();
-        let engine = Engine::new(rank, channels, world_ranks, abort.clone(), EngineConfig { timeout: cfg.timeout, max_message: cfg.max_message });
+        let engine = Engine::new(rank, channels, world_ranks, abort.clone(), cfg.engine());
         Ok(ShmBackend { seg, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
     }
 
@@ -276,7 +276,7 @@ impl ShmBackend {
             if a.load(Ordering::Acquire) >= seq {
                 continue;
             }
-            let mut w = Waiter::new(self.cfg.timeout);
+            let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
             while a.load(Ordering::Acquire) < seq {
                 let wr = self.world_rank;
                 let peer = self.engine.world_rank(j);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sucl_core::algorithms::{self, AlgoConfig};
 use sucl_core::backend::{Backend, CollDesc, ReqId};
-use sucl_core::engine::{Channel, Engine, EngineConfig};
+use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wire::{Header, Kind, HEADER_LEN};
 use sucl_core::{AbortState, Error, Result};
@@ -124,7 +124,7 @@ impl TcpBackend {
                 None => channels.push(None),
             }
         }
-        let engine = Engine::new(rank, channels, world_ranks, abort, EngineConfig { timeout: cfg.timeout, max_message: cfg.max_message });
+        let engine = Engine::new(rank, channels, world_ranks, abort, cfg.engine());
         Ok(TcpBackend { engine, algo: cfg.algo })
     }
 
@@ -142,7 +142,7 @@ impl TcpBackend {
                 None => None,
             });
         }
-        let engine = Engine::new(rank, channels, (0..n).collect(), abort, EngineConfig { timeout: cfg.timeout, max_message: cfg.max_message });
+        let engine = Engine::new(rank, channels, (0..n).collect(), abort, cfg.engine());
         Ok(TcpBackend { engine, algo: cfg.algo })
     }
 }

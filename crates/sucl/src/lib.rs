@@ -1,1 +1,415 @@
-//! placeholder
+//! sucl: a unified communication layer. One API — [`Communicator`] — over pluggable backends
+//! (shared memory and TCP for host memory today), chosen by the runtime per platform.
+//!
+//! ```no_run
+//! let comm = sucl::init()?;
+//! let mut v = vec![comm.rank() as f32; 4];
+//! comm.all_reduce_in_place(&mut v, sucl::ReduceOp::Sum)?;
+//! assert_eq!(v[0], (0..comm.size()).sum::<usize>() as f32);
+//! # Ok::<(), sucl::Error>(())
+//! ```
+//!
+//! This crate is the facade users depend on: bootstrap, backend selection, argument validation
+//! and the typed API. It depends on `sucl-core` (types, engine, store) and `sucl-host` (shm, tcp).
+
+pub mod config;
+mod nonblocking;
+
+pub use config::{BackendChoice, Config};
+pub use half::{bf16, f16};
+pub use nonblocking::{Request, Scope};
+pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
+pub use sucl_core::{CollOp, DType, Element, Error, ReduceOp, Result};
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use sucl_core::backend::{Backend, CollDesc};
+use sucl_core::store::{StoreClient, StoreServer};
+use sucl_core::AbortState;
+use sucl_host::shm::ShmBackend;
+use sucl_host::tcp::TcpBackend;
+
+/// Largest user tag (as MPI's `MPI_TAG_UB` guarantees at least).
+pub const MAX_TAG: u32 = i32::MAX as u32;
+
+/// What every communicator of a job shares: the store connection, the abort flag, settings.
+struct Context {
+    env: LaunchEnv,
+    cfg: Config,
+    abort: Arc<AbortState>,
+    hosts: Vec<String>,
+    store: Option<StoreClient>,
+    server: Option<StoreServer>,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // Leaving cleanly: the store must not report this rank as lost.
+        if let Some(s) = &self.store {
+            let _ = s.bye();
+        }
+        if let Some(srv) = &self.server {
+            // The store lives in this process: keep it until every rank has left.
+            srv.wait_all_bye(self.env.size, self.cfg.host.timeout);
+        }
+        self.store.take();
+        self.server.take();
+    }
+}
+
+/// Information about a received message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Elements received.
+    pub count: usize,
+}
+
+/// A group of ranks that communicate. Created by [`init`] (the world) or [`Communicator::split`].
+///
+/// Methods take `&self`; a communicator is used from one thread at a time (it is `Send`, not
+/// `Sync`). Every call is validated locally before any data moves, and every wait is bounded by
+/// the configured timeout (`SUCL_TIMEOUT`).
+pub struct Communicator {
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    world_ranks: Vec<usize>,
+    backend: RefCell<Box<dyn Backend>>,
+    ctx: Arc<Context>,
+    prefix: String,
+    splits: Cell<u64>,
+}
+
+/// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
+/// and the `SUCL_*` settings. A process with no launcher is a world of one.
+pub fn init() -> Result<Communicator> {
+    let env = sucl_core::bootstrap::detect(&|k| std::env::var(k).ok())?;
+    init_with(env, Config::from_env()?)
+}
+
+/// Bootstraps with an explicit launch environment and configuration.
+pub fn init_with(env: LaunchEnv, cfg: Config) -> Result<Communicator> {
+    let abort = AbortState::new();
+    let timeout = cfg.host.timeout;
+    let mut server = None;
+    let store = match &env.store_addr {
+        None => None,
+        Some(addr) => {
+            if env.rank0_hosts_store && env.rank == 0 {
+                let bind = match addr.rsplit_once(':') {
+                    Some((host, port)) if host == "127.0.0.1" || host == "localhost" => format!("127.0.0.1:{port}"),
+                    Some((_, port)) => format!("0.0.0.0:{port}"),
+                    None => return Err(Error::Config(format!("store address `{addr}` has no port"))),
+                };
+                server = Some(StoreServer::start(&bind).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?);
+            }
+            let server_rank = env.rank0_hosts_store.then_some(0);
+            Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone())?)
+        }
+    };
+    let host = sucl_core::bootstrap::hostname();
+    let hosts = match &store {
+        None => vec![host],
+        Some(s) => {
+            s.set(&format!("world/host/{}", env.rank), host.as_bytes())?;
+            (0..env.size).map(|r| s.get(&format!("world/host/{r}")).map(|v| String::from_utf8_lossy(&v).into_owned())).collect::<Result<Vec<_>>>()?
+        }
+    };
+    let (rank, size, local_rank) = (env.rank, env.size, env.local_rank);
+    let mut cfg = cfg;
+    if !cfg.backoff_set {
+        let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
+        cfg.host.backoff = sucl_core::wait::Backoff::for_local_ranks(here);
+    }
+    let ctx = Arc::new(Context { env, cfg, abort, hosts, store, server });
+    let world_ranks: Vec<usize> = (0..size).collect();
+    let backend = make_backend(&ctx, "world", rank, &world_ranks)?;
+    if let Some(s) = &ctx.store {
+        s.barrier("world/ready", size)?;
+    }
+    tracing::debug!(rank, size, backend = backend.name(), "sucl initialized");
+    Ok(Communicator { rank, size, local_rank, world_ranks, backend: RefCell::new(backend), ctx, prefix: "world".into(), splits: Cell::new(0) })
+}
+
+fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize]) -> Result<Box<dyn Backend>> {
+    let wr = world_ranks[rank];
+    let cfg = &ctx.cfg.host;
+    let Some(store) = &ctx.store else {
+        // A world of one: an engine with no peers serves self-sends and trivial collectives.
+        let b = TcpBackend::from_streams(0, vec![None], ctx.abort.clone(), cfg).map_err(|e| Error::io(wr, "creating the local backend", e))?;
+        return Ok(Box::new(b));
+    };
+    let one_host = world_ranks.iter().all(|&w| ctx.hosts[w] == ctx.hosts[world_ranks[0]]);
+    let choice = match ctx.cfg.backend {
+        BackendChoice::Auto if one_host => BackendChoice::Shm,
+        BackendChoice::Auto => BackendChoice::Tcp,
+        c => c,
+    };
+    match choice {
+        BackendChoice::Shm => {
+            if !one_host {
+                return Err(Error::BackendUnavailable { rank: wr, backend: "shm".into(), why: "the ranks are on more than one host".into() });
+            }
+            let nonce = store.add("shm-nonce", 1)?;
+            let job: String = ctx.env.job_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(40).collect();
+            let name = format!("/sucl-{job}-{}-{nonce}", std::process::id());
+            Ok(Box::new(ShmBackend::connect(store, prefix, &name, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?))
+        }
+        _ => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?)),
+    }
+}
+
+/// The shared-memory segment name prefix of a job (the launcher removes leftovers with it).
+pub fn shm_prefix(job_id: &str) -> String {
+    let job: String = job_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(40).collect();
+    format!("sucl-{job}-")
+}
+
+impl Communicator {
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Rank among the processes on this host (world communicator: from the launcher).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// The backend serving this communicator (`shm`, `tcp`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.borrow().name()
+    }
+
+    /// The launch environment detected at [`init`].
+    pub fn launch_env(&self) -> &LaunchEnv {
+        &self.ctx.env
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.ctx.cfg
+    }
+
+    fn wr(&self) -> usize {
+        self.world_ranks[self.rank]
+    }
+
+    fn check_rank(&self, arg: &'static str, r: usize) -> Result<()> {
+        if r >= self.size {
+            return Err(Error::invalid(self.wr(), arg, format!("rank {r} out of range (communicator size {})", self.size)));
+        }
+        Ok(())
+    }
+
+    fn check_tag(&self, tag: u32) -> Result<()> {
+        if tag > MAX_TAG {
+            return Err(Error::invalid(self.wr(), "tag", format!("{tag} exceeds the largest tag {MAX_TAG}")));
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
+        if got != want {
+            return Err(Error::invalid(self.wr(), arg, format!("has {got} elements but {what} needs {want}")));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn backend_mut(&self) -> std::cell::RefMut<'_, Box<dyn Backend>> {
+        self.backend.borrow_mut()
+    }
+
+    pub(crate) fn validate_p2p(&self, peer: usize, tag: u32) -> Result<()> {
+        self.check_rank("peer", peer)?;
+        self.check_tag(tag)
+    }
+
+    /// Blocking send of `buf` to `dest` with `tag`.
+    pub fn send<T: Element>(&self, buf: &[T], dest: usize, tag: u32) -> Result<()> {
+        self.validate_p2p(dest, tag)?;
+        let bytes: &[u8] = bytemuck::cast_slice(buf);
+        let mut b = self.backend.borrow_mut();
+        // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
+        let r = unsafe { b.post_send(dest, tag as u64, bytes.as_ptr(), bytes.len())? };
+        b.wait(r).map(|_| ()).inspect_err(|_| b.cancel(r))
+    }
+
+    /// Blocking receive from `src` with `tag` into `buf` (messages from one source with one tag
+    /// arrive in order). A message longer than `buf` is an error.
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<Status> {
+        self.validate_p2p(src, tag)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
+        let mut b = self.backend.borrow_mut();
+        // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
+        let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
+        let n = b.wait(r).inspect_err(|_| b.cancel(r))?;
+        if n % std::mem::size_of::<T>() != 0 {
+            return Err(Error::Mismatch { rank: self.wr(), what: format!("message size: {n} bytes from rank {src} is not a whole number of {}", T::DTYPE) });
+        }
+        Ok(Status { count: n / std::mem::size_of::<T>() })
+    }
+
+    /// Sends `sbuf` to `dest` while receiving into `rbuf` from `src` (no deadlock in rings).
+    pub fn sendrecv<T: Element>(&self, sbuf: &[T], dest: usize, rbuf: &mut [T], src: usize, tag: u32) -> Result<Status> {
+        self.nonblocking(|s| {
+            let r = s.irecv(rbuf, src, tag)?;
+            let w = s.isend(sbuf, dest, tag)?;
+            w.wait()?;
+            r.wait()
+        })
+        .map(|n| Status { count: n })
+    }
+
+    fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        self.backend.borrow_mut().collective(&desc, send, recv)
+    }
+
+    fn desc<T: Element>(op: CollOp, count: usize, redop: ReduceOp, root: usize) -> CollDesc {
+        CollDesc { op, dtype: T::DTYPE, redop, root, count }
+    }
+
+    /// Blocks until every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.coll(CollDesc::BARRIER, None, &mut [])
+    }
+
+    /// Copies root's `buf` into every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        let d = Self::desc::<T>(CollOp::Broadcast, buf.len(), ReduceOp::Sum, root);
+        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// `recv = reduce(op, every rank's send)` on every rank.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.check_len("recv", recv.len(), send.len(), "all_reduce (same as send)")?;
+        let d = Self::desc::<T>(CollOp::AllReduce, send.len(), op, 0);
+        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+    }
+
+    /// In-place all_reduce.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let d = Self::desc::<T>(CollOp::AllReduce, buf.len(), op, 0);
+        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Reduces every rank's `send` into root's `recv` (other ranks may pass an empty `recv`).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        if self.rank == root {
+            self.check_len("recv", recv.len(), send.len(), "reduce's root (same as send)")?;
+        }
+        let d = Self::desc::<T>(CollOp::Reduce, send.len(), op, root);
+        let recv: &mut [u8] = if self.rank == root { bytemuck::cast_slice_mut(recv) } else { &mut [] };
+        self.coll(d, Some(bytemuck::cast_slice(send)), recv)
+    }
+
+    /// In-place reduce: `buf` is the input everywhere and the result on root.
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        let d = Self::desc::<T>(CollOp::Reduce, buf.len(), op, root);
+        if self.rank == root {
+            self.coll(d, None, bytemuck::cast_slice_mut(buf))
+        } else {
+            self.coll(d, Some(bytemuck::cast_slice(buf)), &mut [])
+        }
+    }
+
+    /// Concatenates every rank's `send` (in rank order) into root's `recv` (`size × send.len()`).
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        if self.rank == root {
+            self.check_len("recv", recv.len(), send.len() * self.size, "gather's root (size × send)")?;
+        }
+        let d = Self::desc::<T>(CollOp::Gather, send.len(), ReduceOp::Sum, root);
+        let recv: &mut [u8] = if self.rank == root { bytemuck::cast_slice_mut(recv) } else { &mut [] };
+        self.coll(d, Some(bytemuck::cast_slice(send)), recv)
+    }
+
+    /// Concatenates every rank's `send` into every rank's `recv` (`size × send.len()`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.check_len("recv", recv.len(), send.len() * self.size, "all_gather (size × send)")?;
+        let d = Self::desc::<T>(CollOp::AllGather, send.len(), ReduceOp::Sum, 0);
+        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+    }
+
+    /// In-place all_gather: each rank's block already sits at its position in `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        if buf.len() % self.size != 0 {
+            return Err(Error::invalid(self.wr(), "buf", format!("length {} is not a multiple of the communicator size {}", buf.len(), self.size)));
+        }
+        let d = Self::desc::<T>(CollOp::AllGather, buf.len() / self.size, ReduceOp::Sum, 0);
+        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+    }
+
+    /// Sends block `j` of root's `send` (`size × recv.len()`) to rank `j`'s `recv`.
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.check_rank("root", root)?;
+        if self.rank == root {
+            self.check_len("send", send.len(), recv.len() * self.size, "scatter's root (size × recv)")?;
+        }
+        let d = Self::desc::<T>(CollOp::Scatter, recv.len(), ReduceOp::Sum, root);
+        let send = (self.rank == root).then(|| bytemuck::cast_slice(send));
+        self.coll(d, send, bytemuck::cast_slice_mut(recv))
+    }
+
+    /// Block `j` of every rank's `send` goes to block `i` (the sender's rank) of rank `j`'s `recv`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.check_len("recv", recv.len(), send.len(), "all_to_all (same as send)")?;
+        if send.len() % self.size != 0 {
+            return Err(Error::invalid(self.wr(), "send", format!("length {} is not a multiple of the communicator size {}", send.len(), self.size)));
+        }
+        let d = Self::desc::<T>(CollOp::AllToAll, send.len() / self.size, ReduceOp::Sum, 0);
+        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+    }
+
+    /// Reduces every rank's `send` (`size × recv.len()`); rank `r` receives block `r`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.check_len("send", send.len(), recv.len() * self.size, "reduce_scatter (size × recv)")?;
+        let d = Self::desc::<T>(CollOp::ReduceScatter, recv.len(), op, 0);
+        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+    }
+
+    /// Splits into sub-communicators: ranks with the same `color` form one, ordered by `key`
+    /// then by rank. `None` (MPI_UNDEFINED) joins none and returns `None`. Collective.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let n = self.splits.get() + 1;
+        self.splits.set(n);
+        let mine = [color.map(|c| c as u64).unwrap_or(u64::MAX), key as u64];
+        let mut all = vec![0u64; 2 * self.size];
+        self.all_gather(&mine, &mut all)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = (0..self.size).filter(|&r| all[2 * r] == color as u64).map(|r| (all[2 * r + 1] as i64, r)).collect();
+        members.sort();
+        let new_rank = members.iter().position(|&(_, r)| r == self.rank).expect("self is a member");
+        let world_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.world_ranks[r]).collect();
+        let prefix = format!("{}/split{n}/c{color}", self.prefix);
+        let backend = make_backend(&self.ctx, &prefix, new_rank, &world_ranks)?;
+        if let Some(s) = &self.ctx.store {
+            s.barrier(&format!("{prefix}/ready"), world_ranks.len())?;
+        }
+        let my_host = &self.ctx.hosts[self.wr()];
+        let local_rank = world_ranks[..new_rank].iter().filter(|&&w| &self.ctx.hosts[w] == my_host).count();
+        Ok(Some(Communicator {
+            rank: new_rank,
+            size: world_ranks.len(),
+            local_rank,
+            world_ranks,
+            backend: RefCell::new(backend),
+            ctx: self.ctx.clone(),
+            prefix,
+            splits: Cell::new(0),
+        }))
+    }
+
+    /// The world rank of this communicator's rank `r`.
+    pub fn world_rank_of(&self, r: usize) -> Option<usize> {
+        self.world_ranks.get(r).copied()
+    }
+}

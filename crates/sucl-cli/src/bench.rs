@@ -1,0 +1,200 @@
+//! `sucl bench OP`: micro-benchmarks in the style of nccl-tests and the OSU suite. Time is the
+//! mean over timed iterations after warm-up, max over ranks; algbw = bytes / time; busbw applies
+//! nccl-tests' factor; every size is checked once with fresh data (`#wrong`).
+
+use crate::ops::run_op;
+use crate::pattern::{buffer_lens, count_wrong, fill_input};
+use crate::with_dtype;
+use serde::Serialize;
+use std::time::Instant;
+use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
+
+/// A benchmark operation: a collective or the point-to-point ring exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchOp {
+    /// Every rank sends to rank+1 and receives from rank-1.
+    SendRecv,
+    /// A collective.
+    Coll(CollOp),
+}
+
+impl BenchOp {
+    pub fn parse(s: &str) -> Option<BenchOp> {
+        if s == "sendrecv" {
+            return Some(BenchOp::SendRecv);
+        }
+        CollOp::parse(s).map(BenchOp::Coll)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::SendRecv => "sendrecv",
+            BenchOp::Coll(c) => c.name(),
+        }
+    }
+    /// nccl-tests' bus bandwidth factor.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            BenchOp::SendRecv => 1.0,
+            BenchOp::Coll(c) => match c {
+                CollOp::AllReduce => 2.0 * (n - 1.0) / n,
+                CollOp::AllGather | CollOp::ReduceScatter | CollOp::AllToAll | CollOp::Gather | CollOp::Scatter => (n - 1.0) / n,
+                _ => 1.0,
+            },
+        }
+    }
+}
+
+/// Benchmark settings.
+pub struct BenchArgs {
+    pub op: BenchOp,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    pub dtype: DType,
+    pub redop: ReduceOp,
+    pub root: usize,
+    pub json: bool,
+    pub check: bool,
+}
+
+/// One measured size.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub op: String,
+    pub backend: String,
+    pub ranks: usize,
+    pub bytes: u64,
+    pub count: usize,
+    pub dtype: String,
+    pub redop: String,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+}
+
+/// The sizes swept: min, min×factor, ... up to max (always at least one).
+pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut v = vec![];
+    let mut s = min.max(1);
+    while s <= max {
+        v.push(s);
+        s = s.saturating_mul(factor.max(2));
+    }
+    if v.is_empty() {
+        v.push(min);
+    }
+    v
+}
+
+fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
+    let (n, r) = (comm.size(), comm.rank());
+    let es = std::mem::size_of::<T>();
+    // `bytes` is the largest buffer of one rank, as nccl-tests counts it.
+    let total = (bytes as usize / es).max(1);
+    let per_rank = |c: CollOp| match c {
+        CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => total / n,
+        CollOp::Barrier => 0,
+        _ => total,
+    };
+    let root = a.root % n;
+    let (count, shown) = match a.op {
+        BenchOp::SendRecv => (total, total),
+        BenchOp::Coll(c) => (per_rank(c), if c == CollOp::Barrier { 0 } else { per_rank(c) * if matches!(c, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 } }),
+    };
+    let (sl, rl) = match a.op {
+        BenchOp::SendRecv => (count, count),
+        BenchOp::Coll(c) => buffer_lens(c, count, n, r, root),
+    };
+    let mut send = vec![T::from_i64(1); sl];
+    let mut recv = vec![T::from_i64(0); rl];
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let once = |send: &[T], recv: &mut [T]| -> Result<()> {
+        match a.op {
+            BenchOp::SendRecv => comm.sendrecv(send, right, recv, left, 1).map(|_| ()),
+            BenchOp::Coll(c) => run_op(comm, c, send, recv, a.redop, root),
+        }
+    };
+    for _ in 0..a.warmup {
+        once(&send, &mut recv)?;
+    }
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..a.iters {
+        once(&send, &mut recv)?;
+    }
+    let mut time = [t.elapsed().as_secs_f64() / a.iters.max(1) as f64];
+    comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
+    let mut wrong = [0u64];
+    if a.check {
+        let seed = bytes ^ 0x5eed;
+        match a.op {
+            BenchOp::SendRecv => {
+                crate::pattern::fill(&mut send, r, 0, seed, None);
+                recv.fill(T::from_i64(-77));
+                once(&send, &mut recv)?;
+                wrong[0] = recv.iter().enumerate().filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&crate::pattern::value::<T>(left, *i, seed, None))).count() as u64;
+            }
+            BenchOp::Coll(c) => {
+                fill_input(c, &mut send, &mut recv, r, root, seed, a.redop);
+                if c != CollOp::Broadcast || r != root {
+                    recv.fill(T::from_i64(-77));
+                }
+                once(&send, &mut recv)?;
+                wrong[0] = count_wrong(c, &recv, count, n, r, root, seed, a.redop) as u64;
+            }
+        }
+        comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
+    }
+    let shown_bytes = (shown * es) as u64;
+    let algbw = shown_bytes as f64 / time[0] / 1e9;
+    Ok(Row {
+        op: a.op.name().into(),
+        backend: comm.backend_name().into(),
+        ranks: n,
+        bytes: shown_bytes,
+        count: shown,
+        dtype: T::DTYPE.name().into(),
+        redop: a.redop.name().into(),
+        time_us: time[0] * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * a.op.bus_factor(n),
+        wrong: wrong[0],
+    })
+}
+
+/// Runs the sweep; rank 0 prints the table (or JSON lines) and returns the rows.
+pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
+    let list = if a.op == BenchOp::Coll(CollOp::Barrier) { vec![0] } else { sizes(a.min_bytes, a.max_bytes, a.factor) };
+    let lead = comm.rank() == 0;
+    let bar = if lead { indicatif::ProgressBar::new(list.len() as u64) } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    if lead && !a.json {
+        println!("# sucl bench {}: {} ranks, backend {}, {} iters, {} warmup", a.op.name(), comm.size(), comm.backend_name(), a.iters, a.warmup);
+        println!("{:>12} {:>12} {:>6} {:>6} {:>12} {:>10} {:>10} {:>7}", "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    }
+    let mut rows = vec![];
+    for bytes in list {
+        bar.set_message(format!("{bytes} B"));
+        let row = with_dtype!(a.dtype, T, { bench_size::<T>(comm, a, bytes)? });
+        if lead {
+            if a.json {
+                bar.suspend(|| println!("{}", serde_json::to_string(&row).expect("row serializes")));
+            } else {
+                bar.suspend(|| {
+                    println!(
+                        "{:>12} {:>12} {:>6} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
+                        row.bytes, row.count, row.dtype, row.redop, row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong
+                    )
+                });
+            }
+        }
+        rows.push(row);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(rows)
+}

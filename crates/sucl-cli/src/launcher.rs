@@ -1,0 +1,227 @@
+//! `sucl run`: starts N ranks on this machine, hosts their rendezvous store, prefixes their
+//! output with the rank, forwards signals, and ends the whole job when any rank fails.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use sucl_core::store::StoreServer;
+
+/// How to launch.
+pub struct LaunchOpts {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Prefix every output line with `[rank] `.
+    pub prefix: bool,
+    /// Grace period between SIGTERM and SIGKILL when tearing the job down.
+    pub grace: Duration,
+}
+
+fn forward_lines(src: impl Read + Send + 'static, rank: usize, to_stderr: bool, lock: Arc<Mutex<()>>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                    let prefix = format!("[{rank}] ");
+                    if to_stderr {
+                        let mut e = std::io::stderr().lock();
+                        let _ = e.write_all(prefix.as_bytes()).and_then(|_| e.write_all(&line));
+                        if !line.ends_with(b"\n") {
+                            let _ = e.write_all(b"\n");
+                        }
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(prefix.as_bytes()).and_then(|_| o.write_all(&line));
+                        if !line.ends_with(b"\n") {
+                            let _ = o.write_all(b"\n");
+                        }
+                        let _ = o.flush();
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn signal_group(child: &Child, sig: libc::c_int) {
+    // Each rank leads its own process group, so this reaches anything it started too.
+    // SAFETY: plain kill(2) on a process group we created.
+    unsafe { libc::kill(-(child.id() as libc::pid_t), sig) };
+}
+
+fn describe(st: ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (_, Some(s)) => format!("was killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+fn code_of(st: ExitStatus) -> i32 {
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(1))
+}
+
+/// Removes shared-memory segments a crashed job left behind.
+fn remove_segments(job: &str) {
+    let prefix = sucl::shm_prefix(job);
+    if let Ok(rd) = std::fs::read_dir("/dev/shm") {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Runs the job; returns the launcher's exit code.
+pub fn launch(opts: &LaunchOpts) -> i32 {
+    let Some((prog, args)) = opts.argv.split_first() else {
+        eprintln!("sucl run: no program given (usage: sucl run -n N -- PROG ARGS...)");
+        return 2;
+    };
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let job = format!("j{}x{nanos}", std::process::id());
+    let server = match StoreServer::start("127.0.0.1:0") {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sucl run: cannot start the rendezvous store: {e}");
+            return 1;
+        }
+    };
+    let signals = Arc::new(AtomicUsize::new(0));
+    let last_sig = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        let (count, which) = (signals.clone(), last_sig.clone());
+        // SAFETY: the handler only does atomic stores.
+        let _ = unsafe {
+            signal_hook::low_level::register(sig, move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                which.store(sig as usize, Ordering::SeqCst);
+            })
+        };
+    }
+    let lock = Arc::new(Mutex::new(()));
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(opts.ranks);
+    let mut pipes = Vec::new();
+    for r in 0..opts.ranks {
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .env("SUCL_RANK", r.to_string())
+            .env("SUCL_WORLD_SIZE", opts.ranks.to_string())
+            .env("SUCL_LOCAL_RANK", r.to_string())
+            .env("SUCL_LOCAL_SIZE", opts.ranks.to_string())
+            .env("SUCL_STORE_ADDR", server.addr().to_string())
+            .env("SUCL_STORE_HOST", "launcher")
+            .env("SUCL_JOB_ID", &job)
+            .stdin(Stdio::null())
+            .process_group(0);
+        if opts.prefix {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        match cmd.spawn() {
+            Ok(mut c) => {
+                if let Some(o) = c.stdout.take() {
+                    pipes.push(forward_lines(o, r, false, lock.clone()));
+                }
+                if let Some(e) = c.stderr.take() {
+                    pipes.push(forward_lines(e, r, true, lock.clone()));
+                }
+                children.push(Some(c));
+            }
+            Err(e) => {
+                eprintln!("sucl run: cannot start rank {r} ({prog}): {e}");
+                for c in children.iter_mut().flatten() {
+                    signal_group(c, libc::SIGKILL);
+                    let _ = c.wait();
+                }
+                remove_segments(&job);
+                return 127;
+            }
+        }
+    }
+    let mut exit_code = 0;
+    let mut teardown: Option<Instant> = None;
+    let mut seen_signals = 0;
+    let mut killed = false;
+    let mut termed = false;
+    loop {
+        let sigs = signals.load(Ordering::SeqCst);
+        if sigs > seen_signals {
+            seen_signals = sigs;
+            let sig = last_sig.load(Ordering::SeqCst) as libc::c_int;
+            let sig = if sigs > 1 { libc::SIGKILL } else { sig };
+            for c in children.iter().flatten() {
+                signal_group(c, sig);
+            }
+            if exit_code == 0 {
+                exit_code = 128 + sig;
+            }
+            teardown.get_or_insert_with(Instant::now);
+        }
+        let mut running = 0;
+        for (r, slot) in children.iter_mut().enumerate() {
+            let Some(c) = slot else { continue };
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    if !st.success() && teardown.is_none() {
+                        let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        eprintln!("sucl run: rank {r} {}; ending the other ranks", describe(st));
+                        exit_code = code_of(st);
+                        teardown = Some(Instant::now());
+                    } else if !st.success() && exit_code == 0 {
+                        exit_code = code_of(st);
+                    }
+                    // The rank is gone; anything it left in its group goes too.
+                    signal_group(c, libc::SIGKILL);
+                    *slot = None;
+                }
+                Ok(None) => running += 1,
+                Err(_) => *slot = None,
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        if let Some(t) = teardown {
+            if !termed {
+                for c in children.iter().flatten() {
+                    signal_group(c, libc::SIGTERM);
+                }
+                termed = true;
+            }
+            if !killed && t.elapsed() >= opts.grace {
+                for c in children.iter().flatten() {
+                    signal_group(c, libc::SIGKILL);
+                }
+                killed = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for p in pipes {
+        while !p.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if p.is_finished() {
+            let _ = p.join();
+        }
+    }
+    if let Some(info) = server.abort_info() {
+        if exit_code != 0 {
+            eprintln!("sucl run: job aborted: {}", info.reason);
+        }
+    }
+    drop(server);
+    remove_segments(&job);
+    exit_code
+}
