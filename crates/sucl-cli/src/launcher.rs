@@ -19,6 +19,20 @@ pub struct LaunchOpts {
     pub prefix: bool,
     /// Grace period between SIGTERM and SIGKILL when tearing the job down.
     pub grace: Duration,
+    /// Pin rank r to CPU r (as mpirun binds to cores); only when the ranks fit the CPUs.
+    pub bind: bool,
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![];
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
 }
 
 fn forward_lines(src: impl Read + Send + 'static, rank: usize, to_stderr: bool, lock: Arc<Mutex<()>>) -> std::thread::JoinHandle<()> {
@@ -110,6 +124,8 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
         };
     }
     let lock = Arc::new(Mutex::new(()));
+    let cpus = allowed_cpus();
+    let bind = opts.bind && !cpus.is_empty() && opts.ranks <= cpus.len();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(opts.ranks);
     let mut pipes = Vec::new();
     for r in 0..opts.ranks {
@@ -126,6 +142,20 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
             .process_group(0);
         if opts.prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        if bind {
+            let cpu = cpus[r];
+            cmd.env("SUCL_BOUND_CPU", cpu.to_string());
+            // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
+            // sched_setaffinity on plain data.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    Ok(())
+                });
+            }
         }
         match cmd.spawn() {
             Ok(mut c) => {

@@ -31,6 +31,9 @@ enum Cmd {
         /// Seconds between SIGTERM and SIGKILL when a rank fails.
         #[arg(long, default_value_t = 2.0)]
         grace: f64,
+        /// Do not pin rank r to CPU r (pinning happens only when the ranks fit the CPUs).
+        #[arg(long)]
+        no_bind: bool,
         /// The program and its arguments.
         #[arg(last = true, required = true)]
         argv: Vec<String>,
@@ -150,7 +153,7 @@ fn maybe_self_launch(common: &Common, prefix: bool) -> Option<i32> {
     }
     let exe = std::env::current_exe().ok()?.to_string_lossy().into_owned();
     let argv: Vec<String> = std::iter::once(exe).chain(std::env::args().skip(1)).collect();
-    Some(launcher::launch(&launcher::LaunchOpts { ranks: common.ranks, argv, prefix, grace: Duration::from_secs(2) }))
+    Some(launcher::launch(&launcher::LaunchOpts { ranks: common.ranks, argv, prefix, grace: Duration::from_secs(2), bind: true }))
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -254,11 +257,11 @@ fn main() {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Run { ranks, no_prefix, grace, argv } => {
+        Cmd::Run { ranks, no_prefix, grace, no_bind, argv } => {
             if ranks == 0 {
                 fail("-n must be at least 1")
             } else {
-                launcher::launch(&launcher::LaunchOpts { ranks, argv, prefix: !no_prefix, grace: Duration::from_secs_f64(grace.max(0.0)) })
+                launcher::launch(&launcher::LaunchOpts { ranks, argv, prefix: !no_prefix, grace: Duration::from_secs_f64(grace.max(0.0)), bind: !no_bind })
             }
         }
         Cmd::Bench(b) => bench_main(b),

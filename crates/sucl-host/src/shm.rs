@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId};
 use sucl_core::chunk::{block_range, bytes};
-use sucl_core::dtype::{finish_reduce, reduce_bytes};
+use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
@@ -98,11 +98,16 @@ impl Segment {
     }
 }
 
+/// Bytes between the starts of consecutive arena halves beyond the half itself, so that halves
+/// and ranks do not share cache sets (4 KiB aliasing slows copies between aligned buffers).
+const SKEW: usize = 64 * 17;
+
 #[derive(Clone, Copy)]
 struct Layout {
     n: usize,
     ring: usize,
-    arena: usize,
+    /// Usable bytes of one arena half.
+    half: usize,
 }
 
 impl Layout {
@@ -112,11 +117,14 @@ impl Layout {
     fn ring(&self, from: usize, to: usize) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + (from * self.n + to) * (RING_CTL_BYTES + self.ring)
     }
-    fn arena(&self, r: usize) -> usize {
-        HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + r * self.arena
+    fn arena_stride(&self) -> usize {
+        2 * (self.half + SKEW) + SKEW
+    }
+    fn half(&self, r: usize, h: usize) -> usize {
+        HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + r * self.arena_stride() + h * (self.half + SKEW) + (r % 4) * 128
     }
     fn total(&self) -> usize {
-        self.arena(self.n)
+        HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + self.n * self.arena_stride() + 4096
     }
 }
 
@@ -220,7 +228,7 @@ impl ShmBackend {
     pub fn connect(store: &StoreClient, prefix: &str, segment_name: &str, rank: usize, world_ranks: Vec<usize>, abort: Arc<AbortState>, cfg: &HostConfig) -> Result<ShmBackend> {
         let n = world_ranks.len();
         let wr = world_ranks[rank];
-        let lay = Layout { n, ring: cfg.shm_ring_bytes.next_power_of_two().max(4096), arena: (cfg.shm_arena_bytes.max(8192) + 127) & !127 };
+        let lay = Layout { n, ring: cfg.shm_ring_bytes.next_power_of_two().max(4096), half: (cfg.shm_arena_bytes.max(8192) / 2) & !127 };
         let io = |what: &'static str| move |e: io::Error| Error::io(wr, format!("shm setup: {what}"), e);
         let seg = if rank == 0 {
             let s = Segment::open(segment_name, lay.total(), true).map_err(io("creating the segment"))?;
@@ -256,11 +264,11 @@ impl ShmBackend {
 
     #[inline(always)]
     fn half(&self, r: usize, h: usize) -> *mut u8 {
-        self.seg.at(self.lay.arena(r) + h * (self.lay.arena / 2))
+        self.seg.at(self.lay.half(r, h))
     }
 
     fn half_bytes(&self) -> usize {
-        self.lay.arena / 2
+        self.lay.half
     }
 
     #[inline]
@@ -298,7 +306,7 @@ impl ShmBackend {
         let h = (self.step % 2) as usize;
         if let Some(d) = desc {
             let w = d.encode();
-            let off = self.lay.ctl(self.rank) + 128 + h * 16;
+            let off = self.lay.ctl(self.rank) + 8 + h * 16;
             self.seg.atomic(off).store(w[0], Ordering::Relaxed);
             self.seg.atomic(off + 8).store(w[1], Ordering::Relaxed);
         }
@@ -310,7 +318,7 @@ impl ShmBackend {
     fn check_descs(&self, desc: &CollDesc, h: usize) -> Result<()> {
         let mine = desc.encode();
         for j in 0..self.lay.n {
-            let off = self.lay.ctl(j) + 128 + h * 16;
+            let off = self.lay.ctl(j) + 8 + h * 16;
             let theirs = [self.seg.atomic(off).load(Ordering::Relaxed), self.seg.atomic(off + 8).load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.
@@ -330,6 +338,13 @@ impl ShmBackend {
         let (n, me) = (self.lay.n, self.rank);
         let es = d.dtype.size();
         let hb = self.half_bytes();
+        if n == 1 {
+            // A communicator of one: every collective is a local copy (or nothing).
+            if let (Some(s), false) = (send, matches!(d.op, CollOp::Barrier | CollOp::Broadcast)) {
+                recv.copy_from_slice(s);
+            }
+            return Ok(());
+        }
         match d.op {
             CollOp::Barrier => {
                 let h = self.begin_step(Some(d));
@@ -352,27 +367,34 @@ impl ShmBackend {
                     self.check_descs(d, h)?;
                     if all || me == root {
                         // Same order on every rank: bitwise-identical results everywhere.
-                        recv.copy_from_slice(self.slice(self.half(0, h), len));
-                        for j in 1..n {
+                        reduce_bytes_into(recv, self.slice(self.half(0, h), len), self.slice(self.half(1, h), len), d.dtype, d.redop);
+                        for j in 2..n {
                             reduce_bytes(recv, self.slice(self.half(j, h), len), d.dtype, d.redop);
                         }
                     }
                 } else {
-                    let chunk = (hb / es) * es;
+                    // Chunks small enough to stay in cache between the phases.
+                    let chunk = (hb.min(self.cfg.shm_chunk_bytes.max(4096)) / es) * es;
                     let mut first = true;
                     let mut off = 0;
                     while off < len {
                         let c = chunk.min(len - off);
                         let h = self.begin_step(first.then_some(d));
                         let mine = self.slice(self.half(me, h), c);
-                        mine.copy_from_slice(&input[off..off + c]);
+                        let p = bytes(block_range(c / es, n, me), es);
+                        // Publish the portions others reduce; ours is read straight from input.
+                        mine[..p.start].copy_from_slice(&input[off..off + p.start]);
+                        mine[p.end..].copy_from_slice(&input[off + p.end..off + c]);
                         self.barrier(d.op)?;
                         if first {
                             self.check_descs(d, h)?;
                             first = false;
                         }
-                        let p = bytes(block_range(c / es, n, me), es);
-                        for j in (0..n).filter(|&j| j != me) {
+                        let mut others = (0..n).filter(|&j| j != me);
+                        let j0 = others.next().expect("n > 1");
+                        let src0 = self.slice(self.half(j0, h), c);
+                        reduce_bytes_into(&mut mine[p.clone()], &input[off + p.start..off + p.end], &src0[p.clone()], d.dtype, d.redop);
+                        for j in others {
                             let theirs = self.slice(self.half(j, h), c);
                             reduce_bytes(&mut mine[p.clone()], &theirs[p.clone()], d.dtype, d.redop);
                         }

@@ -84,6 +84,7 @@ impl Config {
         size("SUCL_SHM_RING_BYTES", &mut c.host.shm_ring_bytes, 4096)?;
         size("SUCL_SHM_ARENA_BYTES", &mut c.host.shm_arena_bytes, 8192)?;
         size("SUCL_SHM_SMALL_BYTES", &mut c.host.shm_small_bytes, 0)?;
+        size("SUCL_SHM_CHUNK_BYTES", &mut c.host.shm_chunk_bytes, 4096)?;
         size("SUCL_TCP_SMALL_BYTES", &mut c.host.algo.small_bytes, 0)?;
         size("SUCL_TCP_PIECE_BYTES", &mut c.host.algo.piece_bytes, 1024)?;
         if let Some(v) = get("SUCL_SPIN_US") {
