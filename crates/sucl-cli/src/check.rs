@@ -19,6 +19,7 @@ pub struct CheckArgs {
     pub inject_exit: Option<usize>,
     pub inject_kill: Option<usize>,
     pub inject_mismatch: Option<usize>,
+    pub inject_stall: Option<usize>,
     pub inject_after: usize,
 }
 
@@ -54,6 +55,11 @@ impl State<'_> {
             eprintln!("injected fault: rank {} kills itself now", self.comm.rank());
             // SAFETY: raising a signal on ourselves.
             unsafe { libc::raise(libc::SIGKILL) };
+        }
+        if me == self.args.inject_stall {
+            eprintln!("injected fault: rank {} stops answering", self.comm.rank());
+            std::thread::sleep(std::time::Duration::from_secs(120));
+            std::process::exit(5);
         }
         if let Some(bad) = self.args.inject_mismatch {
             let n = if self.comm.rank() == bad { 1001 } else { 1000 };

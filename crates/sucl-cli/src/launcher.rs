@@ -80,6 +80,10 @@ fn describe(st: ExitStatus) -> String {
     }
 }
 
+fn termed_by_us(st: ExitStatus) -> bool {
+    matches!(st.signal(), Some(libc::SIGTERM) | Some(libc::SIGKILL))
+}
+
 fn code_of(st: ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(1))
 }
@@ -179,6 +183,8 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
         }
     }
     let mut exit_code = 0;
+    let mut codes: Vec<Option<i32>> = vec![None; opts.ranks];
+    let mut first_failure: Option<i32> = None;
     let mut teardown: Option<Instant> = None;
     let mut seen_signals = 0;
     let mut killed = false;
@@ -202,13 +208,16 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
             let Some(c) = slot else { continue };
             match c.try_wait() {
                 Ok(Some(st)) => {
-                    if !st.success() && teardown.is_none() {
+                    if !st.success() {
                         let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
-                        eprintln!("sucl run: rank {r} {}; ending the other ranks", describe(st));
-                        exit_code = code_of(st);
-                        teardown = Some(Instant::now());
-                    } else if !st.success() && exit_code == 0 {
-                        exit_code = code_of(st);
+                        if teardown.is_none() {
+                            eprintln!("sucl run: rank {r} {}; ending the other ranks", describe(st));
+                            teardown = Some(Instant::now());
+                            first_failure = Some(code_of(st));
+                        } else if !killed && !termed_by_us(st) {
+                            eprintln!("sucl run: rank {r} {}", describe(st));
+                        }
+                        codes[r] = Some(code_of(st));
                     }
                     // The rank is gone; anything it left in its group goes too.
                     signal_group(c, libc::SIGKILL);
@@ -246,7 +255,12 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
             let _ = p.join();
         }
     }
-    if let Some(info) = server.abort_info() {
+    // The exit code is the root cause's: the rank the store saw lost, else the first failure.
+    let cause = server.abort_info();
+    if exit_code == 0 {
+        exit_code = cause.as_ref().and_then(|i| i.lost_rank).and_then(|r| codes.get(r).copied().flatten()).or(first_failure).unwrap_or(0);
+    }
+    if let Some(info) = cause {
         if exit_code != 0 {
             eprintln!("sucl run: job aborted: {}", info.reason);
         }

@@ -124,6 +124,8 @@ struct CheckCli {
     inject_kill: Option<usize>,
     #[arg(long, hide = true)]
     inject_mismatch: Option<usize>,
+    #[arg(long, hide = true)]
+    inject_stall: Option<usize>,
     #[arg(long, hide = true, default_value_t = 3)]
     inject_after: usize,
 }
@@ -230,6 +232,7 @@ fn check_main(c: CheckCli) -> i32 {
             inject_exit: c.inject_exit,
             inject_kill: c.inject_kill,
             inject_mismatch: c.inject_mismatch,
+            inject_stall: c.inject_stall,
             inject_after: c.inject_after,
         })
     })();

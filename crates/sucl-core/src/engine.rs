@@ -197,8 +197,25 @@ impl Engine {
 
     fn fail(&mut self, e: Error) -> Error {
         self.failed = true;
+        let e = match e {
+            Error::LostPeer { .. } => self.root_cause(e),
+            e => e,
+        };
         self.abort.raise(e.abort_info());
         e
+    }
+
+    /// A peer that closed its connection may itself be failing because of another rank: give
+    /// the store a moment to name the root cause, and report that instead.
+    fn root_cause(&self, e: Error) -> Error {
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        while !self.abort.is_set() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match self.abort.info() {
+            Some(info) => info.to_error(self.world_rank(self.rank), self.activity),
+            None => e,
+        }
     }
 
     fn alloc(&mut self, op: Op) -> ReqId {

@@ -88,10 +88,17 @@ pub fn init() -> Result<Communicator> {
 }
 
 /// Bootstraps with an explicit launch environment and configuration.
-pub fn init_with(env: LaunchEnv, cfg: Config) -> Result<Communicator> {
+pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let abort = AbortState::new();
     let timeout = cfg.host.timeout;
     let mut server = None;
+    if env.store_addr.is_none() {
+        // A world of one still gets a private store, so every backend sets up the same way.
+        let s = StoreServer::start("127.0.0.1:0").map_err(|e| Error::io(0, "starting a private rendezvous store", e))?;
+        env.store_addr = Some(s.addr().to_string());
+        env.rank0_hosts_store = false;
+        server = Some(s);
+    }
     let store = match &env.store_addr {
         None => None,
         Some(addr) => {
@@ -103,7 +110,7 @@ pub fn init_with(env: LaunchEnv, cfg: Config) -> Result<Communicator> {
                 };
                 server = Some(StoreServer::start(&bind).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?);
             }
-            let server_rank = env.rank0_hosts_store.then_some(0);
+            let server_rank = (env.rank0_hosts_store || env.size == 1).then_some(0);
             Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone())?)
         }
     };
@@ -135,9 +142,7 @@ fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[us
     let wr = world_ranks[rank];
     let cfg = &ctx.cfg.host;
     let Some(store) = &ctx.store else {
-        // A world of one: an engine with no peers serves self-sends and trivial collectives.
-        let b = TcpBackend::from_streams(0, vec![None], ctx.abort.clone(), cfg).map_err(|e| Error::io(wr, "creating the local backend", e))?;
-        return Ok(Box::new(b));
+        return Err(Error::Config("no rendezvous store".into()));
     };
     let one_host = world_ranks.iter().all(|&w| ctx.hosts[w] == ctx.hosts[world_ranks[0]]);
     let choice = match ctx.cfg.backend {
@@ -152,7 +157,10 @@ fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[us
             }
             let nonce = store.add("shm-nonce", 1)?;
             let job: String = ctx.env.job_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(40).collect();
-            let name = format!("/sucl-{job}-{}-{nonce}", std::process::id());
+            // Unique per job (store nonce), per creating process and per communicator in it.
+            static CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let local = CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = format!("/sucl-{job}-{}-{nonce}-{local}", std::process::id());
             Ok(Box::new(ShmBackend::connect(store, prefix, &name, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?))
         }
         _ => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?)),

@@ -1,0 +1,77 @@
+//! The correctness matrix on real processes: every op × dtype × reduce op × size, point-to-point,
+//! in-place forms and split, on both host backends at 1, 2, 3, 4, 5 and 8 ranks, plus 64 MiB
+//! collectives. Each world starts once and runs its whole matrix (`sucl check`).
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+fn check_world(backend: &str, ranks: usize, extra: &[&str]) {
+    let mut cmd = sucl();
+    cmd.args(["check", "--ranks", &ranks.to_string(), "--backend", backend]).args(extra).env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(600), &format!("{backend} check with {ranks} ranks"));
+    assert!(out.status.success(), "{backend} x{ranks} failed: {:?}\n{}\n{}", out.status, out.stdout, out.stderr);
+    let line = out.stdout.lines().find(|l| l.contains("sucl check:")).unwrap_or_else(|| panic!("no summary:\n{}\n{}", out.stdout, out.stderr));
+    assert!(line.contains(&format!("{ranks} ranks, backend {backend}")), "{line}");
+    assert!(line.contains(" 0 wrong"), "{line}");
+    assert!(!out.stderr.contains("WRONG"), "{}", out.stderr);
+}
+
+#[test]
+fn shm_matrix_all_rank_counts() {
+    for n in [1, 2, 3, 4, 5, 8] {
+        check_world("shm", n, &[]);
+    }
+}
+
+#[test]
+fn tcp_matrix_all_rank_counts() {
+    for n in [1, 2, 3, 4, 5, 8] {
+        check_world("tcp", n, &[]);
+    }
+}
+
+#[test]
+fn collectives_over_64_mib() {
+    for backend in ["shm", "tcp"] {
+        check_world(backend, 2, &["--ops", "barrier", "--big-mib", "64"]);
+        check_world(backend, 3, &["--ops", "barrier", "--big-mib", "64"]);
+    }
+}
+
+#[test]
+fn small_arena_forces_many_chunks() {
+    // Tiny shared-memory arenas and rings make every op chunk and wrap many times.
+    let mut cmd = sucl();
+    cmd.args(["check", "--ranks", "3", "--backend", "shm", "--dtypes", "f32,u8,bf16", "--sizes", "0,5,4099,100003"])
+        .env("SUCL_SHM_ARENA_BYTES", "16K")
+        .env("SUCL_SHM_RING_BYTES", "4K")
+        .env("SUCL_SHM_SMALL_BYTES", "64")
+        .env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(300), "small arena check");
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+}
+
+#[test]
+fn tcp_small_pieces_and_thresholds() {
+    let mut cmd = sucl();
+    cmd.args(["check", "--ranks", "4", "--backend", "tcp", "--dtypes", "f64,i8", "--sizes", "0,3,777,100003"])
+        .env("SUCL_TCP_SMALL_BYTES", "0")
+        .env("SUCL_TCP_PIECE_BYTES", "1K")
+        .env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(300), "tcp piece check");
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+}
+
+#[test]
+fn examples_run_under_the_launcher() {
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_sucl")).parent().unwrap().join("examples/hello_allreduce");
+    assert!(exe.exists(), "{} missing: `cargo test --workspace` builds the examples", exe.display());
+    let mut cmd = sucl();
+    cmd.args(["run", "-n", "3", "--"]).arg(&exe);
+    let out = finish(spawn(cmd), Duration::from_secs(120), "hello_allreduce");
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    for r in 0..3 {
+        assert!(out.stdout.contains(&format!("[{r}] rank {r}/3 via shm: sum 3")), "{}", out.stdout);
+    }
+}
