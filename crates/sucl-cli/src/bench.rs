@@ -3,7 +3,7 @@
 //! nccl-tests' factor; every size is checked once with fresh data (`#wrong`).
 
 use crate::ops::run_op;
-use crate::pattern::{buffer_lens, count_wrong, fill_input};
+use crate::pattern::{buffer_lens, count_wrong, fill_input, Case};
 use crate::with_dtype;
 use serde::Serialize;
 use std::time::Instant;
@@ -103,7 +103,19 @@ fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Res
     let root = a.root % n;
     let (count, shown) = match a.op {
         BenchOp::SendRecv => (total, total),
-        BenchOp::Coll(c) => (per_rank(c), if c == CollOp::Barrier { 0 } else { per_rank(c) * if matches!(c, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 } }),
+        BenchOp::Coll(c) => (
+            per_rank(c),
+            if c == CollOp::Barrier {
+                0
+            } else {
+                per_rank(c)
+                    * if matches!(c, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) {
+                        n
+                    } else {
+                        1
+                    }
+            },
+        ),
     };
     let (sl, rl) = match a.op {
         BenchOp::SendRecv => (count, count),
@@ -136,7 +148,11 @@ fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Res
                 crate::pattern::fill(&mut send, r, 0, seed, None);
                 recv.fill(T::from_i64(-77));
                 once(&send, &mut recv)?;
-                wrong[0] = recv.iter().enumerate().filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&crate::pattern::value::<T>(left, *i, seed, None))).count() as u64;
+                wrong[0] = recv
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&crate::pattern::value::<T>(left, *i, seed, None)))
+                    .count() as u64;
             }
             BenchOp::Coll(c) => {
                 fill_input(c, &mut send, &mut recv, r, root, seed, a.redop);
@@ -144,7 +160,7 @@ fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Res
                     recv.fill(T::from_i64(-77));
                 }
                 once(&send, &mut recv)?;
-                wrong[0] = count_wrong(c, &recv, count, n, r, root, seed, a.redop) as u64;
+                wrong[0] = count_wrong(&Case { op: c, count, n, rank: r, root, seed, redop: a.redop }, &recv) as u64;
             }
         }
         comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
@@ -171,10 +187,23 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     let list = if a.op == BenchOp::Coll(CollOp::Barrier) { vec![0] } else { sizes(a.min_bytes, a.max_bytes, a.factor) };
     let lead = comm.rank() == 0;
     let bar = if lead { indicatif::ProgressBar::new(list.len() as u64) } else { indicatif::ProgressBar::hidden() };
-    bar.set_style(indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     if lead && !a.json {
-        println!("# sucl bench {}: {} ranks, backend {}, {} iters, {} warmup", a.op.name(), comm.size(), comm.backend_name(), a.iters, a.warmup);
-        println!("{:>12} {:>12} {:>6} {:>6} {:>12} {:>10} {:>10} {:>7}", "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        println!(
+            "# sucl bench {}: {} ranks, backend {}, {} iters, {} warmup",
+            a.op.name(),
+            comm.size(),
+            comm.backend_name(),
+            a.iters,
+            a.warmup
+        );
+        println!(
+            "{:>12} {:>12} {:>6} {:>6} {:>12} {:>10} {:>10} {:>7}",
+            "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+        );
     }
     let mut rows = vec![];
     for bytes in list {

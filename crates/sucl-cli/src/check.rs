@@ -4,7 +4,7 @@
 //! element against serial references. Hidden flags inject faults for the failure tests.
 
 use crate::ops::run_op;
-use crate::pattern::{buffer_lens, count_wrong, fill, fill_input, value};
+use crate::pattern::{buffer_lens, count_wrong, fill, fill_input, value, Case};
 use crate::with_dtype;
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
 
@@ -85,25 +85,27 @@ fn check_collective<T: Element>(st: &mut State, op: CollOp, redop: ReduceOp, cou
     fill_input(op, &mut send, &mut recv, r, root, seed, redop);
     st.before_op()?;
     run_op(comm, op, &send, &mut recv, redop, root)?;
-    let wrong = count_wrong(op, &recv, count, n, r, root, seed, redop);
+    let case = Case { op, count, n, rank: r, root, seed, redop };
+    let wrong = count_wrong(&case, &recv);
     st.record(&format!("{} {} {} count={count} root={root}", op.name(), T::DTYPE, redop), wrong);
     // In-place forms.
     if matches!(op, CollOp::AllReduce | CollOp::AllGather | CollOp::Reduce) {
         let seed = seed + 1;
+        let case = Case { seed, ..case };
         let mut buf = vec![poison; rl.max(sl)];
         let mut wrong = 0;
         match op {
             CollOp::AllReduce => {
                 fill(&mut buf, r, 0, seed, Some(redop));
                 comm.all_reduce_in_place(&mut buf, redop)?;
-                wrong = count_wrong(op, &buf, count, n, r, root, seed, redop);
+                wrong = count_wrong(&case, &buf);
             }
             CollOp::Reduce => {
                 let mut b = vec![T::from_i64(0); count];
                 fill(&mut b, r, 0, seed, Some(redop));
                 comm.reduce_in_place(&mut b, redop, root)?;
                 if r == root {
-                    wrong = count_wrong(op, &b, count, n, r, root, seed, redop);
+                    wrong = count_wrong(&case, &b);
                 }
             }
             _ => {
@@ -111,7 +113,7 @@ fn check_collective<T: Element>(st: &mut State, op: CollOp, redop: ReduceOp, cou
                     buf[r * count + i] = value(r, i, seed, None);
                 }
                 comm.all_gather_in_place(&mut buf)?;
-                wrong = count_wrong(op, &buf, count, n, r, root, seed, redop);
+                wrong = count_wrong(&case, &buf);
             }
         }
         st.record(&format!("{} (in place) {} {} count={count}", op.name(), T::DTYPE, redop), wrong);
@@ -155,7 +157,10 @@ fn check_p2p(st: &mut State) -> Result<()> {
             Ok((na, nb, nc))
         })?;
         let l = left as i64 * 10;
-        let wrong = usize::from(lens != (3, 5, 2)) + ga.iter().filter(|&&x| x != l + 1).count() + gb[..5].iter().filter(|&&x| x != l + 2).count() + gc.iter().filter(|&&x| x != l + 3).count();
+        let wrong = usize::from(lens != (3, 5, 2))
+            + ga.iter().filter(|&&x| x != l + 1).count()
+            + gb[..5].iter().filter(|&&x| x != l + 2).count()
+            + gc.iter().filter(|&&x| x != l + 3).count();
         st.record("isend/irecv tag matching and ordering", wrong);
     }
     // Self send.
@@ -173,7 +178,9 @@ fn check_p2p(st: &mut State) -> Result<()> {
     let want_rank = members.len() - 1 - members.iter().position(|&q| q == r).unwrap();
     let mut v = [r as u64];
     sub.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
-    let wrong = usize::from(sub.rank() != want_rank) + usize::from(sub.size() != members.len()) + usize::from(v[0] != members.iter().sum::<usize>() as u64);
+    let wrong = usize::from(sub.rank() != want_rank)
+        + usize::from(sub.size() != members.len())
+        + usize::from(v[0] != members.iter().sum::<usize>() as u64);
     st.record("split(color = rank % 2, key = -rank) + all_reduce", wrong);
     let none = comm.split(None, 0)?;
     st.record("split with no color", usize::from(none.is_some()));

@@ -147,8 +147,7 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
         if opts.prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
-        if bind {
-            let cpu = cpus[r];
+        if let Some(cpu) = cpus.get(r).copied().filter(|_| bind) {
             cmd.env("SUCL_BOUND_CPU", cpu.to_string());
             // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
             // sched_setaffinity on plain data.

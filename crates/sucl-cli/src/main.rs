@@ -177,7 +177,10 @@ fn init_checked(common: &Common) -> Result<sucl::Communicator, i32> {
 
 fn bench_main(b: BenchCli) -> i32 {
     let Some(op) = bench::BenchOp::parse(&b.op) else {
-        return fail(format!("unknown op `{}` (sendrecv, broadcast, reduce, all_reduce, gather, all_gather, scatter, all_to_all, reduce_scatter, barrier)", b.op));
+        return fail(format!(
+            "unknown op `{}` (sendrecv, broadcast, reduce, all_reduce, gather, all_gather, scatter, all_to_all, reduce_scatter, barrier)",
+            b.op
+        ));
     };
     let (min, max) = match (bytes_arg("min-bytes", &b.min_bytes), bytes_arg("max-bytes", &b.max_bytes)) {
         (Ok(a), Ok(z)) => (a, z),
@@ -198,7 +201,19 @@ fn bench_main(b: BenchCli) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let args = bench::BenchArgs { op, min_bytes: min, max_bytes: max, factor: b.factor, iters: b.iters, warmup: b.warmup, dtype, redop, root: b.root, json: b.json, check: !b.no_check };
+    let args = bench::BenchArgs {
+        op,
+        min_bytes: min,
+        max_bytes: max,
+        factor: b.factor,
+        iters: b.iters,
+        warmup: b.warmup,
+        dtype,
+        redop,
+        root: b.root,
+        json: b.json,
+        check: !b.no_check,
+    };
     match bench::run(&comm, &args) {
         Ok(rows) => {
             if let (Some(path), 0) = (&b.plot, comm.rank()) {
@@ -226,7 +241,13 @@ fn check_main(c: CheckCli) -> i32 {
             ops: parse_list(&c.ops, &CollOp::ALL, CollOp::parse, "op")?,
             dtypes: parse_list(&c.dtypes, &DType::ALL, DType::parse, "dtype")?,
             redops: parse_list(&c.redops, &ReduceOp::ALL, ReduceOp::parse, "reduce op")?,
-            sizes: c.sizes.as_ref().map(|s| s.split(',').map(|x| x.trim().parse::<usize>().map_err(|_| format!("bad size `{x}`"))).collect::<Result<Vec<_>, _>>()).transpose()?,
+            sizes: c
+                .sizes
+                .as_ref()
+                .map(|s| {
+                    s.split(',').map(|x| x.trim().parse::<usize>().map_err(|_| format!("bad size `{x}`"))).collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?,
             big_mib: c.big_mib,
             seed: c.seed,
             inject_exit: c.inject_exit,
@@ -264,7 +285,13 @@ fn main() {
             if ranks == 0 {
                 fail("-n must be at least 1")
             } else {
-                launcher::launch(&launcher::LaunchOpts { ranks, argv, prefix: !no_prefix, grace: Duration::from_secs_f64(grace.max(0.0)), bind: !no_bind })
+                launcher::launch(&launcher::LaunchOpts {
+                    ranks,
+                    argv,
+                    prefix: !no_prefix,
+                    grace: Duration::from_secs_f64(grace.max(0.0)),
+                    bind: !no_bind,
+                })
             }
         }
         Cmd::Bench(b) => bench_main(b),

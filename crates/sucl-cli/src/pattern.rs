@@ -8,16 +8,46 @@ use sucl::{CollOp, Element, ReduceOp};
 macro_rules! with_dtype {
     ($dt:expr, $t:ident, $body:block) => {
         match $dt {
-            sucl::DType::U8 => { type $t = u8; $body }
-            sucl::DType::I8 => { type $t = i8; $body }
-            sucl::DType::I32 => { type $t = i32; $body }
-            sucl::DType::U32 => { type $t = u32; $body }
-            sucl::DType::I64 => { type $t = i64; $body }
-            sucl::DType::U64 => { type $t = u64; $body }
-            sucl::DType::F16 => { type $t = sucl::f16; $body }
-            sucl::DType::BF16 => { type $t = sucl::bf16; $body }
-            sucl::DType::F32 => { type $t = f32; $body }
-            sucl::DType::F64 => { type $t = f64; $body }
+            sucl::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            sucl::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            sucl::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            sucl::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            sucl::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            sucl::DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            sucl::DType::F16 => {
+                type $t = sucl::f16;
+                $body
+            }
+            sucl::DType::BF16 => {
+                type $t = sucl::bf16;
+                $body
+            }
+            sucl::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            sucl::DType::F64 => {
+                type $t = f64;
+                $body
+            }
         }
     };
 }
@@ -85,8 +115,22 @@ pub fn fill_input<T: Element>(op: CollOp, send: &mut [T], recv: &mut [T], rank: 
     }
 }
 
-/// Counts wrong elements in `recv` after op on `rank` (count per rank as in [`buffer_lens`]).
-pub fn count_wrong<T: Element>(op: CollOp, recv: &[T], count: usize, n: usize, rank: usize, root: usize, seed: u64, redop: ReduceOp) -> usize {
+/// One checked call: the op and everything its expected result depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub op: CollOp,
+    /// Per-rank count as in [`buffer_lens`].
+    pub count: usize,
+    pub n: usize,
+    pub rank: usize,
+    pub root: usize,
+    pub seed: u64,
+    pub redop: ReduceOp,
+}
+
+/// Counts wrong elements in `recv` after `case` ran.
+pub fn count_wrong<T: Element>(case: &Case, recv: &[T]) -> usize {
+    let Case { op, count, n, rank, root, seed, redop } = *case;
     let bits = |a: &T, b: &T| bytemuck::bytes_of(a) != bytemuck::bytes_of(b);
     let mut wrong = 0;
     match op {

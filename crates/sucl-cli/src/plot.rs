@@ -24,18 +24,30 @@ pub fn plot(path: &str, title: &str, rows: &[Row]) -> Result<(), Box<dyn std::er
             let mut c = b.build_cartesian_2d((xmin..xmax).log_scale(), (tmin..tmax).log_scale())?;
             c.configure_mesh().x_desc("bytes").y_desc("µs").draw()?;
             for (k, l) in labels.iter().enumerate() {
-                let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &format!("{} {}", r.backend, r.op) == l).map(|r| (r.bytes.max(1) as f64, r.time_us.max(tmin))).collect();
+                let pts: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|r| &format!("{} {}", r.backend, r.op) == l)
+                    .map(|r| (r.bytes.max(1) as f64, r.time_us.max(tmin)))
+                    .collect();
                 let col = colors[k % colors.len()];
-                c.draw_series(LineSeries::new(pts, col))?.label(l.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
+                c.draw_series(LineSeries::new(pts, col))?
+                    .label(l.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
             }
             c.configure_series_labels().border_style(BLACK).background_style(WHITE).draw()?;
         } else {
             let mut c = b.build_cartesian_2d((xmin..xmax).log_scale(), 0.0..bmax)?;
             c.configure_mesh().x_desc("bytes").y_desc("GB/s").draw()?;
             for (k, l) in labels.iter().enumerate() {
-                let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &format!("{} {}", r.backend, r.op) == l).map(|r| (r.bytes.max(1) as f64, r.busbw_gbps)).collect();
+                let pts: Vec<(f64, f64)> = rows
+                    .iter()
+                    .filter(|r| &format!("{} {}", r.backend, r.op) == l)
+                    .map(|r| (r.bytes.max(1) as f64, r.busbw_gbps))
+                    .collect();
                 let col = colors[k % colors.len()];
-                c.draw_series(LineSeries::new(pts, col))?.label(l.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
+                c.draw_series(LineSeries::new(pts, col))?
+                    .label(l.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
             }
             c.configure_series_labels().border_style(BLACK).background_style(WHITE).draw()?;
         }

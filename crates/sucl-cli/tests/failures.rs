@@ -12,8 +12,15 @@ fn torchrun_world(n: usize, backend: &str, args: &[&str], timeout_s: &str) -> Ve
     (0..n)
         .map(|r| {
             let mut cmd = sucl();
-            cmd.arg("check").args(args).env("RANK", r.to_string()).env("WORLD_SIZE", n.to_string()).env("LOCAL_RANK", r.to_string())
-                .env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", &port).env("SUCL_BACKEND", backend).env("SUCL_TIMEOUT", timeout_s)
+            cmd.arg("check")
+                .args(args)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("SUCL_BACKEND", backend)
+                .env("SUCL_TIMEOUT", timeout_s)
                 .env("TORCHELASTIC_RUN_ID", format!("t{port}"));
             spawn(cmd)
         })
@@ -77,7 +84,8 @@ fn disagreeing_counts_are_an_error_not_a_hang_tcp() {
 #[test]
 fn stalled_rank_times_out_on_the_others() {
     for backend in ["shm", "tcp"] {
-        let ranks = torchrun_world(2, backend, &["--ops", "all_reduce", "--dtypes", "u8", "--inject-stall", "1", "--inject-after", "4"], "1");
+        let ranks =
+            torchrun_world(2, backend, &["--ops", "all_reduce", "--dtypes", "u8", "--inject-stall", "1", "--inject-after", "4"], "1");
         let mut it = ranks.into_iter();
         let r0 = it.next().unwrap();
         let out = finish(r0, Duration::from_secs(60), "rank 0");
@@ -90,7 +98,21 @@ fn stalled_rank_times_out_on_the_others() {
 #[test]
 fn launcher_ends_the_job_when_a_rank_fails_and_leaves_nothing_behind() {
     let mut cmd = sucl();
-    cmd.args(["run", "-n", "3", "--", env!("CARGO_BIN_EXE_sucl"), "check", "--ops", "all_reduce", "--inject-exit", "1", "--inject-after", "10"]).env("SUCL_TIMEOUT", "60");
+    cmd.args([
+        "run",
+        "-n",
+        "3",
+        "--",
+        env!("CARGO_BIN_EXE_sucl"),
+        "check",
+        "--ops",
+        "all_reduce",
+        "--inject-exit",
+        "1",
+        "--inject-after",
+        "10",
+    ])
+    .env("SUCL_TIMEOUT", "60");
     let launcher = spawn(cmd);
     let pid = launcher.0.id();
     let out = finish(launcher, Duration::from_secs(60), "launcher");
@@ -139,7 +161,12 @@ fn launcher_reports_a_missing_program() {
 
 #[test]
 fn bench_rejects_bad_options_before_starting() {
-    for args in [&["bench", "all_reduce", "--max-bytes", "12Q"][..], &["bench", "teleport"], &["bench", "all_reduce", "--dtype", "f128"], &["bench", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1K"]] {
+    for args in [
+        &["bench", "all_reduce", "--max-bytes", "12Q"][..],
+        &["bench", "teleport"],
+        &["bench", "all_reduce", "--dtype", "f128"],
+        &["bench", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1K"],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sucl")).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
@@ -148,7 +175,10 @@ fn bench_rejects_bad_options_before_starting() {
 
 #[test]
 fn bench_json_has_the_documented_keys() {
-    let out = Command::new(env!("CARGO_BIN_EXE_sucl")).args(["bench", "all_reduce", "--ranks", "2", "--max-bytes", "1K", "--iters", "2", "--warmup", "1", "--json"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sucl"))
+        .args(["bench", "all_reduce", "--ranks", "2", "--max-bytes", "1K", "--iters", "2", "--warmup", "1", "--json"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();

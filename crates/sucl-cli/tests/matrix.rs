@@ -11,7 +11,8 @@ fn check_world(backend: &str, ranks: usize, extra: &[&str]) {
     cmd.args(["check", "--ranks", &ranks.to_string(), "--backend", backend]).args(extra).env("SUCL_TIMEOUT", "120");
     let out = finish(spawn(cmd), Duration::from_secs(600), &format!("{backend} check with {ranks} ranks"));
     assert!(out.status.success(), "{backend} x{ranks} failed: {:?}\n{}\n{}", out.status, out.stdout, out.stderr);
-    let line = out.stdout.lines().find(|l| l.contains("sucl check:")).unwrap_or_else(|| panic!("no summary:\n{}\n{}", out.stdout, out.stderr));
+    let line =
+        out.stdout.lines().find(|l| l.contains("sucl check:")).unwrap_or_else(|| panic!("no summary:\n{}\n{}", out.stdout, out.stderr));
     assert!(line.contains(&format!("{ranks} ranks, backend {backend}")), "{line}");
     assert!(line.contains(" 0 wrong"), "{line}");
     assert!(!out.stderr.contains("WRONG"), "{}", out.stderr);

@@ -137,7 +137,7 @@ fn broadcast(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
 fn all_reduce(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
     let n = e.size();
     let es = c.desc.dtype.size();
-    if n > 1 && buf.len() > 0 {
+    if n > 1 && !buf.is_empty() {
         if buf.len() <= c.cfg.small_bytes || c.desc.count < n {
             recursive_doubling(e, c, buf)?;
         } else {

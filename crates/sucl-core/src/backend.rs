@@ -95,17 +95,13 @@ pub struct CollDesc {
 
 impl CollDesc {
     /// A descriptor for a barrier.
-    pub const BARRIER: CollDesc =
-        CollDesc { op: CollOp::Barrier, dtype: DType::U8, redop: ReduceOp::Sum, root: 0, count: 0 };
+    pub const BARRIER: CollDesc = CollDesc { op: CollOp::Barrier, dtype: DType::U8, redop: ReduceOp::Sum, root: 0, count: 0 };
 
     /// Packs into the two meta words carried by every frame of the collective.
     pub fn encode(&self) -> [u64; 2] {
         let root = if self.op.rooted() { self.root as u64 } else { 0 };
         let redop = if self.op.reduces() { self.redop as u64 } else { 0 };
-        [
-            (self.op as u64) | (self.dtype as u64) << 8 | redop << 16 | (root & 0xffff_ffff) << 32,
-            self.count as u64,
-        ]
+        [(self.op as u64) | (self.dtype as u64) << 8 | redop << 16 | (root & 0xffff_ffff) << 32, self.count as u64]
     }
 
     /// Unpacks [`CollDesc::encode`]'s words.

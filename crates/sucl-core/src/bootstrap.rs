@@ -59,7 +59,11 @@ pub struct LaunchEnv {
 fn parse_num(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
     match get(var) {
         None => Ok(None),
-        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| Error::Config(format!("environment variable {var}={v:?} is not a non-negative integer"))),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("environment variable {var}={v:?} is not a non-negative integer"))),
     }
 }
 
@@ -149,16 +153,29 @@ mod tests {
     fn launchers() {
         let e = detect(&env(&[])).unwrap();
         assert_eq!((e.launcher, e.size), (Launcher::None, 1));
-        let e = detect(&env(&[("RANK", "2"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "7")])).unwrap();
+        let e =
+            detect(&env(&[("RANK", "2"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "7")])).unwrap();
         assert_eq!((e.launcher, e.rank, e.size, e.local_rank, e.store_addr.as_deref()), (Launcher::Torchrun, 2, 4, 1, Some("h:7")));
-        let e = detect(&env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_MCA_ess_base_jobid", "9")])).unwrap();
+        let e = detect(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_MCA_ess_base_jobid", "9"),
+        ]))
+        .unwrap();
         assert_eq!((e.launcher, e.rank, e.size), (Launcher::OpenMpi, 1, 2));
         assert!(e.store_addr.unwrap().starts_with("127.0.0.1:"));
         let e = detect(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "5")])).unwrap();
         assert_eq!((e.launcher, e.size), (Launcher::Slurm, 3));
         let e = detect(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")])).unwrap();
         assert_eq!((e.launcher, e.rank), (Launcher::Pmi, 1));
-        let e = detect(&env(&[("SUCL_RANK", "0"), ("SUCL_WORLD_SIZE", "2"), ("SUCL_STORE_ADDR", "127.0.0.1:5"), ("SUCL_STORE_HOST", "launcher")])).unwrap();
+        let e = detect(&env(&[
+            ("SUCL_RANK", "0"),
+            ("SUCL_WORLD_SIZE", "2"),
+            ("SUCL_STORE_ADDR", "127.0.0.1:5"),
+            ("SUCL_STORE_HOST", "launcher"),
+        ]))
+        .unwrap();
         assert!(!e.rank0_hosts_store);
     }
 

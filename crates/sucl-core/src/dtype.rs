@@ -31,18 +31,8 @@ pub enum DType {
 
 impl DType {
     /// Every element type, in wire-code order.
-    pub const ALL: [DType; 10] = [
-        DType::U8,
-        DType::I8,
-        DType::I32,
-        DType::U32,
-        DType::I64,
-        DType::U64,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-    ];
+    pub const ALL: [DType; 10] =
+        [DType::U8, DType::I8, DType::I32, DType::U32, DType::I64, DType::U64, DType::F16, DType::BF16, DType::F32, DType::F64];
 
     /// Size of one element in bytes.
     pub const fn size(self) -> usize {
@@ -121,13 +111,7 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every reduce operation.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
+    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
 
     /// Lower-case name.
     pub const fn name(self) -> &'static str {
@@ -254,10 +238,7 @@ fn combine_typed<T: Element>(acc: &mut [u8], src: &[u8], op: ReduceOp) {
     // Buffers arriving from the network or shared memory need not be aligned for T.
     let n = acc.len() / std::mem::size_of::<T>();
     let sz = std::mem::size_of::<T>();
-    if let (Ok(a), Ok(s)) = (
-        bytemuck::try_cast_slice_mut::<u8, T>(acc),
-        bytemuck::try_cast_slice::<u8, T>(src),
-    ) {
+    if let (Ok(a), Ok(s)) = (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(src)) {
         match op {
             ReduceOp::Sum | ReduceOp::Avg => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Sum)),
             ReduceOp::Prod => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Prod)),
@@ -297,11 +278,9 @@ pub fn reduce_bytes(acc: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
 
 #[inline(always)]
 fn combine3_typed<T: Element>(dst: &mut [u8], a: &[u8], b: &[u8], op: ReduceOp) {
-    if let (Ok(d), Ok(x), Ok(y)) = (
-        bytemuck::try_cast_slice_mut::<u8, T>(dst),
-        bytemuck::try_cast_slice::<u8, T>(a),
-        bytemuck::try_cast_slice::<u8, T>(b),
-    ) {
+    if let (Ok(d), Ok(x), Ok(y)) =
+        (bytemuck::try_cast_slice_mut::<u8, T>(dst), bytemuck::try_cast_slice::<u8, T>(a), bytemuck::try_cast_slice::<u8, T>(b))
+    {
         macro_rules! go {
             ($op:expr) => {
                 d.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (p, q))| *o = T::combine(*p, *q, $op))
@@ -384,9 +363,9 @@ mod tests {
     fn reduce_unaligned_matches_aligned() {
         let a: Vec<f32> = (0..17).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..17).map(|i| (i * 2) as f32).collect();
-        let mut acc = vec![0u8; 1 + 17 * 4];
+        let mut acc = [0u8; 1 + 17 * 4];
         acc[1..].copy_from_slice(bytemuck::cast_slice(&a));
-        let mut src = vec![0u8; 1 + 17 * 4];
+        let mut src = [0u8; 1 + 17 * 4];
         src[1..].copy_from_slice(bytemuck::cast_slice(&b));
         reduce_bytes(&mut acc[1..], &src[1..], DType::F32, ReduceOp::Sum);
         for i in 0..17 {

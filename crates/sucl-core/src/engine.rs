@@ -270,7 +270,11 @@ impl Engine {
             return self.self_send(tag, meta, ptr, len);
         }
         if self.peers[peer].closed {
-            let e = Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: "send (the peer had already closed its connection)".into() };
+            let e = Error::LostPeer {
+                rank: self.world_rank(self.rank),
+                peer: self.world_rank(peer),
+                during: "send (the peer had already closed its connection)".into(),
+            };
             return Err(self.fail(e));
         }
         let hdr = Header::data(tag, len, meta).encode();
@@ -289,9 +293,10 @@ impl Engine {
     unsafe fn self_send(&mut self, tag: u64, meta: [u64; 2], ptr: *const u8, len: usize) -> Result<ReqId> {
         let data = std::slice::from_raw_parts(ptr, len);
         let me = self.rank;
-        let pos = self.peers[me].posted.iter().position(|&i| {
-            matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag: t, .. }, .. }) if *t == tag)
-        });
+        let pos = self.peers[me]
+            .posted
+            .iter()
+            .position(|&i| matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag: t, .. }, .. }) if *t == tag));
         if let Some(p) = pos {
             let idx = self.peers[me].posted.remove(p).unwrap();
             self.deliver_copy(idx, tag, meta, data)?;
@@ -317,7 +322,11 @@ impl Engine {
             }
         }
         if data.len() > cap {
-            return Err(Error::invalid(me, "recv buffer", format!("message of {} bytes from rank {peer} does not fit in {cap} bytes", data.len())));
+            return Err(Error::invalid(
+                me,
+                "recv buffer",
+                format!("message of {} bytes from rank {peer} does not fit in {cap} bytes", data.len()),
+            ));
         }
         // SAFETY: the posting caller guarantees ptr..ptr+cap is valid.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
@@ -427,7 +436,9 @@ impl Engine {
 
     /// Completes and retires `req` if done, after one round of progress.
     pub fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
-        let idx = self.slot_of(req).ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
+        let idx = self
+            .slot_of(req)
+            .ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
         if !self.slots[idx as usize].op.as_ref().unwrap().done {
             self.progress()?;
         }
@@ -440,7 +451,9 @@ impl Engine {
 
     /// Waits (bounded) for `req`, then retires it.
     pub fn wait(&mut self, req: ReqId) -> Result<usize> {
-        let idx = self.slot_of(req).ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
+        let idx = self
+            .slot_of(req)
+            .ok_or_else(|| Error::invalid(self.world_rank(self.rank), "request", "unknown or already completed request"))?;
         let mut waiter = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         loop {
             if self.slots[idx as usize].op.as_ref().unwrap().done {
@@ -452,7 +465,11 @@ impl Engine {
             }
             let peer = self.slots[idx as usize].op.as_ref().unwrap().peer;
             if self.peers[peer].closed {
-                let e = Error::LostPeer { rank: self.world_rank(self.rank), peer: self.world_rank(peer), during: format!("{} (rank {} closed its connection)", self.activity, self.world_rank(peer)) };
+                let e = Error::LostPeer {
+                    rank: self.world_rank(self.rank),
+                    peer: self.world_rank(peer),
+                    during: format!("{} (rank {} closed its connection)", self.activity, self.world_rank(peer)),
+                };
                 return Err(self.fail(e));
             }
             if !moved {
@@ -554,9 +571,10 @@ impl Engine {
         let wp = self.world_rank(peer);
         let during = format!("{} ({during} rank {wp})", self.activity);
         match e.kind() {
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted => {
-                Error::LostPeer { rank: self.world_rank(self.rank), peer: wp, during }
-            }
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted => Error::LostPeer { rank: self.world_rank(self.rank), peer: wp, during },
             _ => Error::io(self.world_rank(self.rank), during, e),
         }
     }
@@ -695,9 +713,10 @@ impl Engine {
             let id = self.push_unexpected(p, hdr);
             Target::Unexpected(id)
         } else {
-            let pos = self.peers[p].posted.iter().position(|&i| {
-                matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag, .. }, .. }) if *tag == hdr.tag)
-            });
+            let pos = self.peers[p]
+                .posted
+                .iter()
+                .position(|&i| matches!(&self.slots[i as usize].op, Some(Op { kind: OpKind::Recv { tag, .. }, .. }) if *tag == hdr.tag));
             match pos {
                 Some(k) => {
                     let idx = self.peers[p].posted.remove(k).unwrap();
@@ -708,7 +727,11 @@ impl Engine {
                         }
                     }
                     if len > *cap {
-                        return Err(Error::invalid(me, "recv buffer", format!("message of {len} bytes from rank {wp} does not fit in {cap} bytes")));
+                        return Err(Error::invalid(
+                            me,
+                            "recv buffer",
+                            format!("message of {len} bytes from rank {wp} does not fit in {cap} bytes"),
+                        ));
                     }
                     self.op_mut(idx).bytes = len;
                     Target::Op(idx)
@@ -723,7 +746,14 @@ impl Engine {
     fn push_unexpected(&mut self, p: usize, hdr: Header) -> u64 {
         let id = self.next_unexp;
         self.next_unexp += 1;
-        self.peers[p].unexpected.push_back(Unexpected { id, tag: hdr.tag, meta: hdr.meta, len: hdr.len as usize, data: Vec::new(), claimed_by: None });
+        self.peers[p].unexpected.push_back(Unexpected {
+            id,
+            tag: hdr.tag,
+            meta: hdr.meta,
+            len: hdr.len as usize,
+            data: Vec::new(),
+            claimed_by: None,
+        });
         id
     }
 
@@ -738,7 +768,8 @@ impl Engine {
                     let u = self.peers[p].unexpected.remove(pos).unwrap();
                     let reason = String::from_utf8_lossy(&u.data).into_owned();
                     let me = self.world_rank(self.rank);
-                    let info = crate::error::AbortInfo { lost_rank: None, reason: format!("rank {} aborted: {reason}", self.world_rank(p)) };
+                    let info =
+                        crate::error::AbortInfo { lost_rank: None, reason: format!("rank {} aborted: {reason}", self.world_rank(p)) };
                     self.abort.set_remote(info.clone());
                     return Err(info.to_error(me, "receive"));
                 }

@@ -65,19 +65,17 @@ impl StoreServer {
         let local = listener.local_addr()?;
         let shared = Arc::new(Shared { state: Mutex::new(ServerState::default()), cond: Condvar::new(), stop: AtomicBool::new(false) });
         let sh = shared.clone();
-        let acceptor = std::thread::Builder::new()
-            .name("sucl-store".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if sh.stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let _ = conn.set_nodelay(true);
-                    let sh2 = sh.clone();
-                    let _ = std::thread::Builder::new().name("sucl-store-conn".into()).spawn(move || serve(sh2, conn));
+        let acceptor = std::thread::Builder::new().name("sucl-store".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if sh.stop.load(Ordering::Acquire) {
+                    break;
                 }
-            })?;
+                let Ok(conn) = conn else { continue };
+                let _ = conn.set_nodelay(true);
+                let sh2 = sh.clone();
+                let _ = std::thread::Builder::new().name("sucl-store-conn".into()).spawn(move || serve(sh2, conn));
+            }
+        })?;
         Ok(StoreServer { addr: local, shared, acceptor: Some(acceptor) })
     }
 
@@ -136,11 +134,7 @@ fn serve(sh: Arc<Shared>, mut conn: TcpStream) {
         Ok(w) => w,
         Err(_) => return,
     };
-    loop {
-        let (hdr, payload) = match read_frame(&mut conn) {
-            Ok(f) => f,
-            Err(_) => break,
-        };
+    while let Ok((hdr, payload)) = read_frame(&mut conn) {
         let reply = |w: &mut TcpStream, status: u64, v: &[u8]| write_frame(w, Kind::StoreReply, 0, [status, 0], &[v]);
         let ok = match hdr.kind {
             Kind::StoreHello => {
@@ -258,14 +252,19 @@ impl StoreClient {
     pub fn connect(addr: &str, rank: usize, server_rank: Option<usize>, timeout: Duration, abort: Arc<AbortState>) -> Result<StoreClient> {
         let deadline = Instant::now() + timeout;
         let stream = loop {
-            let attempt = addr.to_socket_addrs().map_err(|e| Error::Config(format!("cannot resolve store address `{addr}`: {e}"))).and_then(|mut it| {
-                it.next().ok_or_else(|| Error::Config(format!("store address `{addr}` resolves to nothing")))
-            })?;
+            let attempt = addr
+                .to_socket_addrs()
+                .map_err(|e| Error::Config(format!("cannot resolve store address `{addr}`: {e}")))
+                .and_then(|mut it| it.next().ok_or_else(|| Error::Config(format!("store address `{addr}` resolves to nothing"))))?;
             match TcpStream::connect_timeout(&attempt, Duration::from_millis(500)) {
                 Ok(s) => break s,
                 Err(e) => {
                     if Instant::now() >= deadline {
-                        return Err(Error::Timeout { rank, op: format!("connecting to the rendezvous store at {addr} ({e})"), after: timeout });
+                        return Err(Error::Timeout {
+                            rank,
+                            op: format!("connecting to the rendezvous store at {addr} ({e})"),
+                            after: timeout,
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
@@ -302,7 +301,15 @@ impl StoreClient {
                 }
             })
             .map_err(|e| Error::io(rank, "spawning the store watcher", e))?;
-        let c = StoreClient { rank, writer: Mutex::new(stream), replies: Mutex::new(rx), closing, reader: Mutex::new(Some(reader)), timeout, abort };
+        let c = StoreClient {
+            rank,
+            writer: Mutex::new(stream),
+            replies: Mutex::new(rx),
+            closing,
+            reader: Mutex::new(Some(reader)),
+            timeout,
+            abort,
+        };
         c.request(Kind::StoreHello, 0, [rank as u64, 0], &[], "store hello")?;
         let ab = c.abort.clone();
         let w = c.writer.lock().unwrap().try_clone().map_err(|e| Error::io(rank, "store", e))?;
@@ -358,7 +365,11 @@ impl StoreClient {
                 self.abort.check(self.rank, &format!("waiting for store key `{key}`"))?;
                 Err(Error::Aborted { rank: self.rank, reason: "job aborted".into() })
             }
-            _ => Err(Error::Timeout { rank: self.rank, op: format!("waiting for store key `{key}` (a rank did not arrive)"), after: self.timeout }),
+            _ => Err(Error::Timeout {
+                rank: self.rank,
+                op: format!("waiting for store key `{key}` (a rank did not arrive)"),
+                after: self.timeout,
+            }),
         }
     }
 

@@ -121,7 +121,12 @@ impl Layout {
         2 * (self.half + SKEW) + SKEW
     }
     fn half(&self, r: usize, h: usize) -> usize {
-        HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + r * self.arena_stride() + h * (self.half + SKEW) + (r % 4) * 128
+        HEADER_BYTES
+            + self.n * CTL_BYTES
+            + self.n * self.n * (RING_CTL_BYTES + self.ring)
+            + r * self.arena_stride()
+            + h * (self.half + SKEW)
+            + (r % 4) * 128
     }
     fn total(&self) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + self.n * self.arena_stride() + 4096
@@ -225,7 +230,15 @@ pub struct ShmBackend {
 impl ShmBackend {
     /// Creates (rank 0) or opens the job's segment named after `segment_name`, through the store
     /// under `prefix`. Every rank of `world_ranks` must be on this host.
-    pub fn connect(store: &StoreClient, prefix: &str, segment_name: &str, rank: usize, world_ranks: Vec<usize>, abort: Arc<AbortState>, cfg: &HostConfig) -> Result<ShmBackend> {
+    pub fn connect(
+        store: &StoreClient,
+        prefix: &str,
+        segment_name: &str,
+        rank: usize,
+        world_ranks: Vec<usize>,
+        abort: Arc<AbortState>,
+        cfg: &HostConfig,
+    ) -> Result<ShmBackend> {
         let n = world_ranks.len();
         let wr = world_ranks[rank];
         let lay = Layout { n, ring: cfg.shm_ring_bytes.next_power_of_two().max(4096), half: (cfg.shm_arena_bytes.max(8192) / 2) & !127 };
@@ -240,7 +253,10 @@ impl ShmBackend {
             let name = String::from_utf8_lossy(&store.get(&format!("{prefix}/shm"))?).into_owned();
             let s = Segment::open(&name, lay.total(), false).map_err(io("opening the segment"))?;
             if s.atomic(0).load(Ordering::Acquire) != MAGIC || s.atomic(8).load(Ordering::Relaxed) != n as u64 {
-                return Err(Error::Mismatch { rank: wr, what: format!("shared-memory segment {name}: layout differs (ranks disagree on size or shm settings)") });
+                return Err(Error::Mismatch {
+                    rank: wr,
+                    what: format!("shared-memory segment {name}: layout differs (ranks disagree on size or shm settings)"),
+                });
             }
             s
         };
@@ -254,7 +270,15 @@ impl ShmBackend {
         let channels = (0..n)
             .map(|j| {
                 (j != rank).then(|| {
-                    Box::new(RingChannel { seg: seg.clone(), out_ctl: lay.ring(rank, j), in_ctl: lay.ring(j, rank), cap: lay.ring, head: 0, tail: 0, peer_tail: 0 }) as Box<dyn Channel>
+                    Box::new(RingChannel {
+                        seg: seg.clone(),
+                        out_ctl: lay.ring(rank, j),
+                        in_ctl: lay.ring(j, rank),
+                        cap: lay.ring,
+                        head: 0,
+                        tail: 0,
+                        peer_tail: 0,
+                    }) as Box<dyn Channel>
                 })
             })
             .collect();
@@ -288,7 +312,9 @@ impl ShmBackend {
             while a.load(Ordering::Acquire) < seq {
                 let wr = self.world_rank;
                 let peer = self.engine.world_rank(j);
-                if let Err(e) = w.pause(&self.abort, wr, &|| format!("{} (waiting for rank {peer} at a shared-memory barrier)", op.name()), false) {
+                if let Err(e) =
+                    w.pause(&self.abort, wr, &|| format!("{} (waiting for rank {peer} at a shared-memory barrier)", op.name()), false)
+                {
                     if matches!(e, Error::Timeout { .. }) {
                         self.abort.raise(e.abort_info());
                     }
@@ -322,7 +348,10 @@ impl ShmBackend {
             let theirs = [self.seg.atomic(off).load(Ordering::Relaxed), self.seg.atomic(off + 8).load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.
-                return Err(Error::Mismatch { rank: self.world_rank, what: desc.describe_mismatch(self.world_rank, theirs, self.engine.world_rank(j)) });
+                return Err(Error::Mismatch {
+                    rank: self.world_rank,
+                    what: desc.describe_mismatch(self.world_rank, theirs, self.engine.world_rank(j)),
+                });
             }
         }
         Ok(())

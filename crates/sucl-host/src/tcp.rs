@@ -64,7 +64,14 @@ fn ctx_hash(prefix: &str) -> u64 {
 impl TcpBackend {
     /// Builds the mesh: every rank listens, publishes its address under `prefix` in the store,
     /// connects to lower ranks and accepts higher ones; a hello frame names each connection.
-    pub fn connect(store: &StoreClient, prefix: &str, rank: usize, world_ranks: Vec<usize>, abort: Arc<AbortState>, cfg: &HostConfig) -> Result<TcpBackend> {
+    pub fn connect(
+        store: &StoreClient,
+        prefix: &str,
+        rank: usize,
+        world_ranks: Vec<usize>,
+        abort: Arc<AbortState>,
+        cfg: &HostConfig,
+    ) -> Result<TcpBackend> {
         let n = world_ranks.len();
         let wr = world_ranks[rank];
         let io = |what: &str| {
@@ -79,7 +86,8 @@ impl TcpBackend {
         let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
         for (j, slot) in streams.iter_mut().enumerate().take(rank) {
             let a = String::from_utf8_lossy(&store.get(&format!("{prefix}/tcp/{j}"))?).into_owned();
-            let sa: SocketAddr = a.parse().map_err(|_| Error::Protocol { rank: wr, peer: world_ranks[j], why: format!("bad advertised address {a:?}") })?;
+            let sa: SocketAddr =
+                a.parse().map_err(|_| Error::Protocol { rank: wr, peer: world_ranks[j], why: format!("bad advertised address {a:?}") })?;
             let mut s = TcpStream::connect_timeout(&sa, cfg.timeout).map_err(io(&format!("connect to rank {} at {sa}", world_ranks[j])))?;
             s.write_all(&hello_frame(rank, ctx)).map_err(io("hello"))?;
             *slot = Some(s);
@@ -95,7 +103,11 @@ impl TcpBackend {
                     s.set_read_timeout(Some(cfg.timeout)).map_err(io("accept"))?;
                     let mut h = [0u8; HEADER_LEN];
                     s.read_exact(&mut h).map_err(io("reading hello"))?;
-                    let hdr = Header::decode(&h, 0).map_err(|w| Error::Protocol { rank: wr, peer: usize::MAX, why: format!("bad hello: {w}") })?;
+                    let hdr = Header::decode(&h, 0).map_err(|w| Error::Protocol {
+                        rank: wr,
+                        peer: usize::MAX,
+                        why: format!("bad hello: {w}"),
+                    })?;
                     let peer = hdr.meta[0] as usize;
                     if hdr.kind != Kind::Hello || hdr.meta[1] != ctx || peer <= rank || peer >= n || streams[peer].is_some() {
                         return Err(Error::Protocol { rank: wr, peer, why: "unexpected hello on the tcp mesh".into() });
@@ -106,7 +118,11 @@ impl TcpBackend {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() >= deadline {
-                        return Err(Error::Timeout { rank: wr, op: "tcp setup (waiting for higher ranks to connect)".into(), after: cfg.timeout });
+                        return Err(Error::Timeout {
+                            rank: wr,
+                            op: "tcp setup (waiting for higher ranks to connect)".into(),
+                            after: cfg.timeout,
+                        });
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }

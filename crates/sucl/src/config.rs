@@ -71,12 +71,19 @@ impl Config {
             c.backend = BackendChoice::parse(&v).ok_or_else(|| bad("SUCL_BACKEND", &v, "auto, shm or tcp"))?;
         }
         if let Some(v) = get("SUCL_TIMEOUT") {
-            let secs: f64 = v.trim().parse().ok().filter(|s: &f64| *s > 0.0 && s.is_finite()).ok_or_else(|| bad("SUCL_TIMEOUT", &v, "a positive number of seconds"))?;
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| bad("SUCL_TIMEOUT", &v, "a positive number of seconds"))?;
             c.host.timeout = Duration::from_secs_f64(secs);
         }
         let size = |k: &str, dst: &mut usize, min: u64| -> Result<()> {
             if let Some(v) = get(k) {
-                let b = parse_bytes(&v).filter(|b| *b >= min).ok_or_else(|| bad(k, &v, &format!("a byte size of at least {min} (suffixes K, M, G)")))?;
+                let b = parse_bytes(&v)
+                    .filter(|b| *b >= min)
+                    .ok_or_else(|| bad(k, &v, &format!("a byte size of at least {min} (suffixes K, M, G)")))?;
                 *dst = b as usize;
             }
             Ok(())

@@ -119,7 +119,9 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         None => vec![host],
         Some(s) => {
             s.set(&format!("world/host/{}", env.rank), host.as_bytes())?;
-            (0..env.size).map(|r| s.get(&format!("world/host/{r}")).map(|v| String::from_utf8_lossy(&v).into_owned())).collect::<Result<Vec<_>>>()?
+            (0..env.size)
+                .map(|r| s.get(&format!("world/host/{r}")).map(|v| String::from_utf8_lossy(&v).into_owned()))
+                .collect::<Result<Vec<_>>>()?
         }
     };
     let (rank, size, local_rank) = (env.rank, env.size, env.local_rank);
@@ -135,7 +137,16 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         s.barrier("world/ready", size)?;
     }
     tracing::debug!(rank, size, backend = backend.name(), "sucl initialized");
-    Ok(Communicator { rank, size, local_rank, world_ranks, backend: RefCell::new(backend), ctx, prefix: "world".into(), splits: Cell::new(0) })
+    Ok(Communicator {
+        rank,
+        size,
+        local_rank,
+        world_ranks,
+        backend: RefCell::new(backend),
+        ctx,
+        prefix: "world".into(),
+        splits: Cell::new(0),
+    })
 }
 
 fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize]) -> Result<Box<dyn Backend>> {
@@ -153,7 +164,11 @@ fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[us
     match choice {
         BackendChoice::Shm => {
             if !one_host {
-                return Err(Error::BackendUnavailable { rank: wr, backend: "shm".into(), why: "the ranks are on more than one host".into() });
+                return Err(Error::BackendUnavailable {
+                    rank: wr,
+                    backend: "shm".into(),
+                    why: "the ranks are on more than one host".into(),
+                });
             }
             let nonce = store.add("shm-nonce", 1)?;
             let job: String = ctx.env.job_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(40).collect();
@@ -258,7 +273,10 @@ impl Communicator {
         let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
         let n = b.wait(r).inspect_err(|_| b.cancel(r))?;
         if n % std::mem::size_of::<T>() != 0 {
-            return Err(Error::Mismatch { rank: self.wr(), what: format!("message size: {n} bytes from rank {src} is not a whole number of {}", T::DTYPE) });
+            return Err(Error::Mismatch {
+                rank: self.wr(),
+                what: format!("message size: {n} bytes from rank {src} is not a whole number of {}", T::DTYPE),
+            });
         }
         Ok(Status { count: n / std::mem::size_of::<T>() })
     }
@@ -349,8 +367,12 @@ impl Communicator {
 
     /// In-place all_gather: each rank's block already sits at its position in `buf`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if buf.len() % self.size != 0 {
-            return Err(Error::invalid(self.wr(), "buf", format!("length {} is not a multiple of the communicator size {}", buf.len(), self.size)));
+        if !buf.len().is_multiple_of(self.size) {
+            return Err(Error::invalid(
+                self.wr(),
+                "buf",
+                format!("length {} is not a multiple of the communicator size {}", buf.len(), self.size),
+            ));
         }
         let d = Self::desc::<T>(CollOp::AllGather, buf.len() / self.size, ReduceOp::Sum, 0);
         self.coll(d, None, bytemuck::cast_slice_mut(buf))
@@ -370,8 +392,12 @@ impl Communicator {
     /// Block `j` of every rank's `send` goes to block `i` (the sender's rank) of rank `j`'s `recv`.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.check_len("recv", recv.len(), send.len(), "all_to_all (same as send)")?;
-        if send.len() % self.size != 0 {
-            return Err(Error::invalid(self.wr(), "send", format!("length {} is not a multiple of the communicator size {}", send.len(), self.size)));
+        if !send.len().is_multiple_of(self.size) {
+            return Err(Error::invalid(
+                self.wr(),
+                "send",
+                format!("length {} is not a multiple of the communicator size {}", send.len(), self.size),
+            ));
         }
         let d = Self::desc::<T>(CollOp::AllToAll, send.len() / self.size, ReduceOp::Sum, 0);
         self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
@@ -393,7 +419,8 @@ impl Communicator {
         let mut all = vec![0u64; 2 * self.size];
         self.all_gather(&mine, &mut all)?;
         let Some(color) = color else { return Ok(None) };
-        let mut members: Vec<(i64, usize)> = (0..self.size).filter(|&r| all[2 * r] == color as u64).map(|r| (all[2 * r + 1] as i64, r)).collect();
+        let mut members: Vec<(i64, usize)> =
+            (0..self.size).filter(|&r| all[2 * r] == color as u64).map(|r| (all[2 * r + 1] as i64, r)).collect();
         members.sort();
         let new_rank = members.iter().position(|&(_, r)| r == self.rank).expect("self is a member");
         let world_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.world_ranks[r]).collect();

@@ -85,5 +85,11 @@ pub fn processes_with_env(marker: &str) -> Vec<u32> {
 
 /// Shared-memory segments whose name starts with `prefix`.
 pub fn segments_with_prefix(prefix: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm").into_iter().flatten().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+    std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
 }
