@@ -21,7 +21,11 @@ impl Backoff {
 
     /// The backoff for `local_ranks` processes on this host.
     pub fn for_local_ranks(local_ranks: usize) -> Backoff {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        // The host's CPUs, not this process's affinity mask: a launcher that pins each rank to
+        // one CPU does so precisely because the ranks fit.
+        // SAFETY: sysconf has no preconditions.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let cores = if online > 0 { online as usize } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) };
         if local_ranks > cores {
             Backoff::OVERSUBSCRIBED
         } else {
@@ -50,6 +54,7 @@ pub enum Phase {
 /// One bounded wait. Create it when a wait starts; call [`Waiter::pause`] each time a poll found
 /// nothing to do.
 pub struct Waiter {
+    rounds: u32,
     start: Option<Instant>,
     elapsed: Duration,
     timeout: Duration,
@@ -61,7 +66,7 @@ impl Waiter {
     /// pause).
     #[inline]
     pub fn new(timeout: Duration, backoff: Backoff) -> Self {
-        Waiter { start: None, elapsed: Duration::ZERO, timeout, backoff }
+        Waiter { rounds: 0, start: None, elapsed: Duration::ZERO, timeout, backoff }
     }
 
     /// The current backoff phase.
@@ -88,6 +93,12 @@ impl Waiter {
     pub fn pause(&mut self, abort: &AbortState, rank: usize, what: &dyn Fn() -> String, blocked_elsewhere: bool) -> Result<()> {
         if abort.is_set() {
             abort.check(rank, &what())?;
+        }
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.phase() == Phase::Spin && self.rounds % 32 != 1 {
+            // Reading the clock costs more than a spin round on some virtual machines.
+            std::hint::spin_loop();
+            return Ok(());
         }
         let start = *self.start.get_or_insert_with(Instant::now);
         self.elapsed = start.elapsed();

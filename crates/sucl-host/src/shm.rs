@@ -27,7 +27,14 @@ use sucl_core::{AbortState, Error, Result};
 
 const MAGIC: u64 = 0x5355_434c_5348_4d31; // "SUCLSHM1"
 const HEADER_BYTES: usize = 4096;
-const CTL_BYTES: usize = 256;
+/// Per rank: a cache line with the barrier counter, then two mailboxes (one per step parity)
+/// holding a sequence number, the step's collective descriptor and up to [`INLINE_MAX`] bytes of
+/// payload, so a small collective costs one cache-line transfer per peer.
+const CTL_BYTES: usize = 128 + 2 * MAILBOX_BYTES;
+const MAILBOX_BYTES: usize = 1024;
+const MAILBOX_DATA: usize = 32;
+/// Largest collective payload carried inline in the mailbox.
+pub const INLINE_MAX: usize = MAILBOX_BYTES - MAILBOX_DATA;
 const RING_CTL_BYTES: usize = 256;
 
 /// A mapped shared-memory segment.
@@ -113,6 +120,9 @@ struct Layout {
 impl Layout {
     fn ctl(&self, r: usize) -> usize {
         HEADER_BYTES + r * CTL_BYTES
+    }
+    fn mailbox(&self, r: usize, h: usize) -> usize {
+        self.ctl(r) + 128 + h * MAILBOX_BYTES
     }
     fn ring(&self, from: usize, to: usize) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + (from * self.n + to) * (RING_CTL_BYTES + self.ring)
@@ -325,18 +335,66 @@ impl ShmBackend {
         Ok(())
     }
 
-    /// Starts a step: returns the arena half to use and publishes this rank's descriptor in it.
+    /// Starts a step: returns the arena half to use and publishes this rank's descriptor in the
+    /// step's mailbox (with the sequence number of the barrier that follows, so that a peer
+    /// waiting at an inline step sees it and reports the disagreement instead of hanging).
     #[inline]
     fn begin_step(&mut self, desc: Option<&CollDesc>) -> usize {
         self.step += 1;
         let h = (self.step % 2) as usize;
         if let Some(d) = desc {
             let w = d.encode();
-            let off = self.lay.ctl(self.rank) + 8 + h * 16;
-            self.seg.atomic(off).store(w[0], Ordering::Relaxed);
-            self.seg.atomic(off + 8).store(w[1], Ordering::Relaxed);
+            let mb = self.lay.mailbox(self.rank, h);
+            self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
+            self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
+            self.seg.atomic(mb).store(self.barrier_seq + 1, Ordering::Release);
         }
         h
+    }
+
+    /// One step whose payload (`data`, at most [`INLINE_MAX`] bytes) travels in the mailbox:
+    /// publish, then wait until every peer published the same step. Returns the parity.
+    #[inline]
+    fn inline_step(&mut self, d: &CollDesc, data: Option<&[u8]>) -> Result<usize> {
+        self.step += 1;
+        let h = (self.step % 2) as usize;
+        self.barrier_seq += 1;
+        let seq = self.barrier_seq;
+        let mb = self.lay.mailbox(self.rank, h);
+        let w = d.encode();
+        self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
+        self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
+        if let Some(data) = data {
+            self.slice(self.seg.at(mb + MAILBOX_DATA), data.len()).copy_from_slice(data);
+        }
+        self.seg.atomic(mb).store(seq, Ordering::Release);
+        self.seg.atomic(self.lay.ctl(self.rank)).store(seq, Ordering::Release);
+        for j in 0..self.lay.n {
+            if j == self.rank {
+                continue;
+            }
+            let a = self.seg.atomic(self.lay.mailbox(j, h));
+            if a.load(Ordering::Acquire) >= seq {
+                continue;
+            }
+            let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
+            while a.load(Ordering::Acquire) < seq {
+                let (wr, peer) = (self.world_rank, self.engine.world_rank(j));
+                if let Err(e) = w.pause(&self.abort, wr, &|| format!("{} (waiting for rank {peer} in shared memory)", d.op.name()), false) {
+                    if matches!(e, Error::Timeout { .. }) {
+                        self.abort.raise(e.abort_info());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.check_descs(d, h)?;
+        Ok(h)
+    }
+
+    #[inline(always)]
+    fn inline_data(&self, r: usize, h: usize, len: usize) -> &'static mut [u8] {
+        self.slice(self.seg.at(self.lay.mailbox(r, h) + MAILBOX_DATA), len)
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
@@ -344,7 +402,7 @@ impl ShmBackend {
     fn check_descs(&self, desc: &CollDesc, h: usize) -> Result<()> {
         let mine = desc.encode();
         for j in 0..self.lay.n {
-            let off = self.lay.ctl(j) + 8 + h * 16;
+            let off = self.lay.mailbox(j, h) + 8;
             let theirs = [self.seg.atomic(off).load(Ordering::Relaxed), self.seg.atomic(off + 8).load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.
@@ -375,11 +433,7 @@ impl ShmBackend {
             return Ok(());
         }
         match d.op {
-            CollOp::Barrier => {
-                let h = self.begin_step(Some(d));
-                self.barrier(d.op)?;
-                self.check_descs(d, h)
-            }
+            CollOp::Barrier => self.inline_step(d, None).map(|_| ()),
             CollOp::AllReduce | CollOp::Reduce => {
                 let len = d.count * es;
                 let all = d.op == CollOp::AllReduce;
@@ -389,7 +443,15 @@ impl ShmBackend {
                     None => &*recv,
                 };
                 let input = self.slice(input.as_ptr() as *mut u8, input.len());
-                if len <= self.cfg.shm_small_bytes.min(hb) {
+                if len <= INLINE_MAX.min(self.cfg.shm_small_bytes) {
+                    let h = self.inline_step(d, Some(input))?;
+                    if all || me == root {
+                        reduce_bytes_into(recv, self.inline_data(0, h, len), self.inline_data(1, h, len), d.dtype, d.redop);
+                        for j in 2..n {
+                            reduce_bytes(recv, self.inline_data(j, h, len), d.dtype, d.redop);
+                        }
+                    }
+                } else if len <= self.cfg.shm_small_bytes.min(hb) {
                     let h = self.begin_step(Some(d));
                     self.slice(self.half(me, h), len).copy_from_slice(input);
                     self.barrier(d.op)?;
@@ -440,6 +502,14 @@ impl ShmBackend {
                 }
                 if all || me == root {
                     finish_reduce(recv, d.dtype, d.redop, n);
+                }
+                Ok(())
+            }
+            CollOp::Broadcast if d.count * es <= INLINE_MAX => {
+                let len = d.count * es;
+                let h = self.inline_step(d, (me == d.root).then_some(&*recv))?;
+                if me != d.root {
+                    recv.copy_from_slice(self.inline_data(d.root, h, len));
                 }
                 Ok(())
             }
