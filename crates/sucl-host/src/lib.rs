@@ -30,6 +30,8 @@ pub struct HostConfig {
     pub shm_arena_bytes: usize,
     /// Collectives up to this size use the single-barrier shared-memory algorithms.
     pub shm_small_bytes: usize,
+    /// SO_SNDBUF/SO_RCVBUF of tcp connections (0: leave the kernel's autotuning).
+    pub tcp_sockbuf: usize,
     /// Pipeline chunk of large shared-memory reductions (kept cache-sized).
     pub shm_chunk_bytes: usize,
     /// How waits poll before blocking (set from the number of ranks on this host).
@@ -53,6 +55,7 @@ impl Default for HostConfig {
             shm_arena_bytes: 8 << 20,
             shm_small_bytes: 16 << 10,
             shm_chunk_bytes: 256 << 10,
+            tcp_sockbuf: 0,
             backoff: Backoff::DEDICATED,
         }
     }

@@ -31,7 +31,7 @@ const HEADER_BYTES: usize = 4096;
 /// holding a sequence number, the step's collective descriptor and up to [`INLINE_MAX`] bytes of
 /// payload, so a small collective costs one cache-line transfer per peer.
 const CTL_BYTES: usize = 128 + 2 * MAILBOX_BYTES;
-const MAILBOX_BYTES: usize = 1024;
+const MAILBOX_BYTES: usize = 4096 + 64;
 const MAILBOX_DATA: usize = 32;
 /// Largest collective payload carried inline in the mailbox.
 pub const INLINE_MAX: usize = MAILBOX_BYTES - MAILBOX_DATA;

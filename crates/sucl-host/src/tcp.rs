@@ -47,6 +47,26 @@ impl Channel for TcpChannel {
     }
 }
 
+fn set_buffers(s: &TcpStream, bytes: usize) -> io::Result<()> {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt on an open socket with a pointer to a c_int of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The TCP backend of one communicator.
 pub struct TcpBackend {
     engine: Engine,
@@ -134,6 +154,9 @@ impl TcpBackend {
             match s {
                 Some(s) => {
                     s.set_nodelay(true).map_err(io("nodelay"))?;
+                    if cfg.tcp_sockbuf > 0 {
+                        set_buffers(&s, cfg.tcp_sockbuf).map_err(io("socket buffers"))?;
+                    }
                     s.set_nonblocking(true).map_err(io("nonblocking"))?;
                     channels.push(Some(Box::new(TcpChannel(s))));
                 }

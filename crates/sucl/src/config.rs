@@ -94,6 +94,7 @@ impl Config {
         size("SUCL_SHM_CHUNK_BYTES", &mut c.host.shm_chunk_bytes, 4096)?;
         size("SUCL_TCP_SMALL_BYTES", &mut c.host.algo.small_bytes, 0)?;
         size("SUCL_TCP_PIECE_BYTES", &mut c.host.algo.piece_bytes, 1024)?;
+        size("SUCL_TCP_SOCKBUF", &mut c.host.tcp_sockbuf, 0)?;
         if let Some(v) = get("SUCL_SPIN_US") {
             let us: u64 = v.trim().parse().map_err(|_| bad("SUCL_SPIN_US", &v, "microseconds of busy-polling before yielding"))?;
             c.host.backoff.spin = Duration::from_micros(us);
