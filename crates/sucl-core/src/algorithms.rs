@@ -5,7 +5,7 @@
 
 use crate::backend::{CollDesc, CollOp};
 use crate::chunk::{block_range, bytes, pieces};
-use crate::dtype::{finish_reduce, reduce_bytes};
+use crate::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use crate::engine::Engine;
 use crate::error::Result;
 
@@ -34,12 +34,7 @@ pub fn run(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8]
     let r = match desc.op {
         CollOp::Barrier => barrier(e, &c),
         CollOp::Broadcast => broadcast(e, &c, recv),
-        CollOp::AllReduce => {
-            if let Some(s) = send {
-                recv.copy_from_slice(s);
-            }
-            all_reduce(e, &c, recv)
-        }
+        CollOp::AllReduce => all_reduce(e, &c, send, recv),
         CollOp::Reduce => reduce(e, &c, send, recv),
         CollOp::Gather => gather(e, &c, send, recv),
         CollOp::AllGather => all_gather(e, &c, send, recv),
@@ -134,16 +129,20 @@ fn broadcast(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
     res
 }
 
-fn all_reduce(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+fn all_reduce(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
     let n = e.size();
     let es = c.desc.dtype.size();
-    if n > 1 && !buf.is_empty() {
-        if buf.len() <= c.cfg.small_bytes || c.desc.count < n {
-            recursive_doubling(e, c, buf)?;
-        } else {
-            ring_reduce_scatter(e, c, buf)?;
-            ring_all_gather(e, c, buf, es)?;
+    if n == 1 || buf.len() <= c.cfg.small_bytes || c.desc.count < n {
+        if let Some(s) = send {
+            buf.copy_from_slice(s);
         }
+        if n > 1 && !buf.is_empty() {
+            recursive_doubling(e, c, buf)?;
+        }
+    } else {
+        // No up-front copy of the input: the ring reads it where it lies.
+        ring_reduce_scatter(e, c, send, buf)?;
+        ring_all_gather(e, c, buf, es)?;
     }
     finish_reduce(buf, c.desc.dtype, c.desc.redop, n);
     Ok(())
@@ -192,9 +191,10 @@ fn recursive_doubling(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
     res
 }
 
-/// Ring reduce-scatter in place: afterwards rank r's block r of `buf` (blocks by
-/// [`block_range`] over the element count) holds the reduction of every rank's block r.
-fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
+/// Ring reduce-scatter: afterwards rank r's block r of `buf` (blocks by [`block_range`] over the
+/// element count) holds the reduction of every rank's block r. Inputs come from `input` (or from
+/// `buf` itself when `None`); other blocks of `buf` are left holding partial sums.
+fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, input: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
     let (r, n) = (e.rank(), e.size());
     let es = c.desc.dtype.size();
     let count = buf.len() / es;
@@ -205,9 +205,14 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
         for s in 0..n - 1 {
             let sb = bytes(block_range(count, n, (r + 2 * n - s - 1) % n), es);
             let rb = bytes(block_range(count, n, (r + 2 * n - s - 2) % n), es);
-            tmp.resize(rb.len(), 0);
+            tmp.resize(rb.len().max(tmp.len()), 0);
             reqs.clear();
             let base = buf.as_mut_ptr();
+            // The first step sends our own input; later ones the partial sums we computed.
+            let src = match (s, input) {
+                (0, Some(inp)) => inp.as_ptr(),
+                _ => base as *const u8,
+            };
             // Post every piece of the incoming block first so no frame arrives unexpected, then
             // send ours; reduce each piece as soon as it lands, overlapping the rest's transfer.
             for pr in pieces(rb.len(), c.cfg.piece_bytes) {
@@ -217,7 +222,7 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
             let nrecv = reqs.len();
             for pr in pieces(sb.len(), c.cfg.piece_bytes) {
                 // SAFETY: as above; the send block and the reduced block are disjoint.
-                reqs.push(unsafe { e.post_send(right, c.tag, c.meta, base.add(sb.start + pr.start), pr.len())? });
+                reqs.push(unsafe { e.post_send(right, c.tag, c.meta, src.add(sb.start + pr.start), pr.len())? });
             }
             for (k, pr) in pieces(rb.len(), c.cfg.piece_bytes).enumerate() {
                 if let Err(err) = e.wait(reqs[k]) {
@@ -228,7 +233,11 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
                 }
                 // SAFETY: disjoint from the in-flight send block.
                 let acc = unsafe { std::slice::from_raw_parts_mut(base.add(rb.start + pr.start), pr.len()) };
-                reduce_bytes(acc, &tmp[pr.clone()], c.desc.dtype, c.desc.redop);
+                let got = &tmp[pr.clone()];
+                match input {
+                    Some(inp) => reduce_bytes_into(acc, &inp[rb.start + pr.start..rb.start + pr.end], got, c.desc.dtype, c.desc.redop),
+                    None => reduce_bytes(acc, got, c.desc.dtype, c.desc.redop),
+                }
             }
             let sends: Vec<_> = reqs[nrecv..].to_vec();
             e.wait_all(&sends)?;
@@ -301,7 +310,7 @@ fn reduce(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Resu
             e.scratch = tmp;
             res?;
         } else {
-            ring_reduce_scatter(e, c, acc)?;
+            ring_reduce_scatter(e, c, None, acc)?;
             let es = dt.size();
             if r == root {
                 for j in (0..n).filter(|&j| j != root) {
@@ -447,11 +456,15 @@ fn reduce_scatter(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Resu
     let (r, n) = (e.rank(), e.size());
     let blk = c.desc.count * c.desc.dtype.size();
     let mut work = std::mem::take(&mut e.scratch2);
-    work.clear();
-    work.extend_from_slice(send);
+    work.resize(send.len().max(work.len()), 0);
     // Blocks are equal: treat the whole buffer as n*count elements so block_range(.., n, j)
-    // is exactly block j.
-    let res = if n > 1 && blk > 0 { ring_reduce_scatter(e, c, &mut work) } else { Ok(()) };
+    // is exactly block j. Partial sums go to `work`, inputs are read from `send`.
+    let res = if n > 1 && blk > 0 {
+        ring_reduce_scatter(e, c, Some(send), &mut work[..send.len()])
+    } else {
+        work[..send.len()].copy_from_slice(send);
+        Ok(())
+    };
     if res.is_ok() {
         recv.copy_from_slice(&work[r * blk..(r + 1) * blk]);
         finish_reduce(recv, c.desc.dtype, c.desc.redop, n);

@@ -32,6 +32,8 @@ pub struct HostConfig {
     pub shm_small_bytes: usize,
     /// SO_SNDBUF/SO_RCVBUF of tcp connections (0: leave the kernel's autotuning).
     pub tcp_sockbuf: usize,
+    /// Longest busy-poll of a tcp wait before it blocks in poll(2).
+    pub tcp_spin: Duration,
     /// Pipeline chunk of large shared-memory reductions (kept cache-sized).
     pub shm_chunk_bytes: usize,
     /// How waits poll before blocking (set from the number of ranks on this host).
@@ -56,6 +58,7 @@ impl Default for HostConfig {
             shm_small_bytes: 16 << 10,
             shm_chunk_bytes: 256 << 10,
             tcp_sockbuf: 0,
+            tcp_spin: Duration::from_micros(250),
             backoff: Backoff::DEDICATED,
         }
     }

@@ -47,6 +47,15 @@ impl Channel for TcpChannel {
     }
 }
 
+/// Sockets block in poll(2) soon: spinning on recv(2) takes the socket lock that the kernel
+/// needs to deliver the very data we wait for.
+fn tcp_engine(cfg: &HostConfig) -> sucl_core::engine::EngineConfig {
+    let mut e = cfg.engine();
+    e.backoff.spin = e.backoff.spin.min(cfg.tcp_spin);
+    e.backoff.yield_for = std::time::Duration::ZERO;
+    e
+}
+
 fn set_buffers(s: &TcpStream, bytes: usize) -> io::Result<()> {
     let v = bytes.min(i32::MAX as usize) as libc::c_int;
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
@@ -163,7 +172,7 @@ impl TcpBackend {
                 None => channels.push(None),
             }
         }
-        let engine = Engine::new(rank, channels, world_ranks, abort, cfg.engine());
+        let engine = Engine::new(rank, channels, world_ranks, abort, tcp_engine(cfg));
         Ok(TcpBackend { engine, algo: cfg.algo })
     }
 
@@ -181,7 +190,7 @@ impl TcpBackend {
                 None => None,
             });
         }
-        let engine = Engine::new(rank, channels, (0..n).collect(), abort, cfg.engine());
+        let engine = Engine::new(rank, channels, (0..n).collect(), abort, tcp_engine(cfg));
         Ok(TcpBackend { engine, algo: cfg.algo })
     }
 }

@@ -95,6 +95,10 @@ impl Config {
         size("SUCL_TCP_SMALL_BYTES", &mut c.host.algo.small_bytes, 0)?;
         size("SUCL_TCP_PIECE_BYTES", &mut c.host.algo.piece_bytes, 1024)?;
         size("SUCL_TCP_SOCKBUF", &mut c.host.tcp_sockbuf, 0)?;
+        if let Some(v) = get("SUCL_TCP_SPIN_US") {
+            let us: u64 = v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?;
+            c.host.tcp_spin = Duration::from_micros(us);
+        }
         if let Some(v) = get("SUCL_SPIN_US") {
             let us: u64 = v.trim().parse().map_err(|_| bad("SUCL_SPIN_US", &v, "microseconds of busy-polling before yielding"))?;
             c.host.backoff.spin = Duration::from_micros(us);
