@@ -90,7 +90,8 @@ pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     v
 }
 
-fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
+/// Measures one size (and checks it when `a.check`).
+pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
     let (n, r) = (comm.size(), comm.rank());
     let es = std::mem::size_of::<T>();
     // `bytes` is the largest buffer of one rank, as nccl-tests counts it.
@@ -169,7 +170,7 @@ fn bench_size<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Res
     let algbw = shown_bytes as f64 / time[0] / 1e9;
     Ok(Row {
         op: a.op.name().into(),
-        backend: comm.backend_name().into(),
+        backend: comm.backend_label().into(),
         ranks: n,
         bytes: shown_bytes,
         count: shown,
@@ -208,7 +209,7 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     let mut rows = vec![];
     for bytes in list {
         bar.set_message(format!("{bytes} B"));
-        let row = with_dtype!(a.dtype, T, { bench_size::<T>(comm, a, bytes)? });
+        let row = with_dtype!(a.dtype, T, { measure::<T>(comm, a, bytes)? });
         if lead {
             if a.json {
                 bar.suspend(|| println!("{}", serde_json::to_string(&row).expect("row serializes")));

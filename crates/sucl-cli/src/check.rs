@@ -219,7 +219,7 @@ pub fn run(comm: &Communicator, args: &CheckArgs) -> Result<i32> {
     if comm.rank() == 0 {
         println!(
             "sucl check: {n} ranks, backend {}: {} checks, {} wrong ({:.1} s)",
-            comm.backend_name(),
+            comm.backend_label(),
             totals[0],
             totals[1],
             t0.elapsed().as_secs_f64()

@@ -2,10 +2,12 @@
 
 mod bench;
 mod check;
+mod info;
 mod launcher;
 mod ops;
 mod pattern;
 mod plot;
+mod tune;
 
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
@@ -42,6 +44,47 @@ enum Cmd {
     Bench(BenchCli),
     /// Check every collective, dtype and reduce op against serial references.
     Check(CheckCli),
+    /// Measure every usable backend per op and size; write the winners as a tuning table.
+    Tune(TuneCli),
+    /// Show devices, backends, the configuration in force and the launch environment.
+    Info {
+        /// Config file (sets SUCL_CONFIG).
+        #[arg(long)]
+        config: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct TuneCli {
+    #[command(flatten)]
+    common: Common,
+    /// Comma-separated ops.
+    #[arg(long, default_value = "all_reduce,broadcast,all_to_all")]
+    ops: String,
+    /// Smallest size.
+    #[arg(long, default_value = "8")]
+    min_bytes: String,
+    /// Largest size.
+    #[arg(long, default_value = "16M")]
+    max_bytes: String,
+    /// Size multiplier between steps.
+    #[arg(long, default_value_t = 2)]
+    factor: u64,
+    /// Timed iterations per measurement.
+    #[arg(long, default_value_t = 50)]
+    iters: usize,
+    /// Warm-up iterations per measurement.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Measurements per backend and size (the best counts).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Where to write the tuning table (TOML, usable as --config).
+    #[arg(long)]
+    out: String,
 }
 
 #[derive(Args)]
@@ -49,9 +92,12 @@ struct Common {
     /// Ranks to launch when not already inside a launched job.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
-    /// Backend: auto, shm or tcp (sets SUCL_BACKEND).
+    /// Backend: auto, shm, tcp or mpi (sets SUCL_BACKEND).
     #[arg(long)]
     backend: Option<String>,
+    /// Config file (sets SUCL_CONFIG).
+    #[arg(long)]
+    config: Option<String>,
 }
 
 #[derive(Args)]
@@ -148,6 +194,9 @@ fn bytes_arg(name: &str, s: &str) -> Result<u64, String> {
 fn maybe_self_launch(common: &Common, prefix: bool) -> Option<i32> {
     if let Some(b) = &common.backend {
         std::env::set_var("SUCL_BACKEND", b);
+    }
+    if let Some(c) = &common.config {
+        std::env::set_var("SUCL_CONFIG", c);
     }
     let env = sucl_core::bootstrap::detect(&|k| std::env::var(k).ok()).ok()?;
     if env.launcher != sucl::Launcher::None || common.ranks <= 1 {
@@ -277,6 +326,48 @@ fn check_main(c: CheckCli) -> i32 {
     }
 }
 
+fn tune_main(t: TuneCli) -> i32 {
+    let ops = match parse_list(&Some(t.ops.clone()), &CollOp::ALL, CollOp::parse, "op") {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let (min, max) = match (bytes_arg("min-bytes", &t.min_bytes), bytes_arg("max-bytes", &t.max_bytes)) {
+        (Ok(a), Ok(z)) => (a, z),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+    };
+    let Some(dtype) = DType::parse(&t.dtype) else { return fail(format!("unknown dtype `{}`", t.dtype)) };
+    if t.iters == 0 || min > max {
+        return fail("--iters must be at least 1 and --min-bytes at most --max-bytes");
+    }
+    if let Some(code) = maybe_self_launch(&t.common, false) {
+        return code;
+    }
+    // Tuning compares every backend, whatever the environment forces.
+    std::env::set_var("SUCL_BACKEND", "auto");
+    let comm = match init_checked(&t.common) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let args = tune::TuneArgs {
+        ops,
+        min_bytes: min,
+        max_bytes: max,
+        factor: t.factor,
+        iters: t.iters,
+        warmup: t.warmup,
+        rounds: t.rounds,
+        dtype,
+        out: t.out,
+    };
+    match tune::run(&comm, &args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sucl tune: {e}");
+            1
+        }
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
@@ -296,6 +387,13 @@ fn main() {
         }
         Cmd::Bench(b) => bench_main(b),
         Cmd::Check(c) => check_main(c),
+        Cmd::Tune(t) => tune_main(t),
+        Cmd::Info { config } => {
+            if let Some(c) = config {
+                std::env::set_var("SUCL_CONFIG", c);
+            }
+            info::run()
+        }
     };
     std::process::exit(code);
 }

@@ -176,6 +176,12 @@ pub trait Backend: Send {
     /// that memory; if that is impossible without corrupting the stream, the communicator aborts.
     fn cancel(&mut self, req: ReqId);
 
+    /// Whether this backend can serve `desc` (for example, MPI has no 16-bit float reductions).
+    /// Calls it cannot serve go to the communicator's default backend.
+    fn supports(&self, _desc: &CollDesc) -> bool {
+        true
+    }
+
     /// Runs a collective (see the trait's documentation for `send`/`recv`).
     fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()>;
 }

@@ -1,74 +1,402 @@
-//! Runtime settings, from `SUCL_*` environment variables over built-in defaults.
+//! Settings: built-in defaults, then a TOML file (`SUCL_CONFIG` or `--config`), then `SUCL_*`
+//! environment variables, each value remembering where it came from (`sucl info` shows it).
+//!
+//! ```toml
+//! timeout = 300                 # seconds any wait may block
+//! default_backend = "tcp"       # universal fallback: every rank can always use it
+//!
+//! [platforms.host]
+//! backends = ["shm", "tcp"]     # allowed on this platform
+//! preferred = "shm"
+//! threshold = 0                 # bytes: below, the default backend; 0 always preferred; <0 never
+//!
+//! [shm]
+//! arena_bytes = "8M"
+//!
+//! [[tuning]]                    # first matching rule wins (written by `sucl tune`)
+//! op = "all_reduce"             # or "*"
+//! ranks = [2, 2]                # inclusive
+//! bytes = [0, "64K"]            # [from, to)
+//! backend = "shm"
+//! ```
 
+use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::time::Duration;
-use sucl_core::{Error, Result};
+use sucl_core::{CollOp, Error, Result};
 use sucl_host::HostConfig;
 
-/// Which backend carries host-memory calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Names of the backends this build knows.
+pub const KNOWN_BACKENDS: [&str; 3] = ["shm", "tcp", "mpi"];
+
+/// Which backend carries calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// Shared memory when every rank is on one host, TCP otherwise.
+    /// Chosen per call from the platform, the thresholds and the tuning table.
     Auto,
-    /// Shared memory (all ranks on one host).
-    Shm,
-    /// TCP.
-    Tcp,
+    /// Always this backend (where it cannot serve a call, the default backend does).
+    Named(String),
 }
 
 impl BackendChoice {
-    /// Parses `auto`, `shm` or `tcp`.
+    /// Parses `auto` or a known backend name.
     pub fn parse(s: &str) -> Option<BackendChoice> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(BackendChoice::Auto),
-            "shm" => Some(BackendChoice::Shm),
-            "tcp" => Some(BackendChoice::Tcp),
-            _ => None,
+        let s = s.trim().to_ascii_lowercase();
+        if s == "auto" {
+            return Some(BackendChoice::Auto);
         }
+        KNOWN_BACKENDS.contains(&s.as_str()).then_some(BackendChoice::Named(s))
     }
 }
 
-/// Settings of a communicator.
+/// The backends a platform may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Platform {
+    /// Allowed backends.
+    pub backends: Vec<String>,
+    /// The backend used from `threshold` bytes on.
+    pub preferred: String,
+    /// SuCL's single threshold: below it the default backend; 0 always the preferred one;
+    /// negative never.
+    pub threshold: i64,
+}
+
+/// One tuning-table rule: for `op` (None = every collective), rank counts in `ranks` and
+/// message sizes in `bytes`, use `backend`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rule {
+    /// The collective, or None for all.
+    pub op: Option<String>,
+    /// Inclusive rank-count range.
+    pub ranks: (usize, usize),
+    /// Half-open byte range.
+    pub bytes: (u64, u64),
+    /// The backend.
+    pub backend: String,
+}
+
+/// Where a setting's value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The key (`timeout`, `platforms.host.threshold`, ...).
+    pub key: String,
+    /// Its value, as text.
+    pub value: String,
+    /// `default`, `file PATH`, or `env VAR`.
+    pub from: String,
+}
+
+/// Settings of a job.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Backend choice (`SUCL_BACKEND`).
+    /// Forced backend or automatic selection (`backend`, `SUCL_BACKEND`).
     pub backend: BackendChoice,
-    /// Host backend settings (`SUCL_TIMEOUT`, `SUCL_SHM_*`, `SUCL_TCP_*`, `SUCL_MAX_MESSAGE_BYTES`).
+    /// The universal fallback (`default_backend`, `SUCL_DEFAULT_BACKEND`).
+    pub default_backend: String,
+    /// Per-platform rules (`platforms.NAME`); `host` always exists.
+    pub platforms: BTreeMap<String, Platform>,
+    /// The tuning table.
+    pub tuning: Vec<Rule>,
+    /// Host backend settings.
     pub host: HostConfig,
-    /// Whether the wait backoff was set explicitly (`SUCL_SPIN_US`); otherwise it follows
-    /// whether this host's ranks outnumber its cores.
+    /// Whether the wait backoff was set explicitly (`spin_us`, `SUCL_SPIN_US`).
     pub backoff_set: bool,
+    /// The file read, if any.
+    pub file: Option<String>,
+    /// Every setting with its origin.
+    pub sources: Vec<Source>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { backend: BackendChoice::Auto, host: HostConfig::default(), backoff_set: false }
+        let mut platforms = BTreeMap::new();
+        platforms.insert(
+            "host".to_string(),
+            Platform { backends: vec!["shm".into(), "tcp".into(), "mpi".into()], preferred: "shm".into(), threshold: 0 },
+        );
+        let mut c = Config {
+            backend: BackendChoice::Auto,
+            default_backend: "tcp".into(),
+            platforms,
+            tuning: vec![],
+            host: HostConfig::default(),
+            backoff_set: false,
+            file: None,
+            sources: vec![],
+        };
+        c.record_all("default");
+        c
     }
 }
 
-/// Parses a byte size with an optional K, M or G suffix (powers of 1024): `64K`, `1M`, `4096`.
+/// Parses a byte size with an optional K, M, G or T suffix (powers of 1024): `64K`, `1M`, `4096`.
 pub fn parse_bytes(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last()? {
         (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
         (i, 'm' | 'M') => (&s[..i], 1 << 20),
         (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        (i, 't' | 'T') => (&s[..i], 1 << 40),
         _ => (s, 1),
     };
     num.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
+#[derive(Deserialize, Clone, Debug)]
+#[serde(untagged)]
+enum Bytes {
+    Int(u64),
+    Text(String),
+}
+
+impl Bytes {
+    fn get(&self, key: &str) -> std::result::Result<u64, String> {
+        match self {
+            Bytes::Int(v) => Ok(*v),
+            Bytes::Text(t) => parse_bytes(t).ok_or_else(|| format!("{key}: {t:?} is not a byte size (e.g. 4096, \"64K\", \"8M\")")),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    timeout: Option<f64>,
+    spin_us: Option<u64>,
+    backend: Option<String>,
+    default_backend: Option<String>,
+    max_message_bytes: Option<Bytes>,
+    platforms: Option<BTreeMap<String, FilePlatform>>,
+    shm: Option<FileShm>,
+    tcp: Option<FileTcp>,
+    tuning: Option<Vec<FileRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePlatform {
+    backends: Option<Vec<String>>,
+    preferred: Option<String>,
+    threshold: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileShm {
+    arena_bytes: Option<Bytes>,
+    ring_bytes: Option<Bytes>,
+    small_bytes: Option<Bytes>,
+    chunk_bytes: Option<Bytes>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTcp {
+    small_bytes: Option<Bytes>,
+    piece_bytes: Option<Bytes>,
+    sockbuf: Option<Bytes>,
+    spin_us: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRule {
+    op: String,
+    ranks: Option<(usize, usize)>,
+    bytes: (Bytes, Bytes),
+    backend: String,
+}
+
+/// The line (1-based) of the first occurrence of `needle` in `text`.
+fn line_of(text: &str, needle: &str) -> Option<usize> {
+    text.lines().position(|l| l.contains(needle)).map(|i| i + 1)
+}
+
 impl Config {
-    /// Defaults overridden by the process environment.
+    /// Defaults, then the file named by `SUCL_CONFIG` (if set), then the environment.
     pub fn from_env() -> Result<Config> {
-        Config::from_lookup(&|k| std::env::var(k).ok())
+        let get = |k: &str| std::env::var(k).ok();
+        Config::load(get("SUCL_CONFIG").as_deref(), &get)
     }
 
-    /// Defaults overridden through `get` (a stand-in for the environment).
+    /// Defaults overridden through `get` (a stand-in for the environment; no file).
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+        Config::load(None, get)
+    }
+
+    /// Defaults, then `file` (if any), then the variables `get` returns.
+    pub fn load(file: Option<&str>, get: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
         let mut c = Config::default();
-        let bad = |k: &str, v: &str, want: &str| Error::Config(format!("{k}={v:?}: expected {want}"));
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{path}: cannot read the config file: {e}")))?;
+            c.apply_file(path, &text)?;
+        }
+        c.apply_env(get)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Parses TOML `text` (named `path` in errors) over the current values.
+    pub fn apply_file(&mut self, path: &str, text: &str) -> Result<()> {
+        let f: FileConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+            let msg = e.message().to_string();
+            match line {
+                Some(l) => Error::Config(format!("{path}:{l}: {msg}")),
+                None => Error::Config(format!("{path}: {msg}")),
+            }
+        })?;
+        let from = format!("file {path}");
+        let at = |needle: &str| line_of(text, needle).map(|l| format!("{path}:{l}")).unwrap_or_else(|| path.to_string());
+        let bytes_err = |key: &str, e: String| Error::Config(format!("{}: {e}", at(key)));
+        if let Some(t) = f.timeout {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(Error::Config(format!("{}: key `timeout`: must be a positive number of seconds", at("timeout"))));
+            }
+            self.host.timeout = Duration::from_secs_f64(t);
+            self.record("timeout", &from);
+        }
+        if let Some(s) = f.spin_us {
+            self.host.backoff.spin = Duration::from_micros(s);
+            self.backoff_set = true;
+            self.record("spin_us", &from);
+        }
+        if let Some(b) = f.backend {
+            self.backend = BackendChoice::parse(&b)
+                .ok_or_else(|| Error::Config(format!("{}: key `backend`: unknown backend {b:?} (auto, shm, tcp, mpi)", at("backend"))))?;
+            self.record("backend", &from);
+        }
+        if let Some(b) = f.default_backend {
+            self.default_backend = b;
+            self.record("default_backend", &from);
+        }
+        if let Some(m) = f.max_message_bytes {
+            self.host.max_message = m.get("max_message_bytes").map_err(|e| bytes_err("max_message_bytes", e))?;
+            self.record("max_message_bytes", &from);
+        }
+        for (name, p) in f.platforms.unwrap_or_default() {
+            let entry = self.platforms.entry(name.clone()).or_insert_with(|| Platform {
+                backends: vec!["tcp".into()],
+                preferred: "tcp".into(),
+                threshold: 0,
+            });
+            if let Some(b) = p.backends {
+                entry.backends = b;
+            }
+            if let Some(pref) = p.preferred {
+                entry.preferred = pref;
+            }
+            if let Some(t) = p.threshold {
+                entry.threshold = t;
+            }
+            self.record(&format!("platforms.{name}"), &from);
+        }
+        let mut recorded: Vec<&str> = vec![];
+        if let Some(s) = f.shm {
+            for (key, v, dst) in [
+                ("shm.arena_bytes", s.arena_bytes, &mut self.host.shm_arena_bytes),
+                ("shm.ring_bytes", s.ring_bytes, &mut self.host.shm_ring_bytes),
+                ("shm.small_bytes", s.small_bytes, &mut self.host.shm_small_bytes),
+                ("shm.chunk_bytes", s.chunk_bytes, &mut self.host.shm_chunk_bytes),
+            ] {
+                if let Some(v) = v {
+                    *dst = v.get(key).map_err(|e| bytes_err(key.split('.').nth(1).unwrap(), e))? as usize;
+                    recorded.push(key);
+                }
+            }
+        }
+        if let Some(t) = f.tcp {
+            for (key, v, dst) in [
+                ("tcp.small_bytes", t.small_bytes, &mut self.host.algo.small_bytes),
+                ("tcp.piece_bytes", t.piece_bytes, &mut self.host.algo.piece_bytes),
+                ("tcp.sockbuf", t.sockbuf, &mut self.host.tcp_sockbuf),
+            ] {
+                if let Some(v) = v {
+                    *dst = v.get(key).map_err(|e| bytes_err(key.split('.').nth(1).unwrap(), e))? as usize;
+                    recorded.push(key);
+                }
+            }
+            if let Some(s) = t.spin_us {
+                self.host.tcp_spin = Duration::from_micros(s);
+                self.record("tcp.spin_us", &from);
+            }
+        }
+        for key in recorded {
+            self.record(key, &from);
+        }
+        if let Some(rules) = f.tuning {
+            self.tuning.clear();
+            for r in rules {
+                let op = if r.op == "*" {
+                    None
+                } else {
+                    CollOp::parse(&r.op).ok_or_else(|| {
+                        Error::Config(format!("{}: key `tuning.op`: unknown operation {:?}", at(&format!("\"{}\"", r.op)), r.op))
+                    })?;
+                    Some(r.op.clone())
+                };
+                let lo = r.bytes.0.get("tuning.bytes").map_err(|e| bytes_err("bytes", e))?;
+                let hi = r.bytes.1.get("tuning.bytes").map_err(|e| bytes_err("bytes", e))?;
+                if lo > hi {
+                    return Err(Error::Config(format!("{}: key `tuning.bytes`: [{lo}, {hi}) is empty", at("bytes"))));
+                }
+                let ranks = r.ranks.unwrap_or((1, usize::MAX));
+                self.tuning.push(Rule { op, ranks, bytes: (lo, hi), backend: r.backend });
+            }
+            self.record("tuning", &from);
+        }
+        self.file = Some(path.to_string());
+        // Backend names are checked here, where the file's lines are known.
+        for (key, name) in self.backend_names() {
+            if !KNOWN_BACKENDS.contains(&name.as_str()) {
+                return Err(Error::Config(format!(
+                    "{}: key `{key}`: unknown backend {name:?} (known: {})",
+                    at(&format!("\"{name}\"")),
+                    KNOWN_BACKENDS.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn backend_names(&self) -> Vec<(String, String)> {
+        let mut v = vec![("default_backend".to_string(), self.default_backend.clone())];
+        for (n, p) in &self.platforms {
+            v.extend(p.backends.iter().map(|b| (format!("platforms.{n}.backends"), b.clone())));
+            v.push((format!("platforms.{n}.preferred"), p.preferred.clone()));
+        }
+        v.extend(self.tuning.iter().map(|r| ("tuning.backend".to_string(), r.backend.clone())));
+        v
+    }
+
+    fn apply_env(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+        let bad = |k: &str, v: &str, want: &str| Error::Config(format!("environment variable {k}={v:?}: expected {want}"));
         if let Some(v) = get("SUCL_BACKEND") {
-            c.backend = BackendChoice::parse(&v).ok_or_else(|| bad("SUCL_BACKEND", &v, "auto, shm or tcp"))?;
+            self.backend = BackendChoice::parse(&v).ok_or_else(|| bad("SUCL_BACKEND", &v, "auto, shm, tcp or mpi"))?;
+            self.record("backend", "env SUCL_BACKEND");
+        }
+        if let Some(v) = get("SUCL_DEFAULT_BACKEND") {
+            if !KNOWN_BACKENDS.contains(&v.as_str()) {
+                return Err(bad("SUCL_DEFAULT_BACKEND", &v, "tcp or mpi"));
+            }
+            self.default_backend = v;
+            self.record("default_backend", "env SUCL_DEFAULT_BACKEND");
+        }
+        if let Some(v) = get("SUCL_BACKENDS") {
+            let list: Vec<String> = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+            if let Some(b) = list.iter().find(|b| !KNOWN_BACKENDS.contains(&b.as_str())) {
+                return Err(bad("SUCL_BACKENDS", &v, &format!("a comma-separated list of {} (not {b:?})", KNOWN_BACKENDS.join(", "))));
+            }
+            self.platforms.get_mut("host").expect("host platform").backends = list;
+            self.record("platforms.host", "env SUCL_BACKENDS");
+        }
+        if let Some(v) = get("SUCL_THRESHOLD") {
+            let t: i64 = v
+                .trim()
+                .parse()
+                .map_err(|_| bad("SUCL_THRESHOLD", &v, "an integer number of bytes (0: always the preferred backend, negative: never)"))?;
+            self.platforms.get_mut("host").expect("host platform").threshold = t;
+            self.record("platforms.host", "env SUCL_THRESHOLD");
         }
         if let Some(v) = get("SUCL_TIMEOUT") {
             let secs: f64 = v
@@ -77,37 +405,127 @@ impl Config {
                 .ok()
                 .filter(|s: &f64| *s > 0.0 && s.is_finite())
                 .ok_or_else(|| bad("SUCL_TIMEOUT", &v, "a positive number of seconds"))?;
-            c.host.timeout = Duration::from_secs_f64(secs);
+            self.host.timeout = Duration::from_secs_f64(secs);
+            self.record("timeout", "env SUCL_TIMEOUT");
         }
-        let size = |k: &str, dst: &mut usize, min: u64| -> Result<()> {
-            if let Some(v) = get(k) {
+        let mut sizes: Vec<(&str, &str, &mut usize, u64)> = vec![
+            ("SUCL_SHM_RING_BYTES", "shm.ring_bytes", &mut self.host.shm_ring_bytes, 4096),
+            ("SUCL_SHM_ARENA_BYTES", "shm.arena_bytes", &mut self.host.shm_arena_bytes, 8192),
+            ("SUCL_SHM_SMALL_BYTES", "shm.small_bytes", &mut self.host.shm_small_bytes, 0),
+            ("SUCL_SHM_CHUNK_BYTES", "shm.chunk_bytes", &mut self.host.shm_chunk_bytes, 4096),
+            ("SUCL_TCP_SMALL_BYTES", "tcp.small_bytes", &mut self.host.algo.small_bytes, 0),
+            ("SUCL_TCP_PIECE_BYTES", "tcp.piece_bytes", &mut self.host.algo.piece_bytes, 1024),
+            ("SUCL_TCP_SOCKBUF", "tcp.sockbuf", &mut self.host.tcp_sockbuf, 0),
+        ];
+        let mut set = vec![];
+        for (var, key, dst, min) in sizes.iter_mut() {
+            if let Some(v) = get(var) {
                 let b = parse_bytes(&v)
-                    .filter(|b| *b >= min)
-                    .ok_or_else(|| bad(k, &v, &format!("a byte size of at least {min} (suffixes K, M, G)")))?;
-                *dst = b as usize;
+                    .filter(|b| b >= min)
+                    .ok_or_else(|| bad(var, &v, &format!("a byte size of at least {min} (suffixes K, M, G)")))?;
+                **dst = b as usize;
+                set.push((key.to_string(), format!("env {var}")));
             }
-            Ok(())
-        };
-        size("SUCL_SHM_RING_BYTES", &mut c.host.shm_ring_bytes, 4096)?;
-        size("SUCL_SHM_ARENA_BYTES", &mut c.host.shm_arena_bytes, 8192)?;
-        size("SUCL_SHM_SMALL_BYTES", &mut c.host.shm_small_bytes, 0)?;
-        size("SUCL_SHM_CHUNK_BYTES", &mut c.host.shm_chunk_bytes, 4096)?;
-        size("SUCL_TCP_SMALL_BYTES", &mut c.host.algo.small_bytes, 0)?;
-        size("SUCL_TCP_PIECE_BYTES", &mut c.host.algo.piece_bytes, 1024)?;
-        size("SUCL_TCP_SOCKBUF", &mut c.host.tcp_sockbuf, 0)?;
+        }
+        drop(sizes);
+        for (k, f) in set {
+            self.record(&k, &f);
+        }
+        if let Some(v) = get("SUCL_MAX_MESSAGE_BYTES") {
+            self.host.max_message = parse_bytes(&v).filter(|b| *b > 0).ok_or_else(|| bad("SUCL_MAX_MESSAGE_BYTES", &v, "a byte size"))?;
+            self.record("max_message_bytes", "env SUCL_MAX_MESSAGE_BYTES");
+        }
         if let Some(v) = get("SUCL_TCP_SPIN_US") {
-            let us: u64 = v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?;
-            c.host.tcp_spin = Duration::from_micros(us);
+            self.host.tcp_spin = Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?);
+            self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
         }
         if let Some(v) = get("SUCL_SPIN_US") {
-            let us: u64 = v.trim().parse().map_err(|_| bad("SUCL_SPIN_US", &v, "microseconds of busy-polling before yielding"))?;
-            c.host.backoff.spin = Duration::from_micros(us);
-            c.backoff_set = true;
+            self.host.backoff.spin =
+                Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_SPIN_US", &v, "microseconds of busy-polling"))?);
+            self.backoff_set = true;
+            self.record("spin_us", "env SUCL_SPIN_US");
         }
-        let mut mm = c.host.max_message as usize;
-        size("SUCL_MAX_MESSAGE_BYTES", &mut mm, 1)?;
-        c.host.max_message = mm as u64;
-        Ok(c)
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<()> {
+        let universal = ["tcp", "mpi"];
+        if !universal.contains(&self.default_backend.as_str()) {
+            return Err(Error::Config(format!(
+                "default_backend = {:?}: the default must be a backend every rank can use (tcp or mpi){}",
+                self.default_backend,
+                self.file.as_ref().map(|f| format!(" (set in {f} or SUCL_DEFAULT_BACKEND)")).unwrap_or_default()
+            )));
+        }
+        for (n, p) in &self.platforms {
+            if !p.backends.contains(&p.preferred) && !p.backends.is_empty() {
+                return Err(Error::Config(format!(
+                    "platforms.{n}.preferred = {:?} is not among platforms.{n}.backends {:?}",
+                    p.preferred, p.backends
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn value_of(&self, key: &str) -> String {
+        match key {
+            "timeout" => format!("{}", self.host.timeout.as_secs_f64()),
+            "spin_us" => format!("{}", self.host.backoff.spin.as_micros()),
+            "backend" => match &self.backend {
+                BackendChoice::Auto => "auto".into(),
+                BackendChoice::Named(n) => n.clone(),
+            },
+            "default_backend" => self.default_backend.clone(),
+            "max_message_bytes" => self.host.max_message.to_string(),
+            "shm.arena_bytes" => self.host.shm_arena_bytes.to_string(),
+            "shm.ring_bytes" => self.host.shm_ring_bytes.to_string(),
+            "shm.small_bytes" => self.host.shm_small_bytes.to_string(),
+            "shm.chunk_bytes" => self.host.shm_chunk_bytes.to_string(),
+            "tcp.small_bytes" => self.host.algo.small_bytes.to_string(),
+            "tcp.piece_bytes" => self.host.algo.piece_bytes.to_string(),
+            "tcp.sockbuf" => self.host.tcp_sockbuf.to_string(),
+            "tcp.spin_us" => self.host.tcp_spin.as_micros().to_string(),
+            "tuning" => format!("{} rules", self.tuning.len()),
+            k if k.starts_with("platforms.") => {
+                let p = &self.platforms[&k["platforms.".len()..]];
+                format!("backends {:?}, preferred {}, threshold {}", p.backends, p.preferred, p.threshold)
+            }
+            _ => String::new(),
+        }
+    }
+
+    fn record(&mut self, key: &str, from: &str) {
+        let value = self.value_of(key);
+        match self.sources.iter_mut().find(|s| s.key == key) {
+            Some(s) => {
+                s.value = value;
+                s.from = from.to_string();
+            }
+            None => self.sources.push(Source { key: key.into(), value, from: from.into() }),
+        }
+    }
+
+    fn record_all(&mut self, from: &str) {
+        for k in [
+            "backend",
+            "default_backend",
+            "platforms.host",
+            "timeout",
+            "spin_us",
+            "max_message_bytes",
+            "shm.arena_bytes",
+            "shm.ring_bytes",
+            "shm.small_bytes",
+            "shm.chunk_bytes",
+            "tcp.small_bytes",
+            "tcp.piece_bytes",
+            "tcp.sockbuf",
+            "tcp.spin_us",
+            "tuning",
+        ] {
+            self.record(k, from);
+        }
     }
 }
 
@@ -115,17 +533,83 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn file(text: &str) -> Result<Config> {
+        let mut c = Config::default();
+        c.apply_file("sucl.toml", text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
     #[test]
-    fn sizes_and_errors() {
+    fn sizes_and_env_errors() {
         assert_eq!(parse_bytes("64K"), Some(65536));
         assert_eq!(parse_bytes("2m"), Some(2 << 20));
         assert_eq!(parse_bytes("7"), Some(7));
         assert_eq!(parse_bytes("x"), None);
         let c = Config::from_lookup(&|k| (k == "SUCL_TIMEOUT").then(|| "2.5".to_string())).unwrap();
         assert_eq!(c.host.timeout, Duration::from_millis(2500));
+        assert!(c.sources.iter().any(|s| s.key == "timeout" && s.from == "env SUCL_TIMEOUT"));
         let e = Config::from_lookup(&|k| (k == "SUCL_BACKEND").then(|| "carrier-pigeon".to_string())).unwrap_err().to_string();
         assert!(e.contains("SUCL_BACKEND") && e.contains("carrier-pigeon"), "{e}");
         let e = Config::from_lookup(&|k| (k == "SUCL_SHM_RING_BYTES").then(|| "12".to_string())).unwrap_err().to_string();
         assert!(e.contains("at least 4096"), "{e}");
+        let e = Config::from_lookup(&|k| (k == "SUCL_THRESHOLD").then(|| "lots".to_string())).unwrap_err().to_string();
+        assert!(e.contains("SUCL_THRESHOLD"), "{e}");
+    }
+
+    #[test]
+    fn a_full_file_parses_and_records_sources() {
+        let c = file(
+            r#"
+timeout = 12
+default_backend = "tcp"
+[platforms.host]
+backends = ["shm", "tcp"]
+preferred = "shm"
+threshold = 65536
+[shm]
+arena_bytes = "4M"
+[[tuning]]
+op = "all_reduce"
+ranks = [2, 4]
+bytes = [0, "64K"]
+backend = "tcp"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.platforms["host"].threshold, 65536);
+        assert_eq!(c.host.shm_arena_bytes, 4 << 20);
+        assert_eq!(c.tuning, vec![Rule { op: Some("all_reduce".into()), ranks: (2, 4), bytes: (0, 65536), backend: "tcp".into() }]);
+        assert!(c.sources.iter().any(|s| s.key == "shm.arena_bytes" && s.from == "file sucl.toml"));
+    }
+
+    #[test]
+    fn syntax_errors_name_file_and_line() {
+        let e = file("timeout = 3\n[shm\narena_bytes = 1\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_and_backends_name_file_line_and_key() {
+        let e = file("timeout = 3\ntimeot = 4\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2") && e.contains("timeot"), "{e}");
+        let e = file("[platforms.host]\nbackends = [\"shm\", \"carrier\"]\npreferred = \"shm\"\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2") && e.contains("platforms.host.backends") && e.contains("carrier"), "{e}");
+        let e = file("[shm]\nbogus = 1\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2") && e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn threshold_must_be_a_number() {
+        let e = file("[platforms.host]\nthreshold = \"big\"\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2") && e.contains("threshold"), "{e}");
+        let e = file("[platforms.host]\nthreshold = 1.5\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2"), "{e}");
+    }
+
+    #[test]
+    fn default_backend_must_be_universal() {
+        let e = file("default_backend = \"shm\"\n").unwrap_err().to_string();
+        assert!(e.contains("default_backend") && e.contains("tcp or mpi"), "{e}");
     }
 }

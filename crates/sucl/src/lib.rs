@@ -14,6 +14,7 @@
 
 pub mod config;
 mod nonblocking;
+pub mod select;
 
 pub use config::{BackendChoice, Config};
 pub use half::{bf16, f16};
@@ -38,6 +39,10 @@ struct Context {
     cfg: Config,
     abort: Arc<AbortState>,
     hosts: Vec<String>,
+    /// Per world rank: the backends its configuration allows and its process can load.
+    avail: Vec<Vec<String>>,
+    /// Rank 0's selection policy, used by every rank.
+    policy: select::Policy,
     store: Option<StoreClient>,
     server: Option<StoreServer>,
 }
@@ -54,6 +59,8 @@ impl Drop for Context {
         }
         self.store.take();
         self.server.take();
+        #[cfg(feature = "mpi")]
+        sucl_mpi::finalize();
     }
 }
 
@@ -74,7 +81,9 @@ pub struct Communicator {
     size: usize,
     local_rank: usize,
     world_ranks: Vec<usize>,
-    backend: RefCell<Box<dyn Backend>>,
+    backends: RefCell<Vec<Box<dyn Backend>>>,
+    selector: select::Selector,
+    pinned: Cell<Option<usize>>,
     ctx: Arc<Context>,
     prefix: String,
     splits: Cell<u64>,
@@ -130,46 +139,164 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
         cfg.host.backoff = sucl_core::wait::Backoff::for_local_ranks(here);
     }
-    let ctx = Arc::new(Context { env, cfg, abort, hosts, store, server });
+    let store_ref = store.as_ref().expect("a store");
+    // What this rank may use: its platform's list plus the universal default, each loadable here.
+    let platform = cfg.platforms.get("host").expect("host platform");
+    // Backends named by the user must load; the built-in list just takes what is there.
+    let explicit = cfg.sources.iter().any(|s| s.key == "platforms.host" && s.from != "default");
+    let forced = match &cfg.backend {
+        BackendChoice::Named(n) => Some(n.clone()),
+        BackendChoice::Auto => None,
+    };
+    let mut mine: Vec<String> = vec![];
+    for name in platform.backends.iter().chain(std::iter::once(&cfg.default_backend)).chain(forced.iter()) {
+        if mine.contains(name) {
+            continue;
+        }
+        match backend_loadable(name, &env) {
+            Ok(()) => mine.push(name.clone()),
+            Err(why) if explicit || forced.as_ref() == Some(name) => {
+                return Err(Error::BackendUnavailable { rank, backend: name.clone(), why })
+            }
+            Err(why) => tracing::debug!(backend = name.as_str(), why, "backend not loadable here"),
+        }
+    }
+    store_ref.set(&format!("world/avail/{rank}"), mine.join(",").as_bytes())?;
+    let avail = (0..size)
+        .map(|r| store_ref.get(&format!("world/avail/{r}")).map(|v| String::from_utf8_lossy(&v).split(',').map(str::to_string).collect()))
+        .collect::<Result<Vec<Vec<String>>>>()?;
+    let own_policy = select::Policy::from_config(&cfg, "host");
+    let policy = if rank == 0 {
+        store_ref.set("world/policy", serde_json::to_string(&own_policy).expect("policy serializes").as_bytes())?;
+        own_policy
+    } else {
+        let p: select::Policy = serde_json::from_slice(&store_ref.get("world/policy")?).map_err(|e| Error::Mismatch {
+            rank,
+            what: format!("rank 0's selection policy is unreadable ({e}): different sucl versions?"),
+        })?;
+        if p != own_policy {
+            tracing::warn!(rank, "this rank's backend selection settings differ from rank 0's; rank 0's are used");
+        }
+        p
+    };
+    let ctx = Arc::new(Context { env, cfg, abort, hosts, avail, policy, store, server });
     let world_ranks: Vec<usize> = (0..size).collect();
-    let backend = make_backend(&ctx, "world", rank, &world_ranks)?;
+    let (backends, selector) = make_backends(&ctx, "world", rank, &world_ranks)?;
     if let Some(s) = &ctx.store {
         s.barrier("world/ready", size)?;
     }
-    tracing::debug!(rank, size, backend = backend.name(), "sucl initialized");
+    tracing::debug!(rank, size, backends = ?selector.names(), "sucl initialized");
     Ok(Communicator {
         rank,
         size,
         local_rank,
         world_ranks,
-        backend: RefCell::new(backend),
+        backends: RefCell::new(backends),
+        selector,
+        pinned: Cell::new(None),
         ctx,
         prefix: "world".into(),
         splits: Cell::new(0),
     })
 }
 
-fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize]) -> Result<Box<dyn Backend>> {
+/// Whether backend `name` can be loaded by this process (shm's one-host condition is checked
+/// per communicator).
+fn backend_loadable(name: &str, env: &LaunchEnv) -> std::result::Result<(), String> {
+    match name {
+        "shm" | "tcp" => Ok(()),
+        "mpi" => mpi_loadable(env),
+        other => Err(format!("unknown backend `{other}`")),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_loadable(env: &LaunchEnv) -> std::result::Result<(), String> {
+    if !matches!(env.launcher, Launcher::OpenMpi | Launcher::Pmi | Launcher::Slurm) {
+        return Err(format!("the job was not started by an MPI launcher (launcher: {})", env.launcher.name()));
+    }
+    sucl_mpi::init().map(|_| ())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_loadable(_env: &LaunchEnv) -> std::result::Result<(), String> {
+    Err("built without the `mpi` feature".into())
+}
+
+/// The MPI library's version, if this build has MPI and it initializes.
+pub fn mpi_version() -> std::result::Result<String, String> {
+    #[cfg(feature = "mpi")]
+    return sucl_mpi::version();
+    #[cfg(not(feature = "mpi"))]
+    Err("built without the `mpi` feature".into())
+}
+
+/// Availability of every backend this build knows, for `sucl info`.
+pub fn backend_report(env: &LaunchEnv) -> Vec<(&'static str, std::result::Result<(), String>)> {
+    config::KNOWN_BACKENDS
+        .iter()
+        .map(|&n| {
+            let r = match n {
+                "shm" => Ok(()),
+                _ => backend_loadable(n, env),
+            };
+            (n, r)
+        })
+        .collect()
+}
+
+/// Builds every backend all members can use, in a fixed order, and the selector over them.
+fn make_backends(
+    ctx: &Arc<Context>,
+    prefix: &str,
+    rank: usize,
+    world_ranks: &[usize],
+) -> Result<(Vec<Box<dyn Backend>>, select::Selector)> {
     let wr = world_ranks[rank];
-    let cfg = &ctx.cfg.host;
-    let Some(store) = &ctx.store else {
-        return Err(Error::Config("no rendezvous store".into()));
-    };
     let one_host = world_ranks.iter().all(|&w| ctx.hosts[w] == ctx.hosts[world_ranks[0]]);
-    let choice = match ctx.cfg.backend {
-        BackendChoice::Auto if one_host => BackendChoice::Shm,
-        BackendChoice::Auto => BackendChoice::Tcp,
-        c => c,
-    };
-    match choice {
-        BackendChoice::Shm => {
-            if !one_host {
-                return Err(Error::BackendUnavailable {
-                    rank: wr,
-                    backend: "shm".into(),
-                    why: "the ranks are on more than one host".into(),
-                });
-            }
+    let usable = |name: &str| (name != "shm" || one_host) && world_ranks.iter().all(|&w| ctx.avail[w].iter().any(|a| a == name));
+    let policy = &ctx.policy;
+    if let Some(f) = &policy.forced {
+        if !usable(f) {
+            let why = if f == "shm" && !one_host {
+                "the ranks are on more than one host".to_string()
+            } else {
+                let missing: Vec<usize> = world_ranks.iter().copied().filter(|&w| !ctx.avail[w].iter().any(|a| a == f)).collect();
+                format!("ranks {missing:?} cannot use it (not allowed by their configuration or not loadable there)")
+            };
+            return Err(Error::BackendUnavailable { rank: wr, backend: f.clone(), why });
+        }
+    }
+    let mut names: Vec<&'static str> = vec![];
+    for &n in config::KNOWN_BACKENDS.iter() {
+        let wanted = match &policy.forced {
+            Some(f) => f == n || policy.default == n,
+            None => true,
+        };
+        if wanted && usable(n) {
+            names.push(n);
+        }
+    }
+    if !names.contains(&policy.default.as_str()) {
+        return Err(Error::BackendUnavailable {
+            rank: wr,
+            backend: policy.default.clone(),
+            why: "the default backend must be usable by every rank".into(),
+        });
+    }
+    let mut backends: Vec<Box<dyn Backend>> = vec![];
+    for &n in &names {
+        backends.push(make_backend(ctx, prefix, rank, world_ranks, n)?);
+    }
+    let selector = select::Selector::new(policy, &names, world_ranks.len());
+    Ok((backends, selector))
+}
+
+fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize], name: &str) -> Result<Box<dyn Backend>> {
+    let cfg = &ctx.cfg.host;
+    let store = ctx.store.as_ref().ok_or_else(|| Error::Config("no rendezvous store".into()))?;
+    match name {
+        "shm" => {
             let nonce = store.add("shm-nonce", 1)?;
             let job: String = ctx.env.job_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(40).collect();
             // Unique per job (store nonce), per creating process and per communicator in it.
@@ -178,7 +305,12 @@ fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[us
             let name = format!("/sucl-{job}-{}-{nonce}-{local}", std::process::id());
             Ok(Box::new(ShmBackend::connect(store, prefix, &name, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?))
         }
-        _ => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?)),
+        "tcp" => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?)),
+        #[cfg(feature = "mpi")]
+        "mpi" => Ok(Box::new(sucl_mpi::MpiBackend::new(rank, world_ranks.to_vec(), ctx.abort.clone(), cfg.timeout, cfg.backoff)?)),
+        other => {
+            Err(Error::BackendUnavailable { rank: world_ranks[rank], backend: other.into(), why: "not available in this build".into() })
+        }
     }
 }
 
@@ -204,9 +336,50 @@ impl Communicator {
         self.local_rank
     }
 
-    /// The backend serving this communicator (`shm`, `tcp`).
+    /// The backend serving point-to-point calls (and, on one platform, most collectives).
     pub fn backend_name(&self) -> &'static str {
-        self.backend.borrow().name()
+        self.selector.names()[self.p2p_index()]
+    }
+
+    /// `auto` when calls may go to different backends, else the one backend's name.
+    pub fn backend_label(&self) -> &'static str {
+        match self.pinned.get() {
+            Some(i) => self.selector.names()[i],
+            None => self.selector.label(),
+        }
+    }
+
+    /// The backends this communicator loaded (those every member can use).
+    pub fn backends(&self) -> Vec<&'static str> {
+        self.selector.names().to_vec()
+    }
+
+    /// The backend a collective `op` on a buffer of `bytes` bytes (as `sucl bench` counts them)
+    /// would use.
+    pub fn backend_for(&self, op: CollOp, bytes: usize) -> &'static str {
+        let i = self.pinned.get().unwrap_or_else(|| self.selector.pick(op, bytes as u64));
+        self.selector.names()[i]
+    }
+
+    /// Sends every later call to backend `name` (None: back to automatic selection). For
+    /// benchmarks and tuning; every rank must pin the same way at the same point.
+    pub fn pin_backend(&self, name: Option<&str>) -> Result<()> {
+        match name {
+            None => self.pinned.set(None),
+            Some(n) => {
+                let i = self.selector.names().iter().position(|&x| x == n).ok_or_else(|| Error::BackendUnavailable {
+                    rank: self.wr(),
+                    backend: n.into(),
+                    why: format!("not loaded by this communicator (loaded: {:?})", self.selector.names()),
+                })?;
+                self.pinned.set(Some(i));
+            }
+        }
+        Ok(())
+    }
+
+    fn p2p_index(&self) -> usize {
+        self.pinned.get().unwrap_or_else(|| self.selector.p2p())
     }
 
     /// The launch environment detected at [`init`].
@@ -245,7 +418,8 @@ impl Communicator {
     }
 
     pub(crate) fn backend_mut(&self) -> std::cell::RefMut<'_, Box<dyn Backend>> {
-        self.backend.borrow_mut()
+        let i = self.p2p_index();
+        std::cell::RefMut::map(self.backends.borrow_mut(), |v| &mut v[i])
     }
 
     pub(crate) fn validate_p2p(&self, peer: usize, tag: u32) -> Result<()> {
@@ -257,7 +431,7 @@ impl Communicator {
     pub fn send<T: Element>(&self, buf: &[T], dest: usize, tag: u32) -> Result<()> {
         self.validate_p2p(dest, tag)?;
         let bytes: &[u8] = bytemuck::cast_slice(buf);
-        let mut b = self.backend.borrow_mut();
+        let mut b = self.backend_mut();
         // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
         let r = unsafe { b.post_send(dest, tag as u64, bytes.as_ptr(), bytes.len())? };
         b.wait(r).map(|_| ()).inspect_err(|_| b.cancel(r))
@@ -268,7 +442,7 @@ impl Communicator {
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<Status> {
         self.validate_p2p(src, tag)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let mut b = self.backend.borrow_mut();
+        let mut b = self.backend_mut();
         // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
         let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
         let n = b.wait(r).inspect_err(|_| b.cancel(r))?;
@@ -293,7 +467,16 @@ impl Communicator {
     }
 
     fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        self.backend.borrow_mut().collective(&desc, send, recv)
+        let mut i = match self.pinned.get() {
+            Some(i) => i,
+            None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),
+        };
+        let mut bs = self.backends.borrow_mut();
+        if !bs[i].supports(&desc) {
+            i = self.selector.default();
+        }
+        tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = bs[i].name(), "collective");
+        bs[i].collective(&desc, send, recv)
     }
 
     fn desc<T: Element>(op: CollOp, count: usize, redop: ReduceOp, root: usize) -> CollDesc {
@@ -425,7 +608,7 @@ impl Communicator {
         let new_rank = members.iter().position(|&(_, r)| r == self.rank).expect("self is a member");
         let world_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.world_ranks[r]).collect();
         let prefix = format!("{}/split{n}/c{color}", self.prefix);
-        let backend = make_backend(&self.ctx, &prefix, new_rank, &world_ranks)?;
+        let (backends, selector) = make_backends(&self.ctx, &prefix, new_rank, &world_ranks)?;
         if let Some(s) = &self.ctx.store {
             s.barrier(&format!("{prefix}/ready"), world_ranks.len())?;
         }
@@ -436,7 +619,9 @@ impl Communicator {
             size: world_ranks.len(),
             local_rank,
             world_ranks,
-            backend: RefCell::new(backend),
+            backends: RefCell::new(backends),
+            selector,
+            pinned: Cell::new(None),
             ctx: self.ctx.clone(),
             prefix,
             splits: Cell::new(0),

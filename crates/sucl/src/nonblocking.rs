@@ -108,7 +108,8 @@ impl Drop for Guard<'_> {
     fn drop(&mut self) {
         // Reached only when unwinding: withdraw everything so no buffer is touched afterwards.
         let ids: Vec<ReqId> = std::mem::take(&mut *self.pending.borrow_mut());
-        if let Ok(mut b) = self.comm.backend.try_borrow_mut() {
+        if self.comm.backends.try_borrow_mut().is_ok() {
+            let mut b = self.comm.backend_mut();
             for id in ids {
                 b.cancel(id);
             }

@@ -1,0 +1,57 @@
+//! `sucl info`: what this machine, build and environment offer, and where settings came from.
+
+use sucl::config::Config;
+
+fn meminfo_gib() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 = text.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / (1 << 20) as f64)
+}
+
+/// Prints the report; returns the exit code.
+pub fn run() -> i32 {
+    let env = match sucl_core::bootstrap::detect(&|k| std::env::var(k).ok()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("sucl info: {e}");
+            return 2;
+        }
+    };
+    let cfg = Config::from_env();
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    println!("devices:");
+    println!(
+        "  host  {}: {} CPUs, {} memory",
+        sucl_core::bootstrap::hostname(),
+        cpus,
+        meminfo_gib().map(|g| format!("{g:.1} GiB")).unwrap_or_else(|| "unknown".into())
+    );
+    println!("  cuda  unavailable: this build has no CUDA support");
+    println!("backends:");
+    for (name, r) in sucl::backend_report(&env) {
+        match (name, r) {
+            ("shm", _) => println!("  shm   available (ranks on one host)"),
+            ("mpi", Ok(())) => println!("  mpi   available ({})", sucl::mpi_version().unwrap_or_default()),
+            (n, Ok(())) => println!("  {n:<5} available"),
+            (n, Err(why)) => println!("  {n:<5} unavailable: {why}"),
+        }
+    }
+    println!("  nccl  unavailable: this build has no CUDA support");
+    println!("config:");
+    match &cfg {
+        Ok(c) => {
+            println!("  file: {}", c.file.as_deref().unwrap_or("none (set SUCL_CONFIG or --config)"));
+            for s in &c.sources {
+                println!("  {:<20} = {:<50} ({})", s.key, s.value, s.from);
+            }
+        }
+        Err(e) => println!("  error: {e}"),
+    }
+    println!("launch:");
+    println!("  launcher {}, rank {}, world size {}, local rank {}", env.launcher.name(), env.rank, env.size, env.local_rank);
+    if let Some(a) = &env.store_addr {
+        println!("  rendezvous store {a} ({})", if env.rank0_hosts_store { "hosted by rank 0" } else { "hosted by the launcher" });
+    }
+    i32::from(cfg.is_err()) * 2
+}

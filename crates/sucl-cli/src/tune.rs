@@ -1,0 +1,127 @@
+//! `sucl tune`: measures every backend this communicator can use, op by op and size by size,
+//! finds the crossovers, and writes them as a tuning table that `--backend auto` then follows.
+
+use crate::bench::{self, BenchArgs, BenchOp};
+use crate::with_dtype;
+use std::fmt::Write as _;
+use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
+
+/// Tuning settings.
+pub struct TuneArgs {
+    pub ops: Vec<CollOp>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub factor: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    pub rounds: usize,
+    pub dtype: DType,
+    pub out: String,
+}
+
+/// One measured size: the best time of each backend (same order as the communicator's list).
+struct Point {
+    bytes: u64,
+    times: Vec<f64>,
+}
+
+impl Point {
+    fn winner(&self) -> usize {
+        (0..self.times.len()).min_by(|&a, &b| self.times[a].total_cmp(&self.times[b])).unwrap_or(0)
+    }
+    fn margin(&self) -> f64 {
+        let w = self.winner();
+        let second = self.times.iter().enumerate().filter(|(i, _)| *i != w).map(|(_, t)| *t).fold(f64::INFINITY, f64::min);
+        second / self.times[w]
+    }
+}
+
+/// Runs the measurements; rank 0 prints the table and writes the file. Returns the exit code.
+pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
+    let names = comm.backends();
+    let lead = comm.rank() == 0;
+    if names.len() < 2 && lead {
+        eprintln!("sucl tune: only {names:?} can serve this job; nothing to choose between");
+    }
+    let mut file = format!(
+        "# Tuning table written by `sucl tune` for {} ranks on {} ({}), dtype {}.\n# Per op and size range, the backend that was fastest (best of {} rounds, {} iterations each).\n",
+        comm.size(),
+        sucl_core::bootstrap::hostname(),
+        names.join(", "),
+        a.dtype,
+        a.rounds,
+        a.iters
+    );
+    let sizes = bench::sizes(a.min_bytes, a.max_bytes, a.factor);
+    for &op in &a.ops {
+        let mut points = vec![];
+        for &bytes in &sizes {
+            let mut times = vec![f64::INFINITY; names.len()];
+            for _ in 0..a.rounds.max(1) {
+                for (k, name) in names.iter().enumerate() {
+                    comm.pin_backend(Some(name))?;
+                    let args = BenchArgs {
+                        op: BenchOp::Coll(op),
+                        min_bytes: bytes,
+                        max_bytes: bytes,
+                        factor: 2,
+                        iters: a.iters,
+                        warmup: a.warmup,
+                        dtype: a.dtype,
+                        redop: ReduceOp::Sum,
+                        root: 0,
+                        json: false,
+                        check: false,
+                    };
+                    let row = with_dtype!(a.dtype, T, { bench::measure::<T>(comm, &args, bytes)? });
+                    times[k] = times[k].min(row.time_us);
+                }
+            }
+            comm.pin_backend(None)?;
+            points.push(Point { bytes, times });
+        }
+        if lead {
+            println!("# {} on {} ranks: best time (µs) per backend", op.name(), comm.size());
+            let mut header = format!("{:>12}", "bytes");
+            for n in &names {
+                header += &format!(" {n:>10}");
+            }
+            println!("{header} {:>8} {:>7}", "winner", "margin");
+            for p in &points {
+                let mut line = format!("{:>12}", p.bytes);
+                for t in &p.times {
+                    line += &format!(" {t:>10.2}");
+                }
+                println!("{line} {:>8} {:>6.2}x", names[p.winner()], p.margin());
+            }
+            // Consecutive sizes with the same winner become one rule; a rule ends where the
+            // next measured size has another winner.
+            let mut i = 0;
+            while i < points.len() {
+                let w = points[i].winner();
+                let mut j = i;
+                while j + 1 < points.len() && points[j + 1].winner() == w {
+                    j += 1;
+                }
+                let lo = if i == 0 { 0 } else { points[i].bytes };
+                let hi = if j + 1 == points.len() { i64::MAX as u64 } else { points[j + 1].bytes };
+                let _ = write!(
+                    file,
+                    "\n[[tuning]]\nop = \"{}\"\nranks = [{n}, {n}]\nbytes = [{lo}, {hi}]\nbackend = \"{}\"\n",
+                    op.name(),
+                    names[w],
+                    n = comm.size()
+                );
+                i = j + 1;
+            }
+        }
+    }
+    if lead {
+        if let Err(e) = std::fs::write(&a.out, file) {
+            eprintln!("sucl tune: cannot write {}: {e}", a.out);
+            return Ok(1);
+        }
+        println!("# wrote {}", a.out);
+    }
+    Ok(0)
+}

@@ -1,0 +1,160 @@
+/* sucl's thin layer over MPI: handles, datatypes and operations stay on the C side, so the
+ * Rust side is portable across MPI implementations (Open MPI, MPICH) without bindings. */
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sucl_mpi_init(void) {
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (inited) return 0;
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) return rc;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    return 0;
+}
+
+int sucl_mpi_finalize(void) {
+    int inited = 0, done = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&done);
+    if (inited && !done) return MPI_Finalize();
+    return 0;
+}
+
+void sucl_mpi_world(int *rank, int *size) {
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+}
+
+int sucl_mpi_tag_ub(void) {
+    int *v = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &v, &flag);
+    return flag && v ? *v : 32767;
+}
+
+void sucl_mpi_error_string(int code, char *buf, int len) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(code, s, &n) != MPI_SUCCESS) n = 0;
+    s[n < MPI_MAX_ERROR_STRING ? n : MPI_MAX_ERROR_STRING - 1] = 0;
+    strncpy(buf, s, (size_t)len - 1);
+    buf[len - 1] = 0;
+}
+
+void sucl_mpi_version(char *buf, int len) {
+    char s[MPI_MAX_LIBRARY_VERSION_STRING];
+    int n = 0;
+    MPI_Get_library_version(s, &n);
+    s[n < MPI_MAX_LIBRARY_VERSION_STRING ? n : MPI_MAX_LIBRARY_VERSION_STRING - 1] = 0;
+    char *nl = strchr(s, '\n');
+    if (nl) *nl = 0;
+    strncpy(buf, s, (size_t)len - 1);
+    buf[len - 1] = 0;
+}
+
+void *sucl_mpi_comm_create(const int *ranks, int n, int *err) {
+    MPI_Group world, group;
+    MPI_Comm *c = malloc(sizeof(MPI_Comm));
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, n, ranks, &group);
+    *err = MPI_Comm_create_group(MPI_COMM_WORLD, group, 0x5c1, c);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    if (*err != MPI_SUCCESS) { free(c); return NULL; }
+    MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+    return c;
+}
+
+void sucl_mpi_comm_free(void *c) {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Comm_free((MPI_Comm *)c);
+    free(c);
+}
+
+/* Element type codes follow sucl's DType (u8 i8 i32 u32 i64 u64 f16 bf16 f32 f64). MPI has no
+ * standard 16-bit floats: they move as 16-bit integers and are never reduced here. */
+static MPI_Datatype dtype_of(int code) {
+    switch (code) {
+    case 0: return MPI_UINT8_T;
+    case 1: return MPI_INT8_T;
+    case 2: return MPI_INT32_T;
+    case 3: return MPI_UINT32_T;
+    case 4: return MPI_INT64_T;
+    case 5: return MPI_UINT64_T;
+    case 6: case 7: return MPI_UINT16_T;
+    case 8: return MPI_FLOAT;
+    default: return MPI_DOUBLE;
+    }
+}
+
+static MPI_Op op_of(int code) {
+    switch (code) {
+    case 1: return MPI_PROD;
+    case 2: return MPI_MIN;
+    case 3: return MPI_MAX;
+    default: return MPI_SUM; /* sum, and avg (divided afterwards) */
+    }
+}
+
+void *sucl_mpi_isend(void *c, const void *buf, int len, int peer, int tag, int *err) {
+    MPI_Request *r = malloc(sizeof(MPI_Request));
+    *err = MPI_Isend(buf, len, MPI_BYTE, peer, tag, *(MPI_Comm *)c, r);
+    if (*err != MPI_SUCCESS) { free(r); return NULL; }
+    return r;
+}
+
+void *sucl_mpi_irecv(void *c, void *buf, int cap, int peer, int tag, int *err) {
+    MPI_Request *r = malloc(sizeof(MPI_Request));
+    *err = MPI_Irecv(buf, cap, MPI_BYTE, peer, tag, *(MPI_Comm *)c, r);
+    if (*err != MPI_SUCCESS) { free(r); return NULL; }
+    return r;
+}
+
+/* Tests a request; on completion frees it and reports the bytes received (or -1 if unknown). */
+int sucl_mpi_test(void *req, int *done, long long *bytes) {
+    MPI_Status st;
+    memset(&st, 0, sizeof st);
+    int rc = MPI_Test((MPI_Request *)req, done, &st);
+    if (rc != MPI_SUCCESS) return rc;
+    if (*done) {
+        int n = -1;
+        if (MPI_Get_count(&st, MPI_BYTE, &n) != MPI_SUCCESS) n = -1;
+        *bytes = n;
+        free(req);
+    }
+    return rc;
+}
+
+void sucl_mpi_cancel(void *req) {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) {
+        MPI_Cancel((MPI_Request *)req);
+        MPI_Request_free((MPI_Request *)req);
+    }
+    free(req);
+}
+
+/* Starts a non-blocking collective. op codes follow sucl's CollOp; send == NULL means in place. */
+void *sucl_mpi_icoll(void *cp, int op, const void *send, void *recv, int count, int dt, int redop, int root, int *err) {
+    MPI_Comm c = *(MPI_Comm *)cp;
+    MPI_Datatype t = dtype_of(dt);
+    MPI_Op o = op_of(redop);
+    const void *s = send ? send : MPI_IN_PLACE;
+    MPI_Request *r = malloc(sizeof(MPI_Request));
+    switch (op) {
+    case 0: *err = MPI_Ibarrier(c, r); break;
+    case 1: *err = MPI_Ibcast(recv, count, t, root, c, r); break;
+    case 2: *err = MPI_Ireduce(s, recv, count, t, o, root, c, r); break;
+    case 3: *err = MPI_Iallreduce(s, recv, count, t, o, c, r); break;
+    case 4: *err = MPI_Igather(s, count, t, recv, count, t, root, c, r); break;
+    case 5: *err = MPI_Iallgather(s, count, t, recv, count, t, c, r); break;
+    case 6: *err = MPI_Iscatter(send, count, t, recv, count, t, root, c, r); break;
+    case 7: *err = MPI_Ialltoall(send, count, t, recv, count, t, c, r); break;
+    default: *err = MPI_Ireduce_scatter_block(send, recv, count, t, o, c, r); break;
+    }
+    if (*err != MPI_SUCCESS) { free(r); return NULL; }
+    return r;
+}

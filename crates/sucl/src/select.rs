@@ -1,0 +1,174 @@
+//! Per-call backend selection: SuCL's threshold generalized to a tuning table.
+//!
+//! Every rank uses rank 0's [`Policy`] (exchanged at init), restricted to the backends every rank
+//! of the communicator can use, so all ranks pick the same backend for the same call even when
+//! their configurations differ.
+
+use crate::config::{BackendChoice, Config, Rule};
+use serde::{Deserialize, Serialize};
+use sucl_core::backend::CollDesc;
+use sucl_core::CollOp;
+
+/// The selection rules of a job (rank 0's, exchanged at init).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// A backend every call must use, if forced.
+    pub forced: Option<String>,
+    /// The universal fallback.
+    pub default: String,
+    /// The platform's preferred backend.
+    pub preferred: String,
+    /// Below this many bytes the default backend; 0 always the preferred; negative never.
+    pub threshold: i64,
+    /// The tuning table; first match wins.
+    pub rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// The policy `cfg` describes for `platform`.
+    pub fn from_config(cfg: &Config, platform: &str) -> Policy {
+        let p = cfg.platforms.get(platform).or_else(|| cfg.platforms.get("host")).expect("host platform");
+        Policy {
+            forced: match &cfg.backend {
+                BackendChoice::Auto => None,
+                BackendChoice::Named(n) => Some(n.clone()),
+            },
+            default: cfg.default_backend.clone(),
+            preferred: p.preferred.clone(),
+            threshold: p.threshold,
+            rules: cfg.tuning.clone(),
+        }
+    }
+}
+
+/// The size a call is selected by: the largest buffer of one rank, as `sucl bench` counts it.
+pub fn selection_bytes(d: &CollDesc, n: usize) -> u64 {
+    let per = (d.count * d.dtype.size()) as u64;
+    match d.op {
+        CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => per * n as u64,
+        _ => per,
+    }
+}
+
+struct IndexedRule {
+    op: Option<CollOp>,
+    ranks: (usize, usize),
+    bytes: (u64, u64),
+    backend: usize,
+}
+
+/// A policy resolved against the backends one communicator loaded.
+pub(crate) struct Selector {
+    names: Vec<&'static str>,
+    forced: Option<usize>,
+    default: usize,
+    preferred: usize,
+    threshold: i64,
+    rules: Vec<IndexedRule>,
+    size: usize,
+}
+
+impl Selector {
+    /// Resolves `policy` for a communicator of `size` ranks that loaded `names` (which must
+    /// include the default backend).
+    pub fn new(policy: &Policy, names: &[&'static str], size: usize) -> Selector {
+        let idx = |n: &str| names.iter().position(|&x| x == n);
+        let default = idx(&policy.default).expect("the default backend is always loaded");
+        let rules = policy
+            .rules
+            .iter()
+            .filter_map(|r| {
+                Some(IndexedRule { op: r.op.as_deref().and_then(CollOp::parse), ranks: r.ranks, bytes: r.bytes, backend: idx(&r.backend)? })
+            })
+            .collect();
+        Selector {
+            names: names.to_vec(),
+            forced: policy.forced.as_deref().and_then(idx),
+            default,
+            preferred: idx(&policy.preferred).unwrap_or(default),
+            threshold: policy.threshold,
+            rules,
+            size,
+        }
+    }
+
+    /// The backend index for a collective `op` of `bytes` bytes.
+    #[inline]
+    pub fn pick(&self, op: CollOp, bytes: u64) -> usize {
+        if let Some(f) = self.forced {
+            return f;
+        }
+        for r in &self.rules {
+            if r.op.is_none_or(|o| o == op) && r.ranks.0 <= self.size && self.size <= r.ranks.1 && r.bytes.0 <= bytes && bytes < r.bytes.1 {
+                return r.backend;
+            }
+        }
+        if self.threshold < 0 || (bytes as i128) < self.threshold as i128 {
+            self.default
+        } else {
+            self.preferred
+        }
+    }
+
+    /// The backend of point-to-point calls (fixed, since sender and receiver sizes may differ).
+    pub fn p2p(&self) -> usize {
+        self.forced.unwrap_or(self.preferred)
+    }
+
+    /// The universal fallback.
+    pub fn default(&self) -> usize {
+        self.default
+    }
+
+    /// Loaded backend names, by index.
+    pub fn names(&self) -> &[&'static str] {
+        &self.names
+    }
+
+    /// `auto` when calls may go to different backends, else the one backend's name.
+    pub fn label(&self) -> &'static str {
+        match self.forced {
+            Some(f) => self.names[f],
+            None if self.names.len() == 1 => self.names[0],
+            None => "auto",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(threshold: i64, rules: Vec<Rule>) -> Policy {
+        Policy { forced: None, default: "tcp".into(), preferred: "shm".into(), threshold, rules }
+    }
+
+    #[test]
+    fn threshold_semantics() {
+        let names = ["shm", "tcp"];
+        let s = Selector::new(&policy(65536, vec![]), &names, 2);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 100)], "tcp");
+        assert_eq!(names[s.pick(CollOp::AllReduce, 65536)], "shm");
+        let s = Selector::new(&policy(0, vec![]), &names, 2);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 0)], "shm");
+        let s = Selector::new(&policy(-1, vec![]), &names, 2);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 1 << 30)], "tcp");
+    }
+
+    #[test]
+    fn rules_first_match_by_op_ranks_and_size() {
+        let names = ["shm", "tcp"];
+        let rules = vec![
+            Rule { op: Some("all_reduce".into()), ranks: (2, 2), bytes: (0, 1024), backend: "tcp".into() },
+            Rule { op: None, ranks: (3, 8), bytes: (0, u64::MAX), backend: "tcp".into() },
+            Rule { op: Some("broadcast".into()), ranks: (1, 8), bytes: (0, 10), backend: "mpi".into() },
+        ];
+        let s2 = Selector::new(&policy(0, rules.clone()), &names, 2);
+        assert_eq!(names[s2.pick(CollOp::AllReduce, 1023)], "tcp");
+        assert_eq!(names[s2.pick(CollOp::AllReduce, 1024)], "shm");
+        assert_eq!(names[s2.pick(CollOp::Broadcast, 5)], "shm", "rules naming unloaded backends are skipped");
+        let s4 = Selector::new(&policy(0, rules), &names, 4);
+        assert_eq!(names[s4.pick(CollOp::Gather, 5)], "tcp");
+        assert_eq!(s4.label(), "auto");
+    }
+}
