@@ -101,6 +101,9 @@ pub struct Config {
     pub host: HostConfig,
     /// Whether the wait backoff was set explicitly (`spin_us`, `SUCL_SPIN_US`).
     pub backoff_set: bool,
+    /// Whether the host platform's backend list was set (file or `SUCL_BACKENDS`): then every
+    /// backend it names must load; the built-in list takes just what is there.
+    pub backends_explicit: bool,
     /// The file read, if any.
     pub file: Option<String>,
     /// Every setting with its origin.
@@ -121,6 +124,7 @@ impl Default for Config {
             tuning: vec![],
             host: HostConfig::default(),
             backoff_set: false,
+            backends_explicit: false,
             file: None,
             sources: vec![],
         };
@@ -239,10 +243,18 @@ impl Config {
     /// Parses TOML `text` (named `path` in errors) over the current values.
     pub fn apply_file(&mut self, path: &str, text: &str) -> Result<()> {
         let f: FileConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
             let msg = e.message().to_string();
+            // Name the key when the offending line assigns one (type errors omit it).
+            let key = line
+                .and_then(|l| text.lines().nth(l - 1))
+                .and_then(|src| src.split_once('='))
+                .map(|(k, _)| k.trim().trim_matches('"'))
+                .filter(|k| !k.is_empty() && !msg.contains(&format!("`{k}`")))
+                .map(|k| format!("key `{k}`: "))
+                .unwrap_or_default();
             match line {
-                Some(l) => Error::Config(format!("{path}:{l}: {msg}")),
+                Some(l) => Error::Config(format!("{path}:{l}: {key}{msg}")),
                 None => Error::Config(format!("{path}: {msg}")),
             }
         })?;
@@ -282,9 +294,12 @@ impl Config {
             });
             if let Some(b) = p.backends {
                 entry.backends = b;
+                self.backends_explicit |= name == "host";
             }
-            if let Some(pref) = p.preferred {
-                entry.preferred = pref;
+            match p.preferred {
+                Some(pref) => entry.preferred = pref,
+                None if !entry.backends.contains(&entry.preferred) => entry.preferred = entry.backends.first().cloned().unwrap_or_default(),
+                None => {}
             }
             if let Some(t) = p.threshold {
                 entry.threshold = t;
@@ -387,7 +402,12 @@ impl Config {
             if let Some(b) = list.iter().find(|b| !KNOWN_BACKENDS.contains(&b.as_str())) {
                 return Err(bad("SUCL_BACKENDS", &v, &format!("a comma-separated list of {} (not {b:?})", KNOWN_BACKENDS.join(", "))));
             }
-            self.platforms.get_mut("host").expect("host platform").backends = list;
+            let host = self.platforms.get_mut("host").expect("host platform");
+            if !list.contains(&host.preferred) {
+                host.preferred = list.first().cloned().unwrap_or_default();
+            }
+            host.backends = list;
+            self.backends_explicit = true;
             self.record("platforms.host", "env SUCL_BACKENDS");
         }
         if let Some(v) = get("SUCL_THRESHOLD") {

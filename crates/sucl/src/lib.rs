@@ -143,7 +143,7 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     // What this rank may use: its platform's list plus the universal default, each loadable here.
     let platform = cfg.platforms.get("host").expect("host platform");
     // Backends named by the user must load; the built-in list just takes what is there.
-    let explicit = cfg.sources.iter().any(|s| s.key == "platforms.host" && s.from != "default");
+    let explicit = cfg.backends_explicit;
     let forced = match &cfg.backend {
         BackendChoice::Named(n) => Some(n.clone()),
         BackendChoice::Auto => None,

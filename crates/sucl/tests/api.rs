@@ -98,6 +98,31 @@ fn nonblocking_requests_complete_in_order_with_test_and_wait() {
 }
 
 #[test]
+fn backend_for_follows_the_threshold() {
+    let env = sucl::LaunchEnv {
+        launcher: sucl::Launcher::None,
+        rank: 0,
+        size: 1,
+        local_rank: 0,
+        store_addr: None,
+        rank0_hosts_store: false,
+        job_id: "api-threshold".into(),
+    };
+    let cfg = sucl::Config::from_lookup(&|k| (k == "SUCL_THRESHOLD").then(|| "1024".to_string())).unwrap();
+    let c = sucl::init_with(env, cfg).unwrap();
+    assert_eq!(c.backends(), vec!["shm", "tcp"]);
+    assert_eq!(c.backend_for(sucl::CollOp::AllReduce, 100), "tcp");
+    assert_eq!(c.backend_for(sucl::CollOp::AllReduce, 4096), "shm");
+    assert_eq!(c.backend_label(), "auto");
+    c.pin_backend(Some("tcp")).unwrap();
+    assert_eq!(c.backend_for(sucl::CollOp::AllReduce, 4096), "tcp");
+    assert!(c.pin_backend(Some("mpi")).is_err());
+    let mut v = [2.0f64];
+    c.all_reduce_in_place(&mut v, ReduceOp::Prod).unwrap();
+    assert_eq!(v, [2.0]);
+}
+
+#[test]
 fn bad_environment_is_a_config_error() {
     let e = sucl::Config::from_lookup(&|k| (k == "SUCL_TIMEOUT").then(|| "soon".to_string())).unwrap_err();
     assert!(matches!(e, Error::Config(_)) && e.to_string().contains("SUCL_TIMEOUT"), "{e}");
