@@ -194,10 +194,11 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     );
     if lead && !a.json {
         println!(
-            "# sucl bench {}: {} ranks, backend {}, {} iters, {} warmup",
+            "# sucl bench {}: {} ranks, backend {} (loaded: {}), {} iters, {} warmup",
             a.op.name(),
             comm.size(),
-            comm.backend_name(),
+            comm.backend_label(),
+            comm.backends().join(", "),
             a.iters,
             a.warmup
         );
