@@ -46,6 +46,7 @@ impl BenchOp {
 }
 
 /// Benchmark settings.
+#[derive(Clone, Copy)]
 pub struct BenchArgs {
     pub op: BenchOp,
     pub min_bytes: u64,
@@ -228,4 +229,54 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     }
     bar.finish_and_clear();
     Ok(rows)
+}
+
+/// Measures several backend choices (`auto` or a backend name) side by side in this one job:
+/// per size, `rounds` rounds that each run every choice in turn; the best time of each counts.
+/// Rank 0 prints a table with the fastest fixed backend and auto's ratio to it.
+pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<Vec<(u64, Vec<f64>)>> {
+    let list = if a.op == BenchOp::Coll(CollOp::Barrier) { vec![0] } else { sizes(a.min_bytes, a.max_bytes, a.factor) };
+    let lead = comm.rank() == 0;
+    let mut out = vec![];
+    if lead {
+        println!("# sucl bench {} --compare: {} ranks, best of {rounds} interleaved rounds, time (µs)", a.op.name(), comm.size());
+        let mut h = format!("{:>12}", "bytes");
+        for c in choices {
+            h += &format!(" {c:>10}");
+        }
+        println!("{h} {:>8} {:>10}", "best", "auto/best");
+    }
+    let quiet = BenchArgs { check: false, json: false, ..*a };
+    for bytes in list {
+        let mut best = vec![f64::INFINITY; choices.len()];
+        for _ in 0..rounds.max(1) {
+            for (k, c) in choices.iter().enumerate() {
+                comm.pin_backend((c != "auto").then_some(c.as_str()))?;
+                let row = with_dtype!(a.dtype, T, { measure::<T>(comm, &quiet, bytes)? });
+                best[k] = best[k].min(row.time_us);
+            }
+        }
+        comm.pin_backend(None)?;
+        if lead {
+            let fixed: Vec<usize> = (0..choices.len()).filter(|&k| choices[k] != "auto").collect();
+            let b = fixed.iter().copied().min_by(|&x, &y| best[x].total_cmp(&best[y]));
+            let auto = choices.iter().position(|c| c == "auto");
+            let mut line = format!("{bytes:>12}");
+            for t in &best {
+                line += &format!(" {t:>10.2}");
+            }
+            let ratio = match (auto, b) {
+                (Some(au), Some(bb)) => format!("{:>10.3}", best[au] / best[bb]),
+                _ => format!("{:>10}", "-"),
+            };
+            println!("{line} {:>8} {ratio}", b.map(|x| choices[x].as_str()).unwrap_or("-"));
+            if a.json {
+                for (k, c) in choices.iter().enumerate() {
+                    println!("{}", serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k]}));
+                }
+            }
+        }
+        out.push((bytes, best));
+    }
+    Ok(out)
 }

@@ -71,10 +71,10 @@ struct TuneCli {
     #[arg(long, default_value_t = 2)]
     factor: u64,
     /// Timed iterations per measurement.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 200)]
     iters: usize,
     /// Warm-up iterations per measurement.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 20)]
     warmup: usize,
     /// Measurements per backend and size (the best counts).
     #[arg(long, default_value_t = 3)]
@@ -140,6 +140,13 @@ struct BenchCli {
     /// Skip the per-size correctness check.
     #[arg(long)]
     no_check: bool,
+    /// Measure these choices side by side in one job instead (comma-separated backends and/or
+    /// `auto`), best of --rounds interleaved rounds per size.
+    #[arg(long)]
+    compare: Option<String>,
+    /// Rounds of --compare.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 #[derive(Args)]
@@ -246,6 +253,10 @@ fn bench_main(b: BenchCli) -> i32 {
     if let Some(code) = maybe_self_launch(&b.common, false) {
         return code;
     }
+    if b.compare.is_some() {
+        // Comparing needs every backend loaded; --backend would restrict them.
+        std::env::set_var("SUCL_BACKEND", "auto");
+    }
     let comm = match init_checked(&b.common) {
         Ok(c) => c,
         Err(code) => return code,
@@ -263,6 +274,16 @@ fn bench_main(b: BenchCli) -> i32 {
         json: b.json,
         check: !b.no_check,
     };
+    if let Some(list) = &b.compare {
+        let choices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+        return match bench::compare(&comm, &args, &choices, b.rounds) {
+            Ok(_) => 0,
+            Err(e) => {
+                eprintln!("sucl bench: {e}");
+                1
+            }
+        };
+    }
     match bench::run(&comm, &args) {
         Ok(rows) => {
             if let (Some(path), 0) = (&b.plot, comm.rank()) {
