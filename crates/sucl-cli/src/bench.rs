@@ -272,7 +272,10 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
             println!("{line} {:>8} {ratio}", b.map(|x| choices[x].as_str()).unwrap_or("-"));
             if a.json {
                 for (k, c) in choices.iter().enumerate() {
-                    println!("{}", serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k]}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k]})
+                    );
                 }
             }
         }

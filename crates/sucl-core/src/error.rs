@@ -176,6 +176,11 @@ impl AbortState {
         *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
     }
 
+    /// Whether other ranks can be told (a store connection installed a notifier).
+    pub fn has_notifier(&self) -> bool {
+        self.notifier.lock().map(|n| n.is_some()).unwrap_or(false)
+    }
+
     /// Records an abort seen from outside (the store told us); does not notify anyone.
     pub fn set_remote(&self, info: AbortInfo) {
         let mut g = self.info.lock().unwrap_or_else(|e| e.into_inner());
