@@ -3,7 +3,7 @@
 //! pipelined chains for large ones (bandwidth: every link busy, each byte sent ~once per rank).
 //! Any backend with an engine gets every collective from here.
 
-use crate::backend::{CollDesc, CollOp};
+use crate::backend::{CollDesc, CollOp, ReqId};
 use crate::chunk::{block_range, bytes, pieces};
 use crate::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use crate::engine::Engine;
@@ -341,31 +341,14 @@ fn gather(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Resu
     if let Some(s) = send {
         recv[r * blk..(r + 1) * blk].copy_from_slice(s);
     }
-    let mut reqs = std::mem::take(&mut e.reqs);
-    reqs.clear();
     let base = recv.as_mut_ptr();
-    let mut res = Ok(());
-    for j in (0..n).filter(|&j| j != root) {
-        // SAFETY: waited for or cancelled below before recv's borrow ends.
-        match unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk) } {
-            Ok(q) => reqs.push(q),
-            Err(err) => {
-                res = Err(err);
-                break;
-            }
+    exchange(e, |e, reqs| {
+        for j in (0..n).filter(|&j| j != root) {
+            // SAFETY: exchange waits for or cancels every request before recv's borrow ends.
+            reqs.push(unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk)? });
         }
-    }
-    let res = match res {
-        Ok(()) => e.wait_all(&reqs),
-        Err(err) => {
-            for &q in &reqs {
-                e.cancel(q);
-            }
-            Err(err)
-        }
-    };
-    e.reqs = reqs;
-    res
+        Ok(())
+    })
 }
 
 fn all_gather(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
@@ -391,45 +374,26 @@ fn scatter(e: &mut Engine, c: &Ctx, send: Option<&[u8]>, recv: &mut [u8]) -> Res
         return Ok(());
     }
     let send = send.expect("root scatter needs a send buffer");
-    let mut reqs = std::mem::take(&mut e.reqs);
-    reqs.clear();
-    let mut res = Ok(());
-    for k in 1..n {
-        let j = (root + k) % n;
-        // SAFETY: waited for or cancelled below before send's borrow ends.
-        match unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk) } {
-            Ok(q) => reqs.push(q),
-            Err(err) => {
-                res = Err(err);
-                break;
-            }
-        }
-    }
     recv.copy_from_slice(&send[r * blk..(r + 1) * blk]);
-    let res = match res {
-        Ok(()) => e.wait_all(&reqs),
-        Err(err) => {
-            for &q in &reqs {
-                e.cancel(q);
-            }
-            Err(err)
+    exchange(e, |e, reqs| {
+        for k in 1..n {
+            let j = (root + k) % n;
+            // SAFETY: exchange waits for or cancels every request before send's borrow ends.
+            reqs.push(unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk)? });
         }
-    };
-    e.reqs = reqs;
-    res
+        Ok(())
+    })
 }
 
 fn all_to_all(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let (r, n) = (e.rank(), e.size());
     let blk = c.desc.count * c.desc.dtype.size();
     recv[r * blk..(r + 1) * blk].copy_from_slice(&send[r * blk..(r + 1) * blk]);
-    let mut reqs = std::mem::take(&mut e.reqs);
-    reqs.clear();
     let base = recv.as_mut_ptr();
-    let res = (|| -> Result<()> {
+    exchange(e, |e, reqs| {
         for k in 1..n {
             let j = (r + n - k) % n;
-            // SAFETY: completed or cancelled before the borrows end.
+            // SAFETY: exchange waits for or cancels every request before the borrows end.
             reqs.push(unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk)? });
         }
         for k in 1..n {
@@ -438,8 +402,15 @@ fn all_to_all(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Result<(
             reqs.push(unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk)? });
         }
         Ok(())
-    })();
-    let res = match res {
+    })
+}
+
+/// Posts a batch of requests with `post`, then waits for all of them; if posting or any wait
+/// fails, every request of the batch is cancelled so no buffer is touched afterwards.
+fn exchange(e: &mut Engine, post: impl FnOnce(&mut Engine, &mut Vec<ReqId>) -> Result<()>) -> Result<()> {
+    let mut reqs = std::mem::take(&mut e.reqs);
+    reqs.clear();
+    let res = match post(e, &mut reqs) {
         Ok(()) => e.wait_all(&reqs),
         Err(err) => {
             for &q in &reqs {

@@ -16,6 +16,29 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Implements the point-to-point methods of [`crate::Backend`] (`post_send`, `post_recv`, `test`,
+/// `wait`, `cancel`) by delegating to the [`Engine`] in field `$field`.
+#[macro_export]
+macro_rules! delegate_p2p_to_engine {
+    ($field:ident) => {
+        unsafe fn post_send(&mut self, peer: usize, tag: u64, ptr: *const u8, len: usize) -> $crate::Result<$crate::backend::ReqId> {
+            self.$field.post_send(peer, tag, [0, 0], ptr, len)
+        }
+        unsafe fn post_recv(&mut self, peer: usize, tag: u64, ptr: *mut u8, cap: usize) -> $crate::Result<$crate::backend::ReqId> {
+            self.$field.post_recv(peer, tag, None, ptr, cap)
+        }
+        fn test(&mut self, req: $crate::backend::ReqId) -> $crate::Result<Option<usize>> {
+            self.$field.test(req)
+        }
+        fn wait(&mut self, req: $crate::backend::ReqId) -> $crate::Result<usize> {
+            self.$field.wait(req)
+        }
+        fn cancel(&mut self, req: $crate::backend::ReqId) {
+            self.$field.cancel(req)
+        }
+    };
+}
+
 /// Tag bit reserved for collectives; user tags never set it.
 pub const COLL_TAG_BIT: u64 = 1 << 63;
 

@@ -17,7 +17,7 @@ use std::ffi::CString;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId};
+use sucl_core::backend::{Backend, CollDesc, CollOp};
 use sucl_core::chunk::{block_range, bytes};
 use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
@@ -631,21 +631,8 @@ impl Backend for ShmBackend {
     fn size(&self) -> usize {
         self.lay.n
     }
-    unsafe fn post_send(&mut self, peer: usize, tag: u64, ptr: *const u8, len: usize) -> Result<ReqId> {
-        self.engine.post_send(peer, tag, [0, 0], ptr, len)
-    }
-    unsafe fn post_recv(&mut self, peer: usize, tag: u64, ptr: *mut u8, cap: usize) -> Result<ReqId> {
-        self.engine.post_recv(peer, tag, None, ptr, cap)
-    }
-    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
-        self.engine.test(req)
-    }
-    fn wait(&mut self, req: ReqId) -> Result<usize> {
-        self.engine.wait(req)
-    }
-    fn cancel(&mut self, req: ReqId) {
-        self.engine.cancel(req)
-    }
+    sucl_core::delegate_p2p_to_engine!(engine);
+
     fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         if self.abort.is_set() {
             self.abort.check(self.world_rank, desc.op.name())?;

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sucl_core::algorithms::{self, AlgoConfig};
-use sucl_core::backend::{Backend, CollDesc, ReqId};
+use sucl_core::backend::{Backend, CollDesc};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wire::{Header, Kind, HEADER_LEN};
@@ -205,21 +205,8 @@ impl Backend for TcpBackend {
     fn size(&self) -> usize {
         self.engine.size()
     }
-    unsafe fn post_send(&mut self, peer: usize, tag: u64, ptr: *const u8, len: usize) -> Result<ReqId> {
-        self.engine.post_send(peer, tag, [0, 0], ptr, len)
-    }
-    unsafe fn post_recv(&mut self, peer: usize, tag: u64, ptr: *mut u8, cap: usize) -> Result<ReqId> {
-        self.engine.post_recv(peer, tag, None, ptr, cap)
-    }
-    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
-        self.engine.test(req)
-    }
-    fn wait(&mut self, req: ReqId) -> Result<usize> {
-        self.engine.wait(req)
-    }
-    fn cancel(&mut self, req: ReqId) {
-        self.engine.cancel(req)
-    }
+    sucl_core::delegate_p2p_to_engine!(engine);
+
     fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         algorithms::run(&mut self.engine, &self.algo, desc, send, recv)
     }

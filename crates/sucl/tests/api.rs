@@ -3,17 +3,20 @@
 
 use sucl::{Error, ReduceOp};
 
-fn world() -> sucl::Communicator {
-    let env = sucl::LaunchEnv {
+fn solo(job: &str) -> sucl::LaunchEnv {
+    sucl::LaunchEnv {
         launcher: sucl::Launcher::None,
         rank: 0,
         size: 1,
         local_rank: 0,
         store_addr: None,
         rank0_hosts_store: false,
-        job_id: "api-test".into(),
-    };
-    sucl::init_with(env, sucl::Config::default()).expect("a world of one")
+        job_id: job.into(),
+    }
+}
+
+fn world() -> sucl::Communicator {
+    sucl::init_with(solo("api-test"), sucl::Config::default()).expect("a world of one")
 }
 
 fn invalid(e: Error, arg: &str) {
@@ -99,15 +102,7 @@ fn nonblocking_requests_complete_in_order_with_test_and_wait() {
 
 #[test]
 fn backend_for_follows_the_threshold() {
-    let env = sucl::LaunchEnv {
-        launcher: sucl::Launcher::None,
-        rank: 0,
-        size: 1,
-        local_rank: 0,
-        store_addr: None,
-        rank0_hosts_store: false,
-        job_id: "api-threshold".into(),
-    };
+    let env = solo("api-threshold");
     let cfg = sucl::Config::from_lookup(&|k| (k == "SUCL_THRESHOLD").then(|| "1024".to_string())).unwrap();
     let c = sucl::init_with(env, cfg).unwrap();
     assert_eq!(c.backends(), vec!["shm", "tcp"]);
