@@ -27,7 +27,7 @@ pub fn run() -> i32 {
         cpus,
         meminfo_gib().map(|g| format!("{g:.1} GiB")).unwrap_or_else(|| "unknown".into())
     );
-    println!("  cuda  unavailable: this build has no CUDA support");
+    cuda_devices();
     println!("backends:");
     for (name, r) in sucl::backend_report(&env) {
         match (name, r) {
@@ -37,7 +37,7 @@ pub fn run() -> i32 {
             (n, Err(why)) => println!("  {n:<5} unavailable: {why}"),
         }
     }
-    println!("  nccl  unavailable: this build has no CUDA support");
+    nccl_line();
     println!("config:");
     match &cfg {
         Ok(c) => {
@@ -54,4 +54,38 @@ pub fn run() -> i32 {
         println!("  rendezvous store {a} ({})", if env.rank0_hosts_store { "hosted by rank 0" } else { "hosted by the launcher" });
     }
     i32::from(cfg.is_err()) * 2
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_devices() {
+    match sucl::gpu::probe() {
+        Ok(n) => {
+            let drv = sucl::gpu::driver_version().map(|v| format!("driver API {}.{}", v / 1000, v % 1000 / 10)).unwrap_or_default();
+            for i in 0..n {
+                match sucl_cuda::GpuDevice::open(i, 0) {
+                    Ok(d) => println!("  cuda:{i} {} ({:.1} GiB, {drv})", d.name(), d.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64),
+                    Err(e) => println!("  cuda:{i} unusable: {e}"),
+                }
+            }
+        }
+        Err(why) => println!("  cuda  unavailable: {why}"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices() {
+    println!("  cuda  unavailable: built without the `cuda` feature");
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_line() {
+    match sucl::gpu::nccl_version() {
+        Ok(v) => println!("  nccl  available (NCCL {}.{}.{}) for CUDA buffers; staged available where CUDA is", v / 10000, v / 100 % 100, v % 100),
+        Err(why) => println!("  nccl  unavailable: {why}"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_line() {
+    println!("  nccl  unavailable: built without the `cuda` feature");
 }

@@ -2,6 +2,8 @@
 
 mod bench;
 mod check;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod info;
 mod launcher;
 mod ops;
@@ -147,6 +149,10 @@ struct BenchCli {
     /// Rounds of --compare.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// `cuda`: benchmark device buffers; --backend is then nccl, staged, auto or raw (NCCL called
+    /// directly, bypassing sucl).
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -171,6 +177,9 @@ struct CheckCli {
     /// Seed of the test patterns.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// `cuda`: check device buffers over every device backend instead.
+    #[arg(long)]
+    device: Option<String>,
     #[arg(long, hide = true)]
     inject_exit: Option<usize>,
     #[arg(long, hide = true)]
@@ -253,8 +262,9 @@ fn bench_main(b: BenchCli) -> i32 {
     if let Some(code) = maybe_self_launch(&b.common, false) {
         return code;
     }
-    if b.compare.is_some() {
-        // Comparing needs every backend loaded; --backend would restrict them.
+    let device_choice = b.common.backend.clone().unwrap_or_else(|| "auto".into());
+    if b.compare.is_some() || b.device.is_some() {
+        // Comparing needs every backend loaded; on devices --backend names a device backend.
         std::env::set_var("SUCL_BACKEND", "auto");
     }
     let comm = match init_checked(&b.common) {
@@ -274,6 +284,9 @@ fn bench_main(b: BenchCli) -> i32 {
         json: b.json,
         check: !b.no_check,
     };
+    if let Some(dev) = &b.device {
+        return device_bench(&comm, &args, dev, &device_choice);
+    }
     if let Some(list) = &b.compare {
         let choices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
         return match bench::compare(&comm, &args, &choices, b.rounds) {
@@ -303,6 +316,25 @@ fn bench_main(b: BenchCli) -> i32 {
             1
         }
     }
+}
+
+#[cfg(feature = "cuda")]
+fn device_bench(comm: &sucl::Communicator, args: &bench::BenchArgs, dev: &str, choice: &str) -> i32 {
+    if dev != "cuda" {
+        return fail(format!("unknown device `{dev}` (cuda)"));
+    }
+    match gpu::bench(comm, args, choice) {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("sucl bench --device cuda: {e}");
+            1
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_bench(_comm: &sucl::Communicator, _args: &bench::BenchArgs, _dev: &str, _choice: &str) -> i32 {
+    fail("this build has no CUDA support (feature `cuda`)")
 }
 
 fn check_main(c: CheckCli) -> i32 {
@@ -338,7 +370,15 @@ fn check_main(c: CheckCli) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
-    match check::run(&comm, &args) {
+    let result = match c.device.as_deref() {
+        None => check::run(&comm, &args),
+        #[cfg(feature = "cuda")]
+        Some("cuda") => gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib),
+        Some(other) => {
+            return fail(format!("unknown or unsupported device `{other}` in this build"));
+        }
+    };
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sucl check: error: {e}");

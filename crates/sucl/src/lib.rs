@@ -13,6 +13,8 @@
 //! and the typed API. It depends on `sucl-core` (types, engine, store) and `sucl-host` (shm, tcp).
 
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod nonblocking;
 pub mod select;
 
@@ -392,7 +394,7 @@ impl Communicator {
         &self.ctx.cfg
     }
 
-    fn wr(&self) -> usize {
+    pub(crate) fn wr(&self) -> usize {
         self.world_ranks[self.rank]
     }
 
@@ -466,7 +468,7 @@ impl Communicator {
         .map(|n| Status { count: n })
     }
 
-    fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let mut i = match self.pinned.get() {
             Some(i) => i,
             None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),

@@ -1,0 +1,219 @@
+//! Device-buffer variants of `check` and `bench` (feature `cuda`): the correctness matrix on
+//! CUDA buffers over every device backend, and sweeps of nccl, staged, auto and a raw NCCL
+//! baseline that calls NCCL directly through cudarc, bypassing sucl.
+
+use crate::bench::{sizes, BenchArgs, BenchOp, Row};
+use crate::pattern::{buffer_lens, count_wrong, fill_input, Case};
+use crate::with_dtype;
+use std::time::Instant;
+use sucl::gpu::GpuComm;
+use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
+use sucl_core::Error;
+use sucl_cuda::cudarc::driver::{CudaSlice, DeviceRepr};
+use sucl_cuda::cudarc::nccl::safe as raw;
+
+fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
+    Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
+}
+
+fn upload<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, v: &[T]) -> Result<CudaSlice<T>> {
+    // Zero-length device buffers are not allocatable: such calls keep one unused element.
+    if v.is_empty() {
+        return gpu.stream().clone_htod(&[T::from_i64(0)]).map_err(|e| dev_err(comm, e));
+    }
+    gpu.stream().clone_htod(v).map_err(|e| dev_err(comm, e))
+}
+
+fn run_dev<T: Element + DeviceRepr>(gpu: &GpuComm, op: CollOp, s: &CudaSlice<T>, r: &mut CudaSlice<T>, redop: ReduceOp, root: usize) -> Result<()> {
+    match op {
+        CollOp::Barrier => gpu.barrier(),
+        CollOp::Broadcast => gpu.broadcast(r, root),
+        CollOp::AllReduce => gpu.all_reduce(s, r, redop),
+        CollOp::Reduce => gpu.reduce(s, r, redop, root),
+        CollOp::Gather => gpu.gather(s, r, root),
+        CollOp::AllGather => gpu.all_gather(s, r),
+        CollOp::Scatter => gpu.scatter(s, r, root),
+        CollOp::AllToAll => gpu.all_to_all(s, r),
+        CollOp::ReduceScatter => gpu.reduce_scatter(s, r, redop),
+    }
+}
+
+fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, case: &Case) -> Result<usize> {
+    let (sl, rl) = buffer_lens(case.op, case.count, case.n, case.rank, case.root);
+    let mut send = vec![T::from_i64(0); sl];
+    let mut recv = vec![T::from_i64(-77); rl];
+    fill_input(case.op, &mut send, &mut recv, case.rank, case.root, case.seed, case.redop);
+    let ds = upload(comm, gpu, &send)?;
+    let mut dr = upload(comm, gpu, &recv)?;
+    run_dev(gpu, case.op, &ds, &mut dr, case.redop, case.root)?;
+    gpu.synchronize()?;
+    let back: Vec<T> = gpu.stream().clone_dtoh(&dr).map_err(|e| dev_err(comm, e))?;
+    let got = &back[..rl.min(back.len())];
+    let wrong = count_wrong(case, got);
+    if wrong > 0 {
+        // Show the first differing elements, to tell rounding from unwritten or misplaced data.
+        let mut want = vec![T::from_i64(-77); rl];
+        crate::pattern::expected(case, &mut want);
+        let diffs: Vec<String> = got.iter().zip(&want).enumerate().filter(|(_, (g, w))| bytemuck::bytes_of(*g) != bytemuck::bytes_of(*w)).take(4).map(|(i, (g, w))| format!("[{i}] got {g:?} want {w:?}")).collect();
+        eprintln!("  rank {}: {}", case.rank, diffs.join(", "));
+    }
+    Ok(wrong)
+}
+
+/// The device correctness matrix; returns the process exit code.
+pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[ReduceOp], big_mib: usize) -> Result<i32> {
+    let gpu = comm.cuda(None)?;
+    let n = comm.size();
+    let t0 = Instant::now();
+    let (mut checks, mut failures) = (0u64, 0u64);
+    let mut seed = 1000;
+    for backend in gpu.backends() {
+        gpu.pin_backend(Some(backend))?;
+        for &op in ops {
+            for &dt in dtypes {
+                let rops: &[ReduceOp] = if op.reduces() { redops } else { &[ReduceOp::Sum] };
+                for &redop in rops {
+                    for count in [1usize, 7, 3 * n + 1, 70_001, (1 << 20) + 3] {
+                        seed += 1;
+                        let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
+                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &gpu, &case)? });
+                        checks += 1;
+                        if wrong > 0 {
+                            failures += 1;
+                            eprintln!("WRONG device {backend} {} {dt} {redop} count={count}: {wrong} wrong elements", op.name());
+                        }
+                    }
+                }
+            }
+        }
+        if big_mib > 0 {
+            for op in [CollOp::AllReduce, CollOp::Broadcast, CollOp::AllGather] {
+                let total = (big_mib << 20) / 4;
+                let count = if op == CollOp::AllGather { total / n } else { total };
+                seed += 1;
+                let case = Case { op, count, n, rank: comm.rank(), root: n - 1, seed, redop: ReduceOp::Sum };
+                let wrong = check_case::<f32>(comm, &gpu, &case)?;
+                checks += 1;
+                if wrong > 0 {
+                    failures += 1;
+                    eprintln!("WRONG device {backend} {} f32 {big_mib} MiB: {wrong} wrong elements", op.name());
+                }
+            }
+        }
+    }
+    gpu.pin_backend(None)?;
+    let mut totals = [checks, failures];
+    comm.all_reduce_in_place(&mut totals, ReduceOp::Sum)?;
+    if comm.rank() == 0 {
+        println!(
+            "sucl check --device cuda: {n} ranks, device backends {}: {} checks, {} wrong ({:.1} s)",
+            gpu.backends().join(","),
+            totals[0],
+            totals[1],
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(if totals[1] == 0 { 0 } else { 1 })
+}
+
+fn raw_op<T: Element + DeviceRepr + raw::NcclType>(c: &raw::Comm, op: CollOp, s: &CudaSlice<T>, r: &mut CudaSlice<T>, root: usize) -> std::result::Result<(), String> {
+    let res = match op {
+        CollOp::AllReduce => c.all_reduce(s, r, &raw::ReduceOp::Sum).map(|_| ()),
+        CollOp::Broadcast => c.broadcast_in_place(r, root as i32).map(|_| ()),
+        CollOp::AllGather => c.all_gather(s, r).map(|_| ()),
+        CollOp::ReduceScatter => c.reduce_scatter(s, r, &raw::ReduceOp::Sum).map(|_| ()),
+        other => return Err(format!("the raw NCCL baseline has no {}", other.name())),
+    };
+    res.map_err(|e| format!("{e:?}"))
+}
+
+fn measure<T: Element + DeviceRepr + raw::NcclType>(comm: &Communicator, gpu: &GpuComm, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
+    let (n, r) = (comm.size(), comm.rank());
+    let BenchOp::Coll(op) = a.op else { return Err(Error::invalid(r, "op", "device benchmarks run collectives")) };
+    let es = std::mem::size_of::<T>();
+    let total = (bytes as usize / es).max(n);
+    let count = match op {
+        CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => total / n,
+        _ => total,
+    };
+    let root = a.root % n;
+    let (sl, rl) = buffer_lens(op, count, n, r, root);
+    let ds = upload(comm, gpu, &vec![T::from_i64(1); sl.max(1)])?;
+    let mut dr = upload(comm, gpu, &vec![T::from_i64(0); rl.max(1)])?;
+    let once = |dr: &mut CudaSlice<T>| -> Result<()> {
+        match rawc {
+            Some(c) => raw_op(c, op, &ds, dr, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why }),
+            None => run_dev(gpu, op, &ds, dr, a.redop, root),
+        }
+    };
+    for _ in 0..a.warmup {
+        once(&mut dr)?;
+    }
+    gpu.synchronize()?;
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..a.iters {
+        once(&mut dr)?;
+    }
+    gpu.synchronize()?;
+    let mut time = [t.elapsed().as_secs_f64() / a.iters as f64];
+    comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
+    let shown = count * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
+    let shown_bytes = (shown * es) as u64;
+    let algbw = shown_bytes as f64 / time[0] / 1e9;
+    Ok(Row {
+        op: op.name().into(),
+        backend: label.into(),
+        ranks: n,
+        bytes: shown_bytes,
+        count: shown,
+        dtype: T::DTYPE.name().into(),
+        redop: a.redop.name().into(),
+        time_us: time[0] * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * a.op.bus_factor(n),
+        wrong: 0,
+    })
+}
+
+/// Device sweep for `choice` (`nccl`, `staged`, `auto` or `raw`); rank 0 prints rows.
+pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row>> {
+    let gpu = comm.cuda(None)?;
+    let rawc = if choice == "raw" {
+        let mut id = if comm.rank() == 0 { sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: 0, backend: "nccl".into(), why })? } else { vec![0u8; 128] };
+        comm.broadcast(&mut id, 0)?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&id) {
+            *d = *s as std::ffi::c_char;
+        }
+        Some(raw::Comm::from_rank(gpu.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))?)
+    } else {
+        gpu.pin_backend((choice != "auto").then_some(choice))?;
+        None
+    };
+    let lead = comm.rank() == 0;
+    if lead && !a.json {
+        println!("# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters", a.op.name(), comm.size(), gpu.device().name(), a.iters);
+        println!("{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+    }
+    let mut rows = vec![];
+    for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
+        let row = match a.dtype {
+            DType::F32 => measure::<f32>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
+            DType::F64 => measure::<f64>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
+            DType::F16 => measure::<half::f16>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
+            DType::BF16 => measure::<half::bf16>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
+            DType::I32 => measure::<i32>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
+            other => return Err(Error::invalid(comm.rank(), "dtype", format!("device benchmarks support f32, f64, f16, bf16, i32 (not {other})"))),
+        };
+        if lead {
+            if a.json {
+                println!("{}", serde_json::to_string(&row).expect("row serializes"));
+            } else {
+                println!("{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3}", row.bytes, row.count, row.dtype, row.time_us, row.algbw_gbps, row.busbw_gbps);
+            }
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,335 @@
+//! sucl-cuda: CUDA device memory for sucl.
+//!
+//! CUDA and NCCL are loaded at run time (cudarc's dynamic loading), so a machine without a GPU
+//! builds and runs everything else; [`probe`] and [`nccl_version`] say why CUDA or NCCL is
+//! unavailable instead of failing. Device collectives go through a [`DeviceBackend`]:
+//! [`NcclBackend`] (enqueued on the caller's stream, no host synchronization) or the staged
+//! path in the facade (device → pinned host → any host backend → device). Depends on
+//! `sucl-core` only.
+
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::sys as ncclsys;
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::Duration;
+use sucl_core::backend::{CollDesc, CollOp};
+use sucl_core::wait::{Backoff, Waiter};
+use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
+
+pub use cudarc;
+
+fn dl_present(lib: &str) -> bool {
+    let c = CString::new(lib).expect("library name");
+    // SAFETY: dlopen with a valid C string; the handle is closed right away.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+        true
+    }
+}
+
+/// The number of CUDA devices, or why CUDA cannot be used here.
+pub fn probe() -> std::result::Result<usize, String> {
+    if !dl_present("libcuda.so.1") && !dl_present("libcuda.so") {
+        return Err("the CUDA driver (libcuda.so.1) was not found".into());
+    }
+    match CudaContext::device_count() {
+        Ok(0) => Err("the CUDA driver reports no devices".into()),
+        Ok(n) => Ok(n as usize),
+        Err(e) => Err(format!("the CUDA driver failed: {e:?}")),
+    }
+}
+
+/// The CUDA driver's version (e.g. 13000), if loadable.
+pub fn driver_version() -> std::result::Result<i32, String> {
+    probe()?;
+    let mut v = 0;
+    // SAFETY: plain driver query into a local.
+    let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDriverGetVersion: {rc:?}"));
+    }
+    Ok(v)
+}
+
+/// NCCL's version code (e.g. 22803), or why NCCL is unavailable.
+pub fn nccl_version() -> std::result::Result<i32, String> {
+    if !dl_present("libnccl.so.2") && !dl_present("libnccl.so") {
+        return Err("libnccl.so.2 not found".into());
+    }
+    cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))
+}
+
+/// One GPU as sucl uses it: a context and the stream sucl enqueues communication on.
+#[derive(Clone)]
+pub struct GpuDevice {
+    /// The CUDA context.
+    pub ctx: Arc<CudaContext>,
+    /// The stream communication is ordered on.
+    pub stream: Arc<CudaStream>,
+}
+
+impl GpuDevice {
+    /// Opens device `ordinal` with a fresh stream.
+    pub fn open(ordinal: usize, rank: usize) -> Result<GpuDevice> {
+        let n = probe().map_err(|why| Error::BackendUnavailable { rank, backend: "cuda".into(), why })?;
+        if ordinal >= n {
+            return Err(Error::invalid(rank, "device", format!("CUDA device {ordinal} does not exist ({n} found)")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(rank, "opening the device", e))?;
+        let stream = ctx.new_stream().map_err(|e| cuda_err(rank, "creating a stream", e))?;
+        Ok(GpuDevice { ctx, stream })
+    }
+
+    /// Device name, for reports.
+    pub fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "unknown".into())
+    }
+}
+
+/// Wraps a CUDA driver error.
+pub fn cuda_err(rank: usize, during: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {e:?}") }
+}
+
+fn nccl_err(rank: usize, during: &str, e: cudarc::nccl::result::NcclError) -> Error {
+    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {e:?}") }
+}
+
+/// A transport for device memory: collectives on raw device pointers, ordered on a stream.
+pub trait DeviceBackend: Send {
+    /// Short name.
+    fn name(&self) -> &'static str;
+    /// Whether it can serve `desc`.
+    fn supports(&self, _desc: &CollDesc) -> bool {
+        true
+    }
+    /// Enqueues (or runs) a collective. `send == None` means in place (see
+    /// [`sucl_core::Backend::collective`]); pointers are device addresses on `stream`'s device.
+    fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
+    /// Waits (bounded) until everything enqueued on `stream` finished, surfacing asynchronous
+    /// errors; aborts the backend on error or timeout.
+    fn synchronize(&mut self, stream: &CudaStream) -> Result<()>;
+}
+
+fn nccl_type(d: DType) -> ncclsys::ncclDataType_t {
+    use ncclsys::ncclDataType_t as T;
+    match d {
+        DType::U8 => T::ncclUint8,
+        DType::I8 => T::ncclInt8,
+        DType::I32 => T::ncclInt32,
+        DType::U32 => T::ncclUint32,
+        DType::I64 => T::ncclInt64,
+        DType::U64 => T::ncclUint64,
+        DType::F16 => T::ncclFloat16,
+        DType::BF16 => T::ncclBfloat16,
+        DType::F32 => T::ncclFloat32,
+        DType::F64 => T::ncclFloat64,
+    }
+}
+
+fn nccl_op(o: ReduceOp) -> ncclsys::ncclRedOp_t {
+    use ncclsys::ncclRedOp_t as O;
+    match o {
+        ReduceOp::Sum => O::ncclSum,
+        ReduceOp::Prod => O::ncclProd,
+        ReduceOp::Min => O::ncclMin,
+        ReduceOp::Max => O::ncclMax,
+        ReduceOp::Avg => O::ncclAvg,
+    }
+}
+
+/// The NCCL backend: one NCCL communicator per sucl communicator.
+pub struct NcclBackend {
+    comm: ncclsys::ncclComm_t,
+    rank: usize,
+    size: usize,
+    world_rank: usize,
+    abort: Arc<AbortState>,
+    timeout: Duration,
+    backoff: Backoff,
+    aborted: bool,
+}
+
+// SAFETY: the NCCL communicator is used from one thread at a time.
+unsafe impl Send for NcclBackend {}
+
+impl Drop for NcclBackend {
+    fn drop(&mut self) {
+        if !self.aborted {
+            // SAFETY: our communicator; destroyed once.
+            unsafe {
+                let _ = cudarc::nccl::result::comm_abort(self.comm);
+            }
+        }
+    }
+}
+
+/// The 128-byte NCCL unique id, made on one rank and shared through the store.
+pub fn nccl_unique_id() -> std::result::Result<Vec<u8>, String> {
+    let id = cudarc::nccl::result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+impl NcclBackend {
+    /// Joins the NCCL communicator named by `id` (from [`nccl_unique_id`]) as `rank` of `size`
+    /// on `dev`. Collective over the ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(dev: &GpuDevice, id: &[u8], rank: usize, size: usize, world_rank: usize, abort: Arc<AbortState>, timeout: Duration, backoff: Backoff) -> Result<NcclBackend> {
+        if id.len() != 128 {
+            return Err(Error::Protocol { rank: world_rank, peer: 0, why: format!("NCCL id of {} bytes (want 128)", id.len()) });
+        }
+        dev.ctx.bind_to_thread().map_err(|e| cuda_err(world_rank, "binding the context", e))?;
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(id) {
+            *d = *s as std::ffi::c_char;
+        }
+        let uid = ncclsys::ncclUniqueId { internal };
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: comm is written by NCCL on success.
+        let comm = unsafe {
+            cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32).map_err(|e| nccl_err(world_rank, "ncclCommInitRank", e))?;
+            comm.assume_init()
+        };
+        Ok(NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false })
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        if !self.aborted {
+            self.aborted = true;
+            // SAFETY: our communicator, aborted once; unblocks any hung NCCL kernel.
+            unsafe {
+                let _ = cudarc::nccl::result::comm_abort(self.comm);
+            }
+        }
+        self.abort.raise(e.abort_info());
+        e
+    }
+
+    fn check(&mut self, during: &str, r: std::result::Result<cudarc::nccl::result::NcclStatus, cudarc::nccl::result::NcclError>) -> Result<()> {
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let e = nccl_err(self.world_rank, during, e);
+                Err(self.fail(e))
+            }
+        }
+    }
+}
+
+impl DeviceBackend for NcclBackend {
+    fn name(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
+        }
+        self.abort.check(self.world_rank, d.op.name())?;
+        let (t, es) = (nccl_type(d.dtype), d.dtype.size());
+        let s = stream.cu_stream() as ncclsys::cudaStream_t;
+        let c = self.comm;
+        let ptr = |p: u64| p as *const std::ffi::c_void;
+        let mptr = |p: u64| p as *mut std::ffi::c_void;
+        let sendp = send.unwrap_or(recv);
+        let blk = (d.count * es) as u64;
+        use cudarc::nccl::result as nr;
+        // SAFETY: the caller guarantees the device pointers cover the sizes in `d` and stay
+        // valid until the stream has run these operations.
+        let r = unsafe {
+            match d.op {
+                CollOp::Barrier => {
+                    // An all-reduce of zero elements still orders every rank on the stream.
+                    nr::all_reduce(ptr(recv), mptr(recv), 0, t, nccl_op(ReduceOp::Sum), c, s)
+                }
+                CollOp::Broadcast => nr::broadcast(ptr(recv), mptr(recv), d.count, t, d.root as i32, c, s),
+                CollOp::AllReduce => nr::all_reduce(ptr(sendp), mptr(recv), d.count, t, nccl_op(d.redop), c, s),
+                CollOp::Reduce => {
+                    let dst = if self.rank == d.root { recv } else { sendp };
+                    nr::reduce(ptr(sendp), mptr(dst), d.count, t, nccl_op(d.redop), d.root as i32, c, s)
+                }
+                CollOp::AllGather => {
+                    let src = send.unwrap_or(recv + self.rank as u64 * blk);
+                    nr::all_gather(ptr(src), mptr(recv), d.count, t, c, s)
+                }
+                CollOp::ReduceScatter => nr::reduce_scatter(ptr(sendp), mptr(recv), d.count, t, nccl_op(d.redop), c, s),
+                CollOp::Gather | CollOp::Scatter | CollOp::AllToAll => {
+                    // Grouped point-to-point, as NCCL recommends for these patterns.
+                    let r = nr::group_start();
+                    if let Err(e) = r {
+                        Err(e)
+                    } else {
+                        let mut res = Ok(nr::NcclStatus::Success);
+                        for j in 0..self.size {
+                            let jo = j as u64 * blk;
+                            let step = match d.op {
+                                CollOp::Gather => {
+                                    let mut r = Ok(nr::NcclStatus::Success);
+                                    if self.rank == d.root {
+                                        r = nr::recv(mptr(recv + jo), d.count, t, j as i32, c, s);
+                                    }
+                                    if r.is_ok() && j == d.root {
+                                        let src = send.unwrap_or(recv + self.rank as u64 * blk);
+                                        r = nr::send(ptr(src), d.count, t, d.root as i32, c, s);
+                                    }
+                                    r
+                                }
+                                CollOp::Scatter => {
+                                    let mut r = Ok(nr::NcclStatus::Success);
+                                    if self.rank == d.root {
+                                        r = nr::send(ptr(sendp + jo), d.count, t, j as i32, c, s);
+                                    }
+                                    if r.is_ok() && j == d.root {
+                                        r = nr::recv(mptr(recv), d.count, t, d.root as i32, c, s);
+                                    }
+                                    r
+                                }
+                                _ => nr::send(ptr(sendp + jo), d.count, t, j as i32, c, s).and_then(|_| nr::recv(mptr(recv + jo), d.count, t, j as i32, c, s)),
+                            };
+                            if step.is_err() {
+                                res = step;
+                                break;
+                            }
+                        }
+                        let end = nr::group_end();
+                        res.and(end)
+                    }
+                }
+            }
+        };
+        self.check(d.op.name(), r)
+    }
+
+    fn synchronize(&mut self, stream: &CudaStream) -> Result<()> {
+        let mut w = Waiter::new(self.timeout, self.backoff);
+        loop {
+            // SAFETY: querying a live stream.
+            let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+            match q {
+                cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => {
+                    let e = Error::BackendUnavailable { rank: self.world_rank, backend: "cuda".into(), why: format!("stream failed: {other:?}") };
+                    return Err(self.fail(e));
+                }
+            }
+            if !self.aborted {
+                let mut async_err = ncclsys::ncclResult_t::ncclSuccess;
+                // SAFETY: our live communicator.
+                unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut async_err) };
+                if !matches!(async_err, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
+                    let e = Error::BackendUnavailable { rank: self.world_rank, backend: "nccl".into(), why: format!("asynchronous NCCL error {async_err:?}") };
+                    return Err(self.fail(e));
+                }
+            }
+            let wr = self.world_rank;
+            if let Err(e) = w.pause(&self.abort, wr, &|| "waiting for the device stream (nccl)".to_string(), false) {
+                return Err(self.fail(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU check, for the device machine in one call: the correctness matrix on device buffers with 1,
+# 2 (and 4 when present) GPUs over every device backend, then sweeps of nccl, staged and auto
+# beside a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
+# Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
+# usage: BIN=path/to/sucl OUT=dir scripts/gpu-check.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+BIN=${BIN:-target/release/sucl}
+OUT=${OUT:-bench/results/gpu}
+MAXB=${MAXB:-128M}
+ITERS=${ITERS:-20}
+mkdir -p "$OUT"
+status=0
+"$BIN" info >"$OUT/info.txt" 2>&1
+grep -q "^  cuda:0 " "$OUT/info.txt" || { echo "gpu-check: no CUDA device: failing instead of skipping" >&2; exit 1; }
+grep -q "^  nccl  available" "$OUT/info.txt" || { echo "gpu-check: NCCL unavailable: failing instead of skipping" >&2; exit 1; }
+NGPU=$(grep -c "^  cuda:[0-9]" "$OUT/info.txt")
+: >"$OUT/check.txt"
+for n in 1 2 4; do
+  [ "$n" -le "$NGPU" ] || continue
+  "$BIN" check --device cuda --ranks "$n" --ops barrier,broadcast,reduce,all_reduce,gather,all_gather,scatter,all_to_all,reduce_scatter \
+    --dtypes f32,f16,bf16,i32,u8,f64 --redops sum,max,avg --big-mib 72 >>"$OUT/check.txt" 2>&1 || status=1
+done
+grep -q "checks, 0 wrong" "$OUT/check.txt" || status=1
+grep -q "WRONG\|error" "$OUT/check.txt" && status=1
+R=$(( NGPU >= 2 ? 2 : 1 ))
+: >"$OUT/bench.jsonl"
+for op in all_reduce broadcast all_gather; do
+  for b in raw nccl staged auto; do
+    "$BIN" bench "$op" --device cuda --ranks "$R" --backend "$b" --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
+  done
+done
+grep -h "sucl check" "$OUT/check.txt"
+echo "gpu-check: exit $status"
+exit $status
