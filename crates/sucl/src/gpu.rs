@@ -6,7 +6,7 @@
 use crate::{Communicator, Element, Error, ReduceOp, Result};
 use std::cell::{Cell, RefCell};
 use sucl_core::backend::{CollDesc, CollOp};
-use sucl_cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice};
+use sucl_cuda::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice};
 use sucl_cuda::{DeviceBackend, GpuDevice, NcclBackend};
 
 pub use sucl_cuda::{driver_version, nccl_version, probe};
@@ -18,6 +18,7 @@ const STAGE_CHUNK: usize = 4 << 20;
 pub struct GpuComm<'c> {
     comm: &'c Communicator,
     dev: GpuDevice,
+    out_stream: std::sync::Arc<CudaStream>,
     nccl: RefCell<Option<NcclBackend>>,
     pinned: RefCell<Vec<PinnedHostSlice<u8>>>,
     forced: Cell<Option<&'static str>>,
@@ -62,7 +63,8 @@ impl Communicator {
             Some(other) => return Err(Error::Config(format!("SUCL_GPU_BACKEND={other:?}: expected auto, nccl or staged"))),
         };
         let threshold = self.ctx.cfg.platforms.get("cuda").map(|p| p.threshold).unwrap_or(0);
-        Ok(GpuComm { comm: self, dev, nccl: RefCell::new(nccl), pinned: RefCell::new(vec![]), forced: Cell::new(forced), threshold })
+        let out_stream = dev.ctx.new_stream().map_err(|e| sucl_cuda::cuda_err(wr, "creating the upload stream", e))?;
+        Ok(GpuComm { comm: self, dev, out_stream, nccl: RefCell::new(nccl), pinned: RefCell::new(vec![]), forced: Cell::new(forced), threshold })
     }
 }
 
@@ -185,33 +187,43 @@ impl<'c> GpuComm<'c> {
             return self.dev.stream.synchronize().map_err(cuda("host to device"));
         }
         // Pipelined element-wise path: chunk k of the message is an independent collective.
+        // Downloads run on the main stream, uploads on a second one, so that chunk k's upload,
+        // chunk k+1's download and the host collective of chunk k+1 overlap; events keep a
+        // pinned buffer from being refilled while its previous upload still reads it.
         let total = d.count;
         let per = stage / es;
         let chunks = total.div_ceil(per.max(1)).max(1);
         let is_root = d.op != CollOp::Reduce || r == d.root;
+        let downloads = d.op != CollOp::Broadcast || r == d.root;
         let src_of = |k: usize| send.unwrap_or(recv) + (k * per * es) as u64;
         let len_of = |k: usize| (total - k * per).min(per) * es;
+        let sout = &self.out_stream;
+        let mut uploaded: [Option<CudaEvent>; 2] = [None, None];
         let copy_in = |k: usize, buf: &mut [u8]| -> Result<()> {
             let len = len_of(k);
-            let needed = d.op != CollOp::Broadcast || r == d.root;
-            if needed && len > 0 {
+            if downloads && len > 0 {
                 // SAFETY: chunk k lies inside the device buffer.
                 unsafe { dr::memcpy_dtoh_async(&mut buf[..len], src_of(k), s).map_err(cuda("device to host"))? };
             }
             Ok(())
         };
-        {
-            let b0 = pinned[0].as_mut_slice().map_err(cuda("pinned buffer"))?;
-            copy_in(0, b0)?;
-        }
+        copy_in(0, pinned[0].as_mut_slice().map_err(cuda("pinned buffer"))?)?;
         for k in 0..chunks {
+            let b = k % 2;
             self.dev.stream.synchronize().map_err(cuda("staging"))?;
             if k + 1 < chunks {
-                let nb = pinned[(k + 1) % 2].as_mut_slice().map_err(cuda("pinned buffer"))?;
-                copy_in(k + 1, nb)?;
+                let nb = (k + 1) % 2;
+                if let Some(ev) = &uploaded[nb] {
+                    self.dev.stream.wait(ev).map_err(cuda("ordering a download after an upload"))?;
+                }
+                copy_in(k + 1, pinned[nb].as_mut_slice().map_err(cuda("pinned buffer"))?)?;
+            }
+            if let Some(ev) = uploaded[b].take() {
+                // Ranks that download nothing (broadcast receivers) reuse the buffer directly.
+                ev.synchronize().map_err(cuda("waiting for an upload"))?;
             }
             let len = len_of(k);
-            let buf = pinned[k % 2].as_mut_slice().map_err(cuda("pinned buffer"))?;
+            let buf = pinned[b].as_mut_slice().map_err(cuda("pinned buffer"))?;
             let cd = CollDesc { count: len / es, ..*d };
             match d.op {
                 CollOp::Reduce if !is_root => self.comm.coll(cd, Some(&buf[..len]), &mut [])?,
@@ -219,10 +231,11 @@ impl<'c> GpuComm<'c> {
             }
             if is_root && len > 0 {
                 // SAFETY: chunk k of the receive buffer.
-                unsafe { dr::memcpy_htod_async(recv + (k * per * es) as u64, &buf[..len], s).map_err(cuda("host to device"))? };
+                unsafe { dr::memcpy_htod_async(recv + (k * per * es) as u64, &buf[..len], sout.cu_stream()).map_err(cuda("host to device"))? };
+                uploaded[b] = Some(sout.record_event(None).map_err(cuda("recording an upload"))?);
             }
         }
-        self.dev.stream.synchronize().map_err(cuda("host to device"))
+        sout.synchronize().map_err(cuda("host to device"))
     }
 
     fn ensure_pinned(&self, count: usize, bytes: usize) -> Result<()> {
