@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, for the device machine in one call: the correctness matrix on device buffers with 1,
-# 2 (and 4 when present) GPUs over every device backend, then sweeps of nccl, staged and auto
-# beside a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
+# 2 (and 4 when present) GPUs over every device backend, then nccl, staged and auto measured side
+# by side in one job with a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
 # usage: BIN=path/to/sucl OUT=dir scripts/gpu-check.sh
 set -uo pipefail
@@ -27,9 +27,8 @@ grep -q "WRONG\|error" "$OUT/check.txt" && status=1
 R=$(( NGPU >= 2 ? 2 : 1 ))
 : >"$OUT/bench.jsonl"
 for op in all_reduce broadcast all_gather; do
-  for b in raw nccl staged auto; do
-    "$BIN" bench "$op" --device cuda --ranks "$R" --backend "$b" --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
-  done
+  "$BIN" bench "$op" --device cuda --ranks "$R" --compare raw,nccl,staged,auto --rounds 3 --min-bytes 8 --max-bytes "$MAXB" \
+    --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
 done
 grep -h "sucl check" "$OUT/check.txt"
 echo "gpu-check: exit $status"

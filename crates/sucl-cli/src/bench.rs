@@ -62,7 +62,7 @@ pub struct BenchArgs {
 }
 
 /// One measured size.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Row {
     pub op: String,
     pub backend: String,

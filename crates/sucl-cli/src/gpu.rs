@@ -176,17 +176,84 @@ fn measure<T: Element + DeviceRepr + raw::NcclType>(comm: &Communicator, gpu: &G
     })
 }
 
+fn raw_comm(comm: &Communicator, gpu: &GpuComm) -> Result<raw::Comm> {
+    let mut id = if comm.rank() == 0 {
+        sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: 0, backend: "nccl".into(), why })?
+    } else {
+        vec![0u8; 128]
+    };
+    comm.broadcast(&mut id, 0)?;
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (d, s) in internal.iter_mut().zip(&id) {
+        *d = *s as std::ffi::c_char;
+    }
+    raw::Comm::from_rank(gpu.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))
+}
+
+fn measure_any(comm: &Communicator, gpu: &GpuComm, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
+    match a.dtype {
+        DType::F32 => measure::<f32>(comm, gpu, rawc, a, bytes, label),
+        DType::F64 => measure::<f64>(comm, gpu, rawc, a, bytes, label),
+        DType::F16 => measure::<half::f16>(comm, gpu, rawc, a, bytes, label),
+        DType::BF16 => measure::<half::bf16>(comm, gpu, rawc, a, bytes, label),
+        DType::I32 => measure::<i32>(comm, gpu, rawc, a, bytes, label),
+        other => Err(Error::invalid(comm.rank(), "dtype", format!("device benchmarks support f32, f64, f16, bf16, i32 (not {other})"))),
+    }
+}
+
+/// Measures several device choices side by side in one job (`raw`, `nccl`, `staged`, `auto`):
+/// per size, `rounds` interleaved rounds; the best time of each counts. Rank 0 prints JSON rows
+/// (with `json`) or a table with sucl's overhead over raw NCCL.
+pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<()> {
+    let gpu = comm.cuda(None)?;
+    let rawc = if choices.iter().any(|c| c == "raw") { Some(raw_comm(comm, &gpu)?) } else { None };
+    let lead = comm.rank() == 0;
+    if lead && !a.json {
+        println!("# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs)", a.op.name(), comm.size(), gpu.device().name());
+        let mut h = format!("{:>12}", "bytes");
+        for c in choices {
+            h += &format!(" {c:>10}");
+        }
+        println!("{h}");
+    }
+    for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
+        let mut best: Vec<Option<Row>> = vec![None; choices.len()];
+        for _ in 0..rounds.max(1) {
+            for (k, c) in choices.iter().enumerate() {
+                let row = if c == "raw" {
+                    measure_any(comm, &gpu, rawc.as_ref(), a, bytes, c)?
+                } else {
+                    gpu.pin_backend((c != "auto").then_some(c.as_str()))?;
+                    measure_any(comm, &gpu, None, a, bytes, c)?
+                };
+                if best[k].as_ref().is_none_or(|b| row.time_us < b.time_us) {
+                    best[k] = Some(row);
+                }
+            }
+        }
+        gpu.pin_backend(None)?;
+        if lead {
+            if a.json {
+                for r in best.iter().flatten() {
+                    println!("{}", serde_json::to_string(r).expect("row serializes"));
+                }
+            } else {
+                let mut line = format!("{bytes:>12}");
+                for r in best.iter().flatten() {
+                    line += &format!(" {:>10.2}", r.time_us);
+                }
+                println!("{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Device sweep for `choice` (`nccl`, `staged`, `auto` or `raw`); rank 0 prints rows.
 pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row>> {
     let gpu = comm.cuda(None)?;
     let rawc = if choice == "raw" {
-        let mut id = if comm.rank() == 0 { sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: 0, backend: "nccl".into(), why })? } else { vec![0u8; 128] };
-        comm.broadcast(&mut id, 0)?;
-        let mut internal = [0 as std::ffi::c_char; 128];
-        for (d, s) in internal.iter_mut().zip(&id) {
-            *d = *s as std::ffi::c_char;
-        }
-        Some(raw::Comm::from_rank(gpu.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))?)
+        Some(raw_comm(comm, &gpu)?)
     } else {
         gpu.pin_backend((choice != "auto").then_some(choice))?;
         None
@@ -198,14 +265,7 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     }
     let mut rows = vec![];
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
-        let row = match a.dtype {
-            DType::F32 => measure::<f32>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
-            DType::F64 => measure::<f64>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
-            DType::F16 => measure::<half::f16>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
-            DType::BF16 => measure::<half::bf16>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
-            DType::I32 => measure::<i32>(comm, &gpu, rawc.as_ref(), a, bytes, choice)?,
-            other => return Err(Error::invalid(comm.rank(), "dtype", format!("device benchmarks support f32, f64, f16, bf16, i32 (not {other})"))),
-        };
+        let row = measure_any(comm, &gpu, rawc.as_ref(), a, bytes, choice)?;
         if lead {
             if a.json {
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));

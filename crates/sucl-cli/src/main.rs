@@ -48,6 +48,17 @@ enum Cmd {
     Check(CheckCli),
     /// Measure every usable backend per op and size; write the winners as a tuning table.
     Tune(TuneCli),
+    /// Draw JSON rows written by `sucl bench --json` as an SVG (time and busbw against size).
+    Plot {
+        /// The JSON-lines file.
+        input: String,
+        /// The SVG to write.
+        #[arg(long)]
+        out: String,
+        /// Only rows of this op.
+        #[arg(long)]
+        op: Option<String>,
+    },
     /// Show devices, backends, the configuration in force and the launch environment.
     Info {
         /// Config file (sets SUCL_CONFIG).
@@ -285,7 +296,8 @@ fn bench_main(b: BenchCli) -> i32 {
         check: !b.no_check,
     };
     if let Some(dev) = &b.device {
-        return device_bench(&comm, &args, dev, &device_choice);
+        let choice = b.compare.clone().unwrap_or(device_choice);
+        return device_bench(&comm, &args, dev, &choice, b.rounds);
     }
     if let Some(list) = &b.compare {
         let choices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
@@ -319,11 +331,17 @@ fn bench_main(b: BenchCli) -> i32 {
 }
 
 #[cfg(feature = "cuda")]
-fn device_bench(comm: &sucl::Communicator, args: &bench::BenchArgs, dev: &str, choice: &str) -> i32 {
+fn device_bench(comm: &sucl::Communicator, args: &bench::BenchArgs, dev: &str, choice: &str, rounds: usize) -> i32 {
     if dev != "cuda" {
         return fail(format!("unknown device `{dev}` (cuda)"));
     }
-    match gpu::bench(comm, args, choice) {
+    let r = if choice.contains(',') {
+        let choices: Vec<String> = choice.split(',').map(|s| s.trim().to_string()).collect();
+        gpu::compare(comm, args, &choices, rounds)
+    } else {
+        gpu::bench(comm, args, choice).map(|_| ())
+    };
+    match r {
         Ok(_) => 0,
         Err(e) => {
             eprintln!("sucl bench --device cuda: {e}");
@@ -333,7 +351,7 @@ fn device_bench(comm: &sucl::Communicator, args: &bench::BenchArgs, dev: &str, c
 }
 
 #[cfg(not(feature = "cuda"))]
-fn device_bench(_comm: &sucl::Communicator, _args: &bench::BenchArgs, _dev: &str, _choice: &str) -> i32 {
+fn device_bench(_comm: &sucl::Communicator, _args: &bench::BenchArgs, _dev: &str, _choice: &str, _rounds: usize) -> i32 {
     fail("this build has no CUDA support (feature `cuda`)")
 }
 
@@ -384,6 +402,29 @@ fn check_main(c: CheckCli) -> i32 {
             eprintln!("sucl check: error: {e}");
             1
         }
+    }
+}
+
+fn plot_main(input: &str, out: &str, op: Option<&str>) -> i32 {
+    let text = match std::fs::read_to_string(input) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("{input}: {e}")),
+    };
+    let mut rows = vec![];
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| l.starts_with('{')) {
+        match serde_json::from_str::<bench::Row>(line) {
+            Ok(r) if op.is_none_or(|o| o == r.op) => rows.push(r),
+            Ok(_) => {}
+            Err(e) => return fail(format!("{input}:{}: {e}", i + 1)),
+        }
+    }
+    if rows.is_empty() {
+        return fail(format!("{input}: no rows to draw"));
+    }
+    let title = op.unwrap_or("sucl bench").to_string();
+    match plot::plot(out, &title, &rows) {
+        Ok(()) => 0,
+        Err(e) => fail(format!("cannot draw {out}: {e}")),
     }
 }
 
@@ -449,6 +490,7 @@ fn main() {
         Cmd::Bench(b) => bench_main(b),
         Cmd::Check(c) => check_main(c),
         Cmd::Tune(t) => tune_main(t),
+        Cmd::Plot { input, out, op } => plot_main(&input, &out, op.as_deref()),
         Cmd::Info { config } => {
             if let Some(c) = config {
                 std::env::set_var("SUCL_CONFIG", c);
