@@ -9,7 +9,8 @@ use std::time::Instant;
 use sucl::gpu::GpuComm;
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
 use sucl_core::Error;
-use sucl_cuda::cudarc::driver::{CudaSlice, DeviceRepr};
+use sucl_cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use sucl_cuda::{Kernel, PATTERN_SRC};
 use sucl_cuda::cudarc::nccl::safe as raw;
 
 fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
@@ -38,12 +39,51 @@ fn run_dev<T: Element + DeviceRepr>(gpu: &GpuComm, op: CollOp, s: &CudaSlice<T>,
     }
 }
 
-fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, case: &Case) -> Result<usize> {
+/// The run-time-compiled pattern kernels of one device.
+struct Patterns {
+    kernels: Vec<(DType, Kernel)>,
+}
+
+impl Patterns {
+    fn new(comm: &Communicator, gpu: &GpuComm) -> Result<Patterns> {
+        let mut kernels = vec![];
+        for dt in [DType::F32, DType::F64, DType::U8, DType::I8, DType::I32, DType::U32, DType::I64, DType::U64] {
+            kernels.push((dt, Kernel::compile(gpu.device(), PATTERN_SRC, &format!("fill_{dt}"), comm.rank())?));
+        }
+        Ok(Patterns { kernels })
+    }
+
+    /// Fills `buf` on the device with `rank`'s pattern; false if no kernel serves `T`.
+    fn fill<T: Element + DeviceRepr>(&self, comm: &Communicator, gpu: &GpuComm, buf: &mut CudaSlice<T>, rank: usize, seed: u64, op: Option<ReduceOp>) -> Result<bool> {
+        let Some((_, k)) = self.kernels.iter().find(|(d, _)| *d == T::DTYPE) else { return Ok(false) };
+        let n = buf.len() as i64;
+        let (base, r, s) = (0i64, rank as i64, seed as i64);
+        let mode: i32 = match op {
+            None => 0,
+            Some(ReduceOp::Prod) => 2,
+            Some(_) => 1,
+        };
+        let mut b = gpu.stream().launch_builder(k.function());
+        b.arg(buf).arg(&n).arg(&base).arg(&r).arg(&s).arg(&mode);
+        let cfg = LaunchConfig { grid_dim: (((n as u32).div_ceil(256)).clamp(1, 4096), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel's parameters match PATTERN_SRC's signature; it writes n elements.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(comm, e))?;
+        Ok(true)
+    }
+}
+
+fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, pat: &Patterns, case: &Case) -> Result<usize> {
     let (sl, rl) = buffer_lens(case.op, case.count, case.n, case.rank, case.root);
     let mut send = vec![T::from_i64(0); sl];
     let mut recv = vec![T::from_i64(-77); rl];
     fill_input(case.op, &mut send, &mut recv, case.rank, case.root, case.seed, case.redop);
-    let ds = upload(comm, gpu, &send)?;
+    // Inputs are generated on the device by NVRTC-compiled kernels where one exists for the
+    // type, so the host pattern code checks the device one; the rest are uploaded.
+    let mut ds = upload(comm, gpu, &vec![T::from_i64(0); sl])?;
+    let on_device = case.op != CollOp::Broadcast && sl > 0 && pat.fill(comm, gpu, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
+    if !on_device {
+        ds = upload(comm, gpu, &send)?;
+    }
     let mut dr = upload(comm, gpu, &recv)?;
     run_dev(gpu, case.op, &ds, &mut dr, case.redop, case.root)?;
     gpu.synchronize()?;
@@ -61,8 +101,9 @@ fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, case:
 }
 
 /// The device correctness matrix; returns the process exit code.
-pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[ReduceOp], big_mib: usize) -> Result<i32> {
+pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[ReduceOp], big_mib: usize, inject_kill: Option<(usize, usize)>) -> Result<i32> {
     let gpu = comm.cuda(None)?;
+    let pat = Patterns::new(comm, &gpu)?;
     let n = comm.size();
     let t0 = Instant::now();
     let (mut checks, mut failures) = (0u64, 0u64);
@@ -75,8 +116,13 @@ pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[Re
                 for &redop in rops {
                     for count in [1usize, 7, 3 * n + 1, 70_001, (1 << 20) + 3] {
                         seed += 1;
+                        if inject_kill.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
+                            eprintln!("injected fault: rank {} kills itself now", comm.rank());
+                            // SAFETY: raising a signal on ourselves.
+                            unsafe { libc::raise(libc::SIGKILL) };
+                        }
                         let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
-                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &gpu, &case)? });
+                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &gpu, &pat, &case)? });
                         checks += 1;
                         if wrong > 0 {
                             failures += 1;
@@ -92,7 +138,7 @@ pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[Re
                 let count = if op == CollOp::AllGather { total / n } else { total };
                 seed += 1;
                 let case = Case { op, count, n, rank: comm.rank(), root: n - 1, seed, redop: ReduceOp::Sum };
-                let wrong = check_case::<f32>(comm, &gpu, &case)?;
+                let wrong = check_case::<f32>(comm, &gpu, &pat, &case)?;
                 checks += 1;
                 if wrong > 0 {
                     failures += 1;

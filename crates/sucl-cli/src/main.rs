@@ -391,7 +391,7 @@ fn check_main(c: CheckCli) -> i32 {
     let result = match c.device.as_deref() {
         None => check::run(&comm, &args),
         #[cfg(feature = "cuda")]
-        Some("cuda") => gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib),
+        Some("cuda") => gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib, args.inject_kill.map(|r| (r, args.inject_after))),
         Some(other) => {
             return fail(format!("unknown or unsupported device `{other}` in this build"));
         }

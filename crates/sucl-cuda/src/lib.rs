@@ -341,3 +341,48 @@ impl DeviceBackend for NcclBackend {
         }
     }
 }
+
+/// A CUDA C kernel compiled at run time with NVRTC and loaded into one device's context.
+pub struct Kernel {
+    func: cudarc::driver::CudaFunction,
+}
+
+impl Kernel {
+    /// Compiles `src` and loads function `name` on `dev`.
+    pub fn compile(dev: &GpuDevice, src: &str, name: &str, rank: usize) -> Result<Kernel> {
+        let ptx = cudarc::nvrtc::compile_ptx(src)
+            .map_err(|e| Error::BackendUnavailable { rank, backend: "nvrtc".into(), why: format!("compiling `{name}`: {e:?}") })?;
+        let module = dev.ctx.load_module(ptx).map_err(|e| cuda_err(rank, "loading a module", e))?;
+        let func = module.load_function(name).map_err(|e| cuda_err(rank, &format!("finding kernel `{name}`"), e))?;
+        Ok(Kernel { func })
+    }
+
+    /// The loaded function, for `CudaStream::launch_builder`.
+    pub fn function(&self) -> &cudarc::driver::CudaFunction {
+        &self.func
+    }
+}
+
+/// CUDA C for the test-pattern kernels `fill_<dtype>(out, n, base, rank, seed, mode)`: element i
+/// gets the value sucl's checks expect from `rank` at global index `base + i` (mode 0: plain,
+/// 1: small values for reductions, 2: powers of two for products).
+pub const PATTERN_SRC: &str = r#"
+#define VALUE(i) long long v; \
+    if (mode == 2) { long long m = (rank + (i) + seed) % 2; if (m < 0) m += 2; v = 1 + m; } \
+    else if (mode == 1) { long long m = (rank * 7 + (i) * 13 + seed * 3) % 11; if (m < 0) m += 11; v = m - 3; } \
+    else { v = rank * 1000003 + (i) * 7 + seed; }
+#define FILL_FLOAT(NAME, T) extern "C" __global__ void NAME(T* out, long long n, long long base, long long rank, long long seed, int mode) { \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) { \
+        VALUE(base + i) out[i] = (T)(double)v; } }
+#define FILL_INT(NAME, T) extern "C" __global__ void NAME(T* out, long long n, long long base, long long rank, long long seed, int mode) { \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) { \
+        VALUE(base + i) out[i] = (T)v; } }
+FILL_FLOAT(fill_f32, float)
+FILL_FLOAT(fill_f64, double)
+FILL_INT(fill_u8, unsigned char)
+FILL_INT(fill_i8, signed char)
+FILL_INT(fill_i32, int)
+FILL_INT(fill_u32, unsigned int)
+FILL_INT(fill_i64, long long)
+FILL_INT(fill_u64, unsigned long long)
+"#;
