@@ -23,6 +23,7 @@ for n in 1 2 4; do
     --dtypes f32,f16,bf16,i32,u8,f64 --redops sum,max,avg --big-mib 72 >>"$OUT/check.txt" 2>&1 || status=1
 done
 grep -q "checks, 0 wrong" "$OUT/check.txt" || status=1
+grep -q "WRONG" "$OUT/check.txt" && status=1
 # A rank killed mid-run: the survivor must fail naming it (NCCL aborted), not hang. The ranks
 # start without the launcher (torchrun's variables), which would otherwise end the survivor first.
 if [ "$NGPU" -ge 2 ]; then
