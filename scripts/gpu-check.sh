@@ -39,9 +39,12 @@ if [ "$NGPU" -ge 2 ]; then
   grep -A3 "fault run" "$OUT/check.txt"
 fi
 R=$(( NGPU >= 2 ? 2 : 1 ))
+# Tune nccl against staged, then let auto follow that table in the side-by-side sweeps.
+"$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
+  --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda.toml" >>"$OUT/check.txt" 2>&1 || status=1
 : >"$OUT/bench.jsonl"
 for op in all_reduce broadcast all_gather; do
-  "$BIN" bench "$op" --device cuda --ranks "$R" --compare raw,nccl,staged,auto --rounds 3 --min-bytes 8 --max-bytes "$MAXB" \
+  "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda.toml" --compare raw,nccl,staged,auto --rounds 3 --min-bytes 8 --max-bytes "$MAXB" \
     --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
 done
 grep -h "sucl check" "$OUT/check.txt"

@@ -10,8 +10,8 @@ use sucl::gpu::GpuComm;
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
 use sucl_core::Error;
 use sucl_cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
-use sucl_cuda::{Kernel, PATTERN_SRC};
 use sucl_cuda::cudarc::nccl::safe as raw;
+use sucl_cuda::{Kernel, PATTERN_SRC};
 
 fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
     Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
@@ -25,7 +25,14 @@ fn upload<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, v: &[T]) 
     gpu.stream().clone_htod(v).map_err(|e| dev_err(comm, e))
 }
 
-fn run_dev<T: Element + DeviceRepr>(gpu: &GpuComm, op: CollOp, s: &CudaSlice<T>, r: &mut CudaSlice<T>, redop: ReduceOp, root: usize) -> Result<()> {
+fn run_dev<T: Element + DeviceRepr>(
+    gpu: &GpuComm,
+    op: CollOp,
+    s: &CudaSlice<T>,
+    r: &mut CudaSlice<T>,
+    redop: ReduceOp,
+    root: usize,
+) -> Result<()> {
     match op {
         CollOp::Barrier => gpu.barrier(),
         CollOp::Broadcast => gpu.broadcast(r, root),
@@ -54,7 +61,15 @@ impl Patterns {
     }
 
     /// Fills `buf` on the device with `rank`'s pattern; false if no kernel serves `T`.
-    fn fill<T: Element + DeviceRepr>(&self, comm: &Communicator, gpu: &GpuComm, buf: &mut CudaSlice<T>, rank: usize, seed: u64, op: Option<ReduceOp>) -> Result<bool> {
+    fn fill<T: Element + DeviceRepr>(
+        &self,
+        comm: &Communicator,
+        gpu: &GpuComm,
+        buf: &mut CudaSlice<T>,
+        rank: usize,
+        seed: u64,
+        op: Option<ReduceOp>,
+    ) -> Result<bool> {
         let Some((_, k)) = self.kernels.iter().find(|(d, _)| *d == T::DTYPE) else { return Ok(false) };
         let n = buf.len() as i64;
         let (base, r, s) = (0i64, rank as i64, seed as i64);
@@ -80,7 +95,9 @@ fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, pat: 
     // Inputs are generated on the device by NVRTC-compiled kernels where one exists for the
     // type, so the host pattern code checks the device one; the rest are uploaded.
     let mut ds = upload(comm, gpu, &vec![T::from_i64(0); sl])?;
-    let on_device = case.op != CollOp::Broadcast && sl > 0 && pat.fill(comm, gpu, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
+    let on_device = case.op != CollOp::Broadcast
+        && sl > 0
+        && pat.fill(comm, gpu, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
     if !on_device {
         ds = upload(comm, gpu, &send)?;
     }
@@ -94,14 +111,28 @@ fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, pat: 
         // Show the first differing elements, to tell rounding from unwritten or misplaced data.
         let mut want = vec![T::from_i64(-77); rl];
         crate::pattern::expected(case, &mut want);
-        let diffs: Vec<String> = got.iter().zip(&want).enumerate().filter(|(_, (g, w))| bytemuck::bytes_of(*g) != bytemuck::bytes_of(*w)).take(4).map(|(i, (g, w))| format!("[{i}] got {g:?} want {w:?}")).collect();
+        let diffs: Vec<String> = got
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(_, (g, w))| bytemuck::bytes_of(*g) != bytemuck::bytes_of(*w))
+            .take(4)
+            .map(|(i, (g, w))| format!("[{i}] got {g:?} want {w:?}"))
+            .collect();
         eprintln!("  rank {}: {}", case.rank, diffs.join(", "));
     }
     Ok(wrong)
 }
 
 /// The device correctness matrix; returns the process exit code.
-pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[ReduceOp], big_mib: usize, inject_kill: Option<(usize, usize)>) -> Result<i32> {
+pub fn check(
+    comm: &Communicator,
+    ops: &[CollOp],
+    dtypes: &[DType],
+    redops: &[ReduceOp],
+    big_mib: usize,
+    inject_kill: Option<(usize, usize)>,
+) -> Result<i32> {
     let gpu = comm.cuda(None)?;
     let pat = Patterns::new(comm, &gpu)?;
     let n = comm.size();
@@ -162,7 +193,13 @@ pub fn check(comm: &Communicator, ops: &[CollOp], dtypes: &[DType], redops: &[Re
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }
 
-fn raw_op<T: Element + DeviceRepr + raw::NcclType>(c: &raw::Comm, op: CollOp, s: &CudaSlice<T>, r: &mut CudaSlice<T>, root: usize) -> std::result::Result<(), String> {
+fn raw_op<T: Element + DeviceRepr + raw::NcclType>(
+    c: &raw::Comm,
+    op: CollOp,
+    s: &CudaSlice<T>,
+    r: &mut CudaSlice<T>,
+    root: usize,
+) -> std::result::Result<(), String> {
     let res = match op {
         CollOp::AllReduce => c.all_reduce(s, r, &raw::ReduceOp::Sum).map(|_| ()),
         CollOp::Broadcast => c.broadcast_in_place(r, root as i32).map(|_| ()),
@@ -173,7 +210,14 @@ fn raw_op<T: Element + DeviceRepr + raw::NcclType>(c: &raw::Comm, op: CollOp, s:
     res.map_err(|e| format!("{e:?}"))
 }
 
-fn measure<T: Element + DeviceRepr + raw::NcclType>(comm: &Communicator, gpu: &GpuComm, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
+fn measure<T: Element + DeviceRepr + raw::NcclType>(
+    comm: &Communicator,
+    gpu: &GpuComm,
+    rawc: Option<&raw::Comm>,
+    a: &BenchArgs,
+    bytes: u64,
+    label: &str,
+) -> Result<Row> {
     let (n, r) = (comm.size(), comm.rank());
     let BenchOp::Coll(op) = a.op else { return Err(Error::invalid(r, "op", "device benchmarks run collectives")) };
     let es = std::mem::size_of::<T>();
@@ -204,7 +248,8 @@ fn measure<T: Element + DeviceRepr + raw::NcclType>(comm: &Communicator, gpu: &G
     gpu.synchronize()?;
     let mut time = [t.elapsed().as_secs_f64() / a.iters as f64];
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
-    let shown = count * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
+    let shown = count
+        * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
     let shown_bytes = (shown * es) as u64;
     let algbw = shown_bytes as f64 / time[0] / 1e9;
     Ok(Row {
@@ -255,7 +300,12 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     let rawc = if choices.iter().any(|c| c == "raw") { Some(raw_comm(comm, &gpu)?) } else { None };
     let lead = comm.rank() == 0;
     if lead && !a.json {
-        println!("# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs)", a.op.name(), comm.size(), gpu.device().name());
+        println!(
+            "# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs)",
+            a.op.name(),
+            comm.size(),
+            gpu.device().name()
+        );
         let mut h = format!("{:>12}", "bytes");
         for c in choices {
             h += &format!(" {c:>10}");
@@ -306,7 +356,13 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     };
     let lead = comm.rank() == 0;
     if lead && !a.json {
-        println!("# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters", a.op.name(), comm.size(), gpu.device().name(), a.iters);
+        println!(
+            "# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters",
+            a.op.name(),
+            comm.size(),
+            gpu.device().name(),
+            a.iters
+        );
         println!("{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
     }
     let mut rows = vec![];
@@ -316,10 +372,79 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
             if a.json {
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));
             } else {
-                println!("{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3}", row.bytes, row.count, row.dtype, row.time_us, row.algbw_gbps, row.busbw_gbps);
+                println!(
+                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3}",
+                    row.bytes, row.count, row.dtype, row.time_us, row.algbw_gbps, row.busbw_gbps
+                );
             }
         }
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// `sucl tune --device cuda`: per op and size, the faster of nccl and staged (best of `rounds`
+/// interleaved rounds), written as tuning rules that device calls under `--config` follow.
+pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
+    use std::fmt::Write as _;
+    let gpu = comm.cuda(None)?;
+    let names = gpu.backends();
+    let lead = comm.rank() == 0;
+    let mut file = format!(
+        "# Device tuning table written by `sucl tune --device cuda` for {} ranks on {} ({}).\n",
+        comm.size(),
+        gpu.device().name(),
+        names.join(", ")
+    );
+    for &op in ops {
+        let args = BenchArgs { op: BenchOp::Coll(op), ..*a };
+        let mut points: Vec<(u64, Vec<f64>)> = vec![];
+        for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
+            let mut best = vec![f64::INFINITY; names.len()];
+            for _ in 0..rounds.max(1) {
+                for (k, name) in names.iter().enumerate() {
+                    gpu.pin_backend(Some(name))?;
+                    best[k] = best[k].min(measure_any(comm, &gpu, None, &args, bytes, name)?.time_us);
+                }
+            }
+            points.push((bytes, best));
+        }
+        gpu.pin_backend(None)?;
+        if !lead {
+            continue;
+        }
+        println!("# {} on {} GPUs: best time (µs)", op.name(), comm.size());
+        let winner = |t: &Vec<f64>| (0..t.len()).min_by(|&x, &y| t[x].total_cmp(&t[y])).unwrap_or(0);
+        for (b, t) in &points {
+            let w = winner(t);
+            let cells: Vec<String> = t.iter().map(|x| format!("{x:>10.2}")).collect();
+            println!("{b:>12} {} {:>8}", cells.join(" "), names[w]);
+        }
+        let mut i = 0;
+        while i < points.len() {
+            let w = winner(&points[i].1);
+            let mut j = i;
+            while j + 1 < points.len() && winner(&points[j + 1].1) == w {
+                j += 1;
+            }
+            let lo = if i == 0 { 0 } else { points[i].0 };
+            let hi = if j + 1 == points.len() { i64::MAX as u64 } else { points[j + 1].0 };
+            let _ = write!(
+                file,
+                "\n[[tuning]]\nop = \"{}\"\nranks = [{n}, {n}]\nbytes = [{lo}, {hi}]\nbackend = \"{}\"\n",
+                op.name(),
+                names[w],
+                n = comm.size()
+            );
+            i = j + 1;
+        }
+    }
+    if lead {
+        if let Err(e) = std::fs::write(out, file) {
+            eprintln!("sucl tune: cannot write {out}: {e}");
+            return Ok(1);
+        }
+        println!("# wrote {out}");
+    }
+    Ok(0)
 }

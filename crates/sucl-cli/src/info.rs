@@ -63,7 +63,9 @@ fn cuda_devices() {
             let drv = sucl::gpu::driver_version().map(|v| format!("driver API {}.{}", v / 1000, v % 1000 / 10)).unwrap_or_default();
             for i in 0..n {
                 match sucl_cuda::GpuDevice::open(i, 0) {
-                    Ok(d) => println!("  cuda:{i} {} ({:.1} GiB, {drv})", d.name(), d.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64),
+                    Ok(d) => {
+                        println!("  cuda:{i} {} ({:.1} GiB, {drv})", d.name(), d.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64)
+                    }
                     Err(e) => println!("  cuda:{i} unusable: {e}"),
                 }
             }
@@ -80,7 +82,12 @@ fn cuda_devices() {
 #[cfg(feature = "cuda")]
 fn nccl_line() {
     match sucl::gpu::nccl_version() {
-        Ok(v) => println!("  nccl  available (NCCL {}.{}.{}) for CUDA buffers; staged available where CUDA is", v / 10000, v / 100 % 100, v % 100),
+        Ok(v) => println!(
+            "  nccl  available (NCCL {}.{}.{}) for CUDA buffers; staged available where CUDA is",
+            v / 10000,
+            v / 100 % 100,
+            v % 100
+        ),
         Err(why) => println!("  nccl  unavailable: {why}"),
     }
 }

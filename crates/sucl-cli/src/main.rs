@@ -98,6 +98,9 @@ struct TuneCli {
     /// Where to write the tuning table (TOML, usable as --config).
     #[arg(long)]
     out: String,
+    /// `cuda`: choose between the device backends (nccl, staged) instead.
+    #[arg(long)]
+    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -391,7 +394,9 @@ fn check_main(c: CheckCli) -> i32 {
     let result = match c.device.as_deref() {
         None => check::run(&comm, &args),
         #[cfg(feature = "cuda")]
-        Some("cuda") => gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib, args.inject_kill.map(|r| (r, args.inject_after))),
+        Some("cuda") => {
+            gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib, args.inject_kill.map(|r| (r, args.inject_after)))
+        }
         Some(other) => {
             return fail(format!("unknown or unsupported device `{other}` in this build"));
         }

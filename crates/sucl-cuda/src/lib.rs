@@ -178,7 +178,16 @@ impl NcclBackend {
     /// Joins the NCCL communicator named by `id` (from [`nccl_unique_id`]) as `rank` of `size`
     /// on `dev`. Collective over the ranks.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(dev: &GpuDevice, id: &[u8], rank: usize, size: usize, world_rank: usize, abort: Arc<AbortState>, timeout: Duration, backoff: Backoff) -> Result<NcclBackend> {
+    pub fn new(
+        dev: &GpuDevice,
+        id: &[u8],
+        rank: usize,
+        size: usize,
+        world_rank: usize,
+        abort: Arc<AbortState>,
+        timeout: Duration,
+        backoff: Backoff,
+    ) -> Result<NcclBackend> {
         if id.len() != 128 {
             return Err(Error::Protocol { rank: world_rank, peer: 0, why: format!("NCCL id of {} bytes (want 128)", id.len()) });
         }
@@ -191,7 +200,8 @@ impl NcclBackend {
         let mut comm = std::mem::MaybeUninit::uninit();
         // SAFETY: comm is written by NCCL on success.
         let comm = unsafe {
-            cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32).map_err(|e| nccl_err(world_rank, "ncclCommInitRank", e))?;
+            cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32)
+                .map_err(|e| nccl_err(world_rank, "ncclCommInitRank", e))?;
             comm.assume_init()
         };
         Ok(NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false })
@@ -209,7 +219,11 @@ impl NcclBackend {
         e
     }
 
-    fn check(&mut self, during: &str, r: std::result::Result<cudarc::nccl::result::NcclStatus, cudarc::nccl::result::NcclError>) -> Result<()> {
+    fn check(
+        &mut self,
+        during: &str,
+        r: std::result::Result<cudarc::nccl::result::NcclStatus, cudarc::nccl::result::NcclError>,
+    ) -> Result<()> {
         match r {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -296,7 +310,8 @@ impl DeviceBackend for NcclBackend {
                                     }
                                     r
                                 }
-                                _ => nr::send(ptr(sendp + jo), d.count, t, j as i32, c, s).and_then(|_| nr::recv(mptr(recv + jo), d.count, t, j as i32, c, s)),
+                                _ => nr::send(ptr(sendp + jo), d.count, t, j as i32, c, s)
+                                    .and_then(|_| nr::recv(mptr(recv + jo), d.count, t, j as i32, c, s)),
                             };
                             if step.is_err() {
                                 res = step;
@@ -321,7 +336,11 @@ impl DeviceBackend for NcclBackend {
                 cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
                 cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
                 other => {
-                    let e = Error::BackendUnavailable { rank: self.world_rank, backend: "cuda".into(), why: format!("stream failed: {other:?}") };
+                    let e = Error::BackendUnavailable {
+                        rank: self.world_rank,
+                        backend: "cuda".into(),
+                        why: format!("stream failed: {other:?}"),
+                    };
                     return Err(self.fail(e));
                 }
             }
@@ -330,7 +349,11 @@ impl DeviceBackend for NcclBackend {
                 // SAFETY: our live communicator.
                 unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut async_err) };
                 if !matches!(async_err, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
-                    let e = Error::BackendUnavailable { rank: self.world_rank, backend: "nccl".into(), why: format!("asynchronous NCCL error {async_err:?}") };
+                    let e = Error::BackendUnavailable {
+                        rank: self.world_rank,
+                        backend: "nccl".into(),
+                        why: format!("asynchronous NCCL error {async_err:?}"),
+                    };
                     return Err(self.fail(e));
                 }
             }
@@ -350,8 +373,11 @@ pub struct Kernel {
 impl Kernel {
     /// Compiles `src` and loads function `name` on `dev`.
     pub fn compile(dev: &GpuDevice, src: &str, name: &str, rank: usize) -> Result<Kernel> {
-        let ptx = cudarc::nvrtc::compile_ptx(src)
-            .map_err(|e| Error::BackendUnavailable { rank, backend: "nvrtc".into(), why: format!("compiling `{name}`: {e:?}") })?;
+        let ptx = cudarc::nvrtc::compile_ptx(src).map_err(|e| Error::BackendUnavailable {
+            rank,
+            backend: "nvrtc".into(),
+            why: format!("compiling `{name}`: {e:?}"),
+        })?;
         let module = dev.ctx.load_module(ptx).map_err(|e| cuda_err(rank, "loading a module", e))?;
         let func = module.load_function(name).map_err(|e| cuda_err(rank, &format!("finding kernel `{name}`"), e))?;
         Ok(Kernel { func })

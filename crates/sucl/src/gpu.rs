@@ -64,7 +64,15 @@ impl Communicator {
         };
         let threshold = self.ctx.cfg.platforms.get("cuda").map(|p| p.threshold).unwrap_or(0);
         let out_stream = dev.ctx.new_stream().map_err(|e| sucl_cuda::cuda_err(wr, "creating the upload stream", e))?;
-        Ok(GpuComm { comm: self, dev, out_stream, nccl: RefCell::new(nccl), pinned: RefCell::new(vec![]), forced: Cell::new(forced), threshold })
+        Ok(GpuComm {
+            comm: self,
+            dev,
+            out_stream,
+            nccl: RefCell::new(nccl),
+            pinned: RefCell::new(vec![]),
+            forced: Cell::new(forced),
+            threshold,
+        })
     }
 }
 
@@ -96,7 +104,11 @@ impl<'c> GpuComm<'c> {
             Some("staged") => self.forced.set(Some("staged")),
             Some("nccl") if self.nccl.borrow().is_some() => self.forced.set(Some("nccl")),
             Some(n) => {
-                return Err(Error::BackendUnavailable { rank: self.comm.wr(), backend: n.into(), why: format!("not loaded (loaded: {:?})", self.backends()) })
+                return Err(Error::BackendUnavailable {
+                    rank: self.comm.wr(),
+                    backend: n.into(),
+                    why: format!("not loaded (loaded: {:?})", self.backends()),
+                })
             }
         }
         Ok(())
@@ -231,7 +243,9 @@ impl<'c> GpuComm<'c> {
             }
             if is_root && len > 0 {
                 // SAFETY: chunk k of the receive buffer.
-                unsafe { dr::memcpy_htod_async(recv + (k * per * es) as u64, &buf[..len], sout.cu_stream()).map_err(cuda("host to device"))? };
+                unsafe {
+                    dr::memcpy_htod_async(recv + (k * per * es) as u64, &buf[..len], sout.cu_stream()).map_err(cuda("host to device"))?
+                };
                 uploaded[b] = Some(sout.record_event(None).map_err(cuda("recording an upload"))?);
             }
         }
@@ -246,7 +260,8 @@ impl<'c> GpuComm<'c> {
         p.clear();
         for _ in 0..count {
             // SAFETY: pinned host memory of `bytes` u8s; u8 has no invalid bit patterns.
-            let b = unsafe { self.dev.ctx.alloc_pinned::<u8>(bytes) }.map_err(|e| sucl_cuda::cuda_err(self.comm.wr(), "allocating pinned memory", e))?;
+            let b = unsafe { self.dev.ctx.alloc_pinned::<u8>(bytes) }
+                .map_err(|e| sucl_cuda::cuda_err(self.comm.wr(), "allocating pinned memory", e))?;
             p.push(b);
         }
         Ok(())
@@ -267,7 +282,11 @@ impl<'c> GpuComm<'c> {
 
     fn check_root(&self, root: usize) -> Result<()> {
         if root >= self.comm.size() {
-            return Err(Error::invalid(self.comm.wr(), "root", format!("rank {root} out of range (communicator size {})", self.comm.size())));
+            return Err(Error::invalid(
+                self.comm.wr(),
+                "root",
+                format!("rank {root} out of range (communicator size {})", self.comm.size()),
+            ));
         }
         Ok(())
     }
@@ -351,7 +370,8 @@ impl<'c> GpuComm<'c> {
     /// Orders every rank on the stream (and, synchronized, on the host).
     pub fn barrier(&self) -> Result<()> {
         if self.backend_for(CollOp::Barrier, 0) == "nccl" && self.nccl.borrow().is_some() {
-            let mut scratch = self.dev.stream.alloc_zeros::<u8>(1).map_err(|e| sucl_cuda::cuda_err(self.comm.wr(), "barrier scratch", e))?;
+            let mut scratch =
+                self.dev.stream.alloc_zeros::<u8>(1).map_err(|e| sucl_cuda::cuda_err(self.comm.wr(), "barrier scratch", e))?;
             let (p, _g) = scratch.device_ptr_mut(&self.dev.stream);
             self.nccl.borrow_mut().as_mut().expect("nccl").collective(&CollDesc::BARRIER, None, p, &self.dev.stream)?;
             return self.synchronize();
