@@ -455,6 +455,32 @@ fn tune_main(t: TuneCli) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Some(dev) = t.device.as_deref() {
+        #[cfg(feature = "cuda")]
+        if dev == "cuda" {
+            let args = bench::BenchArgs {
+                op: bench::BenchOp::Coll(CollOp::AllReduce),
+                min_bytes: min,
+                max_bytes: max,
+                factor: t.factor,
+                iters: t.iters,
+                warmup: t.warmup,
+                dtype,
+                redop: ReduceOp::Sum,
+                root: 0,
+                json: false,
+                check: false,
+            };
+            return match gpu::tune(&comm, &args, &ops, t.rounds, &t.out) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("sucl tune: {e}");
+                    1
+                }
+            };
+        }
+        return fail(format!("unknown or unsupported device `{dev}` in this build"));
+    }
     let args = tune::TuneArgs {
         ops,
         min_bytes: min,
