@@ -29,6 +29,9 @@ use sucl_host::HostConfig;
 /// Names of the backends this build knows.
 pub const KNOWN_BACKENDS: [&str; 3] = ["shm", "tcp", "mpi"];
 
+/// Names of the device-memory backends (tuning rules and `[platforms.cuda]` may name them).
+pub const DEVICE_BACKENDS: [&str; 2] = ["nccl", "staged"];
+
 /// Which backend carries calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
@@ -363,7 +366,7 @@ impl Config {
         self.file = Some(path.to_string());
         // Backend names are checked here, where the file's lines are known.
         for (key, name) in self.backend_names() {
-            if !KNOWN_BACKENDS.contains(&name.as_str()) {
+            if !KNOWN_BACKENDS.contains(&name.as_str()) && !DEVICE_BACKENDS.contains(&name.as_str()) {
                 return Err(Error::Config(format!(
                     "{}: key `{key}`: unknown backend {name:?} (known: {})",
                     at(&format!("\"{name}\"")),
