@@ -290,10 +290,9 @@ impl Config {
             self.record("max_message_bytes", &from);
         }
         for (name, p) in f.platforms.unwrap_or_default() {
-            let entry = self.platforms.entry(name.clone()).or_insert_with(|| Platform {
-                backends: vec!["tcp".into()],
-                preferred: "tcp".into(),
-                threshold: 0,
+            let entry = self.platforms.entry(name.clone()).or_insert_with(|| match name.as_str() {
+                "cuda" => Platform { backends: vec!["nccl".into(), "staged".into()], preferred: "nccl".into(), threshold: 0 },
+                _ => Platform { backends: vec!["tcp".into()], preferred: "tcp".into(), threshold: 0 },
             });
             if let Some(b) = p.backends {
                 entry.backends = b;
