@@ -77,6 +77,27 @@ pub struct Row {
     pub wrong: u64,
 }
 
+impl Row {
+    /// A row for `shown` elements of `dtype` (the largest buffer of one rank) that took `secs`.
+    pub fn new(a: &BenchArgs, backend: &str, ranks: usize, shown: usize, dtype: DType, secs: f64, wrong: u64) -> Row {
+        let bytes = (shown * dtype.size()) as u64;
+        let algbw = bytes as f64 / secs / 1e9;
+        Row {
+            op: a.op.name().into(),
+            backend: backend.into(),
+            ranks,
+            bytes,
+            count: shown,
+            dtype: dtype.name().into(),
+            redop: a.redop.name().into(),
+            time_us: secs * 1e6,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * a.op.bus_factor(ranks),
+            wrong,
+        }
+    }
+}
+
 /// The sizes swept: min, min×factor, ... up to max (always at least one).
 pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     let mut v = vec![];
@@ -167,21 +188,7 @@ pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Re
         }
         comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
     }
-    let shown_bytes = (shown * es) as u64;
-    let algbw = shown_bytes as f64 / time[0] / 1e9;
-    Ok(Row {
-        op: a.op.name().into(),
-        backend: comm.backend_label().into(),
-        ranks: n,
-        bytes: shown_bytes,
-        count: shown,
-        dtype: T::DTYPE.name().into(),
-        redop: a.redop.name().into(),
-        time_us: time[0] * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * a.op.bus_factor(n),
-        wrong: wrong[0],
-    })
+    Ok(Row::new(a, comm.backend_label(), n, shown, T::DTYPE, time[0], wrong[0]))
 }
 
 /// Runs the sweep; rank 0 prints the table (or JSON lines) and returns the rows.

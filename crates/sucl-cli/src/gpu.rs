@@ -250,21 +250,7 @@ fn measure<T: Element + DeviceRepr + raw::NcclType>(
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let shown = count
         * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
-    let shown_bytes = (shown * es) as u64;
-    let algbw = shown_bytes as f64 / time[0] / 1e9;
-    Ok(Row {
-        op: op.name().into(),
-        backend: label.into(),
-        ranks: n,
-        bytes: shown_bytes,
-        count: shown,
-        dtype: T::DTYPE.name().into(),
-        redop: a.redop.name().into(),
-        time_us: time[0] * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * a.op.bus_factor(n),
-        wrong: 0,
-    })
+    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], 0))
 }
 
 fn raw_comm(comm: &Communicator, gpu: &GpuComm) -> Result<raw::Comm> {
@@ -386,7 +372,6 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
 /// `sucl tune --device cuda`: per op and size, the faster of nccl and staged (best of `rounds`
 /// interleaved rounds), written as tuning rules that device calls under `--config` follow.
 pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
-    use std::fmt::Write as _;
     let gpu = comm.cuda(None)?;
     let names = gpu.backends();
     let lead = comm.rank() == 0;
@@ -420,24 +405,8 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
             let cells: Vec<String> = t.iter().map(|x| format!("{x:>10.2}")).collect();
             println!("{b:>12} {} {:>8}", cells.join(" "), names[w]);
         }
-        let mut i = 0;
-        while i < points.len() {
-            let w = winner(&points[i].1);
-            let mut j = i;
-            while j + 1 < points.len() && winner(&points[j + 1].1) == w {
-                j += 1;
-            }
-            let lo = if i == 0 { 0 } else { points[i].0 };
-            let hi = if j + 1 == points.len() { i64::MAX as u64 } else { points[j + 1].0 };
-            let _ = write!(
-                file,
-                "\n[[tuning]]\nop = \"{}\"\nranks = [{n}, {n}]\nbytes = [{lo}, {hi}]\nbackend = \"{}\"\n",
-                op.name(),
-                names[w],
-                n = comm.size()
-            );
-            i = j + 1;
-        }
+        let winners: Vec<(u64, &str)> = points.iter().map(|(b, t)| (*b, names[winner(t)])).collect();
+        file += &crate::tune::rules(op, comm.size(), &winners);
     }
     if lead {
         if let Err(e) = std::fs::write(out, file) {

@@ -36,6 +36,25 @@ impl Point {
     }
 }
 
+/// Tuning rules for `op` on `n` ranks from per-size winners (sizes ascending): consecutive sizes
+/// with the same winner become one rule, which ends where the next measured size has another.
+pub fn rules(op: CollOp, n: usize, winners: &[(u64, &str)]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < winners.len() {
+        let w = winners[i].1;
+        let mut j = i;
+        while j + 1 < winners.len() && winners[j + 1].1 == w {
+            j += 1;
+        }
+        let lo = if i == 0 { 0 } else { winners[i].0 };
+        let hi = if j + 1 == winners.len() { i64::MAX as u64 } else { winners[j + 1].0 };
+        let _ = write!(out, "\n[[tuning]]\nop = \"{}\"\nranks = [{n}, {n}]\nbytes = [{lo}, {hi}]\nbackend = \"{w}\"\n", op.name());
+        i = j + 1;
+    }
+    out
+}
+
 /// Runs the measurements; rank 0 prints the table and writes the file. Returns the exit code.
 pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
     let names = comm.backends();
@@ -94,26 +113,8 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
                 }
                 println!("{line} {:>8} {:>6.2}x", names[p.winner()], p.margin());
             }
-            // Consecutive sizes with the same winner become one rule; a rule ends where the
-            // next measured size has another winner.
-            let mut i = 0;
-            while i < points.len() {
-                let w = points[i].winner();
-                let mut j = i;
-                while j + 1 < points.len() && points[j + 1].winner() == w {
-                    j += 1;
-                }
-                let lo = if i == 0 { 0 } else { points[i].bytes };
-                let hi = if j + 1 == points.len() { i64::MAX as u64 } else { points[j + 1].bytes };
-                let _ = write!(
-                    file,
-                    "\n[[tuning]]\nop = \"{}\"\nranks = [{n}, {n}]\nbytes = [{lo}, {hi}]\nbackend = \"{}\"\n",
-                    op.name(),
-                    names[w],
-                    n = comm.size()
-                );
-                i = j + 1;
-            }
+            let winners: Vec<(u64, &str)> = points.iter().map(|p| (p.bytes, names[p.winner()])).collect();
+            file += &rules(op, comm.size(), &winners);
         }
     }
     if lead {
