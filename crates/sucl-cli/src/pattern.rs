@@ -186,3 +186,41 @@ fn within_one_ulp<T: Element>(a: &T, b: &T) -> bool {
     // Same sign and adjacent bit patterns (or both zero).
     (i >= 0) == (j >= 0) && (i - j).abs() <= 1 || (i & i64::MAX) == 0 && (j & i64::MAX) == 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sucl::{bf16, f16};
+
+    #[test]
+    fn one_ulp_tolerance_is_one_ulp() {
+        let a = 1.0f32;
+        let next = f32::from_bits(a.to_bits() + 1);
+        let two = f32::from_bits(a.to_bits() + 2);
+        assert!(within_one_ulp(&a, &next) && !within_one_ulp(&a, &two) && !within_one_ulp(&a, &-a));
+        assert!(within_one_ulp(&0.0f64, &-0.0f64));
+        let h = f16::from_f32(3.0);
+        assert!(within_one_ulp(&h, &f16::from_bits(h.to_bits() + 1)) && !within_one_ulp(&h, &f16::from_bits(h.to_bits() + 2)));
+        let b = bf16::from_f32(-2.0);
+        assert!(within_one_ulp(&b, &bf16::from_bits(b.to_bits() - 1)));
+    }
+
+    #[test]
+    fn expected_results_and_wrong_counts() {
+        let case = Case { op: CollOp::AllReduce, count: 5, n: 3, rank: 1, root: 0, seed: 4, redop: ReduceOp::Sum };
+        let mut want = vec![0i32; 5];
+        assert!(expected(&case, &mut want));
+        for (i, w) in want.iter().enumerate() {
+            let sum: i32 = (0..3).map(|r| value::<i32>(r, i, 4, Some(ReduceOp::Sum))).sum();
+            assert_eq!(*w, sum);
+        }
+        let mut got = want.clone();
+        assert_eq!(count_wrong(&case, &got), 0);
+        got[2] += 1;
+        assert_eq!(count_wrong(&case, &got), 1);
+        // Non-root reduce carries no result.
+        let nr = Case { op: CollOp::Reduce, ..case };
+        assert!(!expected(&nr, &mut want));
+        assert_eq!(count_wrong(&nr, &[99i32; 5]), 0);
+    }
+}
