@@ -38,14 +38,16 @@ if [ "$NGPU" -ge 2 ]; then
   grep -q "rank 0: lost peer rank 1" "$OUT/check.txt" || { echo "gpu-check: the survivor did not report the lost rank" >&2; status=1; }
   grep -A3 "fault run" "$OUT/check.txt"
 fi
-R=$(( NGPU >= 2 ? 2 : 1 ))
-# Tune nccl against staged, then let auto follow that table in the side-by-side sweeps.
-"$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
-  --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda.toml" >>"$OUT/check.txt" 2>&1 || status=1
 : >"$OUT/bench.jsonl"
-for op in all_reduce broadcast all_gather; do
-  "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda.toml" --compare raw,nccl,staged,auto --rounds 3 --min-bytes 8 --max-bytes "$MAXB" \
-    --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
+for R in 2 4; do
+  [ "$R" -le "$NGPU" ] || continue
+  # Tune nccl against staged, then let auto follow that table in the side-by-side sweeps.
+  "$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
+    --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda-${R}gpu.toml" >>"$OUT/check.txt" 2>&1 || status=1
+  for op in all_reduce broadcast all_gather; do
+    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,staged,auto --rounds 3 \
+      --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
+  done
 done
 grep -h "sucl check" "$OUT/check.txt"
 echo "gpu-check: exit $status"

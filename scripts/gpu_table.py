@@ -7,12 +7,12 @@ import json, sys
 path, title = sys.argv[1], sys.argv[2]
 rows = [json.loads(l) for l in open(path) if l.startswith("{")]
 print(f"# {title}\n")
-for op in dict.fromkeys(r["op"] for r in rows):
+for op, ranks in dict.fromkeys((r["op"], r["ranks"]) for r in rows):
     by = {}
     for r in rows:
-        if r["op"] == op:
+        if r["op"] == op and r["ranks"] == ranks:
             by.setdefault(r["bytes"], {})[r["backend"]] = r
-    print(f"## {op}\n")
+    print(f"## {op}, {ranks} GPUs\n")
     print("| bytes | raw NCCL (µs) | sucl nccl (µs) | overhead (µs) | staged (µs) | auto (µs) | raw busbw | nccl busbw | nccl/raw busbw | staged busbw | auto / best |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b in sorted(by):
