@@ -20,6 +20,11 @@ fn main() -> sucl::Result<()> {
     let back = gpu.stream().clone_dtoh(&x).expect("download");
     let want = (comm.size() * (comm.size() + 1) / 2) as f32;
     assert!(back.iter().all(|&v| v == want), "rank {}: got {}", comm.rank(), back[0]);
-    println!("rank {}: {n} floats all-reduced on {} via {}", comm.rank(), gpu.device().name(), gpu.backend_for(sucl::CollOp::AllReduce, n * 4));
+    println!(
+        "rank {}: {n} floats all-reduced on {} via {}",
+        comm.rank(),
+        gpu.device().name(),
+        gpu.backend_for(sucl::CollOp::AllReduce, n * 4)
+    );
     Ok(())
 }
