@@ -88,18 +88,7 @@ pub fn reduced<T: Element>(n: usize, i: usize, seed: u64, op: ReduceOp) -> T {
 /// Per-rank buffer sizes (elements) of a collective for a given per-rank `count` (see
 /// [`sucl_core::CollDesc`]): `(send_len, recv_len)` on `rank`.
 pub fn buffer_lens(op: CollOp, count: usize, n: usize, rank: usize, root: usize) -> (usize, usize) {
-    let is_root = rank == root;
-    match op {
-        CollOp::Barrier => (0, 0),
-        CollOp::Broadcast => (0, count),
-        CollOp::AllReduce => (count, count),
-        CollOp::Reduce => (count, if is_root { count } else { 0 }),
-        CollOp::Gather => (count, if is_root { count * n } else { 0 }),
-        CollOp::AllGather => (count, count * n),
-        CollOp::Scatter => (if is_root { count * n } else { 0 }, count),
-        CollOp::AllToAll => (count * n, count * n),
-        CollOp::ReduceScatter => (count * n, count),
-    }
+    sucl_core::CollDesc { op, dtype: sucl::DType::U8, redop: ReduceOp::Sum, root, count }.buffer_lens(n, rank)
 }
 
 /// Fills the send (or, for broadcast, the root's) buffer of `rank` for op `op`.

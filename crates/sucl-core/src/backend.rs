@@ -97,6 +97,23 @@ impl CollDesc {
     /// A descriptor for a barrier.
     pub const BARRIER: CollDesc = CollDesc { op: CollOp::Barrier, dtype: DType::U8, redop: ReduceOp::Sum, root: 0, count: 0 };
 
+    /// Element counts of the send and receive buffers on `rank` of `n` ranks: `(send, recv)`.
+    /// Non-root ranks of rooted ops have empty buffers where they carry nothing.
+    pub fn buffer_lens(&self, n: usize, rank: usize) -> (usize, usize) {
+        let (c, root) = (self.count, rank == self.root);
+        match self.op {
+            CollOp::Barrier => (0, 0),
+            CollOp::Broadcast => (0, c),
+            CollOp::AllReduce => (c, c),
+            CollOp::Reduce => (c, if root { c } else { 0 }),
+            CollOp::Gather => (c, if root { c * n } else { 0 }),
+            CollOp::AllGather => (c, c * n),
+            CollOp::Scatter => (if root { c * n } else { 0 }, c),
+            CollOp::AllToAll => (c * n, c * n),
+            CollOp::ReduceScatter => (c * n, c),
+        }
+    }
+
     /// Packs into the two meta words carried by every frame of the collective.
     pub fn encode(&self) -> [u64; 2] {
         let root = if self.op.rooted() { self.root as u64 } else { 0 };

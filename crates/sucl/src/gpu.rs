@@ -387,16 +387,6 @@ fn desc<T: Element>(op: CollOp, count: usize, redop: ReduceOp, root: usize) -> C
 
 /// Host byte lengths of the staged send and receive buffers on rank `r`.
 fn staged_lens(d: &CollDesc, n: usize, r: usize) -> (usize, usize) {
-    let blk = d.count * d.dtype.size();
-    let root = r == d.root;
-    match d.op {
-        CollOp::Barrier => (0, 0),
-        CollOp::Broadcast => (0, blk),
-        CollOp::AllReduce => (blk, blk),
-        CollOp::Reduce => (blk, if root { blk } else { 0 }),
-        CollOp::Gather => (blk, if root { blk * n } else { 0 }),
-        CollOp::AllGather => (blk, blk * n),
-        CollOp::Scatter => (if root { blk * n } else { 0 }, blk),
-        CollOp::AllToAll | CollOp::ReduceScatter => (blk * n, if d.op == CollOp::AllToAll { blk * n } else { blk }),
-    }
+    let (s, rv) = d.buffer_lens(n, r);
+    (s * d.dtype.size(), rv * d.dtype.size())
 }
