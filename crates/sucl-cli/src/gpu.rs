@@ -6,10 +6,10 @@ use crate::bench::{sizes, BenchArgs, BenchOp, Row};
 use crate::pattern::{buffer_lens, count_wrong, fill_input, Case};
 use crate::with_dtype;
 use std::time::Instant;
-use sucl::gpu::GpuComm;
-use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
+use sucl::cuda::{Buffer, Device, DeviceElement, Queue};
+use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
 use sucl_core::Error;
-use sucl_cuda::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use sucl_cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use sucl_cuda::cudarc::nccl::safe as raw;
 use sucl_cuda::{Kernel, PATTERN_SRC};
 
@@ -17,32 +17,26 @@ fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
     Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
 }
 
-fn upload<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, v: &[T]) -> Result<CudaSlice<T>> {
-    // Zero-length device buffers are not allocatable: such calls keep one unused element.
-    if v.is_empty() {
-        return gpu.stream().clone_htod(&[T::from_i64(0)]).map_err(|e| dev_err(comm, e));
-    }
-    gpu.stream().clone_htod(v).map_err(|e| dev_err(comm, e))
-}
-
-fn run_dev<T: Element + DeviceRepr>(
-    gpu: &GpuComm,
+/// One collective on device buffers through the very calls host buffers use.
+fn run_dev<T: DeviceElement>(
+    comm: &Communicator,
+    q: &Queue,
     op: CollOp,
-    s: &CudaSlice<T>,
-    r: &mut CudaSlice<T>,
+    s: &Buffer<T>,
+    r: &mut Buffer<T>,
     redop: ReduceOp,
     root: usize,
 ) -> Result<()> {
     match op {
-        CollOp::Barrier => gpu.barrier(),
-        CollOp::Broadcast => gpu.broadcast(r, root),
-        CollOp::AllReduce => gpu.all_reduce(s, r, redop),
-        CollOp::Reduce => gpu.reduce(s, r, redop, root),
-        CollOp::Gather => gpu.gather(s, r, root),
-        CollOp::AllGather => gpu.all_gather(s, r),
-        CollOp::Scatter => gpu.scatter(s, r, root),
-        CollOp::AllToAll => gpu.all_to_all(s, r),
-        CollOp::ReduceScatter => gpu.reduce_scatter(s, r, redop),
+        CollOp::Barrier => comm.barrier_on(q),
+        CollOp::Broadcast => comm.broadcast(r, root),
+        CollOp::AllReduce => comm.all_reduce(s, r, redop),
+        CollOp::Reduce => comm.reduce(s, r, redop, root),
+        CollOp::Gather => comm.gather(s, r, root),
+        CollOp::AllGather => comm.all_gather(s, r),
+        CollOp::Scatter => comm.scatter(s, r, root),
+        CollOp::AllToAll => comm.all_to_all(s, r),
+        CollOp::ReduceScatter => comm.reduce_scatter(s, r, redop),
     }
 }
 
@@ -52,33 +46,34 @@ struct Patterns {
 }
 
 impl Patterns {
-    fn new(comm: &Communicator, gpu: &GpuComm) -> Result<Patterns> {
+    fn new(dev: &Device) -> Result<Patterns> {
         let mut kernels = vec![];
         for dt in [DType::F32, DType::F64, DType::U8, DType::I8, DType::I32, DType::U32, DType::I64, DType::U64] {
-            kernels.push((dt, Kernel::compile(gpu.device(), PATTERN_SRC, &format!("fill_{dt}"), comm.rank())?));
+            kernels.push((dt, Kernel::compile(dev, PATTERN_SRC, &format!("fill_{dt}"))?));
         }
         Ok(Patterns { kernels })
     }
 
     /// Fills `buf` on the device with `rank`'s pattern; false if no kernel serves `T`.
-    fn fill<T: Element + DeviceRepr>(
+    fn fill<T: DeviceElement>(
         &self,
         comm: &Communicator,
-        gpu: &GpuComm,
-        buf: &mut CudaSlice<T>,
+        q: &Queue,
+        buf: &mut Buffer<T>,
         rank: usize,
         seed: u64,
         op: Option<ReduceOp>,
     ) -> Result<bool> {
         let Some((_, k)) = self.kernels.iter().find(|(d, _)| *d == T::DTYPE) else { return Ok(false) };
         let n = buf.len() as i64;
+        let Some(buf) = buf.cuda_slice_mut() else { return Ok(true) };
         let (base, r, s) = (0i64, rank as i64, seed as i64);
         let mode: i32 = match op {
             None => 0,
             Some(ReduceOp::Prod) => 2,
             Some(_) => 1,
         };
-        let mut b = gpu.stream().launch_builder(k.function());
+        let mut b = q.stream().launch_builder(k.function());
         b.arg(buf).arg(&n).arg(&base).arg(&r).arg(&s).arg(&mode);
         let cfg = LaunchConfig { grid_dim: (((n as u32).div_ceil(256)).clamp(1, 4096), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel's parameters match PATTERN_SRC's signature; it writes n elements.
@@ -87,25 +82,25 @@ impl Patterns {
     }
 }
 
-fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, pat: &Patterns, case: &Case) -> Result<usize> {
+fn check_case<T: DeviceElement>(comm: &Communicator, q: &Queue, pat: &Patterns, case: &Case) -> Result<usize> {
     let (sl, rl) = buffer_lens(case.op, case.count, case.n, case.rank, case.root);
     let mut send = vec![T::from_i64(0); sl];
     let mut recv = vec![T::from_i64(-77); rl];
     fill_input(case.op, &mut send, &mut recv, case.rank, case.root, case.seed, case.redop);
     // Inputs are generated on the device by NVRTC-compiled kernels where one exists for the
     // type, so the host pattern code checks the device one; the rest are uploaded.
-    let mut ds = upload(comm, gpu, &vec![T::from_i64(0); sl])?;
+    let mut ds = q.alloc::<T>(sl)?;
     let on_device = case.op != CollOp::Broadcast
         && sl > 0
-        && pat.fill(comm, gpu, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
+        && pat.fill(comm, q, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
     if !on_device {
-        ds = upload(comm, gpu, &send)?;
+        ds = q.upload(&send)?;
     }
-    let mut dr = upload(comm, gpu, &recv)?;
-    run_dev(gpu, case.op, &ds, &mut dr, case.redop, case.root)?;
-    gpu.synchronize()?;
-    let back: Vec<T> = gpu.stream().clone_dtoh(&dr).map_err(|e| dev_err(comm, e))?;
-    let got = &back[..rl.min(back.len())];
+    let mut dr = q.upload(&recv)?;
+    run_dev(comm, q, case.op, &ds, &mut dr, case.redop, case.root)?;
+    comm.synchronize(q)?;
+    let back: Vec<T> = dr.to_vec()?;
+    let got = &back[..];
     let wrong = count_wrong(case, got);
     if wrong > 0 {
         // Show the first differing elements, to tell rounding from unwritten or misplaced data.
@@ -124,6 +119,82 @@ fn check_case<T: Element + DeviceRepr>(comm: &Communicator, gpu: &GpuComm, pat: 
     Ok(wrong)
 }
 
+/// The calls the matrix does not cover, on device buffers: point-to-point (sendrecv ring,
+/// send/recv pairs, a message shorter than the receive buffer when staged), in-place forms, a
+/// collective on a sub-communicator, and calls that must be refused before anything moves
+/// (host and device memory mixed, a buffer too short). Each entry: (what, passed).
+fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
+    let (n, r) = (comm.size(), comm.rank());
+    let staged = comm.device_backend_for(CollOp::AllReduce, 1 << 20) == "staged";
+    let mut out = vec![];
+    let val = |rank: usize, i: usize| (rank * 1000 + i % 997) as f32;
+    let pattern = |rank: usize, len: usize| (0..len).map(|i| val(rank, i)).collect::<Vec<f32>>();
+    // A ring: everyone sends to the right and receives from the left at once.
+    let len = 70_001;
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let s = q.upload(&pattern(r, len))?;
+    let mut d = q.alloc::<f32>(len)?;
+    let st = comm.sendrecv(&s, right, &mut d, left, 7)?;
+    comm.synchronize(q)?;
+    out.push(("sendrecv ring".into(), st.count == len && d.to_vec()? == pattern(left, len)));
+    // Pairs: even ranks send, odd ranks receive (a staged receive may be longer than the message).
+    if n >= 2 && (r % 2 == 1 || r + 1 < n) {
+        let msg = 4099;
+        if r % 2 == 0 {
+            comm.send(&q.upload(&pattern(r, msg))?, r + 1, 3)?;
+            comm.synchronize(q)?;
+            out.push(("send".into(), true));
+        } else {
+            let cap = if staged { msg + 5 } else { msg };
+            let mut d = q.alloc::<f32>(cap)?;
+            let st = comm.recv(&mut d, r - 1, 3)?;
+            comm.synchronize(q)?;
+            let got = d.to_vec()?;
+            out.push((format!("recv (count {})", st.count), st.count == msg && got[..msg] == pattern(r - 1, msg)[..]));
+        }
+    }
+    // In place.
+    let len = 3 * n + 2;
+    let mut b = q.upload(&pattern(r, len))?;
+    comm.all_reduce_in_place(&mut b, ReduceOp::Max)?;
+    comm.synchronize(q)?;
+    out.push(("all_reduce_in_place max".into(), b.to_vec()? == pattern(n - 1, len)));
+    let mut host = vec![0f32; n * 5];
+    host[r * 5..r * 5 + 5].copy_from_slice(&pattern(r, 5));
+    let mut b = q.upload(&host)?;
+    comm.all_gather_in_place(&mut b)?;
+    comm.synchronize(q)?;
+    let want: Vec<f32> = (0..n).flat_map(|j| pattern(j, 5)).collect();
+    out.push(("all_gather_in_place".into(), b.to_vec()? == want));
+    let mut b = q.upload(&[1f32 + r as f32; 9])?;
+    comm.reduce_in_place(&mut b, ReduceOp::Sum, n - 1)?;
+    comm.synchronize(q)?;
+    let got = b.to_vec()?;
+    let want = if r == n - 1 { (n * (n + 1) / 2) as f32 } else { 1f32 + r as f32 };
+    out.push(("reduce_in_place".into(), got.iter().all(|&v| v == want)));
+    // Refused before anything moves: host and device memory in one call, a short buffer.
+    let dev = q.upload(&[1f32; 4])?;
+    let mut host = vec![0f32; 4];
+    let e = comm.all_reduce(&dev, &mut host, ReduceOp::Sum);
+    out.push((format!("mixed memory refused ({e:?})"), matches!(e, Err(sucl::Error::InvalidArgument { .. })) && host == [0.0; 4]));
+    let mut short = q.alloc::<f32>(3)?;
+    let e = comm.all_reduce(&dev, &mut short, ReduceOp::Sum);
+    out.push((format!("short recv refused ({e:?})"), matches!(e, Err(sucl::Error::InvalidArgument { .. }))));
+    // A sub-communicator sets up its own device side at its first device call.
+    if let Some(sub) = comm.split(Some((r % 2) as u32), 0)? {
+        let mut b = q.upload(&[r as f64; 33])?;
+        sub.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
+        sub.synchronize(q)?;
+        let want: usize = (0..n).filter(|j| j % 2 == r % 2).sum();
+        out.push((format!("split all_reduce over {}", sub.device_backends().join(",")), b.to_vec()?.iter().all(|&v| v == want as f64)));
+    }
+    // Host and device calls interleaved on one communicator still match up.
+    let mut h = [r as u64 + 1];
+    comm.all_reduce_in_place(&mut h, ReduceOp::Sum)?;
+    out.push(("host call between device calls".into(), h[0] == (n * (n + 1) / 2) as u64));
+    Ok(out)
+}
+
 /// The device correctness matrix; returns the process exit code.
 pub fn check(
     comm: &Communicator,
@@ -133,19 +204,21 @@ pub fn check(
     big_mib: usize,
     inject_kill: Option<(usize, usize)>,
 ) -> Result<i32> {
-    let gpu = comm.cuda(None)?;
-    let pat = Patterns::new(comm, &gpu)?;
+    let dev = comm.cuda_device()?;
+    comm.attach_device(&dev)?;
+    let q = dev.queue()?;
+    let pat = Patterns::new(&dev)?;
     let n = comm.size();
     let t0 = Instant::now();
     let (mut checks, mut failures) = (0u64, 0u64);
     let mut seed = 1000;
-    for backend in gpu.backends() {
-        gpu.pin_backend(Some(backend))?;
+    for backend in comm.device_backends() {
+        comm.pin_backend(Some(backend))?;
         for &op in ops {
             for &dt in dtypes {
                 let rops: &[ReduceOp] = if op.reduces() { redops } else { &[ReduceOp::Sum] };
                 for &redop in rops {
-                    for count in [1usize, 7, 3 * n + 1, 70_001, (1 << 20) + 3] {
+                    for count in [0usize, 1, 7, 3 * n + 1, 70_001, (1 << 20) + 3] {
                         seed += 1;
                         if inject_kill.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
                             eprintln!("injected fault: rank {} kills itself now", comm.rank());
@@ -153,7 +226,7 @@ pub fn check(
                             unsafe { libc::raise(libc::SIGKILL) };
                         }
                         let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
-                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &gpu, &pat, &case)? });
+                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &q, &pat, &case)? });
                         checks += 1;
                         if wrong > 0 {
                             failures += 1;
@@ -169,7 +242,7 @@ pub fn check(
                 let count = if op == CollOp::AllGather { total / n } else { total };
                 seed += 1;
                 let case = Case { op, count, n, rank: comm.rank(), root: n - 1, seed, redop: ReduceOp::Sum };
-                let wrong = check_case::<f32>(comm, &gpu, &pat, &case)?;
+                let wrong = check_case::<f32>(comm, &q, &pat, &case)?;
                 checks += 1;
                 if wrong > 0 {
                     failures += 1;
@@ -177,14 +250,21 @@ pub fn check(
                 }
             }
         }
+        for (what, ok) in api_checks(comm, &q)? {
+            checks += 1;
+            if !ok {
+                failures += 1;
+                eprintln!("WRONG device {backend} {what}");
+            }
+        }
     }
-    gpu.pin_backend(None)?;
+    comm.pin_backend(None)?;
     let mut totals = [checks, failures];
     comm.all_reduce_in_place(&mut totals, ReduceOp::Sum)?;
     if comm.rank() == 0 {
         println!(
             "sucl check --device cuda: {n} ranks, device backends {}: {} checks, {} wrong ({:.1} s)",
-            gpu.backends().join(","),
+            comm.device_backends().join(","),
             totals[0],
             totals[1],
             t0.elapsed().as_secs_f64()
@@ -193,7 +273,7 @@ pub fn check(
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }
 
-fn raw_op<T: Element + DeviceRepr + raw::NcclType>(
+fn raw_op<T: DeviceElement + raw::NcclType>(
     c: &raw::Comm,
     op: CollOp,
     s: &CudaSlice<T>,
@@ -210,9 +290,9 @@ fn raw_op<T: Element + DeviceRepr + raw::NcclType>(
     res.map_err(|e| format!("{e:?}"))
 }
 
-fn measure<T: Element + DeviceRepr + raw::NcclType>(
+fn measure<T: DeviceElement + raw::NcclType>(
     comm: &Communicator,
-    gpu: &GpuComm,
+    q: &Queue,
     rawc: Option<&raw::Comm>,
     a: &BenchArgs,
     bytes: u64,
@@ -228,24 +308,27 @@ fn measure<T: Element + DeviceRepr + raw::NcclType>(
     };
     let root = a.root % n;
     let (sl, rl) = buffer_lens(op, count, n, r, root);
-    let ds = upload(comm, gpu, &vec![T::from_i64(1); sl.max(1)])?;
-    let mut dr = upload(comm, gpu, &vec![T::from_i64(0); rl.max(1)])?;
-    let once = |dr: &mut CudaSlice<T>| -> Result<()> {
+    let ds = q.upload(&vec![T::from_i64(1); sl.max(1)])?;
+    let mut dr = q.upload(&vec![T::from_i64(0); rl.max(1)])?;
+    let once = |dr: &mut Buffer<T>| -> Result<()> {
         match rawc {
-            Some(c) => raw_op(c, op, &ds, dr, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why }),
-            None => run_dev(gpu, op, &ds, dr, a.redop, root),
+            Some(c) => {
+                let (s, d) = (ds.cuda_slice().expect("non-empty"), dr.cuda_slice_mut().expect("non-empty"));
+                raw_op(c, op, s, d, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why })
+            }
+            None => run_dev(comm, q, op, &ds, dr, a.redop, root),
         }
     };
     for _ in 0..a.warmup {
         once(&mut dr)?;
     }
-    gpu.synchronize()?;
+    comm.synchronize(q)?;
     comm.barrier()?;
     let t = Instant::now();
     for _ in 0..a.iters {
         once(&mut dr)?;
     }
-    gpu.synchronize()?;
+    comm.synchronize(q)?;
     let mut time = [t.elapsed().as_secs_f64() / a.iters as f64];
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let shown = count
@@ -253,7 +336,7 @@ fn measure<T: Element + DeviceRepr + raw::NcclType>(
     Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], 0))
 }
 
-fn raw_comm(comm: &Communicator, gpu: &GpuComm) -> Result<raw::Comm> {
+fn raw_comm(comm: &Communicator, q: &Queue) -> Result<raw::Comm> {
     let mut id = if comm.rank() == 0 {
         sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: 0, backend: "nccl".into(), why })?
     } else {
@@ -264,33 +347,41 @@ fn raw_comm(comm: &Communicator, gpu: &GpuComm) -> Result<raw::Comm> {
     for (d, s) in internal.iter_mut().zip(&id) {
         *d = *s as std::ffi::c_char;
     }
-    raw::Comm::from_rank(gpu.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))
+    raw::Comm::from_rank(q.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))
 }
 
-fn measure_any(comm: &Communicator, gpu: &GpuComm, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
+fn measure_any(comm: &Communicator, q: &Queue, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
     match a.dtype {
-        DType::F32 => measure::<f32>(comm, gpu, rawc, a, bytes, label),
-        DType::F64 => measure::<f64>(comm, gpu, rawc, a, bytes, label),
-        DType::F16 => measure::<half::f16>(comm, gpu, rawc, a, bytes, label),
-        DType::BF16 => measure::<half::bf16>(comm, gpu, rawc, a, bytes, label),
-        DType::I32 => measure::<i32>(comm, gpu, rawc, a, bytes, label),
+        DType::F32 => measure::<f32>(comm, q, rawc, a, bytes, label),
+        DType::F64 => measure::<f64>(comm, q, rawc, a, bytes, label),
+        DType::F16 => measure::<half::f16>(comm, q, rawc, a, bytes, label),
+        DType::BF16 => measure::<half::bf16>(comm, q, rawc, a, bytes, label),
+        DType::I32 => measure::<i32>(comm, q, rawc, a, bytes, label),
         other => Err(Error::invalid(comm.rank(), "dtype", format!("device benchmarks support f32, f64, f16, bf16, i32 (not {other})"))),
     }
+}
+
+/// This rank's GPU with the communicator's device side set up, and a queue on it.
+fn open(comm: &Communicator) -> Result<(Device, Queue)> {
+    let dev = comm.cuda_device()?;
+    comm.attach_device(&dev)?;
+    let q = dev.queue()?;
+    Ok((dev, q))
 }
 
 /// Measures several device choices side by side in one job (`raw`, `nccl`, `staged`, `auto`):
 /// per size, `rounds` interleaved rounds; the best time of each counts. Rank 0 prints JSON rows
 /// (with `json`) or a table with sucl's overhead over raw NCCL.
 pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<()> {
-    let gpu = comm.cuda(None)?;
-    let rawc = if choices.iter().any(|c| c == "raw") { Some(raw_comm(comm, &gpu)?) } else { None };
+    let (dev, q) = open(comm)?;
+    let rawc = if choices.iter().any(|c| c == "raw") { Some(raw_comm(comm, &q)?) } else { None };
     let lead = comm.rank() == 0;
     if lead && !a.json {
         println!(
             "# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs)",
             a.op.name(),
             comm.size(),
-            gpu.device().name()
+            dev.name()
         );
         let mut h = format!("{:>12}", "bytes");
         for c in choices {
@@ -303,17 +394,17 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         for _ in 0..rounds.max(1) {
             for (k, c) in choices.iter().enumerate() {
                 let row = if c == "raw" {
-                    measure_any(comm, &gpu, rawc.as_ref(), a, bytes, c)?
+                    measure_any(comm, &q, rawc.as_ref(), a, bytes, c)?
                 } else {
-                    gpu.pin_backend((c != "auto").then_some(c.as_str()))?;
-                    measure_any(comm, &gpu, None, a, bytes, c)?
+                    comm.pin_backend((c != "auto").then_some(c.as_str()))?;
+                    measure_any(comm, &q, None, a, bytes, c)?
                 };
                 if best[k].as_ref().is_none_or(|b| row.time_us < b.time_us) {
                     best[k] = Some(row);
                 }
             }
         }
-        gpu.pin_backend(None)?;
+        comm.pin_backend(None)?;
         if lead {
             if a.json {
                 for r in best.iter().flatten() {
@@ -333,27 +424,21 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
 
 /// Device sweep for `choice` (`nccl`, `staged`, `auto` or `raw`); rank 0 prints rows.
 pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row>> {
-    let gpu = comm.cuda(None)?;
+    let (dev, q) = open(comm)?;
     let rawc = if choice == "raw" {
-        Some(raw_comm(comm, &gpu)?)
+        Some(raw_comm(comm, &q)?)
     } else {
-        gpu.pin_backend((choice != "auto").then_some(choice))?;
+        comm.pin_backend((choice != "auto").then_some(choice))?;
         None
     };
     let lead = comm.rank() == 0;
     if lead && !a.json {
-        println!(
-            "# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters",
-            a.op.name(),
-            comm.size(),
-            gpu.device().name(),
-            a.iters
-        );
+        println!("# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters", a.op.name(), comm.size(), dev.name(), a.iters);
         println!("{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
     }
     let mut rows = vec![];
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
-        let row = measure_any(comm, &gpu, rawc.as_ref(), a, bytes, choice)?;
+        let row = measure_any(comm, &q, rawc.as_ref(), a, bytes, choice)?;
         if lead {
             if a.json {
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));
@@ -372,13 +457,13 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
 /// `sucl tune --device cuda`: per op and size, the faster of nccl and staged (best of `rounds`
 /// interleaved rounds), written as tuning rules that device calls under `--config` follow.
 pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
-    let gpu = comm.cuda(None)?;
-    let names = gpu.backends();
+    let (dev, q) = open(comm)?;
+    let names = comm.device_backends();
     let lead = comm.rank() == 0;
     let mut file = format!(
         "# Device tuning table written by `sucl tune --device cuda` for {} ranks on {} ({}).\n",
         comm.size(),
-        gpu.device().name(),
+        dev.name(),
         names.join(", ")
     );
     for &op in ops {
@@ -388,13 +473,13 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
             let mut best = vec![f64::INFINITY; names.len()];
             for _ in 0..rounds.max(1) {
                 for (k, name) in names.iter().enumerate() {
-                    gpu.pin_backend(Some(name))?;
-                    best[k] = best[k].min(measure_any(comm, &gpu, None, &args, bytes, name)?.time_us);
+                    comm.pin_backend(Some(name))?;
+                    best[k] = best[k].min(measure_any(comm, &q, None, &args, bytes, name)?.time_us);
                 }
             }
             points.push((bytes, best));
         }
-        gpu.pin_backend(None)?;
+        comm.pin_backend(None)?;
         if !lead {
             continue;
         }

@@ -58,13 +58,13 @@ pub fn run() -> i32 {
 
 #[cfg(feature = "cuda")]
 fn cuda_devices() {
-    match sucl::gpu::probe() {
+    match sucl::cuda::probe() {
         Ok(n) => {
-            let drv = sucl::gpu::driver_version().map(|v| format!("driver API {}.{}", v / 1000, v % 1000 / 10)).unwrap_or_default();
+            let drv = sucl::cuda::driver_version().map(|v| format!("driver API {}.{}", v / 1000, v % 1000 / 10)).unwrap_or_default();
             for i in 0..n {
-                match sucl_cuda::GpuDevice::open(i, 0) {
+                match sucl::cuda::Device::open(i) {
                     Ok(d) => {
-                        println!("  cuda:{i} {} ({:.1} GiB, {drv})", d.name(), d.ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64)
+                        println!("  cuda:{i} {} ({:.1} GiB, {drv})", d.name(), d.total_memory() as f64 / (1u64 << 30) as f64)
                     }
                     Err(e) => println!("  cuda:{i} unusable: {e}"),
                 }
@@ -81,7 +81,7 @@ fn cuda_devices() {
 
 #[cfg(feature = "cuda")]
 fn nccl_line() {
-    match sucl::gpu::nccl_version() {
+    match sucl::cuda::nccl_version() {
         Ok(v) => println!(
             "  nccl  available (NCCL {}.{}.{}) for CUDA buffers; staged available where CUDA is",
             v / 10000,

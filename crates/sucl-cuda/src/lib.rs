@@ -1,13 +1,18 @@
-//! sucl-cuda: CUDA device memory for sucl.
+//! sucl-cuda: CUDA devices for sucl — the device layer ([`Device`], [`Queue`], [`Buffer`],
+//! [`PinnedBuffer`], [`Event`], run-time compiled [`Kernel`]s) and the NCCL backend.
 //!
 //! CUDA and NCCL are loaded at run time (cudarc's dynamic loading), so a machine without a GPU
 //! builds and runs everything else; [`probe`] and [`nccl_version`] say why CUDA or NCCL is
-//! unavailable instead of failing. Device collectives go through a [`DeviceBackend`]:
+//! unavailable instead of failing. Device communication goes through a [`DeviceBackend`]:
 //! [`NcclBackend`] (enqueued on the caller's stream, no host synchronization) or the staged
 //! path in the facade (device → pinned host → any host backend → device). Depends on
 //! `sucl-core` only.
 
+mod device;
+pub use device::{Buffer, Device, DeviceElement, DeviceMemory, Event, PinnedBuffer, Queue};
+
 use cudarc::driver::{CudaContext, CudaStream};
+
 use cudarc::nccl::sys as ncclsys;
 use std::ffi::CString;
 use std::sync::Arc;
@@ -63,33 +68,6 @@ pub fn nccl_version() -> std::result::Result<i32, String> {
     cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))
 }
 
-/// One GPU as sucl uses it: a context and the stream sucl enqueues communication on.
-#[derive(Clone)]
-pub struct GpuDevice {
-    /// The CUDA context.
-    pub ctx: Arc<CudaContext>,
-    /// The stream communication is ordered on.
-    pub stream: Arc<CudaStream>,
-}
-
-impl GpuDevice {
-    /// Opens device `ordinal` with a fresh stream.
-    pub fn open(ordinal: usize, rank: usize) -> Result<GpuDevice> {
-        let n = probe().map_err(|why| Error::BackendUnavailable { rank, backend: "cuda".into(), why })?;
-        if ordinal >= n {
-            return Err(Error::invalid(rank, "device", format!("CUDA device {ordinal} does not exist ({n} found)")));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(rank, "opening the device", e))?;
-        let stream = ctx.new_stream().map_err(|e| cuda_err(rank, "creating a stream", e))?;
-        Ok(GpuDevice { ctx, stream })
-    }
-
-    /// Device name, for reports.
-    pub fn name(&self) -> String {
-        self.ctx.name().unwrap_or_else(|_| "unknown".into())
-    }
-}
-
 /// Wraps a CUDA driver error.
 pub fn cuda_err(rank: usize, during: &str, e: cudarc::driver::DriverError) -> Error {
     Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {e:?}") }
@@ -110,6 +88,9 @@ pub trait DeviceBackend: Send {
     /// Enqueues (or runs) a collective. `send == None` means in place (see
     /// [`sucl_core::Backend::collective`]); pointers are device addresses on `stream`'s device.
     fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
+    /// Enqueues point-to-point transfers as one group, so that a rank may send to and receive
+    /// from the same peer without deadlock: `sends` and `recvs` are (device address, bytes, peer).
+    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()>;
     /// Waits (bounded) until everything enqueued on `stream` finished, surfacing asynchronous
     /// errors; aborts the backend on error or timeout.
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()>;
@@ -179,7 +160,7 @@ impl NcclBackend {
     /// on `dev`. Collective over the ranks.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        dev: &GpuDevice,
+        dev: &Device,
         id: &[u8],
         rank: usize,
         size: usize,
@@ -191,7 +172,7 @@ impl NcclBackend {
         if id.len() != 128 {
             return Err(Error::Protocol { rank: world_rank, peer: 0, why: format!("NCCL id of {} bytes (want 128)", id.len()) });
         }
-        dev.ctx.bind_to_thread().map_err(|e| cuda_err(world_rank, "binding the context", e))?;
+        dev.context().bind_to_thread().map_err(|e| cuda_err(world_rank, "binding the context", e))?;
         let mut internal = [0 as std::ffi::c_char; 128];
         for (d, s) in internal.iter_mut().zip(id) {
             *d = *s as std::ffi::c_char;
@@ -265,8 +246,10 @@ impl DeviceBackend for NcclBackend {
         let r = unsafe {
             match d.op {
                 CollOp::Barrier => {
-                    // An all-reduce of zero elements still orders every rank on the stream.
-                    nr::all_reduce(ptr(recv), mptr(recv), 0, t, nccl_op(ReduceOp::Sum), c, s)
+                    // A one-byte all-reduce on `recv` (at least one byte of scratch): NCCL may
+                    // skip zero-element calls, which would order nothing.
+                    let u8t = ncclsys::ncclDataType_t::ncclUint8;
+                    nr::all_reduce(ptr(recv), mptr(recv), 1, u8t, nccl_op(ReduceOp::Sum), c, s)
                 }
                 CollOp::Broadcast => nr::broadcast(ptr(recv), mptr(recv), d.count, t, d.root as i32, c, s),
                 CollOp::AllReduce => nr::all_reduce(ptr(sendp), mptr(recv), d.count, t, nccl_op(d.redop), c, s),
@@ -327,6 +310,31 @@ impl DeviceBackend for NcclBackend {
         self.check(d.op.name(), r)
     }
 
+    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
+        if self.aborted {
+            return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
+        }
+        self.abort.check(self.world_rank, "point-to-point")?;
+        use cudarc::nccl::result as nr;
+        let (c, s, t) = (self.comm, stream.cu_stream() as ncclsys::cudaStream_t, ncclsys::ncclDataType_t::ncclUint8);
+        // SAFETY: the caller guarantees each address covers its byte count and stays valid
+        // until the stream has run the transfers.
+        let r = unsafe {
+            nr::group_start().and_then(|_| {
+                let mut res = Ok(nr::NcclStatus::Success);
+                for &(p, n, peer) in sends {
+                    res = res.and_then(|_| nr::send(p as *const std::ffi::c_void, n, t, peer as i32, c, s));
+                }
+                for &(p, n, peer) in recvs {
+                    res = res.and_then(|_| nr::recv(p as *mut std::ffi::c_void, n, t, peer as i32, c, s));
+                }
+                let end = nr::group_end();
+                res.and(end)
+            })
+        };
+        self.check("point-to-point", r)
+    }
+
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()> {
         let mut w = Waiter::new(self.timeout, self.backoff);
         loop {
@@ -372,13 +380,14 @@ pub struct Kernel {
 
 impl Kernel {
     /// Compiles `src` and loads function `name` on `dev`.
-    pub fn compile(dev: &GpuDevice, src: &str, name: &str, rank: usize) -> Result<Kernel> {
+    pub fn compile(dev: &Device, src: &str, name: &str) -> Result<Kernel> {
+        let rank = dev.rank();
         let ptx = cudarc::nvrtc::compile_ptx(src).map_err(|e| Error::BackendUnavailable {
             rank,
             backend: "nvrtc".into(),
             why: format!("compiling `{name}`: {e:?}"),
         })?;
-        let module = dev.ctx.load_module(ptx).map_err(|e| cuda_err(rank, "loading a module", e))?;
+        let module = dev.context().load_module(ptx).map_err(|e| cuda_err(rank, "loading a module", e))?;
         let func = module.load_function(name).map_err(|e| cuda_err(rank, &format!("finding kernel `{name}`"), e))?;
         Ok(Kernel { func })
     }

@@ -12,12 +12,14 @@
 //! This crate is the facade users depend on: bootstrap, backend selection, argument validation
 //! and the typed API. It depends on `sucl-core` (types, engine, store) and `sucl-host` (shm, tcp).
 
+pub mod buf;
 pub mod config;
 #[cfg(feature = "cuda")]
-pub mod gpu;
+pub mod cuda;
 mod nonblocking;
 pub mod select;
 
+pub use buf::{Buf, BufMut, Mem, MemMut};
 pub use config::{BackendChoice, Config};
 pub use half::{bf16, f16};
 pub use nonblocking::{Request, Scope};
@@ -86,6 +88,13 @@ pub struct Communicator {
     backends: RefCell<Vec<Box<dyn Backend>>>,
     selector: select::Selector,
     pinned: Cell<Option<usize>>,
+    /// The device backend every device call is pinned to (`nccl`, `staged`), if any.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    device_pin: Cell<Option<&'static str>>,
+    /// The device side, set up at the first device call (declared before `ctx`, so that NCCL
+    /// goes before the store).
+    #[cfg(feature = "cuda")]
+    device: RefCell<Option<cuda::DeviceComm>>,
     ctx: Arc<Context>,
     prefix: String,
     splits: Cell<u64>,
@@ -196,6 +205,9 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         backends: RefCell::new(backends),
         selector,
         pinned: Cell::new(None),
+        device_pin: Cell::new(None),
+        #[cfg(feature = "cuda")]
+        device: RefCell::new(None),
         ctx,
         prefix: "world".into(),
         splits: Cell::new(0),
@@ -363,11 +375,35 @@ impl Communicator {
         self.selector.names()[i]
     }
 
-    /// Sends every later call to backend `name` (None: back to automatic selection). For
-    /// benchmarks and tuning; every rank must pin the same way at the same point.
+    /// Sends every later call to backend `name` (None: back to automatic selection for host
+    /// and device calls). A host backend pins host calls; `nccl` or `staged` pins device calls.
+    /// For benchmarks and tuning; every rank must pin the same way at the same point.
     pub fn pin_backend(&self, name: Option<&str>) -> Result<()> {
         match name {
-            None => self.pinned.set(None),
+            None => {
+                self.pinned.set(None);
+                self.device_pin.set(None);
+            }
+            Some(n) if config::DEVICE_BACKENDS.contains(&n) => {
+                #[cfg(feature = "cuda")]
+                {
+                    let loaded = self.device_backends();
+                    if !loaded.is_empty() && !loaded.contains(&n) {
+                        return Err(Error::BackendUnavailable {
+                            rank: self.wr(),
+                            backend: n.into(),
+                            why: format!("not usable by this communicator (device backends: {loaded:?})"),
+                        });
+                    }
+                    self.device_pin.set(config::DEVICE_BACKENDS.iter().copied().find(|&b| b == n));
+                }
+                #[cfg(not(feature = "cuda"))]
+                return Err(Error::BackendUnavailable {
+                    rank: self.wr(),
+                    backend: n.into(),
+                    why: "sucl was built without the `cuda` feature".into(),
+                });
+            }
             Some(n) => {
                 let i = self.selector.names().iter().position(|&x| x == n).ok_or_else(|| Error::BackendUnavailable {
                     rank: self.wr(),
@@ -429,10 +465,16 @@ impl Communicator {
         self.check_tag(tag)
     }
 
-    /// Blocking send of `buf` to `dest` with `tag`.
-    pub fn send<T: Element>(&self, buf: &[T], dest: usize, tag: u32) -> Result<()> {
+    /// Blocking send of `buf` (host or device memory) to `dest` with `tag`. Device buffers go
+    /// over NCCL, which carries no tags (messages between two ranks match in call order and the
+    /// receive must have the sent length), or staged through host memory.
+    pub fn send<B: Buf + ?Sized>(&self, buf: &B, dest: usize, tag: u32) -> Result<()> {
         self.validate_p2p(dest, tag)?;
-        let bytes: &[u8] = bytemuck::cast_slice(buf);
+        let bytes = match buf.mem() {
+            Mem::Host(b) => b,
+            #[cfg(feature = "cuda")]
+            Mem::Device(m) => return self.device_send(m, dest, tag),
+        };
         let mut b = self.backend_mut();
         // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
         let r = unsafe { b.post_send(dest, tag as u64, bytes.as_ptr(), bytes.len())? };
@@ -441,31 +483,56 @@ impl Communicator {
 
     /// Blocking receive from `src` with `tag` into `buf` (messages from one source with one tag
     /// arrive in order). A message longer than `buf` is an error.
-    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<Status> {
+    pub fn recv<B: BufMut + ?Sized>(&self, buf: &mut B, src: usize, tag: u32) -> Result<Status> {
         self.validate_p2p(src, tag)?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-        let mut b = self.backend_mut();
-        // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
-        let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
-        let n = b.wait(r).inspect_err(|_| b.cancel(r))?;
-        if n % std::mem::size_of::<T>() != 0 {
+        let es = std::mem::size_of::<B::Elem>();
+        let n = match buf.mem_mut() {
+            MemMut::Host(bytes) => {
+                let mut b = self.backend_mut();
+                // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
+                let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
+                b.wait(r).inspect_err(|_| b.cancel(r))?
+            }
+            #[cfg(feature = "cuda")]
+            MemMut::Device(m) => self.device_recv(m, src, tag)?,
+        };
+        if n % es != 0 {
             return Err(Error::Mismatch {
                 rank: self.wr(),
-                what: format!("message size: {n} bytes from rank {src} is not a whole number of {}", T::DTYPE),
+                what: format!("message size: {n} bytes from rank {src} is not a whole number of {}", <B::Elem as Element>::DTYPE),
             });
         }
-        Ok(Status { count: n / std::mem::size_of::<T>() })
+        Ok(Status { count: n / es })
     }
 
     /// Sends `sbuf` to `dest` while receiving into `rbuf` from `src` (no deadlock in rings).
-    pub fn sendrecv<T: Element>(&self, sbuf: &[T], dest: usize, rbuf: &mut [T], src: usize, tag: u32) -> Result<Status> {
-        self.nonblocking(|s| {
-            let r = s.irecv(rbuf, src, tag)?;
-            let w = s.isend(sbuf, dest, tag)?;
-            w.wait()?;
-            r.wait()
-        })
-        .map(|n| Status { count: n })
+    pub fn sendrecv<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        sbuf: &S,
+        dest: usize,
+        rbuf: &mut R,
+        src: usize,
+        tag: u32,
+    ) -> Result<Status> {
+        let es = std::mem::size_of::<S::Elem>();
+        match (sbuf.mem(), rbuf.mem_mut()) {
+            (Mem::Host(s), MemMut::Host(r)) => self
+                .nonblocking(|sc| {
+                    let rq = sc.irecv(r, src, tag)?;
+                    let w = sc.isend(s, dest, tag)?;
+                    w.wait()?;
+                    rq.wait()
+                })
+                .map(|n| Status { count: n / es }),
+            #[cfg(feature = "cuda")]
+            (Mem::Device(s), MemMut::Device(r)) => {
+                self.validate_p2p(dest, tag)?;
+                self.validate_p2p(src, tag)?;
+                self.device_sendrecv(s, dest, r, src, tag).map(|n| Status { count: n / es })
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed_memory()),
+        }
     }
 
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
@@ -481,6 +548,29 @@ impl Communicator {
         bs[i].collective(&desc, send, recv)
     }
 
+    /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on
+    /// this rank); `recv == None`: not written on this rank. Host memory goes to the host
+    /// backends, device memory to the device backends; one call may not mix the two.
+    fn call(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
+        let device = send.as_ref().is_some_and(|m| m.is_device()) || recv.as_ref().is_some_and(|m| m.is_device());
+        if device {
+            #[cfg(feature = "cuda")]
+            return self.device_call(desc, send, recv);
+        }
+        let send = match send {
+            None => None,
+            Some(Mem::Host(b)) => Some(b),
+            #[cfg(feature = "cuda")]
+            Some(_) => unreachable!("device memory handled above"),
+        };
+        match recv {
+            None => self.coll(desc, send, &mut []),
+            Some(MemMut::Host(b)) => self.coll(desc, send, b),
+            #[cfg(feature = "cuda")]
+            Some(_) => unreachable!("device memory handled above"),
+        }
+    }
+
     fn desc<T: Element>(op: CollOp, count: usize, redop: ReduceOp, root: usize) -> CollDesc {
         CollDesc { op, dtype: T::DTYPE, redop, root, count }
     }
@@ -491,110 +581,116 @@ impl Communicator {
     }
 
     /// Copies root's `buf` into every rank's `buf`.
-    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+    pub fn broadcast<B: BufMut + ?Sized>(&self, buf: &mut B, root: usize) -> Result<()> {
         self.check_rank("root", root)?;
-        let d = Self::desc::<T>(CollOp::Broadcast, buf.len(), ReduceOp::Sum, root);
-        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+        let d = Self::desc::<B::Elem>(CollOp::Broadcast, buf.len(), ReduceOp::Sum, root);
+        self.call(d, None, Some(buf.mem_mut()))
     }
 
     /// `recv = reduce(op, every rank's send)` on every rank.
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()> {
         self.check_len("recv", recv.len(), send.len(), "all_reduce (same as send)")?;
-        let d = Self::desc::<T>(CollOp::AllReduce, send.len(), op, 0);
-        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+        let d = Self::desc::<S::Elem>(CollOp::AllReduce, send.len(), op, 0);
+        self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }
 
     /// In-place all_reduce.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let d = Self::desc::<T>(CollOp::AllReduce, buf.len(), op, 0);
-        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+    pub fn all_reduce_in_place<B: BufMut + ?Sized>(&self, buf: &mut B, op: ReduceOp) -> Result<()> {
+        let d = Self::desc::<B::Elem>(CollOp::AllReduce, buf.len(), op, 0);
+        self.call(d, None, Some(buf.mem_mut()))
     }
 
-    /// Reduces every rank's `send` into root's `recv` (other ranks may pass an empty `recv`).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    /// Reduces every rank's `send` into root's `recv` (other ranks' `recv` is not used; they may
+    /// pass an empty one).
+    pub fn reduce<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_rank("root", root)?;
+        let d = Self::desc::<S::Elem>(CollOp::Reduce, send.len(), op, root);
         if self.rank == root {
             self.check_len("recv", recv.len(), send.len(), "reduce's root (same as send)")?;
+            self.call(d, Some(send.mem()), Some(recv.mem_mut()))
+        } else {
+            self.call(d, Some(send.mem()), None)
         }
-        let d = Self::desc::<T>(CollOp::Reduce, send.len(), op, root);
-        let recv: &mut [u8] = if self.rank == root { bytemuck::cast_slice_mut(recv) } else { &mut [] };
-        self.coll(d, Some(bytemuck::cast_slice(send)), recv)
     }
 
     /// In-place reduce: `buf` is the input everywhere and the result on root.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<B: BufMut + ?Sized>(&self, buf: &mut B, op: ReduceOp, root: usize) -> Result<()> {
         self.check_rank("root", root)?;
-        let d = Self::desc::<T>(CollOp::Reduce, buf.len(), op, root);
+        let d = Self::desc::<B::Elem>(CollOp::Reduce, buf.len(), op, root);
         if self.rank == root {
-            self.coll(d, None, bytemuck::cast_slice_mut(buf))
+            self.call(d, None, Some(buf.mem_mut()))
         } else {
-            self.coll(d, Some(bytemuck::cast_slice(buf)), &mut [])
+            self.call(d, Some(buf.mem()), None)
         }
     }
 
-    /// Concatenates every rank's `send` (in rank order) into root's `recv` (`size × send.len()`).
-    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+    /// Concatenates every rank's `send` (in rank order) into root's `recv` (`size × send.len()`;
+    /// not used on other ranks).
+    pub fn gather<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R, root: usize) -> Result<()> {
         self.check_rank("root", root)?;
+        let d = Self::desc::<S::Elem>(CollOp::Gather, send.len(), ReduceOp::Sum, root);
         if self.rank == root {
             self.check_len("recv", recv.len(), send.len() * self.size, "gather's root (size × send)")?;
+            self.call(d, Some(send.mem()), Some(recv.mem_mut()))
+        } else {
+            self.call(d, Some(send.mem()), None)
         }
-        let d = Self::desc::<T>(CollOp::Gather, send.len(), ReduceOp::Sum, root);
-        let recv: &mut [u8] = if self.rank == root { bytemuck::cast_slice_mut(recv) } else { &mut [] };
-        self.coll(d, Some(bytemuck::cast_slice(send)), recv)
     }
 
     /// Concatenates every rank's `send` into every rank's `recv` (`size × send.len()`).
-    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_gather<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R) -> Result<()> {
         self.check_len("recv", recv.len(), send.len() * self.size, "all_gather (size × send)")?;
-        let d = Self::desc::<T>(CollOp::AllGather, send.len(), ReduceOp::Sum, 0);
-        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+        let d = Self::desc::<S::Elem>(CollOp::AllGather, send.len(), ReduceOp::Sum, 0);
+        self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }
 
     /// In-place all_gather: each rank's block already sits at its position in `buf`.
-    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if !buf.len().is_multiple_of(self.size) {
-            return Err(Error::invalid(
-                self.wr(),
-                "buf",
-                format!("length {} is not a multiple of the communicator size {}", buf.len(), self.size),
-            ));
-        }
-        let d = Self::desc::<T>(CollOp::AllGather, buf.len() / self.size, ReduceOp::Sum, 0);
-        self.coll(d, None, bytemuck::cast_slice_mut(buf))
+    pub fn all_gather_in_place<B: BufMut + ?Sized>(&self, buf: &mut B) -> Result<()> {
+        self.check_multiple("buf", buf.len())?;
+        let d = Self::desc::<B::Elem>(CollOp::AllGather, buf.len() / self.size, ReduceOp::Sum, 0);
+        self.call(d, None, Some(buf.mem_mut()))
     }
 
-    /// Sends block `j` of root's `send` (`size × recv.len()`) to rank `j`'s `recv`.
-    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+    /// Sends block `j` of root's `send` (`size × recv.len()`; not used on other ranks) to rank
+    /// `j`'s `recv`.
+    pub fn scatter<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R, root: usize) -> Result<()> {
         self.check_rank("root", root)?;
+        let d = Self::desc::<S::Elem>(CollOp::Scatter, recv.len(), ReduceOp::Sum, root);
         if self.rank == root {
             self.check_len("send", send.len(), recv.len() * self.size, "scatter's root (size × recv)")?;
+            self.call(d, Some(send.mem()), Some(recv.mem_mut()))
+        } else {
+            self.call(d, None, Some(recv.mem_mut()))
         }
-        let d = Self::desc::<T>(CollOp::Scatter, recv.len(), ReduceOp::Sum, root);
-        let send = (self.rank == root).then(|| bytemuck::cast_slice(send));
-        self.coll(d, send, bytemuck::cast_slice_mut(recv))
     }
 
     /// Block `j` of every rank's `send` goes to block `i` (the sender's rank) of rank `j`'s `recv`.
-    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    pub fn all_to_all<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R) -> Result<()> {
         self.check_len("recv", recv.len(), send.len(), "all_to_all (same as send)")?;
-        if !send.len().is_multiple_of(self.size) {
-            return Err(Error::invalid(
-                self.wr(),
-                "send",
-                format!("length {} is not a multiple of the communicator size {}", send.len(), self.size),
-            ));
-        }
-        let d = Self::desc::<T>(CollOp::AllToAll, send.len() / self.size, ReduceOp::Sum, 0);
-        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+        self.check_multiple("send", send.len())?;
+        let d = Self::desc::<S::Elem>(CollOp::AllToAll, send.len() / self.size, ReduceOp::Sum, 0);
+        self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }
 
     /// Reduces every rank's `send` (`size × recv.len()`); rank `r` receives block `r`.
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()> {
         self.check_len("send", send.len(), recv.len() * self.size, "reduce_scatter (size × recv)")?;
-        let d = Self::desc::<T>(CollOp::ReduceScatter, recv.len(), op, 0);
-        self.coll(d, Some(bytemuck::cast_slice(send)), bytemuck::cast_slice_mut(recv))
+        let d = Self::desc::<S::Elem>(CollOp::ReduceScatter, recv.len(), op, 0);
+        self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }
 
+    fn check_multiple(&self, arg: &'static str, len: usize) -> Result<()> {
+        if !len.is_multiple_of(self.size) {
+            return Err(Error::invalid(self.wr(), arg, format!("length {len} is not a multiple of the communicator size {}", self.size)));
+        }
+        Ok(())
+    }
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by `key`
     /// then by rank. `None` (MPI_UNDEFINED) joins none and returns `None`. Collective.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
@@ -624,6 +720,9 @@ impl Communicator {
             backends: RefCell::new(backends),
             selector,
             pinned: Cell::new(None),
+            device_pin: Cell::new(None),
+            #[cfg(feature = "cuda")]
+            device: RefCell::new(None),
             ctx: self.ctx.clone(),
             prefix,
             splits: Cell::new(0),

@@ -122,3 +122,46 @@ fn bad_environment_is_a_config_error() {
     let e = sucl::Config::from_lookup(&|k| (k == "SUCL_TIMEOUT").then(|| "soon".to_string())).unwrap_err();
     assert!(matches!(e, Error::Config(_)) && e.to_string().contains("SUCL_TIMEOUT"), "{e}");
 }
+
+#[test]
+fn one_call_takes_slices_vectors_and_arrays() {
+    let c = world();
+    let send: Vec<i32> = vec![4, 5, 6];
+    let mut recv = [0i32; 3];
+    c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    assert_eq!(recv, [4, 5, 6]);
+    let mut out = vec![0i32; 3];
+    c.all_reduce(&recv[..], &mut out[..], ReduceOp::Max).unwrap();
+    assert_eq!(out, send);
+    // Non-root ranks may pass an empty receive buffer; on one rank root is everyone.
+    let mut r = vec![0u16; 2];
+    c.reduce(&[1u16, 2], &mut r, ReduceOp::Prod, 0).unwrap();
+    assert_eq!(r, [1, 2]);
+}
+
+#[test]
+fn device_backends_are_named_and_pinned_before_any_device_call() {
+    let c = world();
+    // Nothing on the device side until a device call or attach_device.
+    assert!(c.device_backends().is_empty());
+    c.pin_backend(Some("staged")).unwrap();
+    assert_eq!(c.device_backend_for(sucl::CollOp::AllReduce, 1 << 20), "staged");
+    c.pin_backend(None).unwrap();
+    match c.pin_backend(Some("infiniband")).unwrap_err() {
+        Error::BackendUnavailable { backend, .. } => assert_eq!(backend, "infiniband"),
+        other => panic!("expected BackendUnavailable, got {other}"),
+    }
+    // Host calls are unaffected by a device pin.
+    c.pin_backend(Some("nccl")).unwrap();
+    let mut v = [2u8];
+    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, [2]);
+    match (sucl::cuda::probe(), c.cuda_device()) {
+        (Ok(_), Ok(d)) => eprintln!("GPU present: {}", d.name()),
+        (Err(why), Err(e)) => {
+            eprintln!("skipping the GPU part: {why}");
+            assert!(e.to_string().contains(&why), "{e}");
+        }
+        (p, d) => panic!("probe and cuda_device disagree: {p:?} / {:?}", d.err()),
+    }
+}

@@ -1,0 +1,336 @@
+//! The CUDA device layer: [`Device`], [`Queue`] (an in-order CUDA stream), typed device
+//! [`Buffer`]s, [`PinnedBuffer`]s and [`Event`]s — the minimum of a compute layer that the
+//! communication layers above order their work on. Every wait here is bounded and watches the
+//! job's abort flag, so a lost rank surfaces as an error instead of a hang.
+
+use crate::{cuda_err, probe};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, SyncOnDrop, ValidAsZeroBits,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use sucl_core::wait::{Backoff, Waiter};
+use sucl_core::{AbortState, Element, Error, Result};
+
+/// Element types a device buffer can hold: sucl's element types, as CUDA sees them.
+pub trait DeviceElement: Element + DeviceRepr + ValidAsZeroBits {}
+impl<T: Element + DeviceRepr + ValidAsZeroBits> DeviceElement for T {}
+
+/// How long device waits may take and whom they report as; shared by a device's queues.
+#[derive(Clone)]
+struct Watch {
+    rank: usize,
+    timeout: Duration,
+    backoff: Backoff,
+    abort: Arc<AbortState>,
+}
+
+impl Watch {
+    fn until(&self, what: &str, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+        let mut w = Waiter::new(self.timeout, self.backoff);
+        loop {
+            if done()? {
+                return Ok(());
+            }
+            w.pause(&self.abort, self.rank, &|| what.to_string(), false)?;
+        }
+    }
+}
+
+/// One CUDA GPU: its ordinal, name and memory, and the context work on it runs in.
+#[derive(Clone)]
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    watch: Watch,
+}
+
+impl Device {
+    /// Opens GPU `ordinal`. Waits on it are bounded by 300 s and report as rank 0; use
+    /// [`Device::open_for`] to tie them to a job's rank, timeout and abort flag.
+    pub fn open(ordinal: usize) -> Result<Device> {
+        Self::open_for(ordinal, 0, Duration::from_secs(300), Backoff::DEDICATED, AbortState::new())
+    }
+
+    /// Opens GPU `ordinal` for `rank`, bounding every wait by `timeout` and failing it as soon as
+    /// `abort` is raised (a lost peer).
+    pub fn open_for(ordinal: usize, rank: usize, timeout: Duration, backoff: Backoff, abort: Arc<AbortState>) -> Result<Device> {
+        let n = probe().map_err(|why| Error::BackendUnavailable { rank, backend: "cuda".into(), why })?;
+        if ordinal >= n {
+            return Err(Error::invalid(rank, "device", format!("CUDA device {ordinal} does not exist ({n} found)")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(rank, "opening the device", e))?;
+        Ok(Device { ctx, watch: Watch { rank, timeout, backoff, abort } })
+    }
+
+    /// The CUDA ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The GPU's name.
+    pub fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "unknown".into())
+    }
+
+    /// Total device memory in bytes.
+    pub fn total_memory(&self) -> usize {
+        self.ctx.total_mem().unwrap_or(0)
+    }
+
+    /// The rank errors from this device name.
+    pub fn rank(&self) -> usize {
+        self.watch.rank
+    }
+
+    /// The cudarc context, for work sucl does not wrap.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// A new in-order queue (CUDA stream) on this device.
+    pub fn queue(&self) -> Result<Queue> {
+        let stream = self.ctx.new_stream().map_err(|e| cuda_err(self.rank(), "creating a stream", e))?;
+        Ok(Queue { dev: self.clone(), stream })
+    }
+
+    /// `len` elements of page-locked host memory, which device copies read and write
+    /// asynchronously.
+    pub fn alloc_pinned<T: DeviceElement>(&self, len: usize) -> Result<PinnedBuffer<T>> {
+        // SAFETY: the memory starts uninitialized; we zero it before handing it out, and every
+        // sucl element type is valid as zero bits (Pod).
+        let mut p = unsafe { self.ctx.alloc_pinned::<T>(len.max(1)) }.map_err(|e| cuda_err(self.rank(), "allocating pinned memory", e))?;
+        p.as_mut_slice().map_err(|e| cuda_err(self.rank(), "pinned memory", e))?.fill(<T as bytemuck::Zeroable>::zeroed());
+        Ok(PinnedBuffer { inner: p, len })
+    }
+}
+
+/// An in-order queue of device work (a CUDA stream). Communication on device buffers is
+/// enqueued on the queue of the buffer it writes, after the kernels enqueued before it.
+#[derive(Clone)]
+pub struct Queue {
+    dev: Device,
+    stream: Arc<CudaStream>,
+}
+
+impl Queue {
+    /// The device the queue runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The CUDA stream, for launching kernels (`stream().launch_builder(kernel.function())`).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn err(&self, during: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+        let (rank, during) = (self.dev.rank(), during.to_string());
+        move |e| cuda_err(rank, &during, e)
+    }
+
+    /// A zeroed device buffer of `len` elements (no allocation for `len == 0`).
+    pub fn alloc<T: DeviceElement>(&self, len: usize) -> Result<Buffer<T>> {
+        if len == 0 {
+            return Ok(Buffer { slice: None, queue: self.clone() });
+        }
+        // SAFETY: zeroed right below, on the same stream, before anything can read it.
+        let s = unsafe { self.stream.alloc::<T>(len) }.map_err(self.err("allocating device memory"))?;
+        let (p, _g) = s.device_ptr(&self.stream);
+        // SAFETY: `p` is the allocation just made, `len * size_of::<T>()` bytes.
+        unsafe { cudarc::driver::result::memset_d8_async(p, 0, len * std::mem::size_of::<T>(), self.stream.cu_stream()) }
+            .map_err(self.err("zeroing device memory"))?;
+        drop(_g);
+        Ok(Buffer { slice: Some(s), queue: self.clone() })
+    }
+
+    /// A device buffer holding a copy of `host` (the copy is enqueued; `host` may be reused
+    /// when this returns).
+    pub fn upload<T: DeviceElement>(&self, host: &[T]) -> Result<Buffer<T>> {
+        if host.is_empty() {
+            return Ok(Buffer { slice: None, queue: self.clone() });
+        }
+        let s = self.stream.clone_htod(host).map_err(self.err("copying to the device"))?;
+        Ok(Buffer { slice: Some(s), queue: self.clone() })
+    }
+
+    /// Waits (bounded, watching for lost ranks) until everything enqueued so far has run.
+    pub fn synchronize(&self) -> Result<()> {
+        let s = self.stream.cu_stream();
+        self.dev.watch.until("waiting for a device queue", || {
+            // SAFETY: querying a live stream.
+            match unsafe { cudarc::driver::sys::cuStreamQuery(s) } {
+                cudarc::driver::sys::CUresult::CUDA_SUCCESS => Ok(true),
+                cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+                other => Err(Error::BackendUnavailable {
+                    rank: self.dev.rank(),
+                    backend: "cuda".into(),
+                    why: format!("the stream failed: {other:?}"),
+                }),
+            }
+        })
+    }
+
+    /// Marks the current end of the queue.
+    pub fn record(&self) -> Result<Event> {
+        let e = self.stream.record_event(None).map_err(self.err("recording an event"))?;
+        Ok(Event { inner: e, watch: self.dev.watch.clone() })
+    }
+
+    /// Makes later work on this queue wait for `event` (the CPU does not wait).
+    pub fn wait_for(&self, event: &Event) -> Result<()> {
+        self.stream.wait(&event.inner).map_err(self.err("waiting for an event"))
+    }
+}
+
+/// A point in a queue's work, to order other queues after it or to time it.
+pub struct Event {
+    inner: CudaEvent,
+    watch: Watch,
+}
+
+impl Event {
+    /// Waits (bounded) until the work before the event has run.
+    pub fn synchronize(&self) -> Result<()> {
+        self.watch.until("waiting for a device event", || {
+            self.inner.try_is_complete().map_err(|e| cuda_err(self.watch.rank, "querying an event", e))
+        })
+    }
+
+    /// Whether the work before the event has run.
+    pub fn is_complete(&self) -> bool {
+        self.inner.is_complete()
+    }
+
+    /// Milliseconds from `self` to `end` (both complete; created with timing, see cudarc).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.inner.elapsed_ms(&end.inner).map_err(|e| cuda_err(self.watch.rank, "timing events", e))
+    }
+
+    /// The cudarc event.
+    pub fn cuda_event(&self) -> &CudaEvent {
+        &self.inner
+    }
+}
+
+/// `len` elements of `T` in one device's memory, tied to the queue that allocated it.
+pub struct Buffer<T: DeviceElement> {
+    slice: Option<CudaSlice<T>>,
+    queue: Queue,
+}
+
+impl<T: DeviceElement> Buffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The queue it was allocated on; communication that writes it is enqueued there.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// The cudarc slice, to pass to kernels (`None` when empty).
+    pub fn cuda_slice(&self) -> Option<&CudaSlice<T>> {
+        self.slice.as_ref()
+    }
+
+    /// The cudarc slice, mutable, to pass to kernels that write it (`None` when empty).
+    pub fn cuda_slice_mut(&mut self) -> Option<&mut CudaSlice<T>> {
+        self.slice.as_mut()
+    }
+
+    /// Enqueues a copy of `host` into the buffer (same length).
+    pub fn copy_from_host(&mut self, host: &[T]) -> Result<()> {
+        if host.len() != self.len() {
+            return Err(Error::invalid(self.queue.dev.rank(), "host", format!("has {} elements, the buffer {}", host.len(), self.len())));
+        }
+        match &mut self.slice {
+            None => Ok(()),
+            Some(s) => self.queue.stream.memcpy_htod(host, s).map_err(|e| cuda_err(self.queue.dev.rank(), "copying to the device", e)),
+        }
+    }
+
+    /// Waits (bounded) for the buffer's queue, then copies the buffer to the host.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let Some(s) = &self.slice else { return Ok(vec![]) };
+        self.queue.synchronize()?;
+        self.queue.stream.clone_dtoh(s).map_err(|e| cuda_err(self.queue.dev.rank(), "copying to the host", e))
+    }
+}
+
+/// What a communication backend needs of a device buffer, whatever its element type: where it
+/// lives, how many bytes, and its address ordered on the stream an operation runs on.
+pub trait DeviceMemory {
+    /// The queue the memory belongs to.
+    fn queue(&self) -> &Queue;
+    /// Size in bytes.
+    fn num_bytes(&self) -> usize;
+    /// The address for reading on `stream`; the guard orders later writers after this use.
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>);
+    /// The address for writing on `stream`; the guard orders later users after this write.
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>);
+}
+
+impl<T: DeviceElement> DeviceMemory for Buffer<T> {
+    fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+        match &self.slice {
+            None => (0, None),
+            Some(s) => {
+                let (p, g) = s.device_ptr(stream);
+                (p, Some(g))
+            }
+        }
+    }
+
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+        match &mut self.slice {
+            None => (0, None),
+            Some(s) => {
+                let (p, g) = s.device_ptr_mut(stream);
+                (p, Some(g))
+            }
+        }
+    }
+}
+
+/// Page-locked host memory: the staging area of device ↔ host copies that overlap other work.
+pub struct PinnedBuffer<T: DeviceElement> {
+    inner: PinnedHostSlice<T>,
+    len: usize,
+}
+
+impl<T: DeviceElement> PinnedBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements (waits for copies into it that are still in flight).
+    pub fn as_slice(&self) -> Result<&[T]> {
+        Ok(&self.inner.as_slice().map_err(|e| cuda_err(0, "pinned memory", e))?[..self.len])
+    }
+
+    /// The elements, mutable (waits for copies from it that are still in flight).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        let len = self.len;
+        Ok(&mut self.inner.as_mut_slice().map_err(|e| cuda_err(0, "pinned memory", e))?[..len])
+    }
+}

@@ -1,0 +1,541 @@
+//! CUDA device memory through the same [`Communicator`] calls as host memory (feature `cuda`).
+//!
+//! A call whose buffers are device [`Buffer`]s runs on the device backends: NCCL, enqueued on
+//! the queue of the buffer it writes with no host synchronization, or the staged path (device →
+//! pinned host → the communicator's host backend → device, pipelined in chunks), chosen per op
+//! and size like host calls. The communicator sets up its device side (one GPU, the NCCL
+//! communicator) at its first device collective, or at [`Communicator::attach_device`].
+//! [`Communicator::synchronize`] waits for a queue while watching NCCL for asynchronous errors.
+
+use crate::buf::{Mem, MemMut};
+use crate::{Communicator, Error, Result};
+use std::cell::RefMut;
+use sucl_core::backend::{CollDesc, CollOp};
+use sucl_cuda::cudarc::driver::sys as cu;
+use sucl_cuda::{DeviceBackend, DeviceMemory, NcclBackend};
+
+pub use sucl_cuda::{driver_version, nccl_version, probe, Buffer, Device, DeviceElement, Event, Kernel, PinnedBuffer, Queue};
+
+/// Bytes of one stage (all rows of one chunk) on the staged path.
+const STAGE_BYTES: usize = 4 << 20;
+
+/// One pinned staging area and the upload that last read it.
+struct Slot {
+    mem: PinnedBuffer<u8>,
+    uploaded: Option<Event>,
+}
+
+/// A communicator's device side: its GPU, NCCL (when every rank can load it) and the staged
+/// path's upload queue and pinned slots.
+pub(crate) struct DeviceComm {
+    dev: Device,
+    upload: Queue,
+    nccl: Option<NcclBackend>,
+    slots: Vec<Slot>,
+    /// One byte the NCCL barrier reduces.
+    scratch: Option<Buffer<u8>>,
+    threshold: i64,
+}
+
+impl Communicator {
+    /// Opens this rank's GPU: local rank modulo the number of devices, with this job's timeout
+    /// and lost-rank detection on every wait. Not collective.
+    pub fn cuda_device(&self) -> Result<Device> {
+        let wr = self.wr();
+        let n = probe().map_err(|why| Error::BackendUnavailable { rank: wr, backend: "cuda".into(), why })?;
+        let h = &self.ctx.cfg.host;
+        Device::open_for(self.local_rank() % n, wr, h.timeout, h.backoff, self.ctx.abort.clone())
+    }
+
+    /// Sets up device communication on `dev`: NCCL when every rank can load it, else the staged
+    /// path alone. Collective. Device collectives do this on first use; device point-to-point
+    /// calls need it done first, since only two ranks take part in them.
+    pub fn attach_device(&self, dev: &Device) -> Result<()> {
+        self.device_state(dev).map(|_| ())
+    }
+
+    fn device_state(&self, dev: &Device) -> Result<RefMut<'_, DeviceComm>> {
+        let wr = self.wr();
+        {
+            let cur = self.device.borrow();
+            if let Some(c) = cur.as_ref() {
+                if c.dev.ordinal() != dev.ordinal() {
+                    return Err(Error::invalid(
+                        wr,
+                        "buffer",
+                        format!("is on GPU {} but this communicator communicates on GPU {}", dev.ordinal(), c.dev.ordinal()),
+                    ));
+                }
+            }
+        }
+        if self.device.borrow().is_none() {
+            let state = self.make_device_comm(dev)?;
+            *self.device.borrow_mut() = Some(state);
+        }
+        Ok(RefMut::map(self.device.borrow_mut(), |d| d.as_mut().expect("set above")))
+    }
+
+    fn make_device_comm(&self, dev: &Device) -> Result<DeviceComm> {
+        let wr = self.wr();
+        let store = self.ctx.store.as_ref().ok_or_else(|| Error::Config("no rendezvous store".into()))?;
+        let k = self.splits.get() + 1;
+        self.splits.set(k);
+        let key = format!("{}/gpu{k}", self.prefix);
+        let allowed = self.ctx.cfg.platforms.get("cuda").is_none_or(|p| p.backends.iter().any(|b| b == "nccl"));
+        let mine = nccl_version().is_ok() && allowed;
+        store.set(&format!("{key}/nccl/{}", self.rank), if mine { b"1" } else { b"0" })?;
+        let mut all = true;
+        for r in 0..self.size {
+            all &= store.get(&format!("{key}/nccl/{r}"))? == b"1";
+        }
+        let nccl = if all {
+            let id = if self.rank == 0 {
+                let id = sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: wr, backend: "nccl".into(), why })?;
+                store.set(&format!("{key}/nccl-id"), &id)?;
+                id
+            } else {
+                store.get(&format!("{key}/nccl-id"))?
+            };
+            let h = &self.ctx.cfg.host;
+            Some(NcclBackend::new(dev, &id, self.rank, self.size, wr, self.ctx.abort.clone(), h.timeout, h.backoff)?)
+        } else {
+            tracing::info!(rank = wr, "NCCL is not usable on every rank; device calls are staged through host memory");
+            None
+        };
+        let threshold = self.ctx.cfg.platforms.get("cuda").map(|p| p.threshold).unwrap_or(0);
+        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, slots: vec![], scratch: None, threshold })
+    }
+
+    /// The device backends this communicator set up (empty before its first device call).
+    pub fn device_backends(&self) -> Vec<&'static str> {
+        match self.device.borrow().as_ref() {
+            None => vec![],
+            Some(d) if d.nccl.is_some() => vec!["nccl", "staged"],
+            Some(_) => vec!["staged"],
+        }
+    }
+
+    /// The device backend a collective `op` on `bytes` bytes would use: a pinned one, the
+    /// tuning table's rules naming `nccl` or `staged`, then the `cuda` platform threshold
+    /// (below it staged), else NCCL when loaded.
+    pub fn device_backend_for(&self, op: CollOp, bytes: usize) -> &'static str {
+        let dev = self.device.borrow();
+        let nccl = dev.as_ref().is_some_and(|d| d.nccl.is_some());
+        if let Some(f) = self.device_pin.get() {
+            return f;
+        }
+        if !nccl {
+            return "staged";
+        }
+        let n = self.size;
+        for r in &self.ctx.cfg.tuning {
+            let op_ok = r.op.as_deref().is_none_or(|o| o == op.name());
+            if op_ok && r.ranks.0 <= n && n <= r.ranks.1 && r.bytes.0 <= bytes as u64 && (bytes as u64) < r.bytes.1 {
+                match r.backend.as_str() {
+                    "nccl" => return "nccl",
+                    "staged" => return "staged",
+                    _ => {}
+                }
+            }
+        }
+        let threshold = dev.as_ref().map_or(0, |d| d.threshold);
+        if threshold < 0 || (bytes as i128) < threshold as i128 {
+            "staged"
+        } else {
+            "nccl"
+        }
+    }
+
+    /// Waits (bounded) until everything enqueued on `queue` ran, failing — on every rank — when
+    /// NCCL reports an asynchronous error, a rank is lost or the timeout passes (NCCL is then
+    /// aborted so that no kernel stays hung).
+    pub fn synchronize(&self, queue: &Queue) -> Result<()> {
+        match self.device.borrow_mut().as_mut().and_then(|d| d.nccl.as_mut()) {
+            Some(n) => n.synchronize(queue.stream()),
+            None => queue.synchronize(),
+        }
+    }
+
+    /// Orders every rank on `queue`: work enqueued after it starts once every rank reached it.
+    /// Over NCCL the CPU does not wait; staged, it waits for the queue and then for every rank.
+    pub fn barrier_on(&self, queue: &Queue) -> Result<()> {
+        self.device_state(queue.device())?;
+        if self.device_backend_for(CollOp::Barrier, 0) == "nccl" {
+            let mut guard = self.device_state(queue.device())?;
+            let st = &mut *guard;
+            let scratch = match &mut st.scratch {
+                Some(b) => b,
+                none => none.insert(queue.device().queue()?.alloc::<u8>(1)?),
+            };
+            let (p, _g) = scratch.write_ptr(queue.stream());
+            let n = st.nccl.as_mut().ok_or_else(|| self.nccl_missing())?;
+            return n.collective(&CollDesc::BARRIER, None, p, queue.stream());
+        }
+        queue.synchronize()?;
+        self.barrier()
+    }
+
+    pub(crate) fn mixed_memory(&self) -> Error {
+        Error::invalid(self.wr(), "buffers", "mix host and device memory: one call's buffers must all be host or all be device memory")
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn device_mem<'s, 'r>(
+        &self,
+        send: Option<Mem<'s>>,
+        recv: Option<MemMut<'r>>,
+    ) -> Result<(Option<&'s dyn DeviceMemory>, Option<&'r mut dyn DeviceMemory>)> {
+        let s = match send {
+            None => None,
+            Some(Mem::Device(m)) => Some(m),
+            Some(Mem::Host(_)) => return Err(self.mixed_memory()),
+        };
+        let r = match recv {
+            None => None,
+            Some(MemMut::Device(m)) => Some(m),
+            Some(MemMut::Host(_)) => return Err(self.mixed_memory()),
+        };
+        Ok((s, r))
+    }
+
+    /// A collective on device memory (see [`Communicator`]'s `call`).
+    pub(crate) fn device_call(&self, d: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
+        let (send, mut recv) = self.device_mem(send, recv)?;
+        let queue = match (&recv, send) {
+            (Some(r), _) => r.queue().clone(),
+            (None, Some(s)) => s.queue().clone(),
+            (None, None) => return Err(Error::invalid(self.wr(), "buffers", "a device call needs at least one buffer")),
+        };
+        if let Some(s) = send {
+            if s.queue().device().ordinal() != queue.device().ordinal() {
+                return Err(Error::invalid(self.wr(), "send", "is on another GPU than recv"));
+            }
+        }
+        self.device_state(queue.device())?;
+        let bytes = crate::select::selection_bytes(&d, self.size) as usize;
+        let which = self.device_backend_for(d.op, bytes);
+        tracing::debug!(op = d.op.name(), count = d.count, dtype = d.dtype.name(), backend = which, "device collective");
+        let stream = queue.stream();
+        let (sp, _gs) = send.map_or((None, None), |s| {
+            let (p, g) = s.read_ptr(stream);
+            (Some(p), g)
+        });
+        let (rp, _gr) = recv.as_mut().map_or((0, None), |r| r.write_ptr(stream));
+        let mut st = self.device_state(queue.device())?;
+        if which == "nccl" {
+            let Some(n) = st.nccl.as_mut() else { return Err(self.nccl_missing()) };
+            if d.count == 0 {
+                // Nothing moves; NCCL is not asked to handle null buffers.
+                return Ok(());
+            }
+            return n.collective(&d, sp, rp, stream);
+        }
+        st.staged(self, &d, sp, rp, &queue)
+    }
+
+    fn nccl_missing(&self) -> Error {
+        Error::BackendUnavailable { rank: self.wr(), backend: "nccl".into(), why: "not usable on every rank of this communicator".into() }
+    }
+
+    fn p2p_backend(&self, queue: &Queue, what: &str) -> Result<(RefMut<'_, DeviceComm>, bool)> {
+        if self.device.borrow().is_none() {
+            return Err(Error::invalid(
+                self.wr(),
+                "buffer",
+                format!("device {what} needs the communicator's device set up first: call attach_device (collective) or run a device collective"),
+            ));
+        }
+        let st = self.device_state(queue.device())?;
+        let nccl = st.nccl.is_some() && self.device_pin.get() != Some("staged");
+        Ok((st, nccl))
+    }
+
+    pub(crate) fn device_send(&self, m: &dyn DeviceMemory, dest: usize, tag: u32) -> Result<()> {
+        let q = m.queue().clone();
+        let (mut st, nccl) = self.p2p_backend(&q, "send")?;
+        let (p, _g) = m.read_ptr(q.stream());
+        if nccl {
+            return st.nccl.as_mut().expect("nccl").p2p(&[(p, m.num_bytes(), dest)], &[], q.stream());
+        }
+        let host = st.download(p, m.num_bytes(), &q)?;
+        drop(st);
+        self.send(&host[..], dest, tag)
+    }
+
+    pub(crate) fn device_recv(&self, m: &mut dyn DeviceMemory, src: usize, tag: u32) -> Result<usize> {
+        let q = m.queue().clone();
+        let len = m.num_bytes();
+        let (mut st, nccl) = self.p2p_backend(&q, "recv")?;
+        let (p, _g) = m.write_ptr(q.stream());
+        if nccl {
+            st.nccl.as_mut().expect("nccl").p2p(&[], &[(p, len, src)], q.stream())?;
+            return Ok(len);
+        }
+        drop(st);
+        let mut host = vec![0u8; len];
+        let n = self.recv(&mut host[..], src, tag)?.count;
+        self.device_state(q.device())?.upload_from(&host[..n], p, &q)?;
+        Ok(n)
+    }
+
+    pub(crate) fn device_sendrecv(
+        &self,
+        s: &dyn DeviceMemory,
+        dest: usize,
+        r: &mut dyn DeviceMemory,
+        src: usize,
+        tag: u32,
+    ) -> Result<usize> {
+        let q = r.queue().clone();
+        let len = r.num_bytes();
+        let (mut st, nccl) = self.p2p_backend(&q, "sendrecv")?;
+        let (sp, _gs) = s.read_ptr(q.stream());
+        let (rp, _gr) = r.write_ptr(q.stream());
+        if nccl {
+            st.nccl.as_mut().expect("nccl").p2p(&[(sp, s.num_bytes(), dest)], &[(rp, len, src)], q.stream())?;
+            return Ok(len);
+        }
+        let out = st.download(sp, s.num_bytes(), &q)?;
+        drop(st);
+        let mut host = vec![0u8; len];
+        let n = self.sendrecv(&out[..], dest, &mut host[..], src, tag)?.count;
+        self.device_state(q.device())?.upload_from(&host[..n], rp, &q)?;
+        Ok(n)
+    }
+}
+
+/// How one rank's buffers of a collective split into rows: the staged path moves, per chunk,
+/// the same column range of every row.
+struct Rows {
+    send: usize,
+    recv: usize,
+    /// Download into the receive rows at this row (the host collective then runs in place).
+    in_place_row: Option<usize>,
+}
+
+fn rows(d: &CollDesc, n: usize, r: usize) -> Rows {
+    let root = r == d.root;
+    let (send, recv, in_place_row) = match d.op {
+        CollOp::Barrier => (0, 0, None),
+        CollOp::AllReduce => (0, 1, Some(0)),
+        // Receivers download nothing; the host broadcast runs in place on every rank.
+        CollOp::Broadcast => (0, 1, root.then_some(0)),
+        CollOp::Reduce if root => (0, 1, Some(0)),
+        CollOp::Reduce => (1, 0, None),
+        CollOp::AllGather => (0, n, Some(r)),
+        CollOp::Gather if root => (1, n, None),
+        CollOp::Gather => (1, 0, None),
+        CollOp::Scatter if root => (n, 1, None),
+        CollOp::Scatter => (0, 1, None),
+        CollOp::AllToAll => (n, n, None),
+        CollOp::ReduceScatter => (n, 1, None),
+    };
+    Rows { send, recv, in_place_row }
+}
+
+/// Largest number of rows any rank stages per chunk: the chunk size must agree on every rank.
+fn max_rows(op: CollOp, n: usize) -> usize {
+    match op {
+        CollOp::Barrier | CollOp::AllReduce | CollOp::Broadcast | CollOp::Reduce => 1,
+        CollOp::AllGather => n,
+        CollOp::Gather | CollOp::Scatter | CollOp::ReduceScatter => n + 1,
+        CollOp::AllToAll => 2 * n,
+    }
+}
+
+/// Copies `height` rows of `width` bytes between device memory (row pitch `dpitch`) and packed
+/// host memory, enqueued on `stream`.
+///
+/// # Safety
+/// The device rows and `host[..height * width]` must be valid until the stream ran the copy.
+unsafe fn copy_rows(
+    to_host: bool,
+    dev: u64,
+    dpitch: usize,
+    host: *mut u8,
+    width: usize,
+    height: usize,
+    stream: cu::CUstream,
+) -> cu::CUresult {
+    if width == 0 || height == 0 {
+        return cu::CUresult::CUDA_SUCCESS;
+    }
+    let mut p: cu::CUDA_MEMCPY2D = std::mem::zeroed();
+    p.WidthInBytes = width;
+    p.Height = height;
+    if to_host {
+        p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+        p.srcDevice = dev;
+        p.srcPitch = dpitch;
+        p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
+        p.dstHost = host as *mut std::ffi::c_void;
+        p.dstPitch = width;
+    } else {
+        p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
+        p.srcHost = host as *const std::ffi::c_void;
+        p.srcPitch = width;
+        p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+        p.dstDevice = dev;
+        p.dstPitch = dpitch;
+    }
+    if height == 1 || dpitch <= i32::MAX as usize {
+        return cu::cuMemcpy2DAsync_v2(&p, stream);
+    }
+    // Pitches over the driver's limit: one copy per row.
+    for row in 0..height {
+        let mut q = p;
+        q.Height = 1;
+        if to_host {
+            q.srcDevice = dev + (row * dpitch) as u64;
+            q.dstHost = host.add(row * width) as *mut std::ffi::c_void;
+        } else {
+            q.srcHost = host.add(row * width) as *const std::ffi::c_void;
+            q.dstDevice = dev + (row * dpitch) as u64;
+        }
+        let rc = cu::cuMemcpy2DAsync_v2(&q, stream);
+        if rc != cu::CUresult::CUDA_SUCCESS {
+            return rc;
+        }
+    }
+    cu::CUresult::CUDA_SUCCESS
+}
+
+impl DeviceComm {
+    fn cuda_err(&self, during: &str, rc: cu::CUresult) -> Result<()> {
+        if rc == cu::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        Err(Error::BackendUnavailable { rank: self.dev.rank(), backend: "cuda".into(), why: format!("{during}: {rc:?}") })
+    }
+
+    /// Two pinned slots of at least `bytes` each, with no upload still reading them.
+    fn ensure_slots(&mut self, bytes: usize) -> Result<()> {
+        if self.slots.len() == 2 && self.slots.iter().all(|s| s.mem.len() >= bytes) {
+            return Ok(());
+        }
+        for s in &self.slots {
+            if let Some(e) = &s.uploaded {
+                e.synchronize()?;
+            }
+        }
+        self.slots.clear();
+        for _ in 0..2 {
+            self.slots.push(Slot { mem: self.dev.alloc_pinned::<u8>(bytes.max(1))?, uploaded: None });
+        }
+        Ok(())
+    }
+
+    /// Waits until slot `b`'s last upload has read it, so the host may overwrite it.
+    fn slot_free(&mut self, b: usize) -> Result<()> {
+        if let Some(e) = self.slots[b].uploaded.take() {
+            e.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Device → pinned host, waiting for the copy (point-to-point staging).
+    fn download(&mut self, src: u64, bytes: usize, q: &Queue) -> Result<Vec<u8>> {
+        let mut host = vec![0u8; bytes];
+        if bytes > 0 {
+            self.ensure_slots(bytes)?;
+            self.slot_free(0)?;
+            let buf = self.slots[0].mem.as_mut_slice()?.as_mut_ptr();
+            // SAFETY: `src` covers `bytes` (the buffer's size); the slot holds at least `bytes`.
+            let rc = unsafe { copy_rows(true, src, bytes, buf, bytes, 1, q.stream().cu_stream()) };
+            self.cuda_err("device to host", rc)?;
+            q.synchronize()?;
+            host.copy_from_slice(&self.slots[0].mem.as_slice()?[..bytes]);
+        }
+        Ok(host)
+    }
+
+    /// Host → device through a pinned slot, ordered on `q`; waits for the copy.
+    fn upload_from(&mut self, host: &[u8], dst: u64, q: &Queue) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.ensure_slots(host.len())?;
+        self.slot_free(0)?;
+        let buf = self.slots[0].mem.as_mut_slice()?;
+        buf[..host.len()].copy_from_slice(host);
+        let p = buf.as_mut_ptr();
+        // SAFETY: `dst` covers `host.len()` bytes (at most the receive buffer's size).
+        let rc = unsafe { copy_rows(false, dst, host.len(), p, host.len(), 1, q.stream().cu_stream()) };
+        self.cuda_err("host to device", rc)?;
+        q.synchronize()
+    }
+
+    /// Device → pinned host → the communicator's host backend → device, in chunks: chunk k is
+    /// the same column range of every row of the buffers, an independent host collective of
+    /// its own. Downloads run on the buffer's queue and uploads on a second queue, so chunk k's
+    /// upload, chunk k+1's download and the host collective overlap; events keep a slot from
+    /// being refilled while an upload still reads it.
+    fn staged(&mut self, comm: &Communicator, d: &CollDesc, send: Option<u64>, recv: u64, q: &Queue) -> Result<()> {
+        let (n, r, es) = (comm.size(), comm.rank(), d.dtype.size());
+        let rw = rows(d, n, r);
+        let per = (STAGE_BYTES / (max_rows(d.op, n) * es)).max(1);
+        let chunks = d.count.div_ceil(per).max(1);
+        let pitch = d.count * es;
+        let width = |k: usize| (d.count - (k * per).min(d.count)).min(per) * es;
+        let w0 = width(0);
+        self.ensure_slots((rw.send + rw.recv) * w0)?;
+        // Uploads must not overtake work enqueued before this call (a kernel still reading the
+        // receive buffer on a rank that downloads nothing).
+        self.upload.wait_for(&q.record()?)?;
+        let s = q.stream().cu_stream();
+        // What this rank downloads per chunk: (device address of row 0, rows, into the receive
+        // area at row).
+        let src_in_place = send.unwrap_or(recv);
+        let download = |this: &mut DeviceComm, k: usize, b: usize| -> Result<()> {
+            let w = width(k);
+            let off = (k * per * es) as u64;
+            let base = this.slots[b].mem.as_mut_slice()?.as_mut_ptr();
+            // SAFETY: every row lies inside the caller's (validated) buffers; the slot holds
+            // (send rows + recv rows) × w0 ≥ that many × w bytes.
+            let rc = unsafe {
+                if let Some(row) = rw.in_place_row {
+                    let src = if d.op == CollOp::AllGather { send.unwrap_or(recv + (r * pitch) as u64) } else { src_in_place };
+                    copy_rows(true, src + off, pitch, base.add(rw.send * w + row * w), w, 1, s)
+                } else if rw.send > 0 {
+                    copy_rows(true, send.unwrap_or(recv) + off, pitch, base, w, rw.send, s)
+                } else {
+                    cu::CUresult::CUDA_SUCCESS
+                }
+            };
+            this.cuda_err("device to host", rc)
+        };
+        self.slot_free(0)?;
+        download(self, 0, 0)?;
+        for k in 0..chunks {
+            let b = k % 2;
+            q.synchronize()?;
+            if k + 1 < chunks {
+                let nb = (k + 1) % 2;
+                if let Some(ev) = &self.slots[nb].uploaded {
+                    q.wait_for(ev)?;
+                }
+                download(self, k + 1, nb)?;
+            }
+            self.slot_free(b)?;
+            let w = width(k);
+            let cd = CollDesc { count: w / es, ..*d };
+            let area = &mut self.slots[b].mem.as_mut_slice()?[..(rw.send + rw.recv) * w];
+            let (sa, ra) = area.split_at_mut(rw.send * w);
+            match (rw.in_place_row.is_some() || d.op == CollOp::Broadcast, rw.send > 0) {
+                (true, _) => comm.coll(cd, None, ra)?,
+                (false, true) => comm.coll(cd, Some(sa), ra)?,
+                (false, false) => comm.coll(cd, None, ra)?,
+            }
+            if rw.recv > 0 && w > 0 {
+                let p = ra.as_mut_ptr();
+                // SAFETY: the receive rows lie inside the caller's receive buffer.
+                let rc = unsafe { copy_rows(false, recv + (k * per * es) as u64, pitch, p, w, rw.recv, self.upload.stream().cu_stream()) };
+                self.cuda_err("host to device", rc)?;
+                self.slots[b].uploaded = Some(self.upload.record()?);
+            }
+        }
+        // Later work on the caller's queue (kernels reading the result) waits for the uploads;
+        // the CPU does not.
+        q.wait_for(&self.upload.record()?)
+    }
+}
