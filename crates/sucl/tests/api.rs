@@ -134,8 +134,8 @@ fn one_call_takes_slices_vectors_and_arrays() {
     c.all_reduce(&recv[..], &mut out[..], ReduceOp::Max).unwrap();
     assert_eq!(out, send);
     // Non-root ranks may pass an empty receive buffer; on one rank root is everyone.
-    let mut r = vec![0u16; 2];
-    c.reduce(&[1u16, 2], &mut r, ReduceOp::Prod, 0).unwrap();
+    let mut r = vec![0u32; 2];
+    c.reduce(&[1u32, 2], &mut r, ReduceOp::Prod, 0).unwrap();
     assert_eq!(r, [1, 2]);
 }
 
