@@ -3,13 +3,14 @@
 # 2 (and 4 when present) GPUs over every device backend, then nccl, staged and auto measured side
 # by side in one job with a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
-# usage: BIN=path/to/sucl OUT=dir scripts/gpu-check.sh
+# usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] scripts/gpu-check.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 BIN=${BIN:-target/release/sucl}
 OUT=${OUT:-bench/results/gpu}
 MAXB=${MAXB:-128M}
 ITERS=${ITERS:-20}
+ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
 status=0
 "$BIN" info >"$OUT/info.txt" 2>&1
@@ -23,6 +24,12 @@ for n in 1 2 4; do
     --dtypes f32,f16,bf16,i32,u8,f64 --redops sum,max,avg --big-mib 72 >>"$OUT/check.txt" 2>&1 || status=1
 done
 grep -q "checks, 0 wrong" "$OUT/check.txt" || status=1
+# The example: one all_reduce call on a device buffer and on a host vector.
+if [ -n "${EXAMPLE:-}" ]; then
+  ne=$(( NGPU < 2 ? NGPU : 2 ))
+  "$BIN" run -n "$ne" -- "$EXAMPLE" >>"$OUT/check.txt" 2>&1 || { echo "gpu-check: the example failed" >&2; status=1; }
+  [ "$(grep -c "floats all-reduced on" "$OUT/check.txt")" -ge "$ne" ] || status=1
+fi
 grep -q "WRONG" "$OUT/check.txt" && status=1
 # A rank killed mid-run: the survivor must fail naming it (NCCL aborted), not hang. The ranks
 # start without the launcher (torchrun's variables), which would otherwise end the survivor first.
@@ -38,6 +45,8 @@ if [ "$NGPU" -ge 2 ]; then
   grep -q "rank 0: lost peer rank 1" "$OUT/check.txt" || { echo "gpu-check: the survivor did not report the lost rank" >&2; status=1; }
   grep -A3 "fault run" "$OUT/check.txt"
 fi
+# Benchmarks of a build that fails its checks would measure nothing worth keeping.
+[ "$status" -eq 0 ] || { grep -h "sucl check\|WRONG\|panicked\|error" "$OUT/check.txt" | head -20; echo "gpu-check: checks failed; no benchmarks" >&2; exit 1; }
 : >"$OUT/bench.jsonl"
 for R in 2 4; do
   [ "$R" -le "$NGPU" ] || continue
@@ -45,7 +54,7 @@ for R in 2 4; do
   "$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
     --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda-${R}gpu.toml" >>"$OUT/check.txt" 2>&1 || status=1
   for op in all_reduce broadcast all_gather; do
-    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,staged,auto --rounds 3 \
+    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,staged,auto --rounds "$ROUNDS" \
       --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
   done
 done

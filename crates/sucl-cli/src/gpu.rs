@@ -17,6 +17,10 @@ fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
     Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
 }
 
+/// Time one device measurement may take (after warm-up), and the fewest iterations it runs.
+const MEASURE_SECONDS: f64 = 0.3;
+const MIN_ITERS: usize = 5;
+
 /// One collective on device buffers through the very calls host buffers use.
 fn run_dev<T: DeviceElement>(
     comm: &Communicator,
@@ -323,17 +327,25 @@ fn measure<T: DeviceElement + raw::NcclType>(
         once(&mut dr)?;
     }
     comm.synchronize(q)?;
+    // One timed call bounds the iterations to about MEASURE_SECONDS (slow staged sizes would
+    // otherwise take minutes); the slowest rank decides, since every rank must run as many.
+    let t = Instant::now();
+    once(&mut dr)?;
+    comm.synchronize(q)?;
+    let mut one = [t.elapsed().as_secs_f64()];
+    comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
+    let iters = a.iters.min(((MEASURE_SECONDS / one[0]) as usize).max(MIN_ITERS)).max(1);
     comm.barrier()?;
     let t = Instant::now();
-    for _ in 0..a.iters {
+    for _ in 0..iters {
         once(&mut dr)?;
     }
     comm.synchronize(q)?;
-    let mut time = [t.elapsed().as_secs_f64() / a.iters as f64];
+    let mut time = [t.elapsed().as_secs_f64() / iters as f64];
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let shown = count
         * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
-    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], 0))
+    Ok(Row::new(&BenchArgs { iters, ..*a }, label, n, shown, T::DTYPE, time[0], 0))
 }
 
 fn raw_comm(comm: &Communicator, q: &Queue) -> Result<raw::Comm> {

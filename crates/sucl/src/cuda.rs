@@ -8,6 +8,7 @@
 //! [`Communicator::synchronize`] waits for a queue while watching NCCL for asynchronous errors.
 
 use crate::buf::{Mem, MemMut};
+use crate::select::Selector;
 use crate::{Communicator, Error, Result};
 use std::cell::RefMut;
 use sucl_core::backend::{CollDesc, CollOp};
@@ -32,9 +33,10 @@ pub(crate) struct DeviceComm {
     upload: Queue,
     nccl: Option<NcclBackend>,
     slots: Vec<Slot>,
+    /// Rank 0's device selection rules, resolved against the device backends loaded.
+    selector: Selector,
     /// One byte the NCCL barrier reduces.
     scratch: Option<Buffer<u8>>,
-    threshold: i64,
 }
 
 impl Communicator {
@@ -102,47 +104,26 @@ impl Communicator {
             tracing::info!(rank = wr, "NCCL is not usable on every rank; device calls are staged through host memory");
             None
         };
-        let threshold = self.ctx.cfg.platforms.get("cuda").map(|p| p.threshold).unwrap_or(0);
-        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, slots: vec![], scratch: None, threshold })
+        let names: &[&'static str] = if nccl.is_some() { &["nccl", "staged"] } else { &["staged"] };
+        let selector = Selector::new(&self.ctx.policy.for_devices(), names, self.size);
+        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, slots: vec![], selector, scratch: None })
     }
 
     /// The device backends this communicator set up (empty before its first device call).
     pub fn device_backends(&self) -> Vec<&'static str> {
-        match self.device.borrow().as_ref() {
-            None => vec![],
-            Some(d) if d.nccl.is_some() => vec!["nccl", "staged"],
-            Some(_) => vec!["staged"],
-        }
+        self.device.borrow().as_ref().map_or(vec![], |d| d.selector.names().to_vec())
     }
 
     /// The device backend a collective `op` on `bytes` bytes would use: a pinned one, the
     /// tuning table's rules naming `nccl` or `staged`, then the `cuda` platform threshold
     /// (below it staged), else NCCL when loaded.
     pub fn device_backend_for(&self, op: CollOp, bytes: usize) -> &'static str {
-        let dev = self.device.borrow();
-        let nccl = dev.as_ref().is_some_and(|d| d.nccl.is_some());
         if let Some(f) = self.device_pin.get() {
             return f;
         }
-        if !nccl {
-            return "staged";
-        }
-        let n = self.size;
-        for r in &self.ctx.cfg.tuning {
-            let op_ok = r.op.as_deref().is_none_or(|o| o == op.name());
-            if op_ok && r.ranks.0 <= n && n <= r.ranks.1 && r.bytes.0 <= bytes as u64 && (bytes as u64) < r.bytes.1 {
-                match r.backend.as_str() {
-                    "nccl" => return "nccl",
-                    "staged" => return "staged",
-                    _ => {}
-                }
-            }
-        }
-        let threshold = dev.as_ref().map_or(0, |d| d.threshold);
-        if threshold < 0 || (bytes as i128) < threshold as i128 {
-            "staged"
-        } else {
-            "nccl"
+        match self.device.borrow().as_ref() {
+            Some(d) => d.selector.names()[d.selector.pick(op, bytes as u64)],
+            None => "staged",
         }
     }
 
@@ -360,24 +341,25 @@ unsafe fn copy_rows(
     if width == 0 || height == 0 {
         return cu::CUresult::CUDA_SUCCESS;
     }
-    let mut p: cu::CUDA_MEMCPY2D = std::mem::zeroed();
-    p.WidthInBytes = width;
-    p.Height = height;
-    if to_host {
-        p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        p.srcDevice = dev;
-        p.srcPitch = dpitch;
-        p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-        p.dstHost = host as *mut std::ffi::c_void;
-        p.dstPitch = width;
-    } else {
-        p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_HOST;
-        p.srcHost = host as *const std::ffi::c_void;
-        p.srcPitch = width;
-        p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        p.dstDevice = dev;
-        p.dstPitch = dpitch;
-    }
+    let (dev_t, host_t) = (cu::CUmemorytype::CU_MEMORYTYPE_DEVICE, cu::CUmemorytype::CU_MEMORYTYPE_HOST);
+    let p = cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: if to_host { dev_t } else { host_t },
+        srcHost: if to_host { std::ptr::null() } else { host as *const std::ffi::c_void },
+        srcDevice: if to_host { dev } else { 0 },
+        srcArray: std::ptr::null_mut(),
+        srcPitch: if to_host { dpitch } else { width },
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: if to_host { host_t } else { dev_t },
+        dstHost: if to_host { host as *mut std::ffi::c_void } else { std::ptr::null_mut() },
+        dstDevice: if to_host { 0 } else { dev },
+        dstArray: std::ptr::null_mut(),
+        dstPitch: if to_host { width } else { dpitch },
+        WidthInBytes: width,
+        Height: height,
+    };
     if height == 1 || dpitch <= i32::MAX as usize {
         return cu::cuMemcpy2DAsync_v2(&p, stream);
     }

@@ -22,6 +22,9 @@ pub struct Policy {
     pub threshold: i64,
     /// The tuning table; first match wins.
     pub rules: Vec<Rule>,
+    /// The `cuda` platform's threshold: device calls below it are staged, from it on NCCL.
+    #[serde(default)]
+    pub device_threshold: i64,
 }
 
 impl Policy {
@@ -37,6 +40,20 @@ impl Policy {
             preferred: p.preferred.clone(),
             threshold: p.threshold,
             rules: cfg.tuning.clone(),
+            device_threshold: cfg.platforms.get("cuda").map_or(0, |p| p.threshold),
+        }
+    }
+
+    /// The policy of device calls: the same tuning table (its `nccl` and `staged` rules), then
+    /// the `cuda` threshold between staged (below) and NCCL.
+    pub fn for_devices(&self) -> Policy {
+        Policy {
+            forced: None,
+            default: "staged".into(),
+            preferred: "nccl".into(),
+            threshold: self.device_threshold,
+            rules: self.rules.clone(),
+            device_threshold: self.device_threshold,
         }
     }
 }
@@ -140,7 +157,7 @@ mod tests {
     use super::*;
 
     fn policy(threshold: i64, rules: Vec<Rule>) -> Policy {
-        Policy { forced: None, default: "tcp".into(), preferred: "shm".into(), threshold, rules }
+        Policy { forced: None, default: "tcp".into(), preferred: "shm".into(), threshold, rules, device_threshold: 0 }
     }
 
     #[test]
@@ -170,5 +187,26 @@ mod tests {
         let s4 = Selector::new(&policy(0, rules), &names, 4);
         assert_eq!(names[s4.pick(CollOp::Gather, 5)], "tcp");
         assert_eq!(s4.label(), "auto");
+    }
+
+    #[test]
+    fn device_calls_follow_the_nccl_and_staged_rules_then_the_cuda_threshold() {
+        let rules = vec![
+            Rule { op: Some("all_reduce".into()), ranks: (2, 2), bytes: (0, 4096), backend: "staged".into() },
+            Rule { op: None, ranks: (1, 64), bytes: (0, u64::MAX), backend: "shm".into() },
+        ];
+        let mut host = policy(0, rules);
+        host.device_threshold = 1 << 20;
+        let dev = host.for_devices();
+        let both = ["nccl", "staged"];
+        let s = Selector::new(&dev, &both, 2);
+        assert_eq!(both[s.pick(CollOp::AllReduce, 100)], "staged", "rule");
+        // Host rules do not apply to device calls; the cuda threshold does.
+        assert_eq!(both[s.pick(CollOp::Broadcast, 100)], "staged", "below the threshold");
+        assert_eq!(both[s.pick(CollOp::Broadcast, 1 << 20)], "nccl", "from the threshold on");
+        // Without NCCL on every rank, everything is staged.
+        let only = ["staged"];
+        let s = Selector::new(&dev, &only, 2);
+        assert_eq!(only[s.pick(CollOp::AllGather, 1 << 30)], "staged");
     }
 }
