@@ -55,7 +55,7 @@ for R in 2 4; do
     --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda-${R}gpu.toml" >>"$OUT/check.txt" 2>&1 || status=1
   for op in all_reduce broadcast all_gather; do
     "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,staged,auto --rounds "$ROUNDS" \
-      --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup 5 --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
+      --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup "${WARMUP:-20}" --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
   done
 done
 grep -h "sucl check" "$OUT/check.txt"

@@ -256,8 +256,9 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     let quiet = BenchArgs { check: false, json: false, ..*a };
     for bytes in list {
         let mut best = vec![f64::INFINITY; choices.len()];
-        for _ in 0..rounds.max(1) {
-            for (k, c) in choices.iter().enumerate() {
+        for round in 0..rounds.max(1) {
+            for k in round_order(choices.len(), round) {
+                let c = &choices[k];
                 comm.pin_backend((c != "auto").then_some(c.as_str()))?;
                 let row = with_dtype!(a.dtype, T, { measure::<T>(comm, &quiet, bytes)? });
                 best[k] = best[k].min(row.time_us);
@@ -289,4 +290,15 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         out.push((bytes, best));
     }
     Ok(out)
+}
+
+/// The order choices are measured in during `round`: forward, then backward, so that no choice
+/// always runs right after the same other one (a slow predecessor can leave the GPU clocked
+/// down or the caches cold for whatever comes next).
+pub fn round_order(n: usize, round: usize) -> Vec<usize> {
+    if round.is_multiple_of(2) {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
 }

@@ -403,8 +403,9 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     }
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
         let mut best: Vec<Option<Row>> = vec![None; choices.len()];
-        for _ in 0..rounds.max(1) {
-            for (k, c) in choices.iter().enumerate() {
+        for round in 0..rounds.max(1) {
+            for k in crate::bench::round_order(choices.len(), round) {
+                let c = &choices[k];
                 let row = if c == "raw" {
                     measure_any(comm, &q, rawc.as_ref(), a, bytes, c)?
                 } else {
@@ -483,8 +484,9 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
         let mut points: Vec<(u64, Vec<f64>)> = vec![];
         for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
             let mut best = vec![f64::INFINITY; names.len()];
-            for _ in 0..rounds.max(1) {
-                for (k, name) in names.iter().enumerate() {
+            for round in 0..rounds.max(1) {
+                for k in crate::bench::round_order(names.len(), round) {
+                    let name = names[k];
                     comm.pin_backend(Some(name))?;
                     best[k] = best[k].min(measure_any(comm, &q, None, &args, bytes, name)?.time_us);
                 }

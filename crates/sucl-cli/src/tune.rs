@@ -76,8 +76,9 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
         let mut points = vec![];
         for &bytes in &sizes {
             let mut times = vec![f64::INFINITY; names.len()];
-            for _ in 0..a.rounds.max(1) {
-                for (k, name) in names.iter().enumerate() {
+            for round in 0..a.rounds.max(1) {
+                for k in crate::bench::round_order(names.len(), round) {
+                    let name = names[k];
                     comm.pin_backend(Some(name))?;
                     let args = BenchArgs {
                         op: BenchOp::Coll(op),
