@@ -20,6 +20,9 @@ fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
 /// Time one device measurement may take (after warm-up), and the fewest iterations it runs.
 const MEASURE_SECONDS: f64 = 0.3;
 const MIN_ITERS: usize = 5;
+/// Up to this size, `--compare` runs SMALL_ROUNDS_FACTOR times the rounds asked for.
+const SMALL_BYTES: u64 = 1 << 20;
+const SMALL_ROUNDS_FACTOR: usize = 3;
 
 /// One collective on device buffers through the very calls host buffers use.
 fn run_dev<T: DeviceElement>(
@@ -403,6 +406,9 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     }
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
         let mut best: Vec<Option<Row>> = vec![None; choices.len()];
+        // Rounds of small sizes cost milliseconds, and their noise (±1 µs from the CPU side of
+        // every launch) is as large as the differences measured: take more of them there.
+        let rounds = if bytes <= SMALL_BYTES { rounds * SMALL_ROUNDS_FACTOR } else { rounds };
         for round in 0..rounds.max(1) {
             for k in crate::bench::round_order(choices.len(), round) {
                 let c = &choices[k];
