@@ -3,7 +3,7 @@
 # 2 (and 4 when present) GPUs over every device backend, then nccl, staged and auto measured side
 # by side in one job with a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
-# usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] scripts/gpu-check.sh
+# usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] [BENCH=0: checks only] scripts/gpu-check.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 BIN=${BIN:-target/release/sucl}
@@ -44,9 +44,24 @@ if [ "$NGPU" -ge 2 ]; then
   cat "$OUT/fault-0.txt" "$OUT/fault-1.txt" >>"$OUT/check.txt"; rm -f "$OUT/fault-0.txt" "$OUT/fault-1.txt"
   grep -q "rank 0: lost peer rank 1" "$OUT/check.txt" || { echo "gpu-check: the survivor did not report the lost rank" >&2; status=1; }
   grep -A3 "fault run" "$OUT/check.txt"
+  # A rank that stops answering (alive, store connection open): the other must time out after
+  # SUCL_TIMEOUT, abort NCCL and exit, not hang.
+  start=$(date +%s)
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=29556 SUCL_TIMEOUT=5 timeout 40 \
+      "$BIN" check --device cuda --ops all_reduce --dtypes f32 --redops sum --inject-stall 1 --inject-after 3 >"$OUT/stall-$r.txt" 2>&1 &
+    pids[$r]=$!
+  done
+  wait "${pids[0]}"
+  echo "stall run: rank 0 ended after $(( $(date +%s) - start )) s" >>"$OUT/check.txt"
+  kill "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
+  cat "$OUT/stall-0.txt" "$OUT/stall-1.txt" >>"$OUT/check.txt"; rm -f "$OUT/stall-0.txt" "$OUT/stall-1.txt"
+  grep -q "rank 0: .*timed out after" "$OUT/check.txt" || { echo "gpu-check: the waiting rank did not time out" >&2; status=1; }
+  grep -A3 "stall run" "$OUT/check.txt"
 fi
 # Benchmarks of a build that fails its checks would measure nothing worth keeping.
 [ "$status" -eq 0 ] || { grep -h "sucl check\|WRONG\|panicked\|error" "$OUT/check.txt" | head -20; echo "gpu-check: checks failed; no benchmarks" >&2; exit 1; }
+if [ "${BENCH:-1}" = 0 ]; then grep -h "sucl check" "$OUT/check.txt"; echo "gpu-check: exit $status (checks only)"; exit $status; fi
 : >"$OUT/bench.jsonl"
 for R in 2 4; do
   [ "$R" -le "$NGPU" ] || continue

@@ -210,6 +210,7 @@ pub fn check(
     redops: &[ReduceOp],
     big_mib: usize,
     inject_kill: Option<(usize, usize)>,
+    inject_stall: Option<(usize, usize)>,
 ) -> Result<i32> {
     let dev = comm.cuda_device()?;
     comm.attach_device(&dev)?;
@@ -231,6 +232,11 @@ pub fn check(
                             eprintln!("injected fault: rank {} kills itself now", comm.rank());
                             // SAFETY: raising a signal on ourselves.
                             unsafe { libc::raise(libc::SIGKILL) };
+                        }
+                        if inject_stall.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
+                            eprintln!("injected fault: rank {} stops answering", comm.rank());
+                            std::thread::sleep(std::time::Duration::from_secs(120));
+                            std::process::exit(5);
                         }
                         let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
                         let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &q, &pat, &case)? });

@@ -395,7 +395,16 @@ fn check_main(c: CheckCli) -> i32 {
         None => check::run(&comm, &args),
         #[cfg(feature = "cuda")]
         Some("cuda") => {
-            gpu::check(&comm, &args.ops, &args.dtypes, &args.redops, args.big_mib, args.inject_kill.map(|r| (r, args.inject_after)))
+            let after = |r| (r, args.inject_after);
+            gpu::check(
+                &comm,
+                &args.ops,
+                &args.dtypes,
+                &args.redops,
+                args.big_mib,
+                args.inject_kill.map(after),
+                args.inject_stall.map(after),
+            )
         }
         Some(other) => {
             return fail(format!("unknown or unsupported device `{other}` in this build"));
