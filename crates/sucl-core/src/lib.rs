@@ -6,6 +6,8 @@
 //! and matches messages over any byte channel, the generic collective [`algorithms`] built on it,
 //! the rendezvous [`store`] and launch-environment [`bootstrap`]. It depends on no other sucl crate.
 
+#![warn(missing_docs)]
+
 pub mod algorithms;
 pub mod backend;
 pub mod bootstrap;

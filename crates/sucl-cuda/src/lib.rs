@@ -8,6 +8,8 @@
 //! path in the facade (device → pinned host → any host backend → device). Depends on
 //! `sucl-core` only.
 
+#![warn(missing_docs)]
+
 mod device;
 pub use device::{Buffer, Device, DeviceElement, DeviceMemory, Event, PinnedBuffer, Queue};
 

@@ -8,6 +8,8 @@
 //!
 //! Depends only on `sucl-core`.
 
+#![warn(missing_docs)]
+
 pub mod shm;
 pub mod tcp;
 

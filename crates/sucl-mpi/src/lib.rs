@@ -3,6 +3,8 @@
 //! peer is a timeout, not a hang. A small C shim (built with `mpicc`) keeps MPI's handles on the
 //! C side, so no bindings generator is needed. Depends only on `sucl-core`.
 
+#![warn(missing_docs)]
+
 #[cfg(not(sucl_mpi_missing))]
 use std::ffi::c_longlong;
 use std::ffi::{c_char, c_int, c_void};

@@ -1,5 +1,5 @@
 //! The buffers one set of [`Communicator`](crate::Communicator) calls accepts: host slices,
-//! vectors and arrays, and (feature `cuda`) device [`Buffer`](crate::cuda::Buffer)s. A call
+//! vectors and arrays, and (feature `cuda`) device `Buffer`s ([`crate::cuda::Buffer`]). A call
 //! looks at where its buffers live and sends host memory to the host backends and device memory
 //! to the device backends (NCCL or staged), so a program does not change with the memory kind.
 

@@ -12,6 +12,8 @@
 //! This crate is the facade users depend on: bootstrap, backend selection, argument validation
 //! and the typed API. It depends on `sucl-core` (types, engine, store) and `sucl-host` (shm, tcp).
 
+#![warn(missing_docs)]
+
 pub mod buf;
 pub mod config;
 #[cfg(feature = "cuda")]
