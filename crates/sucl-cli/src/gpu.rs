@@ -179,6 +179,22 @@ fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
     let got = b.to_vec()?;
     let want = if r == n - 1 { (n * (n + 1) / 2) as f32 } else { 1f32 + r as f32 };
     out.push(("reduce_in_place".into(), got.iter().all(|&v| v == want)));
+    // Buckets: a collective on a range of a larger buffer leaves the rest alone.
+    let len = 4099;
+    let mut b = q.upload(&pattern(r, len))?;
+    comm.all_reduce_in_place(&mut b.slice_mut(1000..3000)?, ReduceOp::Max)?;
+    let src = q.upload(&pattern(r, len))?;
+    let mut dst = q.alloc::<f32>(len)?;
+    comm.all_gather(&src.slice(..len / n)?, &mut dst.slice_mut(..len / n * n)?)?;
+    comm.synchronize(q)?;
+    let (got, mine) = (b.to_vec()?, pattern(r, len));
+    let top = pattern(n - 1, len);
+    let ok = got[..1000] == mine[..1000] && got[1000..3000] == top[1000..3000] && got[3000..] == mine[3000..];
+    out.push(("all_reduce on a slice".into(), ok));
+    let want: Vec<f32> = (0..n).flat_map(|j| pattern(j, len / n)).collect();
+    let got = dst.to_vec()?;
+    out.push(("all_gather on slices".into(), got[..want.len()] == want[..] && got[want.len()..].iter().all(|&v| v == 0.0)));
+    out.push(("slice out of range refused".into(), matches!(b.slice(10..len + 1), Err(sucl::Error::InvalidArgument { .. }))));
     // Refused before anything moves: host and device memory in one call, a short buffer.
     let dev = q.upload(&[1f32; 4])?;
     let mut host = vec![0f32; 4];

@@ -5,8 +5,10 @@
 
 use crate::{cuda_err, probe};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, SyncOnDrop, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, SyncOnDrop,
+    ValidAsZeroBits,
 };
+use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 use std::time::Duration;
 use sucl_core::wait::{Backoff, Waiter};
@@ -263,8 +265,8 @@ impl<T: DeviceElement> Buffer<T> {
     }
 }
 
-/// What a communication backend needs of a device buffer, whatever its element type: where it
-/// lives, how many bytes, and its address ordered on the stream an operation runs on.
+/// What a communication backend needs of device memory it reads, whatever its element type:
+/// where it lives, how many bytes, and its address ordered on the stream an operation runs on.
 pub trait DeviceMemory {
     /// The queue the memory belongs to.
     fn queue(&self) -> &Queue;
@@ -272,6 +274,10 @@ pub trait DeviceMemory {
     fn num_bytes(&self) -> usize;
     /// The address for reading on `stream`; the guard orders later writers after this use.
     fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>);
+}
+
+/// Device memory a backend may also write.
+pub trait DeviceMemoryMut: DeviceMemory {
     /// The address for writing on `stream`; the guard orders later users after this write.
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>);
 }
@@ -294,12 +300,139 @@ impl<T: DeviceElement> DeviceMemory for Buffer<T> {
             }
         }
     }
+}
 
+impl<T: DeviceElement> DeviceMemoryMut for Buffer<T> {
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
         match &mut self.slice {
             None => (0, None),
             Some(s) => {
                 let (p, g) = s.device_ptr_mut(stream);
+                (p, Some(g))
+            }
+        }
+    }
+}
+
+impl<T: DeviceElement> Buffer<T> {
+    fn bounds(&self, range: impl RangeBounds<usize>) -> Result<(usize, usize)> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len(),
+        };
+        if start > end || end > self.len() {
+            return Err(Error::invalid(
+                self.queue.dev.rank(),
+                "range",
+                format!("{start}..{end} is outside a buffer of {} elements", self.len()),
+            ));
+        }
+        Ok((start, end))
+    }
+
+    /// Elements `range` of the buffer, for calls that read them (a bucket of a larger buffer).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BufferView<'_, T>> {
+        let (start, end) = self.bounds(range)?;
+        let view = self.slice.as_ref().filter(|_| end > start).map(|s| s.slice(start..end));
+        Ok(BufferView { view, queue: &self.queue })
+    }
+
+    /// Elements `range` of the buffer, for calls that write them.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<BufferViewMut<'_, T>> {
+        let (start, end) = self.bounds(range)?;
+        let view = self.slice.as_mut().filter(|_| end > start).map(|s| s.slice_mut(start..end));
+        Ok(BufferViewMut { view, queue: &self.queue })
+    }
+}
+
+/// A range of a device [`Buffer`], read by a call.
+pub struct BufferView<'a, T: DeviceElement> {
+    view: Option<CudaView<'a, T>>,
+    queue: &'a Queue,
+}
+
+/// A range of a device [`Buffer`], written by a call.
+pub struct BufferViewMut<'a, T: DeviceElement> {
+    view: Option<CudaViewMut<'a, T>>,
+    queue: &'a Queue,
+}
+
+impl<T: DeviceElement> BufferView<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.view.as_ref().map_or(0, |v| v.len())
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T: DeviceElement> BufferViewMut<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.view.as_ref().map_or(0, |v| v.len())
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T: DeviceElement> DeviceMemory for BufferView<'_, T> {
+    fn queue(&self) -> &Queue {
+        self.queue
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+        match &self.view {
+            None => (0, None),
+            Some(v) => {
+                let (p, g) = v.device_ptr(stream);
+                (p, Some(g))
+            }
+        }
+    }
+}
+
+impl<T: DeviceElement> DeviceMemory for BufferViewMut<'_, T> {
+    fn queue(&self) -> &Queue {
+        self.queue
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+        match &self.view {
+            None => (0, None),
+            Some(v) => {
+                let (p, g) = v.device_ptr(stream);
+                (p, Some(g))
+            }
+        }
+    }
+}
+
+impl<T: DeviceElement> DeviceMemoryMut for BufferViewMut<'_, T> {
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+        match &mut self.view {
+            None => (0, None),
+            Some(v) => {
+                let (p, g) = v.device_ptr_mut(stream);
                 (p, Some(g))
             }
         }

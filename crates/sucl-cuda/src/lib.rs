@@ -11,7 +11,7 @@
 #![warn(missing_docs)]
 
 mod device;
-pub use device::{Buffer, Device, DeviceElement, DeviceMemory, Event, PinnedBuffer, Queue};
+pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
 
 use cudarc::driver::{CudaContext, CudaStream};
 

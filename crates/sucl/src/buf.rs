@@ -5,7 +5,7 @@
 
 use crate::Element;
 #[cfg(feature = "cuda")]
-use sucl_cuda::{Buffer, DeviceElement, DeviceMemory};
+use sucl_cuda::{Buffer, BufferView, BufferViewMut, DeviceElement, DeviceMemory, DeviceMemoryMut};
 
 /// Where a buffer's bytes are, for reading.
 pub enum Mem<'a> {
@@ -22,7 +22,7 @@ pub enum MemMut<'a> {
     Host(&'a mut [u8]),
     /// CUDA device memory.
     #[cfg(feature = "cuda")]
-    Device(&'a mut dyn DeviceMemory),
+    Device(&'a mut dyn DeviceMemoryMut),
 }
 
 impl Mem<'_> {
@@ -120,6 +120,35 @@ impl<T: DeviceElement> Buf for Buffer<T> {
 
 #[cfg(feature = "cuda")]
 impl<T: DeviceElement> BufMut for Buffer<T> {
+    fn mem_mut(&mut self) -> MemMut<'_> {
+        MemMut::Device(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T: DeviceElement> Buf for BufferView<'_, T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        BufferView::len(self)
+    }
+    fn mem(&self) -> Mem<'_> {
+        Mem::Device(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T: DeviceElement> Buf for BufferViewMut<'_, T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        BufferViewMut::len(self)
+    }
+    fn mem(&self) -> Mem<'_> {
+        Mem::Device(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T: DeviceElement> BufMut for BufferViewMut<'_, T> {
     fn mem_mut(&mut self) -> MemMut<'_> {
         MemMut::Device(self)
     }

@@ -13,9 +13,11 @@ use crate::{Communicator, Error, Result};
 use std::cell::RefMut;
 use sucl_core::backend::{CollDesc, CollOp};
 use sucl_cuda::cudarc::driver::sys as cu;
-use sucl_cuda::{DeviceBackend, DeviceMemory, NcclBackend};
+use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, NcclBackend};
 
-pub use sucl_cuda::{driver_version, nccl_version, probe, Buffer, Device, DeviceElement, Event, Kernel, PinnedBuffer, Queue};
+pub use sucl_cuda::{
+    driver_version, nccl_version, probe, Buffer, BufferView, BufferViewMut, Device, DeviceElement, Event, Kernel, PinnedBuffer, Queue,
+};
 
 /// Bytes of one stage (all rows of one chunk) on the staged path.
 const STAGE_BYTES: usize = 4 << 20;
@@ -165,7 +167,7 @@ impl Communicator {
         &self,
         send: Option<Mem<'s>>,
         recv: Option<MemMut<'r>>,
-    ) -> Result<(Option<&'s dyn DeviceMemory>, Option<&'r mut dyn DeviceMemory>)> {
+    ) -> Result<(Option<&'s dyn DeviceMemory>, Option<&'r mut dyn DeviceMemoryMut>)> {
         let s = match send {
             None => None,
             Some(Mem::Device(m)) => Some(m),
@@ -243,7 +245,7 @@ impl Communicator {
         self.send(&host[..], dest, tag)
     }
 
-    pub(crate) fn device_recv(&self, m: &mut dyn DeviceMemory, src: usize, tag: u32) -> Result<usize> {
+    pub(crate) fn device_recv(&self, m: &mut dyn DeviceMemoryMut, src: usize, tag: u32) -> Result<usize> {
         let q = m.queue().clone();
         let len = m.num_bytes();
         let (mut st, nccl) = self.p2p_backend(&q, "recv")?;
@@ -263,7 +265,7 @@ impl Communicator {
         &self,
         s: &dyn DeviceMemory,
         dest: usize,
-        r: &mut dyn DeviceMemory,
+        r: &mut dyn DeviceMemoryMut,
         src: usize,
         tag: u32,
     ) -> Result<usize> {
