@@ -19,7 +19,10 @@ pub struct LaunchOpts {
     pub prefix: bool,
     /// Grace period between SIGTERM and SIGKILL when tearing the job down.
     pub grace: Duration,
-    /// Pin rank r to CPU r (as mpirun binds to cores); only when the ranks fit the CPUs.
+    /// Bind each rank to its own contiguous block of the allowed CPUs (as `mpirun --map-by
+    /// slot:PE=k` does): one CPU each when the ranks use them all, more otherwise, so that
+    /// helper threads (NCCL's proxy, for one) do not share the rank's only core. Only when the
+    /// ranks fit the CPUs.
     pub bind: bool,
 }
 
@@ -147,14 +150,18 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
         if opts.prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
-        if let Some(cpu) = cpus.get(r).copied().filter(|_| bind) {
-            cmd.env("SUCL_BOUND_CPU", cpu.to_string());
+        if bind {
+            let per = cpus.len() / opts.ranks;
+            let block: Vec<usize> = cpus[r * per..(r + 1) * per].to_vec();
+            cmd.env("SUCL_BOUND_CPUS", block.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
             // SAFETY: the closure runs between fork and exec and only calls async-signal-safe
             // sched_setaffinity on plain data.
             unsafe {
                 cmd.pre_exec(move || {
                     let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
+                    for &cpu in &block {
+                        libc::CPU_SET(cpu, &mut set);
+                    }
                     libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
                     Ok(())
                 });

@@ -192,3 +192,40 @@ fn bench_json_has_the_documented_keys() {
         assert_eq!(v["ranks"], 2);
     }
 }
+
+#[test]
+fn launcher_binds_each_rank_to_its_own_block_of_cpus() {
+    let allowed: Vec<usize> = {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap().split(':').nth(1).unwrap().trim().to_string();
+        parse_cpu_list(&line)
+    };
+    let mut cmd = sucl();
+    cmd.args(["run", "-n", "2", "--", "sh", "-c", "grep Cpus_allowed_list /proc/self/status"]);
+    let out = finish(spawn(cmd), Duration::from_secs(30), "launcher");
+    assert!(out.status.success(), "{}", out.stderr);
+    let sets: Vec<Vec<usize>> = (0..2)
+        .map(|r| {
+            let line = out.stdout.lines().find(|l| l.starts_with(&format!("[{r}]"))).unwrap_or_else(|| panic!("{}", out.stdout));
+            parse_cpu_list(line.split(':').nth(1).unwrap().trim())
+        })
+        .collect();
+    if allowed.len() < 2 {
+        eprintln!("one CPU allowed: ranks are not bound");
+        return;
+    }
+    let per = allowed.len() / 2;
+    assert_eq!(sets[0], allowed[..per].to_vec(), "{}", out.stdout);
+    assert_eq!(sets[1], allowed[per..2 * per].to_vec(), "{}", out.stdout);
+}
+
+/// "0-3,8,10-11" → [0, 1, 2, 3, 8, 10, 11].
+fn parse_cpu_list(s: &str) -> Vec<usize> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| match p.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+            None => vec![p.parse().unwrap()],
+        })
+        .collect()
+}
