@@ -523,3 +523,44 @@ impl DeviceComm {
         q.wait_for(&self.upload.record()?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sucl_core::{DType, ReduceOp};
+
+    /// The staged path's row plan must move exactly the buffers the op defines on every rank,
+    /// and fit the slots sized from `max_rows` (which every rank computes alike).
+    #[test]
+    fn staged_rows_cover_each_ranks_buffers_and_fit_the_slots() {
+        for n in [1usize, 2, 3, 4, 8] {
+            for op in CollOp::ALL {
+                for root in [0, n - 1] {
+                    for r in 0..n {
+                        let c = 5;
+                        let d = CollDesc { op, dtype: DType::F32, redop: ReduceOp::Sum, root, count: c };
+                        let (send_len, recv_len) = d.buffer_lens(n, r);
+                        let rw = rows(&d, n, r);
+                        let what = format!("{} n={n} rank={r} root={root}", op.name());
+                        assert_eq!(rw.recv * c, recv_len, "receive rows of {what}");
+                        let downloaded = (rw.send + rw.in_place_row.is_some() as usize) * c;
+                        let source = if op == CollOp::Broadcast {
+                            if r == root {
+                                c
+                            } else {
+                                0
+                            }
+                        } else {
+                            send_len
+                        };
+                        assert_eq!(downloaded, source, "downloaded elements of {what}");
+                        assert!(rw.send + rw.recv <= max_rows(op, n), "slot rows of {what}");
+                        if let Some(row) = rw.in_place_row {
+                            assert!(row < rw.recv, "in-place row of {what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
