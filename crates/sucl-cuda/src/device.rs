@@ -292,25 +292,13 @@ impl<T: DeviceElement> DeviceMemory for Buffer<T> {
     }
 
     fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
-        match &self.slice {
-            None => (0, None),
-            Some(s) => {
-                let (p, g) = s.device_ptr(stream);
-                (p, Some(g))
-            }
-        }
+        read_at(self.slice.as_ref(), stream)
     }
 }
 
 impl<T: DeviceElement> DeviceMemoryMut for Buffer<T> {
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
-        match &mut self.slice {
-            None => (0, None),
-            Some(s) => {
-                let (p, g) = s.device_ptr_mut(stream);
-                (p, Some(g))
-            }
-        }
+        write_at(self.slice.as_mut(), stream)
     }
 }
 
@@ -363,80 +351,60 @@ pub struct BufferViewMut<'a, T: DeviceElement> {
     queue: &'a Queue,
 }
 
-impl<T: DeviceElement> BufferView<'_, T> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.view.as_ref().map_or(0, |v| v.len())
-    }
+/// What both views share: their length and how a backend reads them.
+macro_rules! view_common {
+    ($view:ident) => {
+        impl<T: DeviceElement> $view<'_, T> {
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.view.as_ref().map_or(0, |v| v.len())
+            }
 
-    /// Whether it holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl<T: DeviceElement> BufferViewMut<'_, T> {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.view.as_ref().map_or(0, |v| v.len())
-    }
-
-    /// Whether it holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl<T: DeviceElement> DeviceMemory for BufferView<'_, T> {
-    fn queue(&self) -> &Queue {
-        self.queue
-    }
-
-    fn num_bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<T>()
-    }
-
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
-        match &self.view {
-            None => (0, None),
-            Some(v) => {
-                let (p, g) = v.device_ptr(stream);
-                (p, Some(g))
+            /// Whether it holds no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
             }
         }
-    }
-}
 
-impl<T: DeviceElement> DeviceMemory for BufferViewMut<'_, T> {
-    fn queue(&self) -> &Queue {
-        self.queue
-    }
+        impl<T: DeviceElement> DeviceMemory for $view<'_, T> {
+            fn queue(&self) -> &Queue {
+                self.queue
+            }
 
-    fn num_bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<T>()
-    }
+            fn num_bytes(&self) -> usize {
+                self.len() * std::mem::size_of::<T>()
+            }
 
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
-        match &self.view {
-            None => (0, None),
-            Some(v) => {
-                let (p, g) = v.device_ptr(stream);
-                (p, Some(g))
+            fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+                read_at(self.view.as_ref(), stream)
             }
         }
-    }
+    };
 }
+
+view_common!(BufferView);
+view_common!(BufferViewMut);
 
 impl<T: DeviceElement> DeviceMemoryMut for BufferViewMut<'_, T> {
     fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
-        match &mut self.view {
-            None => (0, None),
-            Some(v) => {
-                let (p, g) = v.device_ptr_mut(stream);
-                (p, Some(g))
-            }
-        }
+        write_at(self.view.as_mut(), stream)
     }
+}
+
+/// The address of optional device memory for reading on `stream` (0 when empty).
+fn read_at<'s, T, P: DevicePtr<T>>(mem: Option<&'s P>, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+    mem.map_or((0, None), |m| {
+        let (p, g) = m.device_ptr(stream);
+        (p, Some(g))
+    })
+}
+
+/// The address of optional device memory for writing on `stream` (0 when empty).
+fn write_at<'s, T, P: DevicePtrMut<T>>(mem: Option<&'s mut P>, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
+    mem.map_or((0, None), |m| {
+        let (p, g) = m.device_ptr_mut(stream);
+        (p, Some(g))
+    })
 }
 
 /// Page-locked host memory: the staging area of device ↔ host copies that overlap other work.
