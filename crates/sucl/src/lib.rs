@@ -199,21 +199,7 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         s.barrier("world/ready", size)?;
     }
     tracing::debug!(rank, size, backends = ?selector.names(), "sucl initialized");
-    Ok(Communicator {
-        rank,
-        size,
-        local_rank,
-        world_ranks,
-        backends: RefCell::new(backends),
-        selector,
-        pinned: Cell::new(None),
-        device_pin: Cell::new(None),
-        #[cfg(feature = "cuda")]
-        device: RefCell::new(None),
-        ctx,
-        prefix: "world".into(),
-        splits: Cell::new(0),
-    })
+    Ok(Communicator::member(rank, local_rank, world_ranks, backends, selector, ctx, "world".into()))
 }
 
 /// Whether backend `name` can be loaded by this process (shm's one-host condition is checked
@@ -337,6 +323,34 @@ pub fn shm_prefix(job_id: &str) -> String {
 }
 
 impl Communicator {
+    /// A communicator of the ranks `world_ranks` (this process is `rank` of them) with nothing
+    /// pinned and no device side yet: the one place that lists every field.
+    fn member(
+        rank: usize,
+        local_rank: usize,
+        world_ranks: Vec<usize>,
+        backends: Vec<Box<dyn Backend>>,
+        selector: select::Selector,
+        ctx: Arc<Context>,
+        prefix: String,
+    ) -> Communicator {
+        Communicator {
+            rank,
+            size: world_ranks.len(),
+            local_rank,
+            world_ranks,
+            backends: RefCell::new(backends),
+            selector,
+            pinned: Cell::new(None),
+            device_pin: Cell::new(None),
+            #[cfg(feature = "cuda")]
+            device: RefCell::new(None),
+            ctx,
+            prefix,
+            splits: Cell::new(0),
+        }
+    }
+
     /// This process's rank in the communicator.
     pub fn rank(&self) -> usize {
         self.rank
@@ -714,21 +728,7 @@ impl Communicator {
         }
         let my_host = &self.ctx.hosts[self.wr()];
         let local_rank = world_ranks[..new_rank].iter().filter(|&&w| &self.ctx.hosts[w] == my_host).count();
-        Ok(Some(Communicator {
-            rank: new_rank,
-            size: world_ranks.len(),
-            local_rank,
-            world_ranks,
-            backends: RefCell::new(backends),
-            selector,
-            pinned: Cell::new(None),
-            device_pin: Cell::new(None),
-            #[cfg(feature = "cuda")]
-            device: RefCell::new(None),
-            ctx: self.ctx.clone(),
-            prefix,
-            splits: Cell::new(0),
-        }))
+        Ok(Some(Communicator::member(new_rank, local_rank, world_ranks, backends, selector, self.ctx.clone(), prefix)))
     }
 
     /// The world rank of this communicator's rank `r`.
