@@ -20,9 +20,7 @@ mod missing {
     //! Stand-ins when no MPI was found at build time: initialization fails with the reason, so
     //! nothing below it is ever reached.
     #![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
-    #[cfg(not(sucl_mpi_missing))]
-    use std::ffi::c_longlong;
-    use std::ffi::{c_char, c_int, c_void};
+    use std::ffi::{c_char, c_int, c_longlong, c_void};
     pub unsafe fn sucl_mpi_init() -> c_int {
         -1
     }
