@@ -122,7 +122,7 @@ impl Communicator {
     /// returns, every request it left pending is waited for (an error there is returned).
     ///
     /// ```no_run
-    /// # let comm = sucl::init()?;
+    /// # let comm = sucl_runtime::init()?;
     /// let (right, left) = ((comm.rank() + 1) % comm.size(), (comm.rank() + comm.size() - 1) % comm.size());
     /// let out = [comm.rank() as u32];
     /// let mut got = [0u32];
@@ -132,7 +132,7 @@ impl Communicator {
     ///     r.wait()
     /// })?;
     /// assert_eq!(got[0] as usize, left);
-    /// # Ok::<(), sucl::Error>(())
+    /// # Ok::<(), sucl_runtime::Error>(())
     /// ```
     pub fn nonblocking<'env, R>(&'env self, f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<R>) -> Result<R> {
         let scope = Scope { comm: self, pending: RefCell::new(Vec::new()), _scope: PhantomData };
