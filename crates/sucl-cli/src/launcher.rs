@@ -7,7 +7,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use sucl_core::store::StoreServer;
+use sucl_core::store::{JobSecret, StoreServer, SECRET_ENV};
 
 /// How to launch.
 pub struct LaunchOpts {
@@ -111,7 +111,16 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
     };
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let job = format!("j{}x{nanos}", std::process::id());
-    let server = match StoreServer::start("127.0.0.1:0") {
+    // A fresh random secret per job: only the ranks we start (handed it below) can use the
+    // store, which listens on loopback only (all ranks run on this host).
+    let secret = match JobSecret::random() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sucl run: cannot make a job secret: {e}");
+            return 1;
+        }
+    };
+    let server = match StoreServer::start("127.0.0.1:0", secret.clone()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("sucl run: cannot start the rendezvous store: {e}");
@@ -145,6 +154,7 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
             .env("SUCL_STORE_ADDR", server.addr().to_string())
             .env("SUCL_STORE_HOST", "launcher")
             .env("SUCL_JOB_ID", &job)
+            .env(SECRET_ENV, secret.expose())
             .stdin(Stdio::null())
             .process_group(0);
         if opts.prefix {

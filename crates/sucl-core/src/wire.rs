@@ -9,7 +9,7 @@ use std::fmt;
 /// Magic number at the start of every frame: the bytes `S U C L`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
 /// The wire-format version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Size of an encoded header in bytes.
 pub const HEADER_LEN: usize = 40;
 
@@ -31,12 +31,15 @@ pub enum Kind {
     StoreAdd = 18,
     /// Store: reply; meta0 = status (0 ok, 1 timeout), payload = value.
     StoreReply = 19,
-    /// Store: a client introduces itself; meta0 = world rank.
+    /// Store: a client answers the challenge; meta0 = world rank, payload = its 32-byte nonce and
+    /// the 32-byte HMAC-SHA256 proof that it knows the job secret.
     StoreHello = 20,
     /// Store: the client leaves cleanly.
     StoreBye = 21,
     /// Store: the client reports an abort; meta0 = lost rank + 1 (0 = none), payload = reason.
     StoreAbort = 22,
+    /// Store: the server's challenge to a new connection; payload = 32-byte nonce.
+    StoreChallenge = 23,
 }
 
 impl Kind {
@@ -52,6 +55,7 @@ impl Kind {
             20 => Kind::StoreHello,
             21 => Kind::StoreBye,
             22 => Kind::StoreAbort,
+            23 => Kind::StoreChallenge,
             _ => return None,
         })
     }

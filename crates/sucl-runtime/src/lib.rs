@@ -29,6 +29,7 @@ pub use config::{BackendChoice, Config};
 pub use half::{bf16, f16};
 pub use nonblocking::{Request, Scope};
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
+pub use sucl_core::store::{JobSecret, SecretSource};
 pub use sucl_core::{CollOp, DType, Element, Error, ReduceOp, Result};
 
 use std::cell::{Cell, RefCell};
@@ -119,7 +120,9 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let mut server = None;
     if env.store_addr.is_none() {
         // A world of one still gets a private store, so every backend sets up the same way.
-        let s = StoreServer::start("127.0.0.1:0").map_err(|e| Error::io(0, "starting a private rendezvous store", e))?;
+        env.job_secret = JobSecret::random().map_err(|e| Error::io(0, "making a secret for a private rendezvous store", e))?;
+        let s = StoreServer::start("127.0.0.1:0", env.job_secret.clone())
+            .map_err(|e| Error::io(0, "starting a private rendezvous store", e))?;
         env.store_addr = Some(s.addr().to_string());
         env.rank0_hosts_store = false;
         server = Some(s);
@@ -128,15 +131,15 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         None => None,
         Some(addr) => {
             if env.rank0_hosts_store && env.rank == 0 {
-                let bind = match addr.rsplit_once(':') {
-                    Some((host, port)) if host == "127.0.0.1" || host == "localhost" => format!("127.0.0.1:{port}"),
-                    Some((_, port)) => format!("0.0.0.0:{port}"),
-                    None => return Err(Error::Config(format!("store address `{addr}` has no port"))),
-                };
-                server = Some(StoreServer::start(&bind).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?);
+                // Loopback for a one-host job, else the address given (see sucl_core::bootstrap).
+                let bind = sucl_core::bootstrap::store_bind_addrs(addr)?;
+                server = Some(
+                    StoreServer::start(&bind[..], env.job_secret.clone())
+                        .map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind:?}"), e))?,
+                );
             }
             let server_rank = (env.rank0_hosts_store || env.size == 1).then_some(0);
-            Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone())?)
+            Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone(), &env.job_secret)?)
         }
     };
     let host = sucl_core::bootstrap::hostname();
