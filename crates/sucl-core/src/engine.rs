@@ -39,6 +39,9 @@ macro_rules! delegate_p2p_to_engine {
     };
 }
 
+/// Default of [`EngineConfig::max_unexpected`]: 1 GiB of messages waiting for their receive.
+pub const DEFAULT_MAX_UNEXPECTED: u64 = 1 << 30;
+
 /// Tag bit reserved for collectives; user tags never set it.
 pub const COLL_TAG_BIT: u64 = 1 << 63;
 
@@ -108,6 +111,9 @@ pub struct EngineConfig {
     pub timeout: Duration,
     /// Largest payload a peer may announce.
     pub max_message: u64,
+    /// Most bytes of messages nobody posted a receive for yet that the engine holds at once (all
+    /// peers together); a message that would exceed it is an error naming its sender.
+    pub max_unexpected: u64,
     /// How waits poll before blocking.
     pub backoff: Backoff,
 }
@@ -120,6 +126,8 @@ pub struct Engine {
     slots: Vec<Slot>,
     free: Vec<u32>,
     next_unexp: u64,
+    /// Bytes announced by the messages in the unexpected queues (bounded by `max_unexpected`).
+    unexpected_bytes: u64,
     abort: Arc<AbortState>,
     cfg: EngineConfig,
     failed: bool,
@@ -166,6 +174,7 @@ impl Engine {
             slots: vec![],
             free: vec![],
             next_unexp: 0,
+            unexpected_bytes: 0,
             abort,
             cfg,
             failed: false,
@@ -327,8 +336,10 @@ impl Engine {
             let idx = self.peers[me].posted.remove(p).unwrap();
             self.deliver_copy(idx, tag, meta, data)?;
         } else {
+            self.admit_unexpected(me, len as u64)?;
             let id = self.next_unexp;
             self.next_unexp += 1;
+            self.unexpected_bytes += len as u64;
             self.peers[me].unexpected.push_back(Unexpected { id, tag, meta, len, data: data.to_vec(), claimed_by: None });
         }
         Ok(self.alloc(Op { peer: me, done: true, bytes: len, kind: OpKind::Send { hdr: [0; HEADER_LEN], ptr, len, sent: len } }))
@@ -373,7 +384,7 @@ impl Engine {
         let pos = self.peers[peer].unexpected.iter().position(|u| u.tag == tag && u.claimed_by.is_none());
         match pos {
             Some(p) if self.peers[peer].unexpected[p].data.len() == self.peers[peer].unexpected[p].len && !self.is_filling(peer, p) => {
-                let u = self.peers[peer].unexpected.remove(p).unwrap();
+                let u = self.take_unexpected(peer, p);
                 if let Err(e) = self.deliver_copy(idx, u.tag, u.meta, &u.data) {
                     self.retire(idx);
                     return Err(self.fail(e));
@@ -762,16 +773,38 @@ impl Engine {
                     self.op_mut(idx).bytes = len;
                     Target::Op(idx)
                 }
-                None => Target::Unexpected(self.push_unexpected(p, hdr)),
+                None => {
+                    self.admit_unexpected(p, hdr.len)?;
+                    Target::Unexpected(self.push_unexpected(p, hdr))
+                }
             }
         };
         self.peers[p].rx = Rx::Payload { len, got: 0, target, hdr };
         Ok(())
     }
 
+    /// Refuses a message of `len` bytes from `p` that would take the unexpected queues past
+    /// their bound (so a peer's announcement cannot make this rank hold unbounded memory).
+    fn admit_unexpected(&self, p: usize, len: u64) -> Result<()> {
+        let limit = self.cfg.max_unexpected;
+        if self.unexpected_bytes.saturating_add(len) <= limit {
+            return Ok(());
+        }
+        Err(Error::Protocol {
+            rank: self.world_rank(self.rank),
+            peer: self.world_rank(p),
+            why: format!(
+                "a message of {len} bytes arrived with no receive posted for it while {} bytes already wait unmatched; \
+                 more than the unexpected-message limit of {limit} bytes (SUCL_MAX_UNEXPECTED_BYTES)",
+                self.unexpected_bytes
+            ),
+        })
+    }
+
     fn push_unexpected(&mut self, p: usize, hdr: Header) -> u64 {
         let id = self.next_unexp;
         self.next_unexp += 1;
+        self.unexpected_bytes += hdr.len;
         self.peers[p].unexpected.push_back(Unexpected {
             id,
             tag: hdr.tag,
@@ -783,6 +816,12 @@ impl Engine {
         id
     }
 
+    fn take_unexpected(&mut self, p: usize, pos: usize) -> Unexpected {
+        let u = self.peers[p].unexpected.remove(pos).expect("unexpected entry");
+        self.unexpected_bytes -= u.len as u64;
+        u
+    }
+
     fn on_payload_done(&mut self, p: usize, target: Target, hdr: Header) -> Result<()> {
         match target {
             Target::Op(idx) => {
@@ -791,7 +830,7 @@ impl Engine {
             Target::Unexpected(id) => {
                 let pos = self.peers[p].unexpected.iter().position(|u| u.id == id).expect("unexpected entry");
                 if hdr.kind == Kind::Abort {
-                    let u = self.peers[p].unexpected.remove(pos).unwrap();
+                    let u = self.take_unexpected(p, pos);
                     let reason = String::from_utf8_lossy(&u.data).into_owned();
                     let me = self.world_rank(self.rank);
                     let info =
@@ -800,7 +839,7 @@ impl Engine {
                     return Err(info.to_error(me, "receive"));
                 }
                 if let Some(idx) = self.peers[p].unexpected[pos].claimed_by {
-                    let u = self.peers[p].unexpected.remove(pos).unwrap();
+                    let u = self.take_unexpected(p, pos);
                     self.deliver_copy(idx, u.tag, u.meta, &u.data)?;
                 }
             }
@@ -868,15 +907,75 @@ mod tests {
     }
 
     fn engine(input: Vec<u8>, pieces: Vec<usize>) -> Engine {
+        engine_with_limit(input, pieces, DEFAULT_MAX_UNEXPECTED)
+    }
+
+    fn engine_with_limit(input: Vec<u8>, pieces: Vec<usize>, max_unexpected: u64) -> Engine {
         let chan = MemChannel { input, pos: 0, pieces, turn: 0, written: vec![] };
-        let cfg = EngineConfig { timeout: Duration::from_secs(2), max_message: 1 << 20, backoff: Backoff::DEDICATED };
-        Engine::new(0, vec![None, Some(Box::new(chan))], vec![0, 1], AbortState::new(), cfg)
+        let cfg = EngineConfig { timeout: Duration::from_secs(2), max_message: 1 << 20, max_unexpected, backoff: Backoff::DEDICATED };
+        Engine::new(0, vec![None, Some(Box::new(chan))], vec![0, 7], AbortState::new(), cfg)
+    }
+
+    /// What a receive of tag 5 into 128 bytes must return for `bytes` from the peer: the payload
+    /// when they are exactly one valid data frame of tag 5 that fits, an error otherwise.
+    fn expected_outcome(bytes: &[u8]) -> Option<&[u8]> {
+        let raw: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
+        let h = Header::decode(raw, 1 << 20).ok()?;
+        let whole = h.kind == Kind::Data && h.tag == 5 && h.len <= 128 && bytes.len() as u64 == HEADER_LEN as u64 + h.len;
+        whole.then(|| &bytes[HEADER_LEN..])
+    }
+
+    #[test]
+    fn unexpected_messages_beyond_the_bound_are_an_error_naming_the_peer() {
+        // Two 60-byte messages nobody asked for yet, then the one we wait for: 120 > 100.
+        let mut input = frame(1, &[1; 60]);
+        input.extend(frame(2, &[2; 60]));
+        input.extend(frame(3, &[3; 10]));
+        let mut e = engine_with_limit(input, vec![64], 100);
+        let err = e.recv(1, 3, None, &mut [0u8; 16]).unwrap_err();
+        match &err {
+            Error::Protocol { peer: 7, why, .. } if why.contains("unexpected-message limit of 100 bytes") => {}
+            other => panic!("expected a protocol error naming rank 7 and the limit, got {other}"),
+        }
     }
 
     fn frame(tag: u64, payload: &[u8]) -> Vec<u8> {
         let mut v = Header::data(tag, payload.len(), [0, 0]).encode().to_vec();
         v.extend_from_slice(payload);
         v
+    }
+
+    /// A peer whose bytes the test hands over as it goes; empty means "nothing yet", not EOF.
+    struct FeedChannel(Arc<std::sync::Mutex<VecDeque<u8>>>);
+
+    impl Channel for FeedChannel {
+        fn try_write(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+            Ok(parts.iter().map(|p| p.len()).sum())
+        }
+        fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let mut q = self.0.lock().unwrap();
+            let n = buf.len().min(q.len());
+            for (d, s) in buf.iter_mut().zip(q.drain(..n)) {
+                *d = s;
+            }
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn unexpected_bytes_are_released_when_received() {
+        // Five rounds of a 60-byte message taken after a later one: never more than 70 bytes wait
+        // at once, although 300 pass through an engine whose bound is 100.
+        let feed = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let cfg = EngineConfig { timeout: Duration::from_secs(2), max_message: 1 << 20, max_unexpected: 100, backoff: Backoff::DEDICATED };
+        let mut e = Engine::new(0, vec![None, Some(Box::new(FeedChannel(feed.clone())))], vec![0, 7], AbortState::new(), cfg);
+        for round in 0..5 {
+            feed.lock().unwrap().extend(frame(1, &[1; 60]).into_iter().chain(frame(2, &[2; 10])));
+            let (mut a, mut b) = ([0u8; 60], [0u8; 10]);
+            assert_eq!(e.recv(1, 2, None, &mut b).unwrap_or_else(|err| panic!("round {round}: {err}")), 10);
+            assert_eq!(e.recv(1, 1, None, &mut a).unwrap(), 60);
+            assert_eq!((a, b), ([1; 60], [2; 10]));
+        }
     }
 
     proptest! {
@@ -890,15 +989,23 @@ mod tests {
             let _ = e.recv(1, 5, None, &mut buf);
         }
 
-        /// A valid header followed by arbitrary bytes, cut anywhere: still no panic.
+        /// A valid frame with one byte flipped and/or cut anywhere: the receive returns the
+        /// payload only when the bytes still are one whole valid frame for it; every truncated or
+        /// corrupted frame is an error (promptly: no timeout), never a panic or wrong data.
         #[test]
         fn truncated_or_corrupted_frames_are_errors(payload in proptest::collection::vec(any::<u8>(), 0..100), cut in 0usize..200, flip in any::<u8>(), at in 0usize..140) {
             let mut v = frame(5, &payload);
             if at < v.len() { v[at] ^= flip; }
             v.truncate(cut.min(v.len()));
+            let expected = expected_outcome(&v).map(<[u8]>::to_vec);
             let mut e = engine(v, vec![3]);
             let mut buf = [0u8; 128];
-            let _ = e.recv(1, 5, None, &mut buf);
+            match (e.recv(1, 5, None, &mut buf), expected) {
+                (Ok(n), Some(want)) => prop_assert_eq!(&buf[..n], &want[..]),
+                (Ok(n), None) => prop_assert!(false, "a truncated or corrupted frame was received as {} bytes", n),
+                (Err(err), Some(_)) => prop_assert!(false, "a whole valid frame failed: {}", err),
+                (Err(err), None) => prop_assert!(!matches!(err, Error::Timeout { .. }), "waited for the timeout: {}", err),
+            }
         }
 
         /// Frames arriving in arbitrary read sizes, received in another tag order, arrive intact.

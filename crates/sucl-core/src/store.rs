@@ -880,19 +880,6 @@ mod tests {
     }
 
     #[test]
-    fn a_huge_get_deadline_is_capped_not_a_panic() {
-        let job = Job::start();
-        let mut s = login(&job.addr(), 5);
-        write_frame(&mut s, Kind::StoreGet, 0, [u64::MAX, 0], &[b"k"]).unwrap();
-        let (hdr, v) = read_frame(&mut s, MAX_STORE_VALUE).expect("a reply, not a dead connection");
-        assert_eq!((hdr.kind, hdr.meta[0], v.as_slice()), (Kind::StoreReply, STATUS_OK, &b"v"[..]));
-        write_frame(&mut s, Kind::StoreBye, 0, [0, 0], &[]).unwrap();
-        read_frame(&mut s, MAX_STORE_VALUE).unwrap();
-        drop(s);
-        job.assert_unaffected();
-    }
-
-    #[test]
     fn a_malformed_request_ends_its_rank_with_a_reason() {
         let job = Job::start();
         let mut s = login(&job.addr(), 5);

@@ -24,6 +24,8 @@ pub struct HostConfig {
     pub timeout: Duration,
     /// Largest payload a peer may announce on the wire.
     pub max_message: u64,
+    /// Most bytes of unmatched (unexpected) messages a rank holds at once.
+    pub max_unexpected: u64,
     /// Generic-algorithm tuning (tcp).
     pub algo: AlgoConfig,
     /// Bytes of each shared-memory point-to-point ring (rounded up to a power of two).
@@ -45,7 +47,12 @@ pub struct HostConfig {
 impl HostConfig {
     /// The engine settings these host settings imply.
     pub fn engine(&self) -> sucl_core::engine::EngineConfig {
-        sucl_core::engine::EngineConfig { timeout: self.timeout, max_message: self.max_message, backoff: self.backoff }
+        sucl_core::engine::EngineConfig {
+            timeout: self.timeout,
+            max_message: self.max_message,
+            max_unexpected: self.max_unexpected,
+            backoff: self.backoff,
+        }
     }
 }
 
@@ -54,6 +61,7 @@ impl Default for HostConfig {
         HostConfig {
             timeout: Duration::from_secs(300),
             max_message: 1 << 40,
+            max_unexpected: sucl_core::engine::DEFAULT_MAX_UNEXPECTED,
             algo: AlgoConfig::default(),
             shm_ring_bytes: 512 << 10,
             shm_arena_bytes: 8 << 20,

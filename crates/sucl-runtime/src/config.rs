@@ -457,6 +457,11 @@ impl Config {
             self.host.max_message = parse_bytes(&v).filter(|b| *b > 0).ok_or_else(|| bad("SUCL_MAX_MESSAGE_BYTES", &v, "a byte size"))?;
             self.record("max_message_bytes", "env SUCL_MAX_MESSAGE_BYTES");
         }
+        if let Some(v) = get("SUCL_MAX_UNEXPECTED_BYTES") {
+            self.host.max_unexpected =
+                parse_bytes(&v).filter(|b| *b > 0).ok_or_else(|| bad("SUCL_MAX_UNEXPECTED_BYTES", &v, "a byte size"))?;
+            self.record("max_unexpected_bytes", "env SUCL_MAX_UNEXPECTED_BYTES");
+        }
         if let Some(v) = get("SUCL_TCP_SPIN_US") {
             self.host.tcp_spin = Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?);
             self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
@@ -500,6 +505,7 @@ impl Config {
             },
             "default_backend" => self.default_backend.clone(),
             "max_message_bytes" => self.host.max_message.to_string(),
+            "max_unexpected_bytes" => self.host.max_unexpected.to_string(),
             "shm.arena_bytes" => self.host.shm_arena_bytes.to_string(),
             "shm.ring_bytes" => self.host.shm_ring_bytes.to_string(),
             "shm.small_bytes" => self.host.shm_small_bytes.to_string(),
