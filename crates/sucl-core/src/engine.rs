@@ -979,8 +979,6 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
-
         /// Arbitrary bytes from a peer never panic the decoder: a receive ends in data or an error.
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300), pieces in proptest::collection::vec(1usize..64, 1..8)) {

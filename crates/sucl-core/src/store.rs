@@ -512,35 +512,44 @@ pub struct StoreClient {
     abort: Arc<AbortState>,
 }
 
-/// The client side of the handshake (see the module documentation).
+/// The client side of the handshake (see the module documentation). The server gets at least
+/// [`HANDSHAKE_TIMEOUT`] to answer, as it gives the client.
 fn prove_to_server(stream: &mut TcpStream, addr: &str, rank: usize, secret: &JobSecret, wait: Duration) -> Result<()> {
-    let io = |e: std::io::Error| Error::io(rank, format!("the rendezvous store handshake with {addr}"), e);
-    stream.set_read_timeout(Some(wait.max(Duration::from_millis(100)))).map_err(io)?;
-    stream.set_write_timeout(Some(wait.max(Duration::from_millis(100)))).map_err(io)?;
-    let refused = |why: String| {
-        Error::Config(format!(
-            "the rendezvous store at {addr} refused rank {rank}: {why} (every rank of a job must share the job secret: \
-             the same {SECRET_ENV}, or the same launcher variables it is derived from)"
-        ))
+    let wait = wait.max(HANDSHAKE_TIMEOUT);
+    let op = || format!("the rendezvous store handshake with {addr}");
+    let io = |e: std::io::Error| Error::io(rank, op(), e);
+    stream.set_read_timeout(Some(wait)).map_err(io)?;
+    stream.set_write_timeout(Some(wait)).map_err(io)?;
+    // A read that times out is a slow server; one that ends is a refusal.
+    let failed = |e: std::io::Error, what: &str| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout { rank, op: op(), after: wait },
+        _ => refused(addr, rank, format!("{what} ({e})")),
     };
-    let (hdr, challenge) = read_frame(stream, NONCE_LEN as u64).map_err(|e| refused(format!("no challenge ({e})")))?;
+    let (hdr, challenge) = read_frame(stream, NONCE_LEN as u64).map_err(|e| failed(e, "no challenge"))?;
     if hdr.kind != Kind::StoreChallenge || challenge.len() != NONCE_LEN {
-        return Err(refused(format!("expected a challenge, got a {:?} frame of {} bytes", hdr.kind, challenge.len())));
+        return Err(refused(addr, rank, format!("expected a challenge, got a {:?} frame of {} bytes", hdr.kind, challenge.len())));
     }
     let nonce: [u8; NONCE_LEN] = random_bytes().map_err(io)?;
     let rank_le = (rank as u64).to_le_bytes();
     let proof = secret.prove(HELLO_LABEL, &[&challenge, &nonce, &rank_le]);
     write_frame(stream, Kind::StoreHello, 0, [rank as u64, 0], &[&nonce, &proof]).map_err(io)?;
-    let (hdr, welcome) = read_frame(stream, MAC_LEN as u64).map_err(|e| refused(format!("it closed the connection ({e})")))?;
+    let (hdr, welcome) = read_frame(stream, MAC_LEN as u64).map_err(|e| failed(e, "it closed the connection"))?;
     if hdr.kind != Kind::StoreReply
         || hdr.meta[0] != STATUS_OK
         || !secret.verify(WELCOME_LABEL, &[&nonce, &challenge, &rank_le], &welcome)
     {
-        return Err(refused("the server does not know the job secret (another job's store on this port?)".into()));
+        return Err(refused(addr, rank, "the server does not know the job secret (another job's store on this port?)".into()));
     }
     stream.set_read_timeout(None).map_err(io)?;
     stream.set_write_timeout(None).map_err(io)?;
     Ok(())
+}
+
+fn refused(addr: &str, rank: usize, why: String) -> Error {
+    Error::Config(format!(
+        "the rendezvous store at {addr} refused rank {rank}: {why} (every rank of a job must share the job secret: \
+         the same {SECRET_ENV}, or the same launcher variables it is derived from)"
+    ))
 }
 
 impl StoreClient {
@@ -922,8 +931,6 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
         /// Arbitrary bytes never panic the store's decoders, and what they accept is in bounds.
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400), limit in 0u64..300) {
@@ -958,7 +965,8 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+        // Each case starts a server: 16 at most (fewer with PROPTEST_CASES).
+        #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.min(16), ..ProptestConfig::default() })]
 
         /// Arbitrary bytes sent to a live server by an outsider never disturb the job.
         #[test]
