@@ -193,8 +193,7 @@ pub fn store_bind_addrs(store_addr: &str) -> Result<Vec<SocketAddr>> {
         let given = SocketAddr::new(ip, port);
         return Ok(if ip.is_loopback() || ip.is_unspecified() { vec![given] } else { vec![given, wildcard(ip.is_ipv6())] });
     }
-    let resolved: Vec<SocketAddr> =
-        (host, port).to_socket_addrs().map_err(|e| bad(&format!("cannot resolve `{host}`: {e}")))?.collect();
+    let resolved: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| bad(&format!("cannot resolve `{host}`: {e}")))?.collect();
     let mut addrs: Vec<SocketAddr> = resolved.iter().copied().filter(|a| !a.ip().is_loopback()).collect();
     addrs.push(wildcard(false));
     Ok(addrs)

@@ -398,7 +398,10 @@ mod tests {
                 // Element by element: bitwise equal, or (floats only) both NaN, whose payloads
                 // may differ between the two kernels.
                 for (i, (x, y)) in two.chunks(dt.size()).zip(three.chunks(dt.size())).enumerate() {
-                    assert!(x == y || is_nan(dt, x) && is_nan(dt, y), "{dt} {op} element {i}: {x:?} (two-operand) != {y:?} (three-operand)");
+                    assert!(
+                        x == y || is_nan(dt, x) && is_nan(dt, y),
+                        "{dt} {op} element {i}: {x:?} (two-operand) != {y:?} (three-operand)"
+                    );
                 }
             }
         }

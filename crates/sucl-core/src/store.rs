@@ -211,9 +211,10 @@ fn decode_request<'a>(hdr: &Header, payload: &'a [u8]) -> std::result::Result<Re
     }
     match hdr.kind {
         Kind::StoreSet => {
-            let klen = usize::try_from(hdr.tag).ok().filter(|&k| k <= payload.len()).ok_or_else(|| {
-                format!("set: key length {} exceeds the {} bytes sent", hdr.tag, payload.len())
-            })?;
+            let klen = usize::try_from(hdr.tag)
+                .ok()
+                .filter(|&k| k <= payload.len())
+                .ok_or_else(|| format!("set: key length {} exceeds the {} bytes sent", hdr.tag, payload.len()))?;
             let (key, value) = payload.split_at(klen);
             Ok(Request::Set { key: check_key(key)?, value })
         }
@@ -534,9 +535,7 @@ fn prove_to_server(stream: &mut TcpStream, addr: &str, rank: usize, secret: &Job
     let proof = secret.prove(HELLO_LABEL, &[&challenge, &nonce, &rank_le]);
     write_frame(stream, Kind::StoreHello, 0, [rank as u64, 0], &[&nonce, &proof]).map_err(io)?;
     let (hdr, welcome) = read_frame(stream, MAC_LEN as u64).map_err(|e| failed(e, "it closed the connection"))?;
-    if hdr.kind != Kind::StoreReply
-        || hdr.meta[0] != STATUS_OK
-        || !secret.verify(WELCOME_LABEL, &[&nonce, &challenge, &rank_le], &welcome)
+    if hdr.kind != Kind::StoreReply || hdr.meta[0] != STATUS_OK || !secret.verify(WELCOME_LABEL, &[&nonce, &challenge, &rank_le], &welcome)
     {
         return Err(refused(addr, rank, "the server does not know the job secret (another job's store on this port?)".into()));
     }
@@ -910,7 +909,9 @@ mod tests {
             Request::Add { key, .. } => assert!(key.len() <= MAX_KEY_LEN),
             Request::Bye => {}
             Request::Abort(info) => {
-                assert!(info.lost_rank.map_or(true, |r| r as u64 <= MAX_RANK));
+                if let Some(r) = info.lost_rank {
+                    assert!(r as u64 <= MAX_RANK);
+                }
                 assert!(info.reason.chars().count() <= MAX_REASON_LEN);
             }
         }
