@@ -121,11 +121,6 @@ impl JobSecret {
         &self.key
     }
 
-    /// This secret as handed to ranks: the same key, marked as given.
-    pub fn handed_over(&self) -> JobSecret {
-        JobSecret { key: self.key.clone(), source: SecretSource::Given }
-    }
-
     fn mac(&self, label: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(self.key.as_bytes()).expect("HMAC accepts keys of any length");
         m.update(label);
