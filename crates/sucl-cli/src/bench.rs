@@ -136,7 +136,7 @@ fn splits_buffer(op: CollOp) -> bool {
     matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter)
 }
 
-/// Where a benchmark's inputs are: filled with the test pattern, and the expected output.
+/// A benchmark's test data: what was filled in and the expected output.
 struct Checked<T> {
     case: Case,
     want: Option<Vec<T>>,
@@ -145,22 +145,26 @@ struct Checked<T> {
 }
 
 impl<T: Element> Checked<T> {
-    /// Fills `send`/`recv` with fresh test data for `a` (see [`crate::pattern::value`]).
-    fn new(a: &BenchArgs, bytes: u64, count: usize, n: usize, r: usize, root: usize, send: &mut [T], recv: &mut [T]) -> Checked<T> {
+    /// Fresh test data for `a` (see [`crate::pattern::value`]): the send and receive buffers
+    /// (`sl`, `rl` elements) and what is expected.
+    #[allow(clippy::too_many_arguments)]
+    fn new(a: &BenchArgs, bytes: u64, count: usize, n: usize, r: usize, root: usize, sl: usize, rl: usize) -> (Checked<T>, Vec<T>, Vec<T>) {
         let seed = bytes ^ 0x5eed;
-        let (op, left) = match a.op {
+        let (op, from) = match a.op {
             // sendrecv checks as a broadcast from the left neighbour would: recv = left's data.
             BenchOp::SendRecv => (CollOp::Broadcast, (r + n - 1) % n),
             BenchOp::Coll(c) => (c, root),
         };
-        if a.op == BenchOp::SendRecv {
-            crate::pattern::fill(send, r, n, 0, seed, None);
-        } else {
-            fill_input(op, send, recv, r, n, root, seed, a.redop);
-        }
-        let case = Case { op, count, n, rank: r, root: left, seed, redop: a.redop };
-        let want = if a.check { crate::pattern::expected_vec(&case, recv.len()) } else { None };
-        Checked { case, want, recv_is_input: a.op != BenchOp::SendRecv && op == CollOp::Broadcast && r == root }
+        let case = Case { op, count, n, rank: r, root: from, seed, redop: a.redop };
+        let inputs = crate::pattern::inputs(a.op.name(), &case, sl, rl, a.check, |send, recv| {
+            if a.op == BenchOp::SendRecv {
+                crate::pattern::fill(send, r, n, 0, seed, None);
+            } else {
+                fill_input(op, send, recv, r, n, root, seed, a.redop);
+            }
+        });
+        let recv_is_input = a.op != BenchOp::SendRecv && op == CollOp::Broadcast && r == root;
+        (Checked { case, want: inputs.want, recv_is_input }, inputs.send, inputs.recv)
     }
 
     /// Overwrites an output buffer with a value no result has, so that an unwritten output shows.
@@ -188,9 +192,7 @@ pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Re
         BenchOp::SendRecv => (count, count),
         BenchOp::Coll(c) => buffer_lens(c, count, n, r, root),
     };
-    let mut send = vec![T::from_i64(0); sl];
-    let mut recv = vec![T::from_i64(0); rl];
-    let checked = Checked::new(a, bytes, count, n, r, root, &mut send, &mut recv);
+    let (checked, send, mut recv) = Checked::<T>::new(a, bytes, count, n, r, root, sl, rl);
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let once = |send: &[T], recv: &mut [T]| -> Result<()> {
         match a.op {
@@ -274,9 +276,10 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
 /// Measures several backend choices (`auto` or a backend name) side by side in this one job:
 /// per size, `rounds` rounds that each run every choice in turn; the best time of each counts.
 /// Rank 0 prints a table with the fastest fixed backend and auto's ratio to it. Every
-/// measurement is checked as in [`measure`] (unless `a.check` is off); returns the times and
-/// the wrong elements of each size, over every choice, round and rank.
-pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<Vec<(u64, Vec<f64>, Option<u64>)>> {
+/// measurement is checked as in [`measure`] (unless `a.check` is off); returns per size the
+/// best time and the wrong elements (over every round and rank) of each choice.
+#[allow(clippy::type_complexity)]
+pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<Vec<(u64, Vec<f64>, Vec<Option<u64>>)>> {
     let list = if a.op == BenchOp::Coll(CollOp::Barrier) { vec![0] } else { sizes(a.min_bytes, a.max_bytes, a.factor) };
     let lead = comm.rank() == 0;
     let mut out = vec![];
@@ -291,7 +294,7 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     let quiet = BenchArgs { json: false, ..*a };
     for bytes in list {
         let mut best = vec![f64::INFINITY; choices.len()];
-        let mut wrong: Option<u64> = None;
+        let mut wrong: Vec<Option<u64>> = vec![None; choices.len()];
         for round in 0..rounds.max(1) {
             for k in round_order(choices.len(), round) {
                 let c = &choices[k];
@@ -299,7 +302,7 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                 let row = with_dtype!(a.dtype, T, { measure::<T>(comm, &quiet, bytes)? });
                 best[k] = best[k].min(row.time_us);
                 if let Some(w) = row.wrong {
-                    wrong = Some(wrong.unwrap_or(0) + w);
+                    wrong[k] = Some(wrong[k].unwrap_or(0) + w);
                 }
             }
         }
@@ -316,12 +319,13 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                 (Some(au), Some(bb)) => format!("{:>10.3}", best[au] / best[bb]),
                 _ => format!("{:>10}", "-"),
             };
-            println!("{line} {:>8} {ratio} {:>7}", b.map(|x| choices[x].as_str()).unwrap_or("-"), wrong_cell(wrong));
+            let total = wrong.iter().flatten().copied().reduce(|x, y| x + y);
+            println!("{line} {:>8} {ratio} {:>7}", b.map(|x| choices[x].as_str()).unwrap_or("-"), wrong_cell(total));
             if a.json {
                 for (k, c) in choices.iter().enumerate() {
                     println!(
                         "{}",
-                        serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k], "wrong": wrong})
+                        serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k], "wrong": wrong[k]})
                     );
                 }
             }

@@ -304,10 +304,12 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let root = a.root % n;
     let (sl, rl) = buffer_lens(op, count, n, r, root);
     let case = Case { op, count, n, rank: r, root, seed: bytes ^ 0x5eed, redop: a.redop };
-    let mut send = vec![T::from_i64(0); sl.max(1)];
-    let mut recv = vec![T::from_i64(-77); rl.max(1)];
-    fill_input(op, &mut send[..sl], &mut recv[..rl], r, n, root, case.seed, a.redop);
-    let want = if a.check { crate::pattern::expected_vec::<T>(&case, rl) } else { None };
+    // Buffers of at least one element (NCCL is not handed null pointers).
+    let crate::pattern::Inputs { mut send, mut recv, want } = crate::pattern::inputs::<T>("device", &case, sl, rl, a.check, |snd, rcv| {
+        fill_input(op, snd, rcv, r, n, root, case.seed, a.redop)
+    });
+    send.resize(sl.max(1), T::from_i64(0));
+    recv.resize(rl.max(1), T::from_i64(-77));
     let recv_is_input = op == CollOp::Broadcast && r == root;
     let ds = q.upload(&send)?;
     let mut dr = q.upload(&recv)?;

@@ -305,7 +305,7 @@ fn bench_main(b: BenchCli) -> i32 {
     if let Some(list) = &b.compare {
         let choices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
         return match bench::compare(&comm, &args, &choices, b.rounds) {
-            Ok(points) if points.iter().any(|p| p.2.is_some_and(|w| w > 0)) => {
+            Ok(points) if points.iter().any(|p| p.2.iter().any(|w| w.is_some_and(|w| w > 0))) => {
                 eprintln!("sucl bench --compare: some results were wrong");
                 1
             }

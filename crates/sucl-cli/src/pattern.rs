@@ -53,6 +53,7 @@ macro_rules! with_dtype {
 }
 
 /// The most ranks the generators are designed for: sums over this many ranks stay exact.
+#[cfg_attr(not(test), allow(dead_code))]
 pub const MAX_RANKS: usize = 64;
 
 /// Distinct values the order codes of `dt` use (see [`level`]): how many values of the type
@@ -335,6 +336,52 @@ fn ulp(dt: DType, x: f64) -> f64 {
         return 0.0;
     }
     2f64.powi(x.abs().log2().floor() as i32 - mantissa_bits)
+}
+
+/// A benchmark's buffers as filled before its first call, and the expected receive buffer.
+pub struct Inputs<T> {
+    pub send: Vec<T>,
+    pub recv: Vec<T>,
+    pub want: Option<Vec<T>>,
+}
+
+thread_local! {
+    /// The last [`Inputs`] made (as bytes), by what they depend on: `--compare` and `tune`
+    /// measure the same case once per backend and round, and computing the reference of a
+    /// large reduction takes longer than the measurement.
+    static LAST_INPUTS: std::cell::RefCell<Option<(String, Vec<u8>, Vec<u8>, Option<Vec<u8>>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Elements from their bytes (as [`inputs`] keeps them).
+fn from_bytes<T: Element>(b: &[u8]) -> Vec<T> {
+    let mut v = vec![T::from_i64(0); b.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(b);
+    v
+}
+
+/// The inputs of `case` (`sl` and `rl` elements) that `fill` writes into zeroed buffers, and
+/// with `check` the expected receive buffer; `kind` names the fill. Reuses the last ones made
+/// for the same arguments.
+pub fn inputs<T: Element>(kind: &str, case: &Case, sl: usize, rl: usize, check: bool, fill: impl FnOnce(&mut [T], &mut [T])) -> Inputs<T> {
+    let key = format!("{kind} {case:?} {} {sl} {rl} {check}", T::DTYPE);
+    let hit = LAST_INPUTS.with_borrow(|c| match c {
+        Some((k, s, r, w)) if *k == key => Some(Inputs {
+            send: from_bytes(s),
+            recv: from_bytes(r),
+            want: w.as_ref().map(|w| from_bytes(w)),
+        }),
+        _ => None,
+    });
+    if let Some(i) = hit {
+        return i;
+    }
+    let mut send = vec![T::from_i64(0); sl];
+    let mut recv = vec![T::from_i64(0); rl];
+    fill(&mut send, &mut recv);
+    let want = if check { expected_vec(case, rl) } else { None };
+    let bytes = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+    LAST_INPUTS.with_borrow_mut(|c| *c = Some((key, bytes(&send), bytes(&recv), want.as_deref().map(bytes))));
+    Inputs { send, recv, want }
 }
 
 #[cfg(test)]
