@@ -305,9 +305,8 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let (sl, rl) = buffer_lens(op, count, n, r, root);
     let case = Case { op, count, n, rank: r, root, seed: bytes ^ 0x5eed, redop: a.redop };
     // Buffers of at least one element (NCCL is not handed null pointers).
-    let crate::pattern::Inputs { mut send, mut recv, want } = crate::pattern::inputs::<T>("device", &case, sl, rl, a.check, |snd, rcv| {
-        fill_input(op, snd, rcv, r, n, root, case.seed, a.redop)
-    });
+    let crate::pattern::Inputs { mut send, mut recv, want } =
+        crate::pattern::inputs::<T>("device", &case, sl, rl, a.check, |snd, rcv| fill_input(op, snd, rcv, r, n, root, case.seed, a.redop));
     send.resize(sl.max(1), T::from_i64(0));
     recv.resize(rl.max(1), T::from_i64(-77));
     let recv_is_input = op == CollOp::Broadcast && r == root;

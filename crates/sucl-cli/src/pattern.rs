@@ -212,16 +212,7 @@ pub fn buffer_lens(op: CollOp, count: usize, n: usize, rank: usize, root: usize)
 
 /// Fills the send (or, for broadcast, the root's) buffer of `rank` for op `op`.
 #[allow(clippy::too_many_arguments)]
-pub fn fill_input<T: Element>(
-    op: CollOp,
-    send: &mut [T],
-    recv: &mut [T],
-    rank: usize,
-    n: usize,
-    root: usize,
-    seed: u64,
-    redop: ReduceOp,
-) {
+pub fn fill_input<T: Element>(op: CollOp, send: &mut [T], recv: &mut [T], rank: usize, n: usize, root: usize, seed: u64, redop: ReduceOp) {
     let rop = op.reduces().then_some(redop);
     match op {
         CollOp::Broadcast => {
@@ -345,11 +336,14 @@ pub struct Inputs<T> {
     pub want: Option<Vec<T>>,
 }
 
+/// Cached [`Inputs`]: the key, the send and receive buffers and the expected output, as bytes.
+type CachedInputs = (String, Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+
 thread_local! {
     /// The last [`Inputs`] made (as bytes), by what they depend on: `--compare` and `tune`
     /// measure the same case once per backend and round, and computing the reference of a
     /// large reduction takes longer than the measurement.
-    static LAST_INPUTS: std::cell::RefCell<Option<(String, Vec<u8>, Vec<u8>, Option<Vec<u8>>)>> = const { std::cell::RefCell::new(None) };
+    static LAST_INPUTS: std::cell::RefCell<Option<CachedInputs>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Elements from their bytes (as [`inputs`] keeps them).
@@ -365,11 +359,9 @@ fn from_bytes<T: Element>(b: &[u8]) -> Vec<T> {
 pub fn inputs<T: Element>(kind: &str, case: &Case, sl: usize, rl: usize, check: bool, fill: impl FnOnce(&mut [T], &mut [T])) -> Inputs<T> {
     let key = format!("{kind} {case:?} {} {sl} {rl} {check}", T::DTYPE);
     let hit = LAST_INPUTS.with_borrow(|c| match c {
-        Some((k, s, r, w)) if *k == key => Some(Inputs {
-            send: from_bytes(s),
-            recv: from_bytes(r),
-            want: w.as_ref().map(|w| from_bytes(w)),
-        }),
+        Some((k, s, r, w)) if *k == key => {
+            Some(Inputs { send: from_bytes(s), recv: from_bytes(r), want: w.as_ref().map(|w| from_bytes(w)) })
+        }
         _ => None,
     });
     if let Some(i) = hit {
@@ -446,7 +438,10 @@ mod tests {
                 for i in 0..p {
                     let v: T = value(r, i, n, 3, None);
                     if dt.is_float() {
-                        assert!(to_f64(&v).is_finite() && to_f64(&v) != 0.0 || to_f64(&v) == 0.0 && bytemuck::bytes_of(&v).iter().all(|&b| b == 0));
+                        assert!(
+                            to_f64(&v).is_finite() && to_f64(&v) != 0.0
+                                || to_f64(&v) == 0.0 && bytemuck::bytes_of(&v).iter().all(|&b| b == 0)
+                        );
                     }
                     assert!(seen.insert(bytemuck::bytes_of(&v).to_vec()), "{dt} n={n}: rank {r} element {i} repeats a value");
                 }

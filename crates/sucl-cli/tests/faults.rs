@@ -12,8 +12,10 @@ use common::*;
 use std::process::Command;
 use std::time::Duration;
 
-const CHECK: &[&str] = &["check", "--ops", "all_reduce,all_gather,broadcast,reduce_scatter", "--dtypes", "f32,u8,bf16", "--sizes", "1,7,1000"];
-const BENCH: &[&str] = &["bench", "all_reduce", "--min-bytes", "64", "--max-bytes", "64K", "--factor", "32", "--iters", "3", "--warmup", "1"];
+const CHECK: &[&str] =
+    &["check", "--ops", "all_reduce,all_gather,broadcast,reduce_scatter", "--dtypes", "f32,u8,bf16", "--sizes", "1,7,1000"];
+const BENCH: &[&str] =
+    &["bench", "all_reduce", "--min-bytes", "64", "--max-bytes", "64K", "--factor", "32", "--iters", "3", "--warmup", "1"];
 
 /// The number in "N wrong" of `sucl check`'s summary line.
 fn check_wrong(out: &Outcome) -> u64 {
@@ -117,10 +119,25 @@ fn tune_refuses_to_write_a_table_from_wrong_results() {
     let path = std::env::temp_dir().join(format!("sucl-tune-fault-{}.toml", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let mut cmd = sucl();
-    cmd.args(["tune", "--ranks", "2", "--ops", "all_reduce", "--max-bytes", "4K", "--factor", "64", "--iters", "2", "--rounds", "1", "--out"])
-        .arg(&path)
-        .env("SUCL_FAULT_CORRUPT", "tcp")
-        .env("SUCL_TIMEOUT", "60");
+    cmd.args([
+        "tune",
+        "--ranks",
+        "2",
+        "--ops",
+        "all_reduce",
+        "--max-bytes",
+        "4K",
+        "--factor",
+        "64",
+        "--iters",
+        "2",
+        "--rounds",
+        "1",
+        "--out",
+    ])
+    .arg(&path)
+    .env("SUCL_FAULT_CORRUPT", "tcp")
+    .env("SUCL_TIMEOUT", "60");
     let out = finish(spawn(cmd), Duration::from_secs(120), "tune with a corrupted tcp");
     assert!(!out.status.success(), "{}\n{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("WRONG all_reduce") && out.stderr.contains("on tcp"), "{}", out.stderr);

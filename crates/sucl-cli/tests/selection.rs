@@ -70,9 +70,8 @@ fn a_named_backend_that_cannot_load_is_reported_at_init() {
 fn all_reduce_rules(table: &str) -> Vec<(u64, u64, String)> {
     let mut rules = vec![];
     for rule in table.split("[[tuning]]").skip(1) {
-        let field = |k: &str| {
-            rule.lines().find_map(|l| l.strip_prefix(k).map(|v| v.trim_start_matches([' ', '=']).trim().to_string())).unwrap()
-        };
+        let field =
+            |k: &str| rule.lines().find_map(|l| l.strip_prefix(k).map(|v| v.trim_start_matches([' ', '=']).trim().to_string())).unwrap();
         if field("op") != "\"all_reduce\"" {
             continue;
         }
@@ -161,18 +160,18 @@ fn info_lists_backends_config_sources_and_launch() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sucl")).arg("info").env("SUCL_TIMEOUT", "7").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for want in [
-        "shm   available",
-        "tcp   available",
-        "timeout              = 7",
-        "(env SUCL_TIMEOUT)",
-        "launcher none, rank 0, world size 1",
-    ] {
+    for want in
+        ["shm   available", "tcp   available", "timeout              = 7", "(env SUCL_TIMEOUT)", "launcher none, rank 0, world size 1"]
+    {
         assert!(text.contains(want), "missing `{want}` in:\n{text}");
     }
     // The mpi line says why this process cannot use MPI: no MPI in this build, or (with it) no
     // MPI launcher around this process.
     let mpi = text.lines().find(|l| l.trim_start().starts_with("mpi ")).unwrap_or_else(|| panic!("no mpi line in:\n{text}"));
-    let why = if cfg!(feature = "mpi") { "unavailable: the job was not started by an MPI launcher" } else { "unavailable: built without the `mpi` feature" };
+    let why = if cfg!(feature = "mpi") {
+        "unavailable: the job was not started by an MPI launcher"
+    } else {
+        "unavailable: built without the `mpi` feature"
+    };
     assert!(mpi.contains(why), "`{mpi}` should say `{why}`");
 }

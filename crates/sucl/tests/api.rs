@@ -180,3 +180,10 @@ fn gpu_tests_skipped_no_gpu() {
         Err(why) => assert!(!gpu_required(), "SUCL_REQUIRE_GPU=1 but no GPU here: {why}"),
     }
 }
+
+#[test]
+fn oob_all_gather_returns_every_ranks_bytes_through_the_store() {
+    let c = world();
+    assert_eq!(c.oob_all_gather("totals", b"\x01\x02").unwrap(), vec![vec![1u8, 2]]);
+    assert_eq!(c.oob_all_gather("empty", b"").unwrap(), vec![Vec::<u8>::new()]);
+}
