@@ -3,9 +3,12 @@
 # 2 (and 4 when present) GPUs over every device backend, then nccl, staged and auto measured side
 # by side in one job with a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
-# usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] [BENCH=0: checks only] scripts/gpu-check.sh
+# usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] [BENCH=0: checks only]
+#        [FAULT_BIN=path/to/sucl built with --features fault-hook] [GPU_TESTS="test binaries"] scripts/gpu-check.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
+# GPU tests (cargo test binaries) fail instead of skipping when they find no GPU.
+export SUCL_REQUIRE_GPU=1
 BIN=${BIN:-target/release/sucl}
 OUT=${OUT:-bench/results/gpu}
 MAXB=${MAXB:-128M}
@@ -59,6 +62,36 @@ if [ "$NGPU" -ge 2 ]; then
   grep -q "rank 0: .*timed out after" "$OUT/check.txt" || { echo "gpu-check: the waiting rank did not time out" >&2; status=1; }
   grep -A3 "stall run" "$OUT/check.txt"
 fi
+# --- harness: fault hook and GPU test binaries ---
+# A binary built with the test-only fault hook corrupts one element of every nccl (then staged)
+# collective output: check, bench and bench --compare must each report it and exit non-zero.
+if [ -n "${FAULT_BIN:-}" ]; then
+  nf=$(( NGPU < 2 ? NGPU : 2 ))
+  for b in nccl staged; do
+    f="$OUT/fault-hook-$b.txt"
+    SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" check --device cuda --ranks "$nf" --ops all_reduce,all_gather,broadcast --dtypes f32,bf16 \
+      --redops sum >"$f" 2>&1 && { echo "gpu-check: check with $b corrupted exited 0" >&2; status=1; }
+    grep -q "WRONG device $b " "$f" || { echo "gpu-check: check did not report the corrupted $b" >&2; status=1; }
+    grep -q "checks, 0 wrong" "$f" && { echo "gpu-check: check with $b corrupted reported 0 wrong" >&2; status=1; }
+    for cmp in "--backend $b" "--compare nccl,staged"; do
+      # shellcheck disable=SC2086
+      SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" bench all_reduce --device cuda --ranks "$nf" $cmp --min-bytes 1K --max-bytes 1M --factor 32 \
+        --iters 5 --warmup 2 --rounds 1 --json >"$f.bench" 2>&1 && { echo "gpu-check: bench $cmp with $b corrupted exited 0" >&2; status=1; }
+      grep "^{" "$f.bench" | grep "\"backend\":\"$b\"" | grep -q '"wrong":[1-9]' \
+        || { echo "gpu-check: bench $cmp did not report the corrupted $b" >&2; status=1; }
+      cat "$f.bench" >>"$f"; rm -f "$f.bench"
+    done
+  done
+  grep -h "sucl check --device" "$OUT"/fault-hook-*.txt
+else
+  echo "gpu-check: FAULT_BIN not set: the fault-hook runs on nccl and staged are missing" >&2; status=1
+fi
+# GPU test binaries (cargo test --no-run), which fail instead of skipping here; the marker test
+# that passes only where the GPU tests were skipped is left out.
+for t in ${GPU_TESTS:-}; do
+  "$t" --skip gpu_tests_skipped_no_gpu >>"$OUT/gpu-tests.txt" 2>&1 || { echo "gpu-check: $t failed (see gpu-tests.txt)" >&2; status=1; }
+done
+# --- end harness ---
 # Benchmarks of a build that fails its checks would measure nothing worth keeping.
 [ "$status" -eq 0 ] || { grep -h "sucl check\|WRONG\|panicked\|error" "$OUT/check.txt" | head -20; echo "gpu-check: checks failed; no benchmarks" >&2; exit 1; }
 if [ "${BENCH:-1}" = 0 ]; then grep -h "sucl check" "$OUT/check.txt"; echo "gpu-check: exit $status (checks only)"; exit $status; fi
@@ -73,6 +106,12 @@ for R in 2 4; do
       --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup "${WARMUP:-20}" --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
   done
 done
+# Every device bench row was checked and found right (a row with "wrong":null was not checked).
+if grep "^{" "$OUT/bench.jsonl" | grep -v '"wrong":0[,}]' | grep -q .; then
+  echo "gpu-check: bench rows with wrong results or unchecked:" >&2
+  grep "^{" "$OUT/bench.jsonl" | grep -v '"wrong":0[,}]' | head -5 >&2
+  status=1
+fi
 grep -h "sucl check" "$OUT/check.txt"
 echo "gpu-check: exit $status"
 exit $status

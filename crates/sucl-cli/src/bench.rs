@@ -1,9 +1,10 @@
 //! `sucl bench OP`: micro-benchmarks in the style of nccl-tests and the OSU suite. Time is the
 //! mean over timed iterations after warm-up, max over ranks; algbw = bytes / time; busbw applies
-//! nccl-tests' factor; every size is checked once with fresh data (`#wrong`).
+//! nccl-tests' factor; every size is checked against the serial reference (`#wrong`: the first call and the
+//! last timed call, outside the timed loop, counted over every rank through the rendezvous store).
 
 use crate::ops::run_op;
-use crate::pattern::{buffer_lens, count_wrong, fill_input, Case};
+use crate::pattern::{buffer_lens, count_wrong_vs, fill_input, Case};
 use crate::with_dtype;
 use serde::Serialize;
 use std::time::Instant;
@@ -74,12 +75,13 @@ pub struct Row {
     pub time_us: f64,
     pub algbw_gbps: f64,
     pub busbw_gbps: f64,
-    pub wrong: u64,
+    /// Wrong elements over every rank (first and last timed call); None: not checked.
+    pub wrong: Option<u64>,
 }
 
 impl Row {
     /// A row for `shown` elements of `dtype` (the largest buffer of one rank) that took `secs`.
-    pub fn new(a: &BenchArgs, backend: &str, ranks: usize, shown: usize, dtype: DType, secs: f64, wrong: u64) -> Row {
+    pub fn new(a: &BenchArgs, backend: &str, ranks: usize, shown: usize, dtype: DType, secs: f64, wrong: Option<u64>) -> Row {
         let bytes = (shown * dtype.size()) as u64;
         let algbw = bytes as f64 / secs / 1e9;
         Row {
@@ -98,6 +100,11 @@ impl Row {
     }
 }
 
+/// A `#wrong` cell: the count, or `-` where nothing was checked.
+pub fn wrong_cell(w: Option<u64>) -> String {
+    w.map_or_else(|| "-".into(), |w| w.to_string())
+}
+
 /// The sizes swept: min, min×factor, ... up to max (always at least one).
 pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     let mut v = vec![];
@@ -112,40 +119,80 @@ pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     v
 }
 
-/// Measures one size (and checks it when `a.check`).
+/// The per-rank count of a benchmark of `bytes` (the largest buffer of one rank, as nccl-tests
+/// counts it) and the element count shown in its row.
+pub fn counts(op: BenchOp, bytes: u64, es: usize, n: usize) -> (usize, usize) {
+    let total = (bytes as usize / es).max(1);
+    match op {
+        BenchOp::SendRecv => (total, total),
+        BenchOp::Coll(CollOp::Barrier) => (0, 0),
+        BenchOp::Coll(c) if splits_buffer(c) => (total / n, total / n * n),
+        BenchOp::Coll(_) => (total, total),
+    }
+}
+
+/// Whether `op`'s largest buffer holds one block per rank.
+fn splits_buffer(op: CollOp) -> bool {
+    matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter)
+}
+
+/// A benchmark's test data: what was filled in and the expected output.
+struct Checked<T> {
+    case: Case,
+    want: Option<Vec<T>>,
+    /// The receive buffer is the input (broadcast's root): it is never poisoned.
+    recv_is_input: bool,
+}
+
+impl<T: Element> Checked<T> {
+    /// Fresh test data for `a` (see [`crate::pattern::value`]): the send and receive buffers
+    /// (`sl`, `rl` elements) and what is expected.
+    #[allow(clippy::too_many_arguments)]
+    fn new(a: &BenchArgs, bytes: u64, count: usize, n: usize, r: usize, root: usize, sl: usize, rl: usize) -> (Checked<T>, Vec<T>, Vec<T>) {
+        let seed = bytes ^ 0x5eed;
+        let (op, from) = match a.op {
+            // sendrecv checks as a broadcast from the left neighbour would: recv = left's data.
+            BenchOp::SendRecv => (CollOp::Broadcast, (r + n - 1) % n),
+            BenchOp::Coll(c) => (c, root),
+        };
+        let case = Case { op, count, n, rank: r, root: from, seed, redop: a.redop };
+        let inputs = crate::pattern::inputs(a.op.name(), &case, sl, rl, a.check, |send, recv| {
+            if a.op == BenchOp::SendRecv {
+                crate::pattern::fill(send, r, n, 0, seed, None);
+            } else {
+                fill_input(op, send, recv, r, n, root, seed, a.redop);
+            }
+        });
+        let recv_is_input = a.op != BenchOp::SendRecv && op == CollOp::Broadcast && r == root;
+        (Checked { case, want: inputs.want, recv_is_input }, inputs.send, inputs.recv)
+    }
+
+    /// Overwrites an output buffer with a value no result has, so that an unwritten output shows.
+    fn poison(&self, recv: &mut [T]) {
+        if !self.recv_is_input {
+            recv.fill(T::from_i64(-77));
+        }
+    }
+
+    fn wrong(&self, recv: &[T]) -> u64 {
+        self.want.as_ref().map_or(0, |w| count_wrong_vs(&self.case, w, recv) as u64)
+    }
+}
+
+/// Measures one size. With `a.check`, the inputs are the test pattern and the outputs of the
+/// first call (before warm-up) and of the last timed call are checked against the serial
+/// reference (outside the timed loop; the output is poisoned before each), and the row's
+/// `wrong` is the number of wrong elements over every rank, added up through the rendezvous
+/// store. Without it `wrong` is None: nothing was checked.
 pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
     let (n, r) = (comm.size(), comm.rank());
-    let es = std::mem::size_of::<T>();
-    // `bytes` is the largest buffer of one rank, as nccl-tests counts it.
-    let total = (bytes as usize / es).max(1);
-    let per_rank = |c: CollOp| match c {
-        CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => total / n,
-        CollOp::Barrier => 0,
-        _ => total,
-    };
     let root = a.root % n;
-    let (count, shown) = match a.op {
-        BenchOp::SendRecv => (total, total),
-        BenchOp::Coll(c) => (
-            per_rank(c),
-            if c == CollOp::Barrier {
-                0
-            } else {
-                per_rank(c)
-                    * if matches!(c, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) {
-                        n
-                    } else {
-                        1
-                    }
-            },
-        ),
-    };
+    let (count, shown) = counts(a.op, bytes, std::mem::size_of::<T>(), n);
     let (sl, rl) = match a.op {
         BenchOp::SendRecv => (count, count),
         BenchOp::Coll(c) => buffer_lens(c, count, n, r, root),
     };
-    let mut send = vec![T::from_i64(1); sl];
-    let mut recv = vec![T::from_i64(0); rl];
+    let (checked, send, mut recv) = Checked::<T>::new(a, bytes, count, n, r, root, sl, rl);
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let once = |send: &[T], recv: &mut [T]| -> Result<()> {
         match a.op {
@@ -153,42 +200,23 @@ pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Re
             BenchOp::Coll(c) => run_op(comm, c, send, recv, a.redop, root),
         }
     };
+    checked.poison(&mut recv);
+    once(&send, &mut recv)?;
+    let mut wrong = checked.wrong(&recv);
     for _ in 0..a.warmup {
         once(&send, &mut recv)?;
     }
+    checked.poison(&mut recv);
     comm.barrier()?;
     let t = Instant::now();
     for _ in 0..a.iters {
         once(&send, &mut recv)?;
     }
     let mut time = [t.elapsed().as_secs_f64() / a.iters.max(1) as f64];
+    wrong += checked.wrong(&recv);
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
-    let mut wrong = [0u64];
-    if a.check {
-        let seed = bytes ^ 0x5eed;
-        match a.op {
-            BenchOp::SendRecv => {
-                crate::pattern::fill(&mut send, r, 0, seed, None);
-                recv.fill(T::from_i64(-77));
-                once(&send, &mut recv)?;
-                wrong[0] = recv
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, x)| bytemuck::bytes_of(*x) != bytemuck::bytes_of(&crate::pattern::value::<T>(left, *i, seed, None)))
-                    .count() as u64;
-            }
-            BenchOp::Coll(c) => {
-                fill_input(c, &mut send, &mut recv, r, root, seed, a.redop);
-                if c != CollOp::Broadcast || r != root {
-                    recv.fill(T::from_i64(-77));
-                }
-                once(&send, &mut recv)?;
-                wrong[0] = count_wrong(&Case { op: c, count, n, rank: r, root, seed, redop: a.redop }, &recv) as u64;
-            }
-        }
-        comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
-    }
-    Ok(Row::new(a, comm.backend_label(), n, shown, T::DTYPE, time[0], wrong[0]))
+    let wrong = if a.check { Some(crate::ops::oob_sum(comm, "bench/wrong", wrong)?) } else { None };
+    Ok(Row::new(a, comm.backend_label(), n, shown, T::DTYPE, time[0], wrong))
 }
 
 /// Runs the sweep; rank 0 prints the table (or JSON lines) and returns the rows.
@@ -226,7 +254,14 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
                 bar.suspend(|| {
                     println!(
                         "{:>12} {:>12} {:>6} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
-                        row.bytes, row.count, row.dtype, row.redop, row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong
+                        row.bytes,
+                        row.count,
+                        row.dtype,
+                        row.redop,
+                        row.time_us,
+                        row.algbw_gbps,
+                        row.busbw_gbps,
+                        wrong_cell(row.wrong)
                     )
                 });
             }
@@ -240,8 +275,11 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
 
 /// Measures several backend choices (`auto` or a backend name) side by side in this one job:
 /// per size, `rounds` rounds that each run every choice in turn; the best time of each counts.
-/// Rank 0 prints a table with the fastest fixed backend and auto's ratio to it.
-pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<Vec<(u64, Vec<f64>)>> {
+/// Rank 0 prints a table with the fastest fixed backend and auto's ratio to it. Every
+/// measurement is checked as in [`measure`] (unless `a.check` is off); returns per size the
+/// best time and the wrong elements (over every round and rank) of each choice.
+#[allow(clippy::type_complexity)]
+pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<Vec<(u64, Vec<f64>, Vec<Option<u64>>)>> {
     let list = if a.op == BenchOp::Coll(CollOp::Barrier) { vec![0] } else { sizes(a.min_bytes, a.max_bytes, a.factor) };
     let lead = comm.rank() == 0;
     let mut out = vec![];
@@ -251,17 +289,21 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         for c in choices {
             h += &format!(" {c:>10}");
         }
-        println!("{h} {:>8} {:>10}", "best", "auto/best");
+        println!("{h} {:>8} {:>10} {:>7}", "best", "auto/best", "#wrong");
     }
-    let quiet = BenchArgs { check: false, json: false, ..*a };
+    let quiet = BenchArgs { json: false, ..*a };
     for bytes in list {
         let mut best = vec![f64::INFINITY; choices.len()];
+        let mut wrong: Vec<Option<u64>> = vec![None; choices.len()];
         for round in 0..rounds.max(1) {
             for k in round_order(choices.len(), round) {
                 let c = &choices[k];
                 comm.pin_backend((c != "auto").then_some(c.as_str()))?;
                 let row = with_dtype!(a.dtype, T, { measure::<T>(comm, &quiet, bytes)? });
                 best[k] = best[k].min(row.time_us);
+                if let Some(w) = row.wrong {
+                    wrong[k] = Some(wrong[k].unwrap_or(0) + w);
+                }
             }
         }
         comm.pin_backend(None)?;
@@ -277,17 +319,18 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                 (Some(au), Some(bb)) => format!("{:>10.3}", best[au] / best[bb]),
                 _ => format!("{:>10}", "-"),
             };
-            println!("{line} {:>8} {ratio}", b.map(|x| choices[x].as_str()).unwrap_or("-"));
+            let total = wrong.iter().flatten().copied().reduce(|x, y| x + y);
+            println!("{line} {:>8} {ratio} {:>7}", b.map(|x| choices[x].as_str()).unwrap_or("-"), wrong_cell(total));
             if a.json {
                 for (k, c) in choices.iter().enumerate() {
                     println!(
                         "{}",
-                        serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k]})
+                        serde_json::json!({"op": a.op.name(), "backend": c, "ranks": comm.size(), "bytes": bytes, "time_us": best[k], "wrong": wrong[k]})
                     );
                 }
             }
         }
-        out.push((bytes, best));
+        out.push((bytes, best, wrong));
     }
     Ok(out)
 }

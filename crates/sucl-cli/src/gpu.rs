@@ -3,15 +3,14 @@
 //! baseline that calls NCCL directly through cudarc, bypassing sucl.
 
 use crate::bench::{sizes, BenchArgs, BenchOp, Row};
-use crate::pattern::{buffer_lens, count_wrong, fill_input, Case};
+use crate::pattern::{buffer_lens, count_wrong, count_wrong_vs, fill_input, Case};
 use crate::with_dtype;
 use std::time::Instant;
 use sucl::cuda::{Buffer, Device, DeviceElement, Queue};
 use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
 use sucl_core::Error;
-use sucl_cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use sucl_cuda::cudarc::driver::CudaSlice;
 use sucl_cuda::cudarc::nccl::safe as raw;
-use sucl_cuda::{Kernel, PATTERN_SRC};
 
 fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
     Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
@@ -47,62 +46,13 @@ fn run_dev<T: DeviceElement>(
     }
 }
 
-/// The run-time-compiled pattern kernels of one device.
-struct Patterns {
-    kernels: Vec<(DType, Kernel)>,
-}
-
-impl Patterns {
-    fn new(dev: &Device) -> Result<Patterns> {
-        let mut kernels = vec![];
-        for dt in [DType::F32, DType::F64, DType::U8, DType::I8, DType::I32, DType::U32, DType::I64, DType::U64] {
-            kernels.push((dt, Kernel::compile(dev, PATTERN_SRC, &format!("fill_{dt}"))?));
-        }
-        Ok(Patterns { kernels })
-    }
-
-    /// Fills `buf` on the device with `rank`'s pattern; false if no kernel serves `T`.
-    fn fill<T: DeviceElement>(
-        &self,
-        comm: &Communicator,
-        q: &Queue,
-        buf: &mut Buffer<T>,
-        rank: usize,
-        seed: u64,
-        op: Option<ReduceOp>,
-    ) -> Result<bool> {
-        let Some((_, k)) = self.kernels.iter().find(|(d, _)| *d == T::DTYPE) else { return Ok(false) };
-        let n = buf.len() as i64;
-        let Some(buf) = buf.cuda_slice_mut() else { return Ok(true) };
-        let (base, r, s) = (0i64, rank as i64, seed as i64);
-        let mode: i32 = match op {
-            None => 0,
-            Some(ReduceOp::Prod) => 2,
-            Some(_) => 1,
-        };
-        let mut b = q.stream().launch_builder(k.function());
-        b.arg(buf).arg(&n).arg(&base).arg(&r).arg(&s).arg(&mode);
-        let cfg = LaunchConfig { grid_dim: (((n as u32).div_ceil(256)).clamp(1, 4096), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the kernel's parameters match PATTERN_SRC's signature; it writes n elements.
-        unsafe { b.launch(cfg) }.map_err(|e| dev_err(comm, e))?;
-        Ok(true)
-    }
-}
-
-fn check_case<T: DeviceElement>(comm: &Communicator, q: &Queue, pat: &Patterns, case: &Case) -> Result<usize> {
+fn check_case<T: DeviceElement>(comm: &Communicator, q: &Queue, case: &Case) -> Result<usize> {
     let (sl, rl) = buffer_lens(case.op, case.count, case.n, case.rank, case.root);
     let mut send = vec![T::from_i64(0); sl];
     let mut recv = vec![T::from_i64(-77); rl];
-    fill_input(case.op, &mut send, &mut recv, case.rank, case.root, case.seed, case.redop);
-    // Inputs are generated on the device by NVRTC-compiled kernels where one exists for the
-    // type, so the host pattern code checks the device one; the rest are uploaded.
-    let mut ds = q.alloc::<T>(sl)?;
-    let on_device = case.op != CollOp::Broadcast
-        && sl > 0
-        && pat.fill(comm, q, &mut ds, case.rank, case.seed, case.op.reduces().then_some(case.redop))?;
-    if !on_device {
-        ds = q.upload(&send)?;
-    }
+    fill_input(case.op, &mut send, &mut recv, case.rank, case.n, case.root, case.seed, case.redop);
+    // The inputs are the host test pattern (exact and distinct in every dtype), uploaded.
+    let ds = q.upload(&send)?;
     let mut dr = q.upload(&recv)?;
     run_dev(comm, q, case.op, &ds, &mut dr, case.redop, case.root)?;
     comm.synchronize(q)?;
@@ -231,7 +181,6 @@ pub fn check(
     let dev = comm.cuda_device()?;
     comm.attach_device(&dev)?;
     let q = dev.queue()?;
-    let pat = Patterns::new(&dev)?;
     let n = comm.size();
     let t0 = Instant::now();
     let (mut checks, mut failures) = (0u64, 0u64);
@@ -255,7 +204,7 @@ pub fn check(
                             std::process::exit(5);
                         }
                         let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
-                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &q, &pat, &case)? });
+                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &q, &case)? });
                         checks += 1;
                         if wrong > 0 {
                             failures += 1;
@@ -271,7 +220,7 @@ pub fn check(
                 let count = if op == CollOp::AllGather { total / n } else { total };
                 seed += 1;
                 let case = Case { op, count, n, rank: comm.rank(), root: n - 1, seed, redop: ReduceOp::Sum };
-                let wrong = check_case::<f32>(comm, &q, &pat, &case)?;
+                let wrong = check_case::<f32>(comm, &q, &case)?;
                 checks += 1;
                 if wrong > 0 {
                     failures += 1;
@@ -288,8 +237,8 @@ pub fn check(
         }
     }
     comm.pin_backend(None)?;
-    let mut totals = [checks, failures];
-    comm.all_reduce_in_place(&mut totals, ReduceOp::Sum)?;
+    // Through the rendezvous store: a broken backend must not be the one adding up its failures.
+    let totals = [crate::ops::oob_sum(comm, "gpu-check/checks", checks)?, crate::ops::oob_sum(comm, "gpu-check/failures", failures)?];
     if comm.rank() == 0 {
         println!(
             "sucl check --device cuda: {n} ranks, device backends {}: {} checks, {} wrong ({:.1} s)",
@@ -302,23 +251,40 @@ pub fn check(
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }
 
+/// NCCL's reduce op for sucl's.
+fn raw_redop(op: ReduceOp) -> raw::ReduceOp {
+    match op {
+        ReduceOp::Sum => raw::ReduceOp::Sum,
+        ReduceOp::Prod => raw::ReduceOp::Prod,
+        ReduceOp::Min => raw::ReduceOp::Min,
+        ReduceOp::Max => raw::ReduceOp::Max,
+        ReduceOp::Avg => raw::ReduceOp::Avg,
+    }
+}
+
 fn raw_op<T: DeviceElement + raw::NcclType>(
     c: &raw::Comm,
     op: CollOp,
     s: &CudaSlice<T>,
     r: &mut CudaSlice<T>,
+    redop: ReduceOp,
     root: usize,
 ) -> std::result::Result<(), String> {
     let res = match op {
-        CollOp::AllReduce => c.all_reduce(s, r, &raw::ReduceOp::Sum).map(|_| ()),
+        CollOp::AllReduce => c.all_reduce(s, r, &raw_redop(redop)).map(|_| ()),
         CollOp::Broadcast => c.broadcast_in_place(r, root as i32).map(|_| ()),
         CollOp::AllGather => c.all_gather(s, r).map(|_| ()),
-        CollOp::ReduceScatter => c.reduce_scatter(s, r, &raw::ReduceOp::Sum).map(|_| ()),
+        CollOp::ReduceScatter => c.reduce_scatter(s, r, &raw_redop(redop)).map(|_| ()),
         other => return Err(format!("the raw NCCL baseline has no {}", other.name())),
     };
     res.map_err(|e| format!("{e:?}"))
 }
 
+/// Measures one size on device buffers, checked as host measurements are (see
+/// [`crate::bench::measure`]): the inputs are the test pattern, uploaded; the outputs of the
+/// first call (before warm-up) and of the last timed call are downloaded and compared with the
+/// serial reference outside the timed loop; `wrong` adds up every rank's count through the
+/// rendezvous store.
 fn measure<T: DeviceElement + raw::NcclType>(
     comm: &Communicator,
     q: &Queue,
@@ -337,17 +303,34 @@ fn measure<T: DeviceElement + raw::NcclType>(
     };
     let root = a.root % n;
     let (sl, rl) = buffer_lens(op, count, n, r, root);
-    let ds = q.upload(&vec![T::from_i64(1); sl.max(1)])?;
-    let mut dr = q.upload(&vec![T::from_i64(0); rl.max(1)])?;
+    let case = Case { op, count, n, rank: r, root, seed: bytes ^ 0x5eed, redop: a.redop };
+    // Buffers of at least one element (NCCL is not handed null pointers).
+    let crate::pattern::Inputs { mut send, mut recv, want } =
+        crate::pattern::inputs::<T>("device", &case, sl, rl, a.check, |snd, rcv| fill_input(op, snd, rcv, r, n, root, case.seed, a.redop));
+    send.resize(sl.max(1), T::from_i64(0));
+    recv.resize(rl.max(1), T::from_i64(-77));
+    let recv_is_input = op == CollOp::Broadcast && r == root;
+    let ds = q.upload(&send)?;
+    let mut dr = q.upload(&recv)?;
+    let poison = vec![T::from_i64(-77); rl.max(1)];
     let once = |dr: &mut Buffer<T>| -> Result<()> {
         match rawc {
             Some(c) => {
                 let (s, d) = (ds.cuda_slice().expect("non-empty"), dr.cuda_slice_mut().expect("non-empty"));
-                raw_op(c, op, s, d, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why })
+                raw_op(c, op, s, d, a.redop, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why })
             }
             None => run_dev(comm, q, op, &ds, dr, a.redop, root),
         }
     };
+    // Checks the output of the calls since the last poisoning (after the queue is drained).
+    let wrong_in = |dr: &Buffer<T>| -> Result<u64> {
+        let Some(w) = &want else { return Ok(0) };
+        comm.synchronize(q)?;
+        let got: Vec<T> = dr.to_vec()?;
+        Ok(count_wrong_vs(&case, w, &got[..rl]) as u64)
+    };
+    once(&mut dr)?;
+    let mut wrong = wrong_in(&dr)?;
     for _ in 0..a.warmup {
         once(&mut dr)?;
     }
@@ -360,6 +343,10 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let mut one = [t.elapsed().as_secs_f64()];
     comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
     let iters = a.iters.min(((MEASURE_SECONDS / one[0]) as usize).max(MIN_ITERS)).max(1);
+    if want.is_some() && !recv_is_input {
+        dr = q.upload(&poison)?;
+        comm.synchronize(q)?;
+    }
     comm.barrier()?;
     let t = Instant::now();
     for _ in 0..iters {
@@ -367,10 +354,12 @@ fn measure<T: DeviceElement + raw::NcclType>(
     }
     comm.synchronize(q)?;
     let mut time = [t.elapsed().as_secs_f64() / iters as f64];
+    wrong += wrong_in(&dr)?;
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
+    let wrong = if a.check { Some(crate::ops::oob_sum(comm, "gpu-bench/wrong", wrong)?) } else { None };
     let shown = count
         * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
-    Ok(Row::new(&BenchArgs { iters, ..*a }, label, n, shown, T::DTYPE, time[0], 0))
+    Ok(Row::new(&BenchArgs { iters, ..*a }, label, n, shown, T::DTYPE, time[0], wrong))
 }
 
 fn raw_comm(comm: &Communicator, q: &Queue) -> Result<raw::Comm> {
@@ -408,8 +397,10 @@ fn open(comm: &Communicator) -> Result<(Device, Queue)> {
 
 /// Measures several device choices side by side in one job (`raw`, `nccl`, `staged`, `auto`):
 /// per size, `rounds` interleaved rounds; the best time of each counts. Rank 0 prints JSON rows
-/// (with `json`) or a table with sucl's overhead over raw NCCL.
-pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<()> {
+/// (with `json`) or a table with sucl's overhead over raw NCCL. Every measurement is checked;
+/// a row's `wrong` counts the wrong elements of every round of its choice. Returns the wrong
+/// elements of all measurements.
+pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: usize) -> Result<u64> {
     let (dev, q) = open(comm)?;
     let rawc = if choices.iter().any(|c| c == "raw") { Some(raw_comm(comm, &q)?) } else { None };
     let lead = comm.rank() == 0;
@@ -424,10 +415,12 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         for c in choices {
             h += &format!(" {c:>10}");
         }
-        println!("{h}");
+        println!("{h} {:>7}", "#wrong");
     }
+    let mut all_wrong = 0;
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
         let mut best: Vec<Option<Row>> = vec![None; choices.len()];
+        let mut wrong: Vec<Option<u64>> = vec![None; choices.len()];
         // Rounds of small sizes cost milliseconds, and their noise (±1 µs from the CPU side of
         // every launch) is as large as the differences measured: take more of them there.
         let rounds = if bytes <= SMALL_BYTES { rounds * SMALL_ROUNDS_FACTOR } else { rounds };
@@ -440,12 +433,21 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                     comm.pin_backend((c != "auto").then_some(c.as_str()))?;
                     measure_any(comm, &q, None, a, bytes, c)?
                 };
+                if let Some(w) = row.wrong {
+                    wrong[k] = Some(wrong[k].unwrap_or(0) + w);
+                }
                 if best[k].as_ref().is_none_or(|b| row.time_us < b.time_us) {
                     best[k] = Some(row);
                 }
             }
         }
         comm.pin_backend(None)?;
+        for (b, w) in best.iter_mut().zip(&wrong) {
+            if let Some(b) = b {
+                b.wrong = *w;
+            }
+        }
+        all_wrong += wrong.iter().flatten().sum::<u64>();
         if lead {
             if a.json {
                 for r in best.iter().flatten() {
@@ -456,11 +458,12 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                 for r in best.iter().flatten() {
                     line += &format!(" {:>10.2}", r.time_us);
                 }
-                println!("{line}");
+                let w: Option<u64> = wrong.iter().flatten().copied().reduce(|x, y| x + y);
+                println!("{line} {:>7}", crate::bench::wrong_cell(w));
             }
         }
     }
-    Ok(())
+    Ok(all_wrong)
 }
 
 /// Device sweep for `choice` (`nccl`, `staged`, `auto` or `raw`); rank 0 prints rows.
@@ -475,7 +478,10 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     let lead = comm.rank() == 0;
     if lead && !a.json {
         println!("# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters", a.op.name(), comm.size(), dev.name(), a.iters);
-        println!("{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}", "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+        println!(
+            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7}",
+            "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+        );
     }
     let mut rows = vec![];
     for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
@@ -485,8 +491,14 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));
             } else {
                 println!(
-                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3}",
-                    row.bytes, row.count, row.dtype, row.time_us, row.algbw_gbps, row.busbw_gbps
+                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
+                    row.bytes,
+                    row.count,
+                    row.dtype,
+                    row.time_us,
+                    row.algbw_gbps,
+                    row.busbw_gbps,
+                    crate::bench::wrong_cell(row.wrong)
                 );
             }
         }
@@ -507,6 +519,8 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
         dev.name(),
         names.join(", ")
     );
+    // Every measurement is checked; a backend that computes wrong results wins nothing.
+    let mut wrong = 0;
     for &op in ops {
         let args = BenchArgs { op: BenchOp::Coll(op), ..*a };
         let mut points: Vec<(u64, Vec<f64>)> = vec![];
@@ -516,7 +530,14 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
                 for k in crate::bench::round_order(names.len(), round) {
                     let name = names[k];
                     comm.pin_backend(Some(name))?;
-                    best[k] = best[k].min(measure_any(comm, &q, None, &args, bytes, name)?.time_us);
+                    let row = measure_any(comm, &q, None, &args, bytes, name)?;
+                    best[k] = best[k].min(row.time_us);
+                    if let Some(w) = row.wrong.filter(|&w| w > 0) {
+                        wrong += w;
+                        if lead {
+                            eprintln!("sucl tune: WRONG {} {bytes} B on {name}: {w} wrong elements", op.name());
+                        }
+                    }
                 }
             }
             points.push((bytes, best));
@@ -534,6 +555,12 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
         }
         let winners: Vec<(u64, &str)> = points.iter().map(|(b, t)| (*b, names[winner(t)])).collect();
         file += &crate::tune::rules(op, comm.size(), &winners);
+    }
+    if wrong > 0 {
+        if lead {
+            eprintln!("sucl tune: some results were wrong; {out} not written");
+        }
+        return Ok(1);
     }
     if lead {
         if let Err(e) = std::fs::write(out, file) {

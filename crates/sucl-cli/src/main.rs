@@ -305,6 +305,10 @@ fn bench_main(b: BenchCli) -> i32 {
     if let Some(list) = &b.compare {
         let choices: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
         return match bench::compare(&comm, &args, &choices, b.rounds) {
+            Ok(points) if points.iter().any(|p| p.2.iter().any(|w| w.is_some_and(|w| w > 0))) => {
+                eprintln!("sucl bench --compare: some results were wrong");
+                1
+            }
             Ok(_) => 0,
             Err(e) => {
                 eprintln!("sucl bench: {e}");
@@ -320,7 +324,7 @@ fn bench_main(b: BenchCli) -> i32 {
                     return fail(format!("cannot draw {path}: {e}"));
                 }
             }
-            if rows.iter().any(|r| r.wrong > 0) {
+            if rows.iter().any(|r| r.wrong.is_some_and(|w| w > 0)) {
                 eprintln!("sucl bench: some results were wrong");
                 return 1;
             }
@@ -342,9 +346,13 @@ fn device_bench(comm: &sucl::Communicator, args: &bench::BenchArgs, dev: &str, c
         let choices: Vec<String> = choice.split(',').map(|s| s.trim().to_string()).collect();
         gpu::compare(comm, args, &choices, rounds)
     } else {
-        gpu::bench(comm, args, choice).map(|_| ())
+        gpu::bench(comm, args, choice).map(|rows| rows.iter().filter_map(|r| r.wrong).sum())
     };
     match r {
+        Ok(wrong) if wrong > 0 => {
+            eprintln!("sucl bench --device cuda: {wrong} wrong elements");
+            1
+        }
         Ok(_) => 0,
         Err(e) => {
             eprintln!("sucl bench --device cuda: {e}");
@@ -478,7 +486,7 @@ fn tune_main(t: TuneCli) -> i32 {
                 redop: ReduceOp::Sum,
                 root: 0,
                 json: false,
-                check: false,
+                check: true,
             };
             return match gpu::tune(&comm, &args, &ops, t.rounds, &t.out) {
                 Ok(code) => code,

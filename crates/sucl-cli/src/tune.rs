@@ -72,6 +72,8 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
         a.iters
     );
     let sizes = bench::sizes(a.min_bytes, a.max_bytes, a.factor);
+    // Every measurement is checked; a backend that computes wrong results wins nothing.
+    let mut wrong = vec![];
     for &op in &a.ops {
         let mut points = vec![];
         for &bytes in &sizes {
@@ -91,10 +93,13 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
                         redop: ReduceOp::Sum,
                         root: 0,
                         json: false,
-                        check: false,
+                        check: true,
                     };
                     let row = with_dtype!(a.dtype, T, { bench::measure::<T>(comm, &args, bytes)? });
                     times[k] = times[k].min(row.time_us);
+                    if let Some(w) = row.wrong.filter(|&w| w > 0) {
+                        wrong.push(format!("{} {} B on {name}: {w} wrong elements", op.name(), bytes));
+                    }
                 }
             }
             comm.pin_backend(None)?;
@@ -117,6 +122,15 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
             let winners: Vec<(u64, &str)> = points.iter().map(|p| (p.bytes, names[p.winner()])).collect();
             file += &rules(op, comm.size(), &winners);
         }
+    }
+    if !wrong.is_empty() {
+        if lead {
+            for w in &wrong {
+                eprintln!("sucl tune: WRONG {w}");
+            }
+            eprintln!("sucl tune: some results were wrong; {} not written", a.out);
+        }
+        return Ok(1);
     }
     if lead {
         if let Err(e) = std::fs::write(&a.out, file) {

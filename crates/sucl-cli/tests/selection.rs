@@ -66,9 +66,52 @@ fn a_named_backend_that_cannot_load_is_reported_at_init() {
     assert!(err.contains("backend mpi cannot serve"), "{err}");
 }
 
+/// The all_reduce rules of a tuning table: (lowest byte, end byte (excluded), backend).
+fn all_reduce_rules(table: &str) -> Vec<(u64, u64, String)> {
+    let mut rules = vec![];
+    for rule in table.split("[[tuning]]").skip(1) {
+        let field =
+            |k: &str| rule.lines().find_map(|l| l.strip_prefix(k).map(|v| v.trim_start_matches([' ', '=']).trim().to_string())).unwrap();
+        if field("op") != "\"all_reduce\"" {
+            continue;
+        }
+        let bytes = field("bytes");
+        let (lo, hi) = bytes.trim_matches(['[', ']']).split_once(',').unwrap();
+        rules.push((lo.trim().parse().unwrap(), hi.trim().parse().unwrap(), field("backend").trim_matches('"').to_string()));
+    }
+    rules
+}
+
+/// The backend that served each f32 all_reduce of `sucl bench all_reduce` under `config`:
+/// (bytes, backend), from the runtime's debug log of every collective.
+fn served_by(config: &std::path::Path) -> Vec<(u64, String)> {
+    let mut cmd = sucl();
+    cmd.args(["bench", "all_reduce", "--ranks", "2", "--max-bytes", "64K", "--factor", "8", "--iters", "3", "--json", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "sucl_runtime=debug")
+        .env("NO_COLOR", "1");
+    let out = finish(spawn(cmd), Duration::from_secs(120), "bench with the table");
+    assert!(out.status.success(), "{}", out.stderr);
+    let rows: Vec<serde_json::Value> =
+        out.stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 5);
+    assert!(rows.iter().all(|r| r["backend"] == "auto" && r["wrong"] == 0), "{rows:?}");
+    let field = |l: &str, k: &str| l.split(k).nth(1).map(|v| v.split([' ', ',']).next().unwrap().trim_matches('"').to_string());
+    let mut served: Vec<(u64, String)> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" collective ") && l.contains("op=\"all_reduce\"") && l.contains("dtype=\"f32\""))
+        .map(|l| (field(l, "count=").unwrap().parse::<u64>().unwrap() * 4, field(l, "backend=").unwrap()))
+        .collect();
+    served.sort();
+    served.dedup();
+    served
+}
+
 #[test]
 fn tune_writes_a_table_that_auto_follows() {
     let path = std::env::temp_dir().join(format!("sucl-tune-{}.toml", std::process::id()));
+    let swapped = std::env::temp_dir().join(format!("sucl-tune-swapped-{}.toml", std::process::id()));
     let mut cmd = sucl();
     cmd.args([
         "tune",
@@ -91,16 +134,25 @@ fn tune_writes_a_table_that_auto_follows() {
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     let table = std::fs::read_to_string(&path).unwrap();
     assert!(table.contains("[[tuning]]") && table.contains("op = \"all_to_all\""), "{table}");
-    let mut cmd = sucl();
-    cmd.args(["bench", "all_reduce", "--ranks", "2", "--max-bytes", "64K", "--factor", "8", "--iters", "3", "--json", "--config"])
-        .arg(&path);
-    let out = finish(spawn(cmd), Duration::from_secs(120), "bench with the table");
-    assert!(out.status.success(), "{}", out.stderr);
-    let rows: Vec<serde_json::Value> =
-        out.stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 5);
-    assert!(rows.iter().all(|r| r["backend"] == "auto" && r["wrong"] == 0), "{rows:?}");
+    // The table covers every size, from 0 up, without gaps.
+    let rules = all_reduce_rules(&table);
+    assert!(!rules.is_empty() && rules[0].0 == 0 && rules.windows(2).all(|w| w[0].1 == w[1].0), "{table}");
+    // Every all_reduce of a bench under the table goes where the table says; and where the
+    // table says the opposite (shm and tcp swapped), there: auto follows the table, whatever
+    // the backends' defaults.
+    let opposite = table.replace("\"shm\"", "\"SWAP\"").replace("\"tcp\"", "\"shm\"").replace("\"SWAP\"", "\"tcp\"");
+    std::fs::write(&swapped, &opposite).unwrap();
+    for (file, text) in [(&path, &table), (&swapped, &opposite)] {
+        let rules = all_reduce_rules(text);
+        let served = served_by(file);
+        assert_eq!(served.iter().map(|s| s.0).collect::<std::collections::BTreeSet<_>>().len(), 5, "{served:?}");
+        for (bytes, backend) in &served {
+            let rule = rules.iter().find(|r| r.0 <= *bytes && *bytes < r.1).unwrap();
+            assert_eq!(&rule.2, backend, "{bytes} B went to {backend}, the table says {}:\n{text}", rule.2);
+        }
+    }
     std::fs::remove_file(&path).unwrap();
+    std::fs::remove_file(&swapped).unwrap();
 }
 
 #[test]
@@ -108,14 +160,18 @@ fn info_lists_backends_config_sources_and_launch() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sucl")).arg("info").env("SUCL_TIMEOUT", "7").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for want in [
-        "shm   available",
-        "tcp   available",
-        "mpi",
-        "timeout              = 7",
-        "(env SUCL_TIMEOUT)",
-        "launcher none, rank 0, world size 1",
-    ] {
+    for want in
+        ["shm   available", "tcp   available", "timeout              = 7", "(env SUCL_TIMEOUT)", "launcher none, rank 0, world size 1"]
+    {
         assert!(text.contains(want), "missing `{want}` in:\n{text}");
     }
+    // The mpi line says why this process cannot use MPI: no MPI in this build, or (with it) no
+    // MPI launcher around this process.
+    let mpi = text.lines().find(|l| l.trim_start().starts_with("mpi ")).unwrap_or_else(|| panic!("no mpi line in:\n{text}"));
+    let why = if cfg!(feature = "mpi") {
+        "unavailable: the job was not started by an MPI launcher"
+    } else {
+        "unavailable: built without the `mpi` feature"
+    };
+    assert!(mpi.contains(why), "`{mpi}` should say `{why}`");
 }

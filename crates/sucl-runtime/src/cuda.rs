@@ -203,17 +203,30 @@ impl Communicator {
             let (p, g) = s.read_ptr(stream);
             (Some(p), g)
         });
+        #[cfg(feature = "fault-hook")]
+        let recv_bytes = recv.as_ref().map_or(0, |r| r.num_bytes());
         let (rp, _gr) = recv.as_mut().map_or((0, None), |r| r.write_ptr(stream));
         let mut st = self.device_state(queue.device())?;
-        if which == "nccl" {
+        let done = if which == "nccl" {
             let Some(n) = st.nccl.as_mut() else { return Err(self.nccl_missing()) };
             if d.count == 0 {
                 // Nothing moves; NCCL is not asked to handle null buffers.
                 return Ok(());
             }
-            return n.collective(&d, sp, rp, stream);
+            n.collective(&d, sp, rp, stream)
+        } else {
+            st.staged(self, &d, sp, rp, &queue)
+        };
+        #[cfg(feature = "fault-hook")]
+        if done.is_ok() && rp != 0 && crate::fault::hits(which, d.op) {
+            if let Some(at) = crate::fault::corrupt_offset(recv_bytes, d.dtype.size()) {
+                // Test builds only: read the byte back after the collective, flip it, write it.
+                let mut b = st.download(rp + at as u64, 1, &queue)?;
+                b[0] ^= crate::fault::FLIP;
+                st.upload_from(&b, rp + at as u64, &queue)?;
+            }
         }
-        st.staged(self, &d, sp, rp, &queue)
+        done
     }
 
     fn nccl_missing(&self) -> Error {

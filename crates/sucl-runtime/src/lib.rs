@@ -21,6 +21,8 @@ pub mod buf;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "fault-hook")]
+mod fault;
 mod nonblocking;
 pub mod select;
 
@@ -567,7 +569,12 @@ impl Communicator {
             i = self.selector.default();
         }
         tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = bs[i].name(), "collective");
-        bs[i].collective(&desc, send, recv)
+        let done = bs[i].collective(&desc, send, recv);
+        #[cfg(feature = "fault-hook")]
+        if done.is_ok() && fault::hits(bs[i].name(), desc.op) {
+            fault::corrupt_last(recv, desc.dtype.size());
+        }
+        done
     }
 
     /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on
@@ -735,6 +742,18 @@ impl Communicator {
         let my_host = &self.ctx.hosts[self.wr()];
         let local_rank = world_ranks[..new_rank].iter().filter(|&&w| &self.ctx.hosts[w] == my_host).count();
         Ok(Some(Communicator::member(new_rank, local_rank, world_ranks, backends, selector, self.ctx.clone(), prefix)))
+    }
+
+    /// Gathers `bytes` from every rank (in rank order) through the rendezvous store, not through
+    /// any backend: for results that must not depend on the backend being checked (test totals,
+    /// counts of wrong elements). Collective over this communicator; `key` must be the same on
+    /// every rank and unique per call within this communicator. Every rank makes `size + 1`
+    /// store round trips: meant for a few bytes now and then, never for data.
+    pub fn oob_all_gather(&self, key: &str, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let store = self.ctx.store.as_ref().ok_or_else(|| Error::Config("no rendezvous store".into()))?;
+        let base = format!("{}/oob/{key}", self.prefix);
+        store.set(&format!("{base}/{}", self.rank), bytes)?;
+        (0..self.size).map(|r| store.get(&format!("{base}/{r}"))).collect()
     }
 
     /// The world rank of this communicator's rank `r`.
