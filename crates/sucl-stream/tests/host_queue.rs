@@ -35,26 +35,23 @@ fn run(name: &str, n: usize, env: &[(&str, &str)], body: fn(usize)) {
 
 #[test]
 fn fifo_order_per_peer_and_tag() {
+    // Each queue side meets plain calls, so an order bug on either side cannot cancel out.
     run("fifo_order_per_peer_and_tag", 2, &[], |rank| {
         let (comm, _ctl) = world();
-        let q = HostQueue::new();
-        let mut cq = CommQueue::on_host(comm, &q).unwrap();
         if rank == 0 {
+            let q = HostQueue::new();
+            let mut cq = CommQueue::on_host(comm, &q).unwrap();
             // Two tags interleaved; each tag's messages must arrive in enqueue order.
             for i in 0..6u64 {
-                let b = SharedBuf::new(vec![i; 3]);
-                cq.enqueue_send(&b, 1, (i % 2) as u32).unwrap();
+                cq.enqueue_send(&SharedBuf::new(vec![i; 3]), 1, (i % 2) as u32).unwrap();
             }
-            cq.start().unwrap();
-            cq.wait().unwrap();
-        } else {
+            // Receives posted tag-1 first: matching is per (peer, tag), not global order.
             let mut got = vec![];
             let mut reqs = vec![];
-            // Receives posted tag-1 first: matching is per (peer, tag), not global order.
             for tag in [1u32, 0] {
                 for _ in 0..3 {
                     let b = SharedBuf::<u64>::zeroed(3);
-                    reqs.push(cq.enqueue_recv(&b, 0, tag).unwrap());
+                    reqs.push(cq.enqueue_recv(&b, 1, tag + 10).unwrap());
                     got.push((tag, b));
                 }
             }
@@ -68,10 +65,22 @@ fn fifo_order_per_peer_and_tag() {
             for r in &reqs {
                 assert_eq!(r.wait().unwrap(), 3);
             }
-            assert_eq!(*seen.lock().unwrap(), vec![(1, 1), (1, 3), (1, 5), (0, 0), (0, 2), (0, 4)]);
+            assert_eq!(*seen.lock().unwrap(), vec![(1, 101), (1, 103), (1, 105), (0, 100), (0, 102), (0, 104)]);
+            cq.close().unwrap();
+        } else {
+            let mut got = vec![];
+            for tag in [1u32, 0] {
+                for _ in 0..3 {
+                    let mut b = [0u64; 3];
+                    comm.recv(&mut b[..], 0, tag).unwrap();
+                    got.push((tag, b[0]));
+                }
+            }
+            assert_eq!(got, vec![(1, 1), (1, 3), (1, 5), (0, 0), (0, 2), (0, 4)]);
+            for i in 0..6u64 {
+                comm.send(&[100 + i; 3][..], 0, (i % 2) as u32 + 10).unwrap();
+            }
         }
-        cq.synchronize().unwrap();
-        cq.close().unwrap();
     });
 }
 
