@@ -54,9 +54,10 @@ pub(crate) enum Work {
 pub(crate) struct Op {
     pub(crate) work: Work,
     pub(crate) state: Arc<OpState>,
-    /// Runs on the engine thread after the operation completed (staged receives: nothing; kept
-    /// for keep-alive handles that must be dropped only after completion).
+    /// Handles that keep the program's buffers alive until the operation completed.
     pub(crate) keep: Option<Box<dyn Send>>,
+    /// A receive that must fill exactly this many bytes (staged device receives).
+    pub(crate) exact: Option<usize>,
 }
 
 /// A batch released by one start.
@@ -261,7 +262,13 @@ fn test_batch(comm: &Communicator, a: &mut Active) -> Result<bool> {
             Some(bytes) => {
                 *req = None;
                 give_back(&mut op.work);
-                op.state.complete(Ok(bytes));
+                match op.exact {
+                    Some(want) if want != bytes => op.state.complete(Err(Error::Mismatch {
+                        rank: op.state.rank,
+                        what: format!("message length: the {} brought {bytes} bytes, the device buffer has {want} (a stream receive must be filled exactly)", op.state.what),
+                    })),
+                    _ => op.state.complete(Ok(bytes)),
+                }
                 op.keep.take();
             }
             None => all = false,

@@ -240,7 +240,7 @@ impl CommQueue {
 
     fn push_host(&mut self, work: Work, elem: usize, what: String) -> Request {
         let (state, req) = self.new_request(elem, what);
-        self.pending.push(Op { work, state, keep: None });
+        self.pending.push(Op { work, state, keep: None, exact: None });
         req
     }
 
@@ -462,7 +462,7 @@ impl CommQueue {
     /// started operation completed; returns the first error among them.
     pub fn synchronize(&mut self) -> Result<()> {
         let bound = self.bound();
-        match &self.path {
+        match &mut self.path {
             Path::Host { q, .. } => q.synchronize(bound)?,
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.synchronize()?,
@@ -499,10 +499,11 @@ impl CommQueue {
         self.pending.clear();
         let in_flight = self.outstanding.len();
         let settled = self.synchronize();
-        let comm = match &self.path {
-            Path::Host { ch, .. } => take_comm(ch, self.bound()),
+        let bound = self.bound();
+        let comm = match &mut self.path {
+            Path::Host { ch, .. } => take_comm(ch, bound),
             #[cfg(feature = "cuda")]
-            Path::Device(d) => d.take_comm(self.bound()),
+            Path::Device(d) => d.take_comm(bound),
         };
         if never_started + in_flight > 0 {
             return Err(Error::invalid(

@@ -1,9 +1,15 @@
 //! Host-side completion of stream-triggered operations.
 
 use crate::clone_error;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Error, Result};
+
+/// A completion the host learns by asking the device (an event after an NCCL group).
+pub(crate) trait DevicePoll: Send + Sync {
+    /// Whether the work is done; an error if the device failed.
+    fn poll(&self) -> Result<bool>;
+}
 
 /// What the engine and the requests share about one operation.
 pub(crate) struct OpState {
@@ -15,11 +21,13 @@ pub(crate) struct OpState {
     pub(crate) what: String,
     /// The rank that saw it (world rank).
     pub(crate) rank: usize,
+    /// Set when the device, not the engine, completes the operation: the poll and the bytes.
+    device: OnceLock<(Arc<dyn DevicePoll>, usize)>,
 }
 
 impl OpState {
     pub(crate) fn new(elem: usize, what: String, rank: usize) -> Arc<OpState> {
-        Arc::new(OpState { result: Mutex::new(None), done: Condvar::new(), elem: elem.max(1), what, rank })
+        Arc::new(OpState { result: Mutex::new(None), done: Condvar::new(), elem: elem.max(1), what, rank, device: OnceLock::new() })
     }
 
     /// Records the outcome (the first one wins) and wakes every waiter.
@@ -32,12 +40,33 @@ impl OpState {
         self.done.notify_all();
     }
 
+    /// Hands completion to the device: the operation is done (with `bytes`) once `poll` says so.
+    pub(crate) fn complete_on_device(&self, poll: Arc<dyn DevicePoll>, bytes: usize) {
+        let _ = self.device.set((poll, bytes));
+        self.done.notify_all();
+    }
+
+    /// Asks the device, if it completes this operation.
+    fn poll_device(&self) {
+        if let Some((p, bytes)) = self.device.get() {
+            if self.result.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                match p.poll() {
+                    Ok(true) => self.complete(Ok(*bytes)),
+                    Ok(false) => {}
+                    Err(e) => self.complete(Err(e)),
+                }
+            }
+        }
+    }
+
     pub(crate) fn outcome(&self) -> Option<Result<usize>> {
+        self.poll_device();
         let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(clone_error))
     }
 
     pub(crate) fn is_done(&self) -> bool {
+        self.poll_device();
         self.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
@@ -46,6 +75,12 @@ impl OpState {
         let deadline = Instant::now() + bound;
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         loop {
+            let polled = self.device.get().is_some();
+            if polled && g.is_none() {
+                drop(g);
+                self.poll_device();
+                g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+            }
             if let Some(r) = g.as_ref() {
                 return r.as_ref().map(|&b| b / self.elem).map_err(clone_error);
             }
@@ -57,7 +92,8 @@ impl OpState {
                     after: bound,
                 });
             }
-            g = self.done.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
+            g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
