@@ -116,10 +116,11 @@ impl Channel {
 
     /// Hands a started batch to the engine (the queue's trigger releases it).
     pub(crate) fn submit(&self, batch: Batch) {
-        self.in_flight.fetch_add(batch.ops.len() as u64, Ordering::AcqRel);
+        // Each batch counts once more for its trigger and completion on the queue.
+        self.in_flight.fetch_add(batch.ops.len() as u64 + 1, Ordering::AcqRel);
         if let Some(e) = self.error() {
             // A failed queue runs nothing more: every later operation gets the error at once.
-            let n = batch.ops.len() as u64;
+            let n = batch.ops.len() as u64 + 1;
             fail_ops(batch.ops.into_iter().map(|o| (o, None)), &e, None);
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
             return;
@@ -145,12 +146,12 @@ impl Channel {
         }
         let mut n = 0u64;
         if let Some(a) = active {
-            n += a.ops.len() as u64;
+            n += a.ops.len() as u64 + 1;
             fail_ops(a.ops.into_iter(), &e, comm);
         }
         let queued: Vec<Batch> = self.batches.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for b in queued {
-            n += b.ops.len() as u64;
+            n += b.ops.len() as u64 + 1;
             fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
         }
         self.in_flight.fetch_sub(n, Ordering::AcqRel);
@@ -173,7 +174,7 @@ impl Channel {
                 Ok(false) => false,
                 Ok(true) => {
                     let a = active.take().expect("active");
-                    self.in_flight.fetch_sub(a.ops.len() as u64, Ordering::AcqRel);
+                    self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
                     self.signal.complete(a.epoch);
                     true
                 }

@@ -46,6 +46,7 @@
 #[cfg(feature = "cuda")]
 pub mod device;
 mod engine;
+pub mod faces;
 mod hostq;
 mod queue;
 mod request;
@@ -67,7 +68,8 @@ pub const ANY_SOURCE: usize = usize::MAX - 1;
 /// A wildcard tag (MPI's `MPI_ANY_TAG`). Stream-triggered operations refuse it.
 pub const ANY_TAG: u32 = u32::MAX;
 
-/// Most operations started and not yet complete on one queue; `start` blocks (bounded) beyond
+/// Most operations started and not yet complete on one queue (each start counting as one more);
+/// `start` blocks (bounded) beyond
 /// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
 pub const MAX_IN_FLIGHT: u64 = 500;
 
