@@ -58,8 +58,8 @@ if [ -x "$FACES" ]; then
   for n in 2 4 8; do
     case $n in 2) g="2 1 1";; 4) g="2 2 1";; 8) g="2 2 2";; esac
     for sz in "4 4 4 4" "15 14 13 12"; do
-      echo "== faces host ranks $n: echo '$g $sz 1 2 20' | $BIN run -n $n -- $FACES" >>"$BENCH"
-      echo "$g $sz 1 2 20" | timeout 300 "$BIN" run -n "$n" -- "$FACES" >>"$BENCH" 2>&1 || fail "faces on $n host ranks failed"
+      echo "== faces host ranks $n: $BIN run -n $n -- $FACES $g $sz 1 2 20" >>"$BENCH"
+      timeout 300 "$BIN" run -n "$n" -- "$FACES" $g $sz 1 2 20 >>"$BENCH" 2>&1 || fail "faces on $n host ranks failed"
     done
   done
 fi

@@ -29,9 +29,9 @@ pub use buf::{Buf, BufMut, Mem, MemMut};
 pub use config::{BackendChoice, Config};
 pub use half::{bf16, f16};
 pub use nonblocking::{Request, Scope};
-pub use unscoped::UnscopedRequest;
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
 pub use sucl_core::{CollOp, DType, Element, Error, ReduceOp, Result};
+pub use unscoped::UnscopedRequest;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;

@@ -61,7 +61,12 @@ fn run() -> sucl_runtime::Result<()> {
     let mut most = [peers as u64];
     comm.all_reduce_in_place(&mut most, ReduceOp::Max)?;
     if comm.rank() == 0 {
-        println!("faces: input `{s}`: {} ranks, {} points each, up to {} messages per share, largest {biggest} bytes", comm.size(), g.points(), most[0]);
+        println!(
+            "faces: input `{s}`: {} ranks, {} points each, up to {} messages per share, largest {biggest} bytes",
+            comm.size(),
+            g.points(),
+            most[0]
+        );
         if worst[0] < 1e-15 {
             println!("faces: {} tasks passed correctness check (max relative difference {:e})", comm.size(), worst[0]);
         } else {

@@ -15,10 +15,10 @@
 //! Prints `st-gpu: <check> <transport>: ok` on success; exits non-zero otherwise.
 
 use std::time::Instant;
+use sucl_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use sucl_runtime::cuda::{Kernel, Queue};
 use sucl_stream::device::{DeviceBuf, Transport};
 use sucl_stream::CommQueue;
-use sucl_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 
 const SRC: &str = r#"
 extern "C" __global__ void fill(double* out, long long n, double v, long long spin) {
@@ -195,7 +195,17 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
     let rt = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
     println!("st-gpu: bench {t}: trigger round trip (empty start+wait, serialized on the stream): {rt:.2} us (rank {rank})");
     // 26 send/recv pairs with Faces-like sizes (6 faces, 12 edges, 8 corners of 14x13x12 elements, n = 12).
-    let sizes: Vec<usize> = (0..26).map(|i| if i < 6 { 12 * 12 * 14 * 13 } else if i < 18 { 12 * 14 } else { 1 }).collect();
+    let sizes: Vec<usize> = (0..26)
+        .map(|i| {
+            if i < 6 {
+                12 * 12 * 14 * 13
+            } else if i < 18 {
+                12 * 14
+            } else {
+                1
+            }
+        })
+        .collect();
     let sends: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
     let recvs: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
     let (warm, timed) = (20, 200);
@@ -241,6 +251,9 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
         comm.synchronize(q)?;
         direct = t0.elapsed().as_secs_f64() * 1e6 / timed as f64;
     }
-    println!("st-gpu: bench {t}: the same NCCL group called directly: {direct:.2} us per batch; queue - direct = {:.2} us (rank {rank})", st - direct);
+    println!(
+        "st-gpu: bench {t}: the same NCCL group called directly: {direct:.2} us per batch; queue - direct = {:.2} us (rank {rank})",
+        st - direct
+    );
     Ok(())
 }

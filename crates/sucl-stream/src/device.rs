@@ -104,10 +104,7 @@ trait Holder<T: Element>: Send + Sync {
 
 struct Held<T: DeviceElement>(Mutex<Buffer<T>>);
 
-fn held<T: Element>(h: &dyn Holder<T>) -> &Held<T>
-where
-    T: DeviceElement,
-{
+fn held<T: DeviceElement>(h: &dyn Holder<T>) -> &Held<T> {
     h.as_any().downcast_ref::<Held<T>>().expect("a DeviceBuf holds a Buffer of its element type")
 }
 
@@ -203,7 +200,7 @@ impl Pinned {
 
     /// The 64-bit word at byte `offset`, as an atomic the CPU may load and store.
     fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset + 8 <= self.bytes && offset % 8 == 0);
+        assert!(offset + 8 <= self.bytes && offset.is_multiple_of(8));
         // SAFETY: in bounds, 8-aligned (the allocation is page-aligned), valid while `self`
         // lives; the device only writes it with 64-bit stream memory operations.
         unsafe { AtomicU64::from_ptr(self.host.add(offset) as *mut u64) }
@@ -279,19 +276,25 @@ struct AwaitingUpload {
     keep: Vec<Box<dyn Send>>,
 }
 
+/// A collective issued on the stream over NCCL.
+type NcclColl = Box<dyn FnOnce(&Communicator) -> Result<()> + Send>;
+
+/// Device buffer handles kept until the event after their last stream use completed.
+type HeldHandles = Vec<(Arc<Event>, Vec<Box<dyn Send>>)>;
+
 /// An NCCL-path operation between enqueue and start.
 enum NcclOp {
     Send { addr: u64, bytes: usize, peer: usize },
     Recv { addr: u64, bytes: usize, peer: usize },
-    Coll(Box<dyn FnOnce(&Communicator) -> Result<()> + Send>),
+    Coll(NcclColl),
 }
 
 enum Mode {
     Nccl {
-        comm: Communicator,
+        comm: Box<Communicator>,
         pending: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
         /// Handles of started operations, released once their event completed.
-        held: Vec<(Arc<Event>, Vec<Box<dyn Send>>)>,
+        held: HeldHandles,
         failed: Option<Error>,
     },
     Staged {
@@ -306,7 +309,7 @@ enum Mode {
         /// The epoch the last stream wait covered.
         waited: u64,
         /// Handles of buffers whose uploads were enqueued, released once their event completed.
-        held: Vec<(Arc<Event>, Vec<Box<dyn Send>>)>,
+        held: HeldHandles,
     },
     /// After `close`.
     Closed,
@@ -334,7 +337,7 @@ impl CommQueue {
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
-            Mode::Nccl { comm, pending: vec![], held: vec![], failed: None }
+            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], failed: None }
         } else {
             let flags = Arc::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?));
             let ch = Channel::new(comm, Box::new(flags.clone()));
@@ -383,7 +386,7 @@ impl CommQueue {
     }
 }
 
-fn device_of<'q>(cq: &'q mut CommQueue) -> &'q mut DevicePath {
+fn device_of(cq: &mut CommQueue) -> &mut DevicePath {
     match &mut cq.path {
         Path::Device(d) => d,
         Path::Host { .. } => unreachable!("device operations are dispatched only on device queues"),
@@ -403,7 +406,8 @@ impl DevicePath {
     /// A staging slot of at least `bytes`: a free one from the pool, else a new allocation.
     fn slot(&mut self, bytes: usize) -> Result<Arc<Pinned>> {
         let Mode::Staged { pool, .. } = &mut self.mode else { unreachable!("staged") };
-        if let Some(i) = pool.iter().position(|(s, ev)| s.bytes >= bytes && Arc::strong_count(s) == 1 && ev.as_ref().is_none_or(|e| e.is_complete()))
+        if let Some(i) =
+            pool.iter().position(|(s, ev)| s.bytes >= bytes && Arc::strong_count(s) == 1 && ev.as_ref().is_none_or(|e| e.is_complete()))
         {
             return Ok(pool.swap_remove(i).0);
         }
@@ -455,7 +459,7 @@ impl DevicePath {
             Mode::Closed => Err(Error::Config("the queue's communicator was already taken".into())),
             Mode::Nccl { comm, .. } => {
                 let _ = comm.pin_backend(None);
-                Ok(comm)
+                Ok(*comm)
             }
             Mode::Staged { ch, .. } => {
                 ch.closed.store(true, Ordering::Release);
@@ -467,7 +471,11 @@ impl DevicePath {
                     return Err(Error::Timeout { rank: self.rank, op: "closing a stream-triggered queue".into(), after: bound });
                 }
                 engine().wake();
-                ch.comm.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
+                ch.comm
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
             }
         }
     }
@@ -487,7 +495,11 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
     check_queue(cq, b)?;
     let es = std::mem::size_of::<T>();
     let bytes = b.len() * es;
-    let what = format!("{} rank {} (tag {tag})", if send { "send to" } else { "receive from" }, if peer == PROC_NULL { "PROC_NULL".to_string() } else { peer.to_string() });
+    let what = format!(
+        "{} rank {} (tag {tag})",
+        if send { "send to" } else { "receive from" },
+        if peer == PROC_NULL { "PROC_NULL".to_string() } else { peer.to_string() }
+    );
     let (state, req) = cq.new_request(es, what);
     let keep: Box<dyn Send> = Box::new(b.clone());
     let d = device_of(cq);
@@ -506,7 +518,12 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
         let copy = Copy { dev: b.inner.address(!send), slot: slot.clone(), bytes };
         let mem = Box::new(SlotLend(slot, bytes));
         if send {
-            StagedOp { downloads: vec![copy], uploads: vec![], op: Op { work: Work::Send { peer, tag, mem }, state, keep: Some(keep), exact: None }, hold: None }
+            StagedOp {
+                downloads: vec![copy],
+                uploads: vec![],
+                op: Op { work: Work::Send { peer, tag, mem }, state, keep: Some(keep), exact: None },
+                hold: None,
+            }
         } else {
             // The upload is enqueued before the length is known: the message must fill the
             // buffer (NCCL's rule too), or stale slot bytes would reach the device.
@@ -688,7 +705,8 @@ fn write_trigger(flags: &Arc<Flags>, cs: cu::CUstream, epoch: u64, host_function
         let addr = flags.0.dev + TRIGGER as u64;
         // SAFETY: `addr` is the device mapping of the pinned trigger word, alive with `flags`
         // (the channel and the queue hold it until the stream is synchronized at close).
-        let rc = unsafe { cu::cuStreamWriteValue64_v2(cs, addr, epoch, cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) };
+        let rc =
+            unsafe { cu::cuStreamWriteValue64_v2(cs, addr, epoch, cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) };
         if rc == cu::CUresult::CUDA_SUCCESS {
             return Ok(());
         }

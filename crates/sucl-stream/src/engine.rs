@@ -38,6 +38,10 @@ pub(crate) trait Lend: Send {
     fn give_back(&mut self);
 }
 
+/// A collective run to completion on the engine thread (by the deadline); returns the bytes it
+/// produced.
+pub(crate) type CollFn = Box<dyn FnOnce(&Communicator, Instant) -> Result<usize> + Send>;
+
 /// What one operation does on the host backend.
 pub(crate) enum Work {
     /// Nothing: a `PROC_NULL` peer.
@@ -47,7 +51,7 @@ pub(crate) enum Work {
     /// A receive into the lent memory.
     Recv { peer: usize, tag: u32, mem: Box<dyn Lend> },
     /// A collective, run to completion on the engine thread; returns the bytes it produced.
-    Coll(Box<dyn FnOnce(&Communicator, Instant) -> Result<usize> + Send>),
+    Coll(CollFn),
 }
 
 /// An enqueued operation.
@@ -384,4 +388,3 @@ fn run() {
         }
     }
 }
-

@@ -406,11 +406,11 @@ pub fn run_triggered(comm: Communicator, g: &Grid, tag: u32) -> Result<(Outcome,
                         }
                     }
                 });
-                for d in 0..26 {
-                    cq.enqueue_recv(&recvs[d], g.peers[d], tag)?;
+                for (r, &p) in recvs.iter().zip(&g.peers) {
+                    cq.enqueue_recv(r, p, tag)?;
                 }
-                for d in 0..26 {
-                    cq.enqueue_send(&sends[d], g.peers[d], tag)?;
+                for (s, &p) in sends.iter().zip(&g.peers) {
+                    cq.enqueue_send(s, p, tag)?;
                 }
                 cq.start()?;
                 let (gr, uu) = (grid.clone(), u.clone());

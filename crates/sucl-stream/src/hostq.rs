@@ -35,7 +35,12 @@ impl HostQueue {
     /// A queue with its own worker thread.
     pub fn new() -> HostQueue {
         let (tx, rx) = mpsc::channel::<Task>();
-        let state = Arc::new(State { submitted: AtomicU64::new(0), finished: Mutex::new(0), ran: Condvar::new(), panicked: AtomicBool::new(false) });
+        let state = Arc::new(State {
+            submitted: AtomicU64::new(0),
+            finished: Mutex::new(0),
+            ran: Condvar::new(),
+            panicked: AtomicBool::new(false),
+        });
         let st = state.clone();
         std::thread::Builder::new()
             .name("sucl-host-queue".into())
@@ -76,7 +81,11 @@ impl HostQueue {
         while *done < target {
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout { rank: 0, op: format!("host queue synchronize ({} tasks pending)", target - *done), after: bound });
+                return Err(Error::Timeout {
+                    rank: 0,
+                    op: format!("host queue synchronize ({} tasks pending)", target - *done),
+                    after: bound,
+                });
             }
             done = self.state.ran.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }

@@ -95,7 +95,8 @@ impl CommQueue {
     /// thread drives it); [`close`](CommQueue::close) gives it back. Ordinary sends and receives
     /// of the same communicator on other ranks match this queue's operations. Local.
     pub fn on_host(comm: Communicator, queue: &HostQueue) -> Result<CommQueue> {
-        let sig = Arc::new(HostSignal { stalled: Mutex::new(None), trigger: AtomicU64::new(0), done: Mutex::new(0), moved: Condvar::new() });
+        let sig =
+            Arc::new(HostSignal { stalled: Mutex::new(None), trigger: AtomicU64::new(0), done: Mutex::new(0), moved: Condvar::new() });
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let ch = Channel::new(comm, Box::new(sig.clone()));
@@ -144,7 +145,9 @@ impl CommQueue {
     /// Checks an explicit peer and tag (no wildcards); `PROC_NULL` passes.
     pub(crate) fn check_peer_tag(&self, peer: usize, tag: u32, dir: &str) -> Result<()> {
         if peer == ANY_SOURCE {
-            return Err(self.invalid("peer", format!("a stream-triggered {dir} needs an explicit peer: wildcards (ANY_SOURCE) are not allowed")));
+            return Err(
+                self.invalid("peer", format!("a stream-triggered {dir} needs an explicit peer: wildcards (ANY_SOURCE) are not allowed"))
+            );
         }
         if peer != PROC_NULL && peer >= self.size {
             return Err(self.invalid("peer", format!("rank {peer} out of range (communicator size {})", self.size)));
@@ -182,7 +185,9 @@ impl CommQueue {
     /// The error that failed this queue (a lost peer, a timeout), if any.
     pub fn failure(&self) -> Option<Error> {
         match &self.path {
-            Path::Host { ch, sig, .. } => ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error)),
+            Path::Host { ch, sig, .. } => {
+                ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error))
+            }
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.failure(),
         }
@@ -439,7 +444,11 @@ impl CommQueue {
                     let deadline = Instant::now() + bound;
                     let mut d = sig.done.lock().unwrap_or_else(|p| p.into_inner());
                     while *d < epoch && Instant::now() < deadline {
-                        d = sig.moved.wait_timeout(d, deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|p| p.into_inner()).0;
+                        d = sig
+                            .moved
+                            .wait_timeout(d, deadline.saturating_duration_since(Instant::now()))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
                     }
                     if *d < epoch {
                         // Never hold the queue forever; keep the error for `synchronize`.
@@ -537,7 +546,11 @@ fn take_comm(ch: &Arc<Channel>, bound: Duration) -> Result<Communicator> {
         return Err(Error::Timeout { rank: ch.rank, op: "closing a stream-triggered queue".into(), after: bound });
     }
     engine().wake();
-    ch.comm.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
+    ch.comm
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
 }
 
 impl Drop for CommQueue {

@@ -48,7 +48,8 @@ const ACCESS_BOUND: Duration = Duration::from_secs(300);
 impl<T: Element> SharedBuf<T> {
     /// A buffer holding `data`.
     pub fn new(data: Vec<T>) -> Self {
-        let inner = Inner { len: data.len(), data: UnsafeCell::new(data.into_boxed_slice()), access: Mutex::default(), freed: Condvar::new() };
+        let inner =
+            Inner { len: data.len(), data: UnsafeCell::new(data.into_boxed_slice()), access: Mutex::default(), freed: Condvar::new() };
         SharedBuf { inner: Arc::new(inner) }
     }
 

@@ -101,8 +101,8 @@ fn start_releases_only_what_was_enqueued_before_it() {
             cq.start().unwrap(); // releases a and b together
             cq.enqueue_send(&c, 1, 0).unwrap(); // not covered by that start
             await_token(&ctl, 1); // rank 1 saw a and b, not c
-            // The second start sits behind a task that holds the queue: the queue has not
-            // reached it, so c must not move yet.
+                                  // The second start sits behind a task that holds the queue: the queue has not
+                                  // reached it, so c must not move yet.
             let gate = Arc::new(AtomicBool::new(false));
             let g = gate.clone();
             q.submit(move || {
