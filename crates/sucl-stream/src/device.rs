@@ -228,10 +228,12 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
 const TRIGGER: usize = 0;
 const DONE: usize = 128;
 
-/// The counters of a staged queue.
+/// The counters of a staged queue. Leaked on purpose (256 bytes of pinned memory per staged
+/// queue for the life of the process): the progress thread may hold the channel a little longer
+/// than the queue, and it must never be the one to free CUDA memory (it makes no CUDA call).
 struct Flags(Pinned);
 
-impl Signal for Arc<Flags> {
+impl Signal for &'static Flags {
     fn triggered(&self) -> u64 {
         self.0.word(TRIGGER).load(Ordering::Acquire)
     }
@@ -265,8 +267,10 @@ struct StagedOp {
     downloads: Vec<Copy>,
     uploads: Vec<Copy>,
     op: Op,
-    /// Keeps the uploads' device buffers alive until the stream ran the uploads.
-    hold: Option<Box<dyn Send>>,
+    /// Keeps the device buffers alive until the stream ran every copy of them. Released on the
+    /// program's thread (after the event recorded at the covering wait), never by the progress
+    /// thread, which must not free CUDA memory.
+    hold: Box<dyn Send>,
 }
 
 /// Uploads that wait for a stream wait, with the handles that keep their buffers alive.
@@ -299,7 +303,7 @@ enum Mode {
     },
     Staged {
         ch: Arc<Channel>,
-        flags: Arc<Flags>,
+        flags: &'static Flags,
         pending: Vec<StagedOp>,
         awaiting: Vec<AwaitingUpload>,
         /// Slots not in use, with the event after their last upload.
@@ -339,8 +343,8 @@ impl CommQueue {
             comm.pin_backend(Some("nccl"))?;
             Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], failed: None }
         } else {
-            let flags = Arc::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?));
-            let ch = Channel::new(comm, Box::new(flags.clone()));
+            let flags: &'static Flags = Box::leak(Box::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?)));
+            let ch = Channel::new(comm, Box::new(flags));
             engine().register(ch.clone());
             Mode::Staged { ch, flags, pending: vec![], awaiting: vec![], pool: vec![], host_functions: false, waited: 0, held: vec![] }
         };
@@ -512,7 +516,7 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
         return Ok(req);
     }
     let staged = if peer == PROC_NULL {
-        StagedOp { downloads: vec![], uploads: vec![], op: Op { work: Work::Null, state, keep: None, exact: None }, hold: None }
+        StagedOp { downloads: vec![], uploads: vec![], op: Op { work: Work::Null, state, keep: None, exact: None }, hold: keep }
     } else {
         let slot = d.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(!send), slot: slot.clone(), bytes };
@@ -521,18 +525,17 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
             StagedOp {
                 downloads: vec![copy],
                 uploads: vec![],
-                op: Op { work: Work::Send { peer, tag, mem }, state, keep: Some(keep), exact: None },
-                hold: None,
+                op: Op { work: Work::Send { peer, tag, mem }, state, keep: None, exact: None },
+                hold: keep,
             }
         } else {
             // The upload is enqueued before the length is known: the message must fill the
             // buffer (NCCL's rule too), or stale slot bytes would reach the device.
-            let hold: Box<dyn Send> = Box::new(b.clone());
             StagedOp {
                 downloads: vec![],
                 uploads: vec![copy],
-                op: Op { work: Work::Recv { peer, tag, mem }, state, keep: Some(keep), exact: Some(bytes) },
-                hold: Some(hold),
+                op: Op { work: Work::Recv { peer, tag, mem }, state, keep: None, exact: Some(bytes) },
+                hold: keep,
             }
         }
     };
@@ -590,10 +593,9 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
         }
         Ok(rlen * std::mem::size_of::<T>())
     }));
-    let op = Op { work, state, keep: Some(keep), exact: None };
+    let op = Op { work, state, keep: None, exact: None };
     if let Mode::Staged { pending, .. } = &mut d.mode {
-        let hold: Box<dyn Send> = Box::new(recv.clone());
-        pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: Some(hold) });
+        pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: keep });
     }
     Ok(req)
 }
@@ -630,11 +632,12 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                 }
             }
         }
-        Mode::Staged { ch, flags, pending, awaiting, host_functions, .. } => {
+        Mode::Staged { ch, flags, pending, awaiting, host_functions, pool, .. } => {
             d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
             let ops = std::mem::take(pending);
             let mut uploads = vec![];
             let mut holds = vec![];
+            let mut sent_slots = vec![];
             let mut batch = Vec::with_capacity(ops.len());
             for so in ops {
                 for c in &so.downloads {
@@ -644,10 +647,19 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                     let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(c.slot.host as *mut std::ffi::c_void, c.dev, c.bytes, cs) };
                     check(rc, rank, "enqueueing a device→host copy")?;
                 }
+                // Slots only read by the host backend go back to the pool now (the pool keeps a
+                // reference, so the progress thread never frees them); they are reused once
+                // the engine let go of them. Slots also uploaded return at the wait.
+                for c in so.downloads {
+                    if !so.uploads.iter().any(|u| Arc::ptr_eq(&u.slot, &c.slot)) {
+                        sent_slots.push(c.slot);
+                    }
+                }
                 uploads.extend(so.uploads);
-                holds.extend(so.hold);
+                holds.push(so.hold);
                 batch.push(so.op);
             }
+            pool.extend(sent_slots.into_iter().map(|s| (s, None)));
             ch.submit(Batch { epoch, ops: batch });
             awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
             write_trigger(flags, cs, epoch, host_functions, rank)
@@ -700,7 +712,7 @@ fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>
 
 /// Stores `epoch` into the trigger in stream order: a stream memory operation, or a host
 /// function where those fail.
-fn write_trigger(flags: &Arc<Flags>, cs: cu::CUstream, epoch: u64, host_functions: &mut bool, rank: usize) -> Result<()> {
+fn write_trigger(flags: &'static Flags, cs: cu::CUstream, epoch: u64, host_functions: &mut bool, rank: usize) -> Result<()> {
     if !*host_functions {
         let addr = flags.0.dev + TRIGGER as u64;
         // SAFETY: `addr` is the device mapping of the pinned trigger word, alive with `flags`
@@ -713,7 +725,7 @@ fn write_trigger(flags: &Arc<Flags>, cs: cu::CUstream, epoch: u64, host_function
         tracing::warn!(rank, ?rc, "stream memory operations failed; triggering with host functions");
         *host_functions = true;
     }
-    let data = Box::into_raw(Box::new((flags.clone(), epoch, Duration::ZERO)));
+    let data = Box::into_raw(Box::new((flags, epoch, Duration::ZERO)));
     // SAFETY: `store_trigger` takes the box back exactly once, when the stream runs it.
     let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(store_trigger), data as *mut std::ffi::c_void) };
     if rc != cu::CUresult::CUDA_SUCCESS {
@@ -723,7 +735,7 @@ fn write_trigger(flags: &Arc<Flags>, cs: cu::CUstream, epoch: u64, host_function
     check(rc, rank, "enqueueing the trigger")
 }
 
-type HostFnData = (Arc<Flags>, u64, Duration);
+type HostFnData = (&'static Flags, u64, Duration);
 
 unsafe extern "C" fn store_trigger(data: *mut std::ffi::c_void) {
     // SAFETY: `data` is the box `write_trigger` leaked for this call.
@@ -769,7 +781,7 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
         }
     }
     if !waited_ok {
-        let data = Box::into_raw(Box::new((flags.clone(), epoch, bound)));
+        let data = Box::into_raw(Box::new((*flags, epoch, bound)));
         // SAFETY: `await_done` takes the box back exactly once.
         let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(await_done), data as *mut std::ffi::c_void) };
         if rc != cu::CUresult::CUDA_SUCCESS {

@@ -376,9 +376,11 @@ fn run() {
         if inflight || poll {
             // Operations in flight or triggers a device may write: poll, backing off to short
             // sleeps so that an idle wait does not hold a core.
+            // While a device may store a trigger any moment, keep polling without sleeping
+            // for a while (a nap would add its length to the trigger's round trip).
             if idle_rounds < 64 {
                 std::hint::spin_loop();
-            } else if idle_rounds < 256 {
+            } else if idle_rounds < if poll { 20_000 } else { 256 } {
                 std::thread::yield_now();
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));
