@@ -54,7 +54,17 @@ for t in nccl staged; do
   echo "== bench $t: $BIN run -n 2 -- $ST bench $t" >>"$BENCH"
   timeout 300 "$BIN" run -n 2 -- "$ST" bench "$t" >>"$BENCH" 2>&1 || fail "bench over $t failed"
 done
+[ -x "$FACES" ] || fail "$FACES missing (cargo build --release -p sucl-stream --examples)"
 if [ -x "$FACES" ]; then
+  # Faces on the 2 GPUs: baseline over NCCL and stream-triggered over nccl and staged, checked
+  # against the host reference; a small-message case and a P3HPC-like size.
+  for t in nccl staged; do
+    for sz in "4 4 4 4 1 2 50" "15 14 13 12 1 2 20"; do
+      echo "== faces 2 GPUs: $BIN run -n 2 -- $FACES --gpu $t 2 1 1 $sz" >>"$BENCH"
+      SUCL_TIMEOUT=60 timeout 600 "$BIN" run -n 2 -- "$FACES" --gpu "$t" 2 1 1 $sz >>"$BENCH" 2>&1 || fail "faces on 2 GPUs over $t failed"
+    done
+  done
+  [ "$(grep -c "2 tasks passed correctness check" "$BENCH")" -ge 4 ] || fail "faces on GPUs: a correctness check did not pass"
   for n in 2 4 8; do
     case $n in 2) g="2 1 1";; 4) g="2 2 1";; 8) g="2 2 2";; esac
     for sz in "4 4 4 4" "15 14 13 12"; do

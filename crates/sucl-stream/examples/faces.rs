@@ -6,6 +6,11 @@
 //! gives ranks no stdin):
 //!
 //! `target/release/sucl run -n 8 -- target/release/examples/faces 2 2 2 15 14 13 12 1 2 20`
+//!
+//! With `--gpu nccl|staged` first, both variants run on one GPU per rank instead (the baseline
+//! over NCCL; the stream-triggered variant over the transport named):
+//!
+//! `target/release/sucl run -n 2 -- target/release/examples/faces --gpu staged 2 1 1 15 14 13 12 1 2 20`
 
 use std::io::Read;
 use sucl_runtime::ReduceOp;
@@ -20,7 +25,18 @@ fn main() {
 
 fn run() -> sucl_runtime::Result<()> {
     let comm = sucl_runtime::init()?;
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let gpu = if args.first().map(String::as_str) == Some("--gpu") {
+        let t = args.get(1).cloned().unwrap_or_default();
+        args.drain(..2.min(args.len()));
+        Some(match t.as_str() {
+            "nccl" => sucl_stream::device::Transport::Nccl,
+            "staged" => sucl_stream::device::Transport::Staged,
+            other => return Err(sucl_runtime::Error::Config(format!("--gpu takes nccl or staged, not `{other}`"))),
+        })
+    } else {
+        None
+    };
     // Rank 0 reads the input; every rank uses rank 0's.
     let mut text = [0u8; 256];
     if comm.rank() == 0 {
@@ -43,8 +59,21 @@ fn run() -> sucl_runtime::Result<()> {
     let g = Grid::new(inp, comm.rank(), comm.size())?;
     let peers = g.peers.iter().filter(|&&p| p != sucl_stream::PROC_NULL).count();
     let biggest = (0..DIRS.len()).map(|d| g.message_len(d)).max().unwrap_or(0) * 8;
-    let base = run_baseline(&comm, &g, 1)?;
-    let (st, comm) = run_triggered(comm, &g, 1)?;
+    let (base, st, comm, label) = match gpu {
+        None => {
+            let base = run_baseline(&comm, &g, 1)?;
+            let (st, comm) = run_triggered(comm, &g, 1)?;
+            (base, st, comm, "host ranks".to_string())
+        }
+        Some(t) => {
+            let dev = comm.cuda_device()?;
+            let q = dev.queue()?;
+            comm.attach_device(&dev)?;
+            let base = sucl_stream::faces_gpu::run_baseline(&comm, &g, &q)?;
+            let (st, comm) = sucl_stream::faces_gpu::run_triggered(comm, &g, &q, t)?;
+            (base, st, comm, format!("GPUs ({}; baseline over nccl, triggered over {t:?})", dev.name()))
+        }
+    };
     let stats = |v: f64| -> sucl_runtime::Result<(f64, f64, f64)> {
         let mut mx = [v];
         let mut mn = [v];
@@ -62,7 +91,7 @@ fn run() -> sucl_runtime::Result<()> {
     comm.all_reduce_in_place(&mut most, ReduceOp::Max)?;
     if comm.rank() == 0 {
         println!(
-            "faces: input `{s}`: {} ranks, {} points each, up to {} messages per share, largest {biggest} bytes",
+            "faces: input `{s}` on {label}: {} ranks, {} points each, up to {} messages per share, largest {biggest} bytes",
             comm.size(),
             g.points(),
             most[0]

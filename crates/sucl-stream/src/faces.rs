@@ -225,6 +225,71 @@ impl Grid {
         });
     }
 
+    /// For the device kernels: per copy of message `d`, the (up to 4) indices of this rank's
+    /// copies that [`Grid::pack`] sums, −1 where there are fewer.
+    pub fn pack_sources(&self, d: usize) -> Vec<i32> {
+        let mut out = vec![-1i32; 4 * self.message_len(d)];
+        self.region(d, |c, j, i| {
+            let opts: Vec<Vec<(usize, usize)>> = (0..3)
+                .map(|a| {
+                    let mut v = vec![(j[a], i[a])];
+                    if DIRS[d][a] == 0 {
+                        v.extend(self.local_twin(a, j[a], i[a]));
+                    }
+                    v
+                })
+                .collect();
+            let mut k = 0;
+            for &(jz, iz) in &opts[2] {
+                for &(jy, iy) in &opts[1] {
+                    for &(jx, ix) in &opts[0] {
+                        out[4 * c + k] = self.at([jx, jy, jz], [ix, iy, iz]) as i32;
+                        k += 1;
+                    }
+                }
+            }
+        });
+        out
+    }
+
+    /// For the device kernels: per copy of message `d`, the index it is added to on unpack.
+    pub fn unpack_targets(&self, d: usize) -> Vec<i32> {
+        let mut out = vec![0i32; self.message_len(d)];
+        self.region(d, |c, j, i| out[c] = self.at(j, i) as i32);
+        out
+    }
+
+    /// For the device kernels: the disjoint pairs of copies the interior pass along axis `a`
+    /// sums, flattened.
+    pub fn interior_pairs(&self, a: usize) -> Vec<i32> {
+        let (n, m) = (self.inp.n, self.inp.m);
+        let (b, c) = ((a + 1) % 3, (a + 2) % 3);
+        let mut out = vec![];
+        for ja in 0..m[a].saturating_sub(1) {
+            for jb in 0..m[b] {
+                for jc in 0..m[c] {
+                    for ib in 0..n {
+                        for ic in 0..n {
+                            let mut j = [0; 3];
+                            let mut i = [0; 3];
+                            (j[b], j[c], i[b], i[c]) = (jb, jc, ib, ic);
+                            (j[a], i[a]) = (ja, n - 1);
+                            out.push(self.at(j, i) as i32);
+                            (j[a], i[a]) = (ja + 1, 0);
+                            out.push(self.at(j, i) as i32);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The input this grid was made from.
+    pub fn input(&self) -> Input {
+        self.inp
+    }
+
     fn global(&self, a: usize, j: usize) -> usize {
         self.k[a] * self.inp.m[a] + j
     }

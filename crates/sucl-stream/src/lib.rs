@@ -47,6 +47,8 @@
 pub mod device;
 mod engine;
 pub mod faces;
+#[cfg(feature = "cuda")]
+pub mod faces_gpu;
 mod hostq;
 mod queue;
 mod request;
