@@ -246,6 +246,25 @@ impl Communicator {
         Ok((st, nccl))
     }
 
+    /// Enqueues point-to-point transfers on `queue` as one NCCL group, with no host wait (for
+    /// layers that batch operations, like stream-triggered queues). `sends` and `recvs` are
+    /// (device address, bytes, peer); NCCL matches them per peer in call order, without tags.
+    /// An error unless this communicator's device point-to-point runs over NCCL.
+    ///
+    /// # Safety
+    /// Every address must be device memory of `queue`'s GPU, valid for its byte count until the
+    /// stream ran the transfers, and not written by other work the stream does not order.
+    pub unsafe fn nccl_group_p2p(&self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], queue: &Queue) -> Result<()> {
+        for &(_, _, peer) in sends.iter().chain(recvs) {
+            self.check_rank("peer", peer)?;
+        }
+        let (mut st, nccl) = self.p2p_backend(queue, "group")?;
+        if !nccl {
+            return Err(self.nccl_missing());
+        }
+        st.nccl.as_mut().expect("nccl").p2p(sends, recvs, queue.stream())
+    }
+
     pub(crate) fn device_send(&self, m: &dyn DeviceMemory, dest: usize, tag: u32) -> Result<()> {
         let q = m.queue().clone();
         let (mut st, nccl) = self.p2p_backend(&q, "send")?;

@@ -25,6 +25,7 @@ pub mod cuda;
 mod fault;
 mod nonblocking;
 pub mod select;
+mod unscoped;
 
 pub use buf::{Buf, BufMut, Mem, MemMut};
 pub use config::{BackendChoice, Config};
@@ -33,6 +34,7 @@ pub use nonblocking::{Request, Scope};
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
 pub use sucl_core::store::{JobSecret, SecretSource};
 pub use sucl_core::{CollOp, DType, Element, Error, ReduceOp, Result};
+pub use unscoped::UnscopedRequest;
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;

@@ -21,3 +21,5 @@
 #![warn(missing_docs)]
 
 pub use sucl_runtime::*;
+/// Stream-triggered communication: `CommQueue` (enqueue, start, wait) on host queues and CUDA streams.
+pub use sucl_stream as stream;

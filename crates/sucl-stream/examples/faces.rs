@@ -1,0 +1,112 @@
+//! Faces on host ranks: the baseline and the stream-triggered variant side by side, each checked
+//! against the host reference (relative difference < 1e-15).
+//!
+//! Input as the public Faces benchmark reads it, `lx ly lz mx my mz n nk nj ni`: on stdin (a
+//! world of one, or launchers that give rank 0 a stdin) or as the ten arguments (`sucl run`
+//! gives ranks no stdin):
+//!
+//! `target/release/sucl run -n 8 -- target/release/examples/faces 2 2 2 15 14 13 12 1 2 20`
+//!
+//! With `--gpu nccl|staged` first, both variants run on one GPU per rank instead (the baseline
+//! over NCCL; the stream-triggered variant over the transport named):
+//!
+//! `target/release/sucl run -n 2 -- target/release/examples/faces --gpu staged 2 1 1 15 14 13 12 1 2 20`
+
+use std::io::Read;
+use sucl_runtime::ReduceOp;
+use sucl_stream::faces::{run_baseline, run_triggered, Grid, Input, DIRS};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("faces: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> sucl_runtime::Result<()> {
+    let comm = sucl_runtime::init()?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let gpu = if args.first().map(String::as_str) == Some("--gpu") {
+        let t = args.get(1).cloned().unwrap_or_default();
+        args.drain(..2.min(args.len()));
+        Some(match t.as_str() {
+            "nccl" => sucl_stream::device::Transport::Nccl,
+            "staged" => sucl_stream::device::Transport::Staged,
+            other => return Err(sucl_runtime::Error::Config(format!("--gpu takes nccl or staged, not `{other}`"))),
+        })
+    } else {
+        None
+    };
+    // Rank 0 reads the input; every rank uses rank 0's.
+    let mut text = [0u8; 256];
+    if comm.rank() == 0 {
+        let s = if args.is_empty() {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map_err(|e| sucl_runtime::Error::io(0, "reading stdin", e))?;
+            s
+        } else {
+            args.join(" ")
+        };
+        let b = s.trim().as_bytes();
+        if b.len() > text.len() {
+            return Err(sucl_runtime::Error::Config("faces input longer than 256 bytes".into()));
+        }
+        text[..b.len()].copy_from_slice(b);
+    }
+    comm.broadcast(&mut text[..], 0)?;
+    let s = String::from_utf8_lossy(&text).trim_end_matches('\0').to_string();
+    let inp = Input::parse(&s)?;
+    let g = Grid::new(inp, comm.rank(), comm.size())?;
+    let peers = g.peers.iter().filter(|&&p| p != sucl_stream::PROC_NULL).count();
+    let biggest = (0..DIRS.len()).map(|d| g.message_len(d)).max().unwrap_or(0) * 8;
+    let (base, st, comm, label) = match gpu {
+        None => {
+            let base = run_baseline(&comm, &g, 1)?;
+            let (st, comm) = run_triggered(comm, &g, 1)?;
+            (base, st, comm, "host ranks".to_string())
+        }
+        Some(t) => {
+            let dev = comm.cuda_device()?;
+            let q = dev.queue()?;
+            comm.attach_device(&dev)?;
+            let base = sucl_stream::faces_gpu::run_baseline(&comm, &g, &q)?;
+            let (st, comm) = sucl_stream::faces_gpu::run_triggered(comm, &g, &q, t)?;
+            (base, st, comm, format!("GPUs ({}; baseline over nccl, triggered over {t:?})", dev.name()))
+        }
+    };
+    let stats = |v: f64| -> sucl_runtime::Result<(f64, f64, f64)> {
+        let mut mx = [v];
+        let mut mn = [v];
+        let mut sum = [v];
+        comm.all_reduce_in_place(&mut mx, ReduceOp::Max)?;
+        comm.all_reduce_in_place(&mut mn, ReduceOp::Min)?;
+        comm.all_reduce_in_place(&mut sum, ReduceOp::Sum)?;
+        Ok((sum[0] / comm.size() as f64, mn[0], mx[0]))
+    };
+    let mut worst = [base.max_diff.max(st.max_diff)];
+    comm.all_reduce_in_place(&mut worst, ReduceOp::Max)?;
+    let b = stats(base.per_step)?;
+    let t = stats(st.per_step)?;
+    let mut most = [peers as u64];
+    comm.all_reduce_in_place(&mut most, ReduceOp::Max)?;
+    if comm.rank() == 0 {
+        println!(
+            "faces: input `{s}` on {label}: {} ranks, {} points each, up to {} messages per share, largest {biggest} bytes",
+            comm.size(),
+            g.points(),
+            most[0]
+        );
+        if worst[0] < 1e-15 {
+            println!("faces: {} tasks passed correctness check (max relative difference {:e})", comm.size(), worst[0]);
+        } else {
+            println!("faces: correctness check FAILED: max relative difference {:e}", worst[0]);
+        }
+        println!("faces: baseline  time per share avg {:.3} us, min {:.3}, max {:.3}", b.0 * 1e6, b.1 * 1e6, b.2 * 1e6);
+        println!("faces: triggered time per share avg {:.3} us, min {:.3}, max {:.3}", t.0 * 1e6, t.1 * 1e6, t.2 * 1e6);
+        println!("faces: triggered / baseline (max over ranks) = {:.3}", t.2 / b.2);
+    }
+    if worst[0] >= 1e-15 {
+        std::process::exit(2);
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! GPU checks and benchmarks of stream-triggered queues, for `scripts/gpu-stream.sh` (2 ranks,
+//! one GPU each, under `sucl run -n 2`):
+//!
+//! `st_gpu order|busy|many|killed|bench nccl|staged`
+//!
+//! - order: a kernel writes the send buffer just before `start`, the peer's kernel after `wait`
+//!   checks what arrived; 20 rounds without a host sync; the values prove the order.
+//! - busy: after a long kernel, enqueue + start + wait return while the stream is still busy.
+//! - many: 1000 start/wait pairs without a host sync complete (no deadlock behind full streams).
+//! - killed: rank 1 exits while rank 0's stream waits for it; rank 0's stream is released and
+//!   the error names rank 1 (run without the launcher, which would end rank 0 first).
+//! - bench: the trigger round trip (empty start + wait, serialized on the stream) and a batch of
+//!   26 send/recv pairs through the queue vs the same NCCL group called directly.
+//!
+//! Prints `st-gpu: <check> <transport>: ok` on success; exits non-zero otherwise.
+
+use std::time::Instant;
+use sucl_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use sucl_runtime::cuda::{Kernel, Queue};
+use sucl_stream::device::{DeviceBuf, Transport};
+use sucl_stream::CommQueue;
+
+const SRC: &str = r#"
+extern "C" __global__ void fill(double* out, long long n, double v, long long spin) {
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = v + (double)i;
+}
+extern "C" __global__ void check(const double* in, long long n, double v, unsigned long long* bad) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        if (in[i] != v + (double)i) atomicAdd(bad, 1ULL);
+}
+"#;
+
+struct Kernels {
+    fill: Kernel,
+    check: Kernel,
+}
+
+fn cfg(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((n as u32).div_ceil(256).clamp(1, 1024), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn fill(k: &Kernels, q: &Queue, b: &DeviceBuf<f64>, v: f64, spin: i64) {
+    let mut g = b.lock();
+    let n = g.len() as i64;
+    let mut l = q.stream().launch_builder(k.fill.function());
+    let s = g.cuda_slice_mut().expect("non-empty");
+    l.arg(s).arg(&n).arg(&v).arg(&spin);
+    // SAFETY: the arguments match the kernel's signature; the buffer holds n doubles.
+    unsafe { l.launch(cfg(n as usize)) }.expect("launching fill");
+}
+
+fn check(k: &Kernels, q: &Queue, b: &DeviceBuf<f64>, v: f64, bad: &DeviceBuf<u64>) {
+    let g = b.lock();
+    let mut bg = bad.lock();
+    let n = g.len() as i64;
+    let mut l = q.stream().launch_builder(k.check.function());
+    l.arg(g.cuda_slice().expect("non-empty")).arg(&n).arg(&v).arg(bg.cuda_slice_mut().expect("non-empty"));
+    // SAFETY: as for fill; `bad` holds one counter.
+    unsafe { l.launch(cfg(n as usize)) }.expect("launching check");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let what = args.get(1).map(String::as_str).unwrap_or("order");
+    let transport = match args.get(2).map(String::as_str) {
+        Some("staged") => Transport::Staged,
+        Some("nccl") => Transport::Nccl,
+        _ => Transport::Auto,
+    };
+    if let Err(e) = run(what, transport) {
+        eprintln!("st-gpu: {what} {transport:?}: FAILED: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
+    let comm = sucl_runtime::init()?;
+    let (rank, size) = (comm.rank(), comm.size());
+    assert_eq!(size, 2, "run on 2 ranks");
+    let peer = 1 - rank;
+    let dev = comm.cuda_device()?;
+    let q = dev.queue()?;
+    let k = Kernels { fill: Kernel::compile(&dev, SRC, "fill")?, check: Kernel::compile(&dev, SRC, "check")? };
+    let mut cq = CommQueue::on_stream(comm, &q, transport)?;
+    let t = format!("{:?}", cq.transport().expect("device queue")).to_lowercase();
+    let bad = DeviceBuf::new(q.upload(&[0u64])?);
+    match what {
+        "order" => {
+            let n = 1 << 16;
+            let out = DeviceBuf::new(q.alloc::<f64>(n)?);
+            let got = DeviceBuf::new(q.alloc::<f64>(n)?);
+            for round in 0..20 {
+                // A slow kernel writes the send buffer right before the start: the data sent
+                // must be this round's, and the checking kernel after the wait must see it.
+                fill(&k, &q, &out, (rank * 1_000_000 + round * 1000) as f64, 2_000_000);
+                cq.enqueue_send(&out, peer, round as u32)?;
+                cq.enqueue_recv(&got, peer, round as u32)?;
+                cq.start()?;
+                cq.wait()?;
+                check(&k, &q, &got, (peer * 1_000_000 + round * 1000) as f64, &bad);
+            }
+            cq.synchronize()?;
+            let wrong = bad.lock().to_vec()?[0];
+            if wrong != 0 {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} values arrived out of order") });
+            }
+            println!("st-gpu: order {t}: ok (rank {rank}, 20 rounds of {n} doubles, kernel → start and wait → kernel)");
+        }
+        "busy" => {
+            let out = DeviceBuf::new(q.alloc::<f64>(1024)?);
+            let got = DeviceBuf::new(q.alloc::<f64>(1024)?);
+            // About a second of spinning on the stream before the communication.
+            fill(&k, &q, &out, rank as f64, 2_000_000_000);
+            cq.enqueue_send(&out, peer, 1)?;
+            cq.enqueue_recv(&got, peer, 1)?;
+            cq.start()?;
+            cq.wait()?;
+            check(&k, &q, &got, peer as f64, &bad);
+            let idle = cq.stream_idle().expect("device queue");
+            if idle {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: "the stream was already idle when start/wait returned".into() });
+            }
+            cq.synchronize()?;
+            let wrong = bad.lock().to_vec()?[0];
+            if wrong != 0 {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} wrong values") });
+            }
+            println!("st-gpu: busy {t}: ok (rank {rank}: enqueue/start/wait returned with the stream still busy)");
+        }
+        "many" => {
+            let out = DeviceBuf::new(q.alloc::<f64>(8)?);
+            let got = DeviceBuf::new(q.alloc::<f64>(8)?);
+            for i in 0..1000 {
+                fill(&k, &q, &out, (rank * 10_000 + i) as f64, 0);
+                cq.enqueue_send(&out, peer, 2)?;
+                cq.enqueue_recv(&got, peer, 2)?;
+                cq.start()?;
+                cq.wait()?;
+                check(&k, &q, &got, (peer * 10_000 + i) as f64, &bad);
+            }
+            cq.synchronize()?;
+            let wrong = bad.lock().to_vec()?[0];
+            if wrong != 0 {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} wrong values over 1000 rounds") });
+            }
+            println!("st-gpu: many {t}: ok (rank {rank}: 1000 start/wait pairs without a host sync)");
+        }
+        "killed" => {
+            let got = DeviceBuf::new(q.alloc::<f64>(1024)?);
+            if rank == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                std::process::exit(7);
+            }
+            let r = cq.enqueue_recv(&got, 1, 3)?;
+            cq.start()?;
+            cq.wait()?;
+            check(&k, &q, &got, 0.0, &bad);
+            let e = r.wait().err().map(|e| e.to_string()).unwrap_or_default();
+            let s = cq.synchronize().err().map(|e| e.to_string()).unwrap_or_default();
+            println!("st-gpu: killed {t}: request error: {e}");
+            println!("st-gpu: killed {t}: synchronize error: {s}");
+            if !(e.contains("rank 1") || s.contains("rank 1")) {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: "the lost rank 1 was not named".into() });
+            }
+            // The stream was released: everything after the wait ran.
+            q.synchronize()?;
+            println!("st-gpu: killed {t}: ok (rank 0: stream released, error names rank 1)");
+            std::process::exit(0);
+        }
+        "bench" => return bench(cq, &q, rank, peer, &t),
+        other => return Err(sucl_runtime::Error::invalid(rank, "check", format!("unknown: {other}"))),
+    }
+    cq.synchronize()?;
+    cq.close()?;
+    Ok(())
+}
+
+fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> sucl_runtime::Result<()> {
+    let iters = 1000;
+    // Trigger round trip: empty batches, each start → progress thread → completion → stream.
+    for _ in 0..50 {
+        cq.start()?;
+        cq.wait()?;
+    }
+    cq.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        cq.start()?;
+        cq.wait()?;
+    }
+    cq.synchronize()?;
+    let rt = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    println!("st-gpu: bench {t}: trigger round trip (empty start+wait, serialized on the stream): {rt:.2} us (rank {rank})");
+    // 26 send/recv pairs with Faces-like sizes (6 faces, 12 edges, 8 corners of 14x13x12 elements, n = 12).
+    let sizes: Vec<usize> = (0..26)
+        .map(|i| {
+            if i < 6 {
+                12 * 12 * 14 * 13
+            } else if i < 18 {
+                12 * 14
+            } else {
+                1
+            }
+        })
+        .collect();
+    let sends: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
+    let recvs: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
+    let (warm, timed) = (20, 200);
+    let mut st = 0.0;
+    for pass in 0..2 {
+        let t0 = Instant::now();
+        for _ in 0..if pass == 0 { warm } else { timed } {
+            for (i, (s, r)) in sends.iter().zip(&recvs).enumerate() {
+                cq.enqueue_send(s, peer, i as u32)?;
+                cq.enqueue_recv(r, peer, i as u32)?;
+            }
+            cq.start()?;
+            cq.wait()?;
+        }
+        cq.synchronize()?;
+        st = t0.elapsed().as_secs_f64() * 1e6 / timed as f64;
+    }
+    let staged = cq.transport() == Some(Transport::Staged);
+    let comm = cq.close()?;
+    println!("st-gpu: bench {t}: 26 send/recv pairs through the queue: {st:.2} us per batch (rank {rank})");
+    if staged {
+        return Ok(());
+    }
+    // The same group called directly (one NCCL group per batch, no queue).
+    let ptr = |b: &DeviceBuf<f64>, write: bool| -> u64 {
+        use sucl_cuda::{DeviceMemory, DeviceMemoryMut};
+        let mut g = b.lock();
+        if write {
+            DeviceMemoryMut::write_ptr(&mut *g, q.stream()).0
+        } else {
+            DeviceMemory::read_ptr(&*g, q.stream()).0
+        }
+    };
+    let s_list: Vec<(u64, usize, usize)> = sends.iter().map(|b| (ptr(b, false), b.len() * 8, peer)).collect();
+    let r_list: Vec<(u64, usize, usize)> = recvs.iter().map(|b| (ptr(b, true), b.len() * 8, peer)).collect();
+    let mut direct = 0.0;
+    for pass in 0..2 {
+        let t0 = Instant::now();
+        for _ in 0..if pass == 0 { warm } else { timed } {
+            // SAFETY: the buffers live (held by `sends`/`recvs`) until the stream is synchronized.
+            unsafe { comm.nccl_group_p2p(&s_list, &r_list, q)? };
+        }
+        comm.synchronize(q)?;
+        direct = t0.elapsed().as_secs_f64() * 1e6 / timed as f64;
+    }
+    println!(
+        "st-gpu: bench {t}: the same NCCL group called directly: {direct:.2} us per batch; queue - direct = {:.2} us (rank {rank})",
+        st - direct
+    );
+    Ok(())
+}

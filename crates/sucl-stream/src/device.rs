@@ -1,0 +1,817 @@
+//! CUDA streams (feature `cuda`): a [`CommQueue`] bound to a device [`Queue`].
+//!
+//! - **nccl**: `start` issues the batch on the stream — consecutive sends and receives as one
+//!   NCCL group, collectives in between in enqueue order; stream order is the trigger and NCCL's
+//!   kernels complete it, so [`CommQueue::wait`] costs nothing on the same stream
+//!   ([`CommQueue::wait_on`] orders another stream with an event). NCCL has no tags: messages
+//!   between two ranks match in enqueue order and must have the same length.
+//! - **staged** (any host backend): two 64-bit counters in pinned, device-mapped host memory
+//!   (not write-combined). `start` enqueues the device→host copies of the batch's sends and a
+//!   `cuStreamWriteValue64` of the trigger; the progress thread (which makes no CUDA call) sees
+//!   it, runs the batch on the host backend and stores the completion counter; `wait` enqueues
+//!   `cuStreamWaitValue64` on it and the host→device copies of the receives. The device
+//!   attribute for stream memory operations is not consulted (it reads 0 on H100 though they
+//!   work): the first failing memory operation switches the queue to host functions.
+//!
+//! A lost peer or a timeout stores the completion counter anyway (a value above every epoch),
+//! so no stream waits forever; the error is kept and reported by every request.
+
+use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
+use crate::queue::{CommQueue, Lent, Path, QueueBuffer};
+use crate::request::{DevicePoll, OpState, Request};
+use crate::{clone_error, PROC_NULL};
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use sucl_cuda::cudarc::driver::sys as cu;
+use sucl_cuda::cudarc::driver::CudaContext;
+use sucl_runtime::cuda::{Buffer, DeviceElement, Event, Queue};
+use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
+
+/// How a device queue moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// NCCL when the communicator set it up on every rank, else staged.
+    Auto,
+    /// NCCL groups on the stream.
+    Nccl,
+    /// Device ↔ pinned host copies, stream memory operations and the progress thread over the
+    /// communicator's host backend.
+    Staged,
+}
+
+/// A device buffer shared by handle between the program and a [`CommQueue`] (which keeps a
+/// handle until the operation completed, so the memory cannot be freed under a transfer).
+/// Kernels reach it through [`DeviceBuf::lock`]; the stream orders them with the queue's
+/// transfers.
+pub struct DeviceBuf<T: Element> {
+    inner: Arc<dyn Holder<T>>,
+    len: usize,
+}
+
+impl<T: Element> Clone for DeviceBuf<T> {
+    fn clone(&self) -> Self {
+        DeviceBuf { inner: self.inner.clone(), len: self.len }
+    }
+}
+
+impl<T: DeviceElement> DeviceBuf<T> {
+    /// Shares `buf`.
+    pub fn new(buf: Buffer<T>) -> Self {
+        let len = buf.len();
+        DeviceBuf { inner: Arc::new(Held(Mutex::new(buf))), len }
+    }
+
+    /// The buffer, for launching kernels on it or copying it back.
+    pub fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
+        held::<T>(&*self.inner).0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<T: Element> DeviceBuf<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn same(&self, other: &DeviceBuf<T>) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl<T: Element> QueueBuffer<T> for DeviceBuf<T> {
+    fn lent(&self) -> Lent<'_, T> {
+        Lent::Device(self)
+    }
+}
+
+/// What the queue needs of a device buffer whatever its element type.
+trait Holder<T: Element>: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    /// Its queue.
+    fn queue(&self) -> Queue;
+    /// Its device address, ordered for use on its stream.
+    fn address(&self, write: bool) -> u64;
+    /// A collective over NCCL into this buffer (`send` None: in place).
+    fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()>;
+}
+
+struct Held<T: DeviceElement>(Mutex<Buffer<T>>);
+
+fn held<T: DeviceElement>(h: &dyn Holder<T>) -> &Held<T> {
+    h.as_any().downcast_ref::<Held<T>>().expect("a DeviceBuf holds a Buffer of its element type")
+}
+
+impl<T: DeviceElement> Holder<T> for Held<T> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn queue(&self) -> Queue {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).queue().clone()
+    }
+
+    fn address(&self, write: bool) -> u64 {
+        use sucl_cuda::{DeviceMemory, DeviceMemoryMut};
+        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let q = b.queue().clone();
+        let s = q.stream();
+        if write {
+            DeviceMemoryMut::write_ptr(&mut *b, s).0
+        } else {
+            DeviceMemory::read_ptr(&*b, s).0
+        }
+    }
+
+    fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
+        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let s = send.map(|s| held::<T>(s).0.lock().unwrap_or_else(|p| p.into_inner()));
+        match (c, s) {
+            (Coll::AllReduce(op), Some(s)) => comm.all_reduce(&*s, &mut *r, op),
+            (Coll::AllReduce(op), None) => comm.all_reduce_in_place(&mut *r, op),
+            (Coll::Broadcast(root), _) => comm.broadcast(&mut *r, root),
+            (Coll::AllGather, Some(s)) => comm.all_gather(&*s, &mut *r),
+            (Coll::AllGather, None) => comm.all_gather_in_place(&mut *r),
+            (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(&*s, &mut *r, op),
+            (Coll::AllToAll, Some(s)) => comm.all_to_all(&*s, &mut *r),
+            (c, None) => Err(Error::invalid(0, "send", format!("{c:?} cannot run in place"))),
+        }
+    }
+}
+
+/// The collectives a queue takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Coll {
+    AllReduce(ReduceOp),
+    Broadcast(usize),
+    AllGather,
+    ReduceScatter(ReduceOp),
+    AllToAll,
+}
+
+impl Coll {
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce(_) => "all_reduce",
+            Coll::Broadcast(_) => "broadcast",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter(_) => "reduce_scatter",
+            Coll::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// Pinned, device-mapped host memory (not write-combined: the CPU reads it).
+struct Pinned {
+    host: *mut u8,
+    dev: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value until drop; every access
+// goes through raw pointers whose users order themselves (stream order, the epoch protocol).
+unsafe impl Send for Pinned {}
+// SAFETY: as above.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize, rank: usize) -> Result<Pinned> {
+        ctx.bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: allocating; the pointer is checked before use.
+        check(unsafe { cu::cuMemHostAlloc(&mut p, bytes.max(8), flags) }, rank, "allocating pinned host memory")?;
+        let mut dev: cu::CUdeviceptr = 0;
+        // SAFETY: `p` was just allocated with DEVICEMAP in the current context.
+        let r = check(unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }, rank, "mapping pinned memory for the device");
+        let me = Pinned { host: p as *mut u8, dev, bytes, ctx: ctx.clone() };
+        r?;
+        // SAFETY: fresh allocation of at least 8 bytes; zeroed so the counters start at 0.
+        unsafe { std::ptr::write_bytes(me.host, 0, bytes.max(8)) };
+        Ok(me)
+    }
+
+    /// The 64-bit word at byte `offset`, as an atomic the CPU may load and store.
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset + 8 <= self.bytes && offset.is_multiple_of(8));
+        // SAFETY: in bounds, 8-aligned (the allocation is page-aligned), valid while `self`
+        // lives; the device only writes it with 64-bit stream memory operations.
+        unsafe { AtomicU64::from_ptr(self.host.add(offset) as *mut u64) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc; no stream work uses it any more (its owners keep
+        // it until their copies ran: see the slot pool and the queue's shutdown).
+        unsafe { cu::cuMemFreeHost(self.host as *mut std::ffi::c_void) };
+    }
+}
+
+fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
+    if rc == cu::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {rc:?}") })
+    }
+}
+
+/// Byte offsets of the two counters (separate 128-byte lines).
+const TRIGGER: usize = 0;
+const DONE: usize = 128;
+
+/// The counters of a staged queue. Leaked on purpose (256 bytes of pinned memory per staged
+/// queue for the life of the process): the progress thread may hold the channel a little longer
+/// than the queue, and it must never be the one to free CUDA memory (it makes no CUDA call).
+struct Flags(Pinned);
+
+impl Signal for &'static Flags {
+    fn triggered(&self) -> u64 {
+        self.0.word(TRIGGER).load(Ordering::Acquire)
+    }
+    fn complete(&self, epoch: u64) {
+        self.0.word(DONE).fetch_max(epoch, Ordering::AcqRel);
+    }
+    fn polled(&self) -> bool {
+        true
+    }
+}
+
+/// A pinned staging slot lent to the host backend.
+struct SlotLend(Arc<Pinned>, usize);
+
+impl Lend for SlotLend {
+    fn lend(&mut self, _deadline: Instant) -> Result<(*mut u8, usize)> {
+        Ok((self.0.host, self.1))
+    }
+    fn give_back(&mut self) {}
+}
+
+/// A copy between a device buffer and its slot.
+struct Copy {
+    dev: u64,
+    slot: Arc<Pinned>,
+    bytes: usize,
+}
+
+/// A staged operation between enqueue and start.
+struct StagedOp {
+    downloads: Vec<Copy>,
+    uploads: Vec<Copy>,
+    op: Op,
+    /// Keeps the device buffers alive until the stream ran every copy of them. Released on the
+    /// program's thread (after the event recorded at the covering wait), never by the progress
+    /// thread, which must not free CUDA memory.
+    hold: Box<dyn Send>,
+}
+
+/// Uploads that wait for a stream wait, with the handles that keep their buffers alive.
+struct AwaitingUpload {
+    epoch: u64,
+    copies: Vec<Copy>,
+    keep: Vec<Box<dyn Send>>,
+}
+
+/// A collective issued on the stream over NCCL.
+type NcclColl = Box<dyn FnOnce(&Communicator) -> Result<()> + Send>;
+
+/// Device buffer handles kept until the event after their last stream use completed.
+type HeldHandles = Vec<(Arc<Event>, Vec<Box<dyn Send>>)>;
+
+/// An NCCL-path operation between enqueue and start.
+enum NcclOp {
+    Send { addr: u64, bytes: usize, peer: usize },
+    Recv { addr: u64, bytes: usize, peer: usize },
+    Coll(NcclColl),
+}
+
+enum Mode {
+    Nccl {
+        comm: Box<Communicator>,
+        pending: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
+        /// Handles of started operations, released once their event completed.
+        held: HeldHandles,
+        failed: Option<Error>,
+    },
+    Staged {
+        ch: Arc<Channel>,
+        flags: &'static Flags,
+        pending: Vec<StagedOp>,
+        awaiting: Vec<AwaitingUpload>,
+        /// Slots not in use, with the event after their last upload.
+        pool: Vec<(Arc<Pinned>, Option<Arc<Event>>)>,
+        /// Stream memory operations failed once: use host functions.
+        host_functions: bool,
+        /// The epoch the last stream wait covered.
+        waited: u64,
+        /// Handles of buffers whose uploads were enqueued, released once their event completed.
+        held: HeldHandles,
+    },
+    /// After `close`.
+    Closed,
+}
+
+/// A CUDA stream's side of a [`CommQueue`].
+pub(crate) struct DevicePath {
+    queue: Queue,
+    mode: Mode,
+    rank: usize,
+}
+
+impl CommQueue {
+    /// Binds `comm` to the CUDA stream of `queue`. Collective (it sets up the communicator's
+    /// device side on `queue`'s GPU). `Transport::Auto` takes NCCL when every rank has it.
+    /// Every buffer lent to the queue must belong to `queue`.
+    pub fn on_stream(comm: Communicator, queue: &Queue, transport: Transport) -> Result<CommQueue> {
+        comm.attach_device(queue.device())?;
+        let nccl = match transport {
+            Transport::Auto => comm.device_backends().contains(&"nccl"),
+            Transport::Nccl => true,
+            Transport::Staged => false,
+        };
+        let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
+        let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
+        let mode = if nccl {
+            comm.pin_backend(Some("nccl"))?;
+            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], failed: None }
+        } else {
+            let flags: &'static Flags = Box::leak(Box::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?)));
+            let ch = Channel::new(comm, Box::new(flags));
+            engine().register(ch.clone());
+            Mode::Staged { ch, flags, pending: vec![], awaiting: vec![], pool: vec![], host_functions: false, waited: 0, held: vec![] }
+        };
+        let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
+        Ok(CommQueue::with_path(Path::Device(Box::new(path)), rank, size, world_rank, timeout))
+    }
+
+    /// Which transport this device queue uses (`None` on a host queue).
+    pub fn transport(&self) -> Option<Transport> {
+        match &self.path {
+            Path::Device(d) => match d.mode {
+                Mode::Nccl { .. } => Some(Transport::Nccl),
+                Mode::Staged { .. } => Some(Transport::Staged),
+                Mode::Closed => None,
+            },
+            Path::Host { .. } => None,
+        }
+    }
+
+    /// Makes `other` (another stream) wait for every operation started so far (an event; the
+    /// host does not block). On the queue's own stream use [`CommQueue::wait`].
+    pub fn wait_on(&mut self, other: &Queue) -> Result<()> {
+        self.wait()?;
+        match &self.path {
+            Path::Device(d) => {
+                let ev = d.queue.record()?;
+                other.wait_for(&ev)
+            }
+            Path::Host { .. } => Err(self.invalid("queue", "wait_on orders CUDA streams; this queue is a host queue")),
+        }
+    }
+
+    /// Whether the bound stream has run everything enqueued on it (no wait).
+    pub fn stream_idle(&self) -> Option<bool> {
+        match &self.path {
+            Path::Device(d) => {
+                // SAFETY: querying a live stream.
+                let rc = unsafe { cu::cuStreamQuery(d.queue.stream().cu_stream()) };
+                Some(rc == cu::CUresult::CUDA_SUCCESS)
+            }
+            Path::Host { .. } => None,
+        }
+    }
+}
+
+fn device_of(cq: &mut CommQueue) -> &mut DevicePath {
+    match &mut cq.path {
+        Path::Device(d) => d,
+        Path::Host { .. } => unreachable!("device operations are dispatched only on device queues"),
+    }
+}
+
+fn check_queue<T: Element>(cq: &CommQueue, b: &DeviceBuf<T>) -> Result<()> {
+    let Path::Device(d) = &cq.path else { unreachable!("device queue") };
+    let bq = b.inner.queue();
+    if !Arc::ptr_eq(bq.stream(), d.queue.stream()) {
+        return Err(cq.invalid("buffer", "belongs to another queue than the one this CommQueue is bound to"));
+    }
+    Ok(())
+}
+
+impl DevicePath {
+    /// A staging slot of at least `bytes`: a free one from the pool, else a new allocation.
+    fn slot(&mut self, bytes: usize) -> Result<Arc<Pinned>> {
+        let Mode::Staged { pool, .. } = &mut self.mode else { unreachable!("staged") };
+        if let Some(i) =
+            pool.iter().position(|(s, ev)| s.bytes >= bytes && Arc::strong_count(s) == 1 && ev.as_ref().is_none_or(|e| e.is_complete()))
+        {
+            return Ok(pool.swap_remove(i).0);
+        }
+        let s = Arc::new(Pinned::new(self.queue.device().context(), bytes, self.rank)?);
+        Ok(s)
+    }
+
+    fn recycle(&mut self, slots: impl IntoIterator<Item = Arc<Pinned>>, ev: &Arc<Event>) {
+        let Mode::Staged { pool, .. } = &mut self.mode else { return };
+        pool.extend(slots.into_iter().map(|s| (s, Some(ev.clone()))));
+    }
+
+    pub(crate) fn failure(&self) -> Option<Error> {
+        match &self.mode {
+            Mode::Nccl { failed, .. } => failed.as_ref().map(clone_error),
+            Mode::Staged { ch, .. } => ch.error(),
+            Mode::Closed => None,
+        }
+    }
+
+    pub(crate) fn synchronize(&mut self) -> Result<()> {
+        let r = match &mut self.mode {
+            Mode::Nccl { comm, held, failed, .. } => {
+                let r = comm.synchronize(&self.queue);
+                if let Err(e) = &r {
+                    failed.get_or_insert(clone_error(e));
+                }
+                held.clear();
+                r
+            }
+            Mode::Staged { held, .. } => {
+                let r = self.queue.synchronize();
+                held.clear();
+                r
+            }
+            Mode::Closed => Ok(()),
+        };
+        if let Mode::Staged { pool, .. } = &mut self.mode {
+            for (_, ev) in pool.iter_mut() {
+                *ev = None;
+            }
+        }
+        r
+    }
+
+    pub(crate) fn take_comm(&mut self, bound: Duration) -> Result<Communicator> {
+        let _ = self.queue.synchronize();
+        match std::mem::replace(&mut self.mode, Mode::Closed) {
+            Mode::Closed => Err(Error::Config("the queue's communicator was already taken".into())),
+            Mode::Nccl { comm, .. } => {
+                let _ = comm.pin_backend(None);
+                Ok(*comm)
+            }
+            Mode::Staged { ch, .. } => {
+                ch.closed.store(true, Ordering::Release);
+                let deadline = Instant::now() + bound;
+                while ch.busy() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                if ch.busy() {
+                    return Err(Error::Timeout { rank: self.rank, op: "closing a stream-triggered queue".into(), after: bound });
+                }
+                engine().wake();
+                ch.comm
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
+            }
+        }
+    }
+}
+
+/// An event after an NCCL group: the operations in it are complete once it is.
+struct EventPoll(Arc<Event>);
+
+impl DevicePoll for EventPoll {
+    fn poll(&self) -> Result<bool> {
+        Ok(self.0.is_complete())
+    }
+}
+
+/// Enqueues a send or receive of a device buffer.
+pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
+    check_queue(cq, b)?;
+    let es = std::mem::size_of::<T>();
+    let bytes = b.len() * es;
+    let what = format!(
+        "{} rank {} (tag {tag})",
+        if send { "send to" } else { "receive from" },
+        if peer == PROC_NULL { "PROC_NULL".to_string() } else { peer.to_string() }
+    );
+    let (state, req) = cq.new_request(es, what);
+    let keep: Box<dyn Send> = Box::new(b.clone());
+    let d = device_of(cq);
+    if matches!(d.mode, Mode::Nccl { .. }) {
+        let addr = if peer == PROC_NULL { 0 } else { b.inner.address(!send) };
+        let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
+        if let Mode::Nccl { pending, .. } = &mut d.mode {
+            pending.push((op, state, keep));
+        }
+        return Ok(req);
+    }
+    let staged = if peer == PROC_NULL {
+        StagedOp { downloads: vec![], uploads: vec![], op: Op { work: Work::Null, state, keep: None, exact: None }, hold: keep }
+    } else {
+        let slot = d.slot(bytes)?;
+        let copy = Copy { dev: b.inner.address(!send), slot: slot.clone(), bytes };
+        let mem = Box::new(SlotLend(slot, bytes));
+        if send {
+            StagedOp {
+                downloads: vec![copy],
+                uploads: vec![],
+                op: Op { work: Work::Send { peer, tag, mem }, state, keep: None, exact: None },
+                hold: keep,
+            }
+        } else {
+            // The upload is enqueued before the length is known: the message must fill the
+            // buffer (NCCL's rule too), or stale slot bytes would reach the device.
+            StagedOp {
+                downloads: vec![],
+                uploads: vec![copy],
+                op: Op { work: Work::Recv { peer, tag, mem }, state, keep: None, exact: Some(bytes) },
+                hold: keep,
+            }
+        }
+    };
+    if let Mode::Staged { pending, .. } = &mut d.mode {
+        pending.push(staged);
+    }
+    Ok(req)
+}
+
+/// Enqueues a collective over device buffers (`recv` is the result; `send` may be `recv`).
+pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &DeviceBuf<T>, recv: &DeviceBuf<T>) -> Result<Request> {
+    check_queue(cq, send)?;
+    check_queue(cq, recv)?;
+    let in_place = send.same(recv) || matches!(c, Coll::Broadcast(_));
+    if in_place && matches!(c, Coll::ReduceScatter(_) | Coll::AllToAll) {
+        return Err(cq.invalid("recv", format!("{} cannot run in place: pass two buffers", c.name())));
+    }
+    let es = std::mem::size_of::<T>();
+    let (sb, rb) = (send.len() * es, recv.len() * es);
+    let (state, req) = cq.new_request(es, c.name().to_string());
+    let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
+    let d = device_of(cq);
+    if let Mode::Nccl { pending, .. } = &mut d.mode {
+        let (s, r) = (send.clone(), recv.clone());
+        let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
+        pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+        return Ok(req);
+    }
+    let rslot = d.slot(rb)?;
+    let sslot = if in_place { None } else { Some(d.slot(sb)?) };
+    let download = match &sslot {
+        Some(ss) => Copy { dev: send.inner.address(false), slot: ss.clone(), bytes: sb },
+        None => Copy { dev: recv.inner.address(false), slot: rslot.clone(), bytes: rb },
+    };
+    let upload = Copy { dev: recv.inner.address(true), slot: rslot.clone(), bytes: rb };
+    let (slen, rlen) = (send.len(), recv.len());
+    let work = Work::Coll(Box::new(move |comm: &Communicator, _deadline| {
+        // SAFETY: the slots are pinned host memory of at least these sizes, kept alive by this
+        // closure; between the trigger (after the device→host copies) and the completion store
+        // (before the host→device copies) nothing else touches them.
+        let r = unsafe { std::slice::from_raw_parts_mut(rslot.host as *mut T, rlen) };
+        let s = sslot.as_ref().map(|ss| {
+            // SAFETY: as above; a distinct slot from `r`.
+            unsafe { std::slice::from_raw_parts(ss.host as *const T, slen) }
+        });
+        match (c, s) {
+            (Coll::AllReduce(op), Some(s)) => comm.all_reduce(s, r, op)?,
+            (Coll::AllReduce(op), None) => comm.all_reduce_in_place(r, op)?,
+            (Coll::Broadcast(root), _) => comm.broadcast(r, root)?,
+            (Coll::AllGather, Some(s)) => comm.all_gather(s, r)?,
+            (Coll::AllGather, None) => comm.all_gather_in_place(r)?,
+            (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(s, r, op)?,
+            (Coll::AllToAll, Some(s)) => comm.all_to_all(s, r)?,
+            (c, None) => return Err(Error::invalid(0, "send", format!("{} cannot run in place", c.name()))),
+        }
+        Ok(rlen * std::mem::size_of::<T>())
+    }));
+    let op = Op { work, state, keep: None, exact: None };
+    if let Mode::Staged { pending, .. } = &mut d.mode {
+        pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: keep });
+    }
+    Ok(req)
+}
+
+/// Issues the operations enqueued since the last start (see [`CommQueue::start`]).
+pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
+    if let Path::Device(d) = &cq.path {
+        if let Mode::Staged { ch, .. } = &d.mode {
+            let ch = ch.clone();
+            cq.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
+        }
+    }
+    let d = device_of(cq);
+    let rank = d.rank;
+    let stream = d.queue.stream().clone();
+    let cs = stream.cu_stream();
+    match &mut d.mode {
+        Mode::Nccl { comm, pending, held, failed } => {
+            held.retain(|(e, _)| !e.is_complete());
+            let ops = std::mem::take(pending);
+            match issue_nccl(comm, &d.queue, ops) {
+                Ok((states, keeps)) => {
+                    let ev = Arc::new(d.queue.record()?);
+                    let poll: Arc<dyn DevicePoll> = Arc::new(EventPoll(ev.clone()));
+                    for (s, bytes) in states {
+                        s.complete_on_device(poll.clone(), bytes);
+                    }
+                    held.push((ev, keeps));
+                    Ok(())
+                }
+                Err(e) => {
+                    failed.get_or_insert(clone_error(&e));
+                    Err(e)
+                }
+            }
+        }
+        Mode::Staged { ch, flags, pending, awaiting, host_functions, pool, .. } => {
+            d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
+            let ops = std::mem::take(pending);
+            let mut uploads = vec![];
+            let mut holds = vec![];
+            let mut sent_slots = vec![];
+            let mut batch = Vec::with_capacity(ops.len());
+            for so in ops {
+                for c in &so.downloads {
+                    // SAFETY: the device buffer and the slot are kept alive by the operation
+                    // until the stream ran the copy (the slot returns to the pool only after
+                    // the host backend completed, which follows the trigger after this copy).
+                    let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(c.slot.host as *mut std::ffi::c_void, c.dev, c.bytes, cs) };
+                    check(rc, rank, "enqueueing a device→host copy")?;
+                }
+                // Slots only read by the host backend go back to the pool now (the pool keeps a
+                // reference, so the progress thread never frees them); they are reused once
+                // the engine let go of them. Slots also uploaded return at the wait.
+                for c in so.downloads {
+                    if !so.uploads.iter().any(|u| Arc::ptr_eq(&u.slot, &c.slot)) {
+                        sent_slots.push(c.slot);
+                    }
+                }
+                uploads.extend(so.uploads);
+                holds.push(so.hold);
+                batch.push(so.op);
+            }
+            pool.extend(sent_slots.into_iter().map(|s| (s, None)));
+            ch.submit(Batch { epoch, ops: batch });
+            awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
+            write_trigger(flags, cs, epoch, host_functions, rank)
+        }
+        Mode::Closed => Err(Error::Config("the queue was closed".into())),
+    }
+}
+
+type Issued = (Vec<(Arc<OpState>, usize)>, Vec<Box<dyn Send>>);
+
+/// Issues a batch over NCCL: runs of sends and receives as one group each, collectives where
+/// they stand.
+fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>) -> Result<Issued> {
+    let mut states = Vec::with_capacity(ops.len());
+    let mut keeps = Vec::with_capacity(ops.len());
+    let (mut sends, mut recvs) = (vec![], vec![]);
+    let flush = |sends: &mut Vec<(u64, usize, usize)>, recvs: &mut Vec<(u64, usize, usize)>| -> Result<()> {
+        if sends.is_empty() && recvs.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: every address comes from a DeviceBuf on `queue` that `keeps` holds until the
+        // event recorded after this group completed.
+        let r = unsafe { comm.nccl_group_p2p(sends, recvs, queue) };
+        sends.clear();
+        recvs.clear();
+        r
+    };
+    for (op, state, keep) in ops {
+        keeps.push(keep);
+        match op {
+            NcclOp::Send { peer, .. } | NcclOp::Recv { peer, .. } if peer == PROC_NULL => state.complete(Ok(0)),
+            NcclOp::Send { addr, bytes, peer } => {
+                sends.push((addr, bytes, peer));
+                states.push((state, bytes));
+            }
+            NcclOp::Recv { addr, bytes, peer } => {
+                recvs.push((addr, bytes, peer));
+                states.push((state, bytes));
+            }
+            NcclOp::Coll(f) => {
+                flush(&mut sends, &mut recvs)?;
+                f(comm)?;
+                states.push((state, 0));
+            }
+        }
+    }
+    flush(&mut sends, &mut recvs)?;
+    Ok((states, keeps))
+}
+
+/// Stores `epoch` into the trigger in stream order: a stream memory operation, or a host
+/// function where those fail.
+fn write_trigger(flags: &'static Flags, cs: cu::CUstream, epoch: u64, host_functions: &mut bool, rank: usize) -> Result<()> {
+    if !*host_functions {
+        let addr = flags.0.dev + TRIGGER as u64;
+        // SAFETY: `addr` is the device mapping of the pinned trigger word, alive with `flags`
+        // (the channel and the queue hold it until the stream is synchronized at close).
+        let rc =
+            unsafe { cu::cuStreamWriteValue64_v2(cs, addr, epoch, cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) };
+        if rc == cu::CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        tracing::warn!(rank, ?rc, "stream memory operations failed; triggering with host functions");
+        *host_functions = true;
+    }
+    let data = Box::into_raw(Box::new((flags, epoch, Duration::ZERO)));
+    // SAFETY: `store_trigger` takes the box back exactly once, when the stream runs it.
+    let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(store_trigger), data as *mut std::ffi::c_void) };
+    if rc != cu::CUresult::CUDA_SUCCESS {
+        // SAFETY: the launch failed, so the callback will never run: reclaim the box.
+        drop(unsafe { Box::from_raw(data) });
+    }
+    check(rc, rank, "enqueueing the trigger")
+}
+
+type HostFnData = (&'static Flags, u64, Duration);
+
+unsafe extern "C" fn store_trigger(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the box `write_trigger` leaked for this call.
+    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
+    b.0 .0.word(TRIGGER).fetch_max(b.1, Ordering::AcqRel);
+}
+
+unsafe extern "C" fn await_done(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the box `wait` leaked for this call.
+    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
+    let deadline = Instant::now() + b.2;
+    // Bounded: the engine stores the counter on success, failure and timeout alike.
+    while b.0 .0.word(DONE).load(Ordering::Acquire) < b.1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(5));
+    }
+}
+
+/// Holds later work on the stream until every operation started up to `epoch` completed, then
+/// uploads the received data (see [`CommQueue::wait`]).
+pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
+    let bound = cq.bound();
+    let d = device_of(cq);
+    let rank = d.rank;
+    let cs = d.queue.stream().cu_stream();
+    let Mode::Staged { flags, awaiting, host_functions, waited, held, .. } = &mut d.mode else {
+        // NCCL: stream order already holds later work behind the group.
+        return Ok(());
+    };
+    if epoch <= *waited {
+        return Ok(());
+    }
+    d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
+    let mut waited_ok = false;
+    if !*host_functions {
+        let addr = flags.0.dev + DONE as u64;
+        // SAFETY: the device mapping of the pinned completion word, alive with `flags`.
+        let rc = unsafe { cu::cuStreamWaitValue64_v2(cs, addr, epoch, cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32) };
+        if rc == cu::CUresult::CUDA_SUCCESS {
+            waited_ok = true;
+        } else {
+            tracing::warn!(rank, ?rc, "stream memory operations failed; waiting with host functions");
+            *host_functions = true;
+        }
+    }
+    if !waited_ok {
+        let data = Box::into_raw(Box::new((*flags, epoch, bound)));
+        // SAFETY: `await_done` takes the box back exactly once.
+        let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(await_done), data as *mut std::ffi::c_void) };
+        if rc != cu::CUresult::CUDA_SUCCESS {
+            // SAFETY: never launched: reclaim.
+            drop(unsafe { Box::from_raw(data) });
+        }
+        check(rc, rank, "enqueueing the stream wait")?;
+    }
+    *waited = epoch;
+    let mut slots = vec![];
+    let mut keeps: Vec<Box<dyn Send>> = vec![];
+    let mut rest = vec![];
+    for a in awaiting.drain(..) {
+        if a.epoch > epoch {
+            rest.push(a);
+            continue;
+        }
+        for c in a.copies {
+            // SAFETY: the slot and the device buffer stay alive until the event recorded below
+            // completed (slot pool, `held`); the stream runs this copy after the wait above.
+            let rc = unsafe { cu::cuMemcpyHtoDAsync_v2(c.dev, c.slot.host as *const std::ffi::c_void, c.bytes, cs) };
+            check(rc, rank, "enqueueing a host→device copy")?;
+            slots.push(c.slot);
+        }
+        keeps.extend(a.keep);
+    }
+    *awaiting = rest;
+    let ev = Arc::new(d.queue.record()?);
+    held.retain(|(e, _)| !e.is_complete());
+    held.push((ev.clone(), keeps));
+    d.recycle(slots, &ev);
+    Ok(())
+}

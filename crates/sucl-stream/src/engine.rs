@@ -1,0 +1,392 @@
+//! The progress engine: one thread per process that serves every host-backed [`CommQueue`]
+//! (host queues, and CUDA streams on the staged path). It owns their communicators, watches each
+//! queue's trigger counter, runs a started batch on the host backend and stores the completion
+//! counter. It makes no CUDA call, so it can never block behind a stream that waits for it.
+//!
+//! [`CommQueue`]: crate::CommQueue
+
+use crate::clone_error;
+use crate::request::OpState;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use sucl_runtime::{Communicator, Error, Result, UnscopedRequest};
+
+/// The completion value stored when a queue failed: above every epoch (so a stream waiting with
+/// the cyclic `>=` of `cuStreamWaitValue64` is released), far below the wrap-around point.
+pub(crate) const FAILED_DONE: u64 = 1 << 62;
+
+/// The two counters of a queue: the trigger the queue stores at each start, the completion the
+/// engine stores when a batch finished.
+pub(crate) trait Signal: Send + Sync {
+    /// The highest epoch the queue has triggered.
+    fn triggered(&self) -> u64;
+    /// Records that every batch up to `epoch` completed (or `FAILED_DONE`).
+    fn complete(&self, epoch: u64);
+    /// Whether a trigger can arrive without a wake-up (a device writes it), so the engine must
+    /// poll while batches wait for their trigger.
+    fn polled(&self) -> bool;
+}
+
+/// Memory lent to the backend by one point-to-point operation.
+pub(crate) trait Lend: Send {
+    /// Takes the memory for the backend (waiting, bounded, for tasks that use it) and returns
+    /// its address and length. The memory stays valid until `give_back`.
+    fn lend(&mut self, deadline: Instant) -> Result<(*mut u8, usize)>;
+    /// The backend no longer touches the memory.
+    fn give_back(&mut self);
+}
+
+/// A collective run to completion on the engine thread (by the deadline); returns the bytes it
+/// produced.
+pub(crate) type CollFn = Box<dyn FnOnce(&Communicator, Instant) -> Result<usize> + Send>;
+
+/// What one operation does on the host backend.
+pub(crate) enum Work {
+    /// Nothing: a `PROC_NULL` peer.
+    Null,
+    /// A send of the lent memory.
+    Send { peer: usize, tag: u32, mem: Box<dyn Lend> },
+    /// A receive into the lent memory.
+    Recv { peer: usize, tag: u32, mem: Box<dyn Lend> },
+    /// A collective, run to completion on the engine thread; returns the bytes it produced.
+    Coll(CollFn),
+}
+
+/// An enqueued operation.
+pub(crate) struct Op {
+    pub(crate) work: Work,
+    pub(crate) state: Arc<OpState>,
+    /// Handles that keep the program's buffers alive until the operation completed.
+    pub(crate) keep: Option<Box<dyn Send>>,
+    /// A receive that must fill exactly this many bytes (staged device receives).
+    pub(crate) exact: Option<usize>,
+}
+
+/// A batch released by one start.
+pub(crate) struct Batch {
+    pub(crate) epoch: u64,
+    pub(crate) ops: Vec<Op>,
+}
+
+/// A batch the engine is running.
+struct Active {
+    epoch: u64,
+    ops: Vec<(Op, Option<UnscopedRequest>)>,
+    deadline: Instant,
+}
+
+/// One queue as the engine sees it.
+pub(crate) struct Channel {
+    pub(crate) comm: Mutex<Option<Communicator>>,
+    pub(crate) batches: Mutex<VecDeque<Batch>>,
+    pub(crate) signal: Box<dyn Signal>,
+    failed: Mutex<Option<Error>>,
+    has_failed: AtomicBool,
+    active: Mutex<Option<Active>>,
+    /// Started operations not yet completed (the cap on operations in flight counts these).
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    pub(crate) rank: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl Channel {
+    pub(crate) fn new(comm: Communicator, signal: Box<dyn Signal>) -> Arc<Channel> {
+        let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
+        let timeout = comm.config().host.timeout;
+        Arc::new(Channel {
+            comm: Mutex::new(Some(comm)),
+            batches: Mutex::default(),
+            signal,
+            failed: Mutex::new(None),
+            has_failed: AtomicBool::new(false),
+            active: Mutex::new(None),
+            in_flight: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            rank,
+            timeout,
+        })
+    }
+
+    /// The error that failed this queue, if any.
+    pub(crate) fn error(&self) -> Option<Error> {
+        if !self.has_failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error)
+    }
+
+    /// Hands a started batch to the engine (the queue's trigger releases it).
+    pub(crate) fn submit(&self, batch: Batch) {
+        // Each batch counts once more for its trigger and completion on the queue.
+        self.in_flight.fetch_add(batch.ops.len() as u64 + 1, Ordering::AcqRel);
+        if let Some(e) = self.error() {
+            // A failed queue runs nothing more: every later operation gets the error at once.
+            let n = batch.ops.len() as u64 + 1;
+            fail_ops(batch.ops.into_iter().map(|o| (o, None)), &e, None);
+            self.in_flight.fetch_sub(n, Ordering::AcqRel);
+            return;
+        }
+        self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
+        engine().wake();
+    }
+
+    /// Whether this channel has started batches the engine has not finished.
+    pub(crate) fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Fails every operation the engine holds and releases the queue's waits.
+    fn fail(&self, e: Error, active: Option<Active>, comm: Option<&Communicator>) {
+        tracing::error!(rank = self.rank, error = %e, "stream-triggered queue failed; releasing every wait");
+        {
+            let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if f.is_none() {
+                *f = Some(clone_error(&e));
+            }
+            self.has_failed.store(true, Ordering::Release);
+        }
+        let mut n = 0u64;
+        if let Some(a) = active {
+            n += a.ops.len() as u64 + 1;
+            fail_ops(a.ops.into_iter(), &e, comm);
+        }
+        let queued: Vec<Batch> = self.batches.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for b in queued {
+            n += b.ops.len() as u64 + 1;
+            fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
+        }
+        self.in_flight.fetch_sub(n, Ordering::AcqRel);
+        self.signal.complete(FAILED_DONE);
+    }
+
+    /// One round of progress. Returns whether anything happened.
+    fn progress(&self) -> bool {
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(comm) = comm_guard.as_ref() else { return false };
+        if let Some(a) = active.as_mut() {
+            return match test_batch(comm, a) {
+                Ok(false) if Instant::now() > a.deadline => {
+                    let what = a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.clone());
+                    let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
+                    self.fail(e, active.take(), Some(comm));
+                    true
+                }
+                Ok(false) => false,
+                Ok(true) => {
+                    let a = active.take().expect("active");
+                    self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
+                    self.signal.complete(a.epoch);
+                    true
+                }
+                Err(e) => {
+                    self.fail(e, active.take(), Some(comm));
+                    true
+                }
+            };
+        }
+        let batch = {
+            let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            match q.front() {
+                Some(b) if b.epoch <= self.signal.triggered() => q.pop_front(),
+                _ => None,
+            }
+        };
+        let Some(batch) = batch else { return false };
+        let deadline = Instant::now() + self.timeout;
+        match activate(comm, batch, deadline) {
+            Ok(a) => *active = Some(a),
+            Err((e, a)) => self.fail(e, Some(a), Some(comm)),
+        }
+        true
+    }
+
+    /// Whether a batch waits for a trigger that only polling can see.
+    fn needs_poll(&self) -> bool {
+        self.signal.polled() && !self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    fn idle(&self) -> bool {
+        self.active.lock().unwrap_or_else(|p| p.into_inner()).is_none() && self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
+/// Posts a batch's operations in enqueue order (collectives run to completion where they stand).
+fn activate(comm: &Communicator, batch: Batch, deadline: Instant) -> std::result::Result<Active, (Error, Active)> {
+    let mut a = Active { epoch: batch.epoch, ops: Vec::with_capacity(batch.ops.len()), deadline };
+    let mut ops = batch.ops.into_iter();
+    while let Some(mut op) = ops.next() {
+        let posted = match std::mem::replace(&mut op.work, Work::Null) {
+            Work::Null => {
+                op.state.complete(Ok(0));
+                Ok(None)
+            }
+            Work::Send { peer, tag, mut mem } => {
+                let r = mem.lend(deadline).and_then(|(p, len)| {
+                    // SAFETY: the lease keeps the memory valid and unmodified until `give_back`,
+                    // which runs only after the request completed or was cancelled.
+                    unsafe { comm.post_send_unscoped(p, len, peer, tag) }
+                });
+                op.work = Work::Send { peer, tag, mem };
+                r.map(Some)
+            }
+            Work::Recv { peer, tag, mut mem } => {
+                let r = mem.lend(deadline).and_then(|(p, len)| {
+                    // SAFETY: as for the send; the lease is exclusive.
+                    unsafe { comm.post_recv_unscoped(p, len, peer, tag) }
+                });
+                op.work = Work::Recv { peer, tag, mem };
+                r.map(Some)
+            }
+            Work::Coll(f) => f(comm, deadline).map(|bytes| {
+                op.state.complete(Ok(bytes));
+                None
+            }),
+        };
+        match posted {
+            Ok(req) => a.ops.push((op, req)),
+            Err(e) => {
+                a.ops.push((op, None));
+                a.ops.extend(ops.map(|o| (o, None)));
+                return Err((e, a));
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// Tests every posted operation once; true when all completed.
+fn test_batch(comm: &Communicator, a: &mut Active) -> Result<bool> {
+    let mut all = true;
+    for (op, req) in a.ops.iter_mut() {
+        let Some(r) = req.as_ref() else { continue };
+        match comm.test_unscoped(r)? {
+            Some(bytes) => {
+                *req = None;
+                give_back(&mut op.work);
+                match op.exact {
+                    Some(want) if want != bytes => op.state.complete(Err(Error::Mismatch {
+                        rank: op.state.rank,
+                        what: format!("message length: the {} brought {bytes} bytes, the device buffer has {want} (a stream receive must be filled exactly)", op.state.what),
+                    })),
+                    _ => op.state.complete(Ok(bytes)),
+                }
+                op.keep.take();
+            }
+            None => all = false,
+        }
+    }
+    Ok(all)
+}
+
+fn give_back(w: &mut Work) {
+    if let Work::Send { mem, .. } | Work::Recv { mem, .. } = w {
+        mem.give_back();
+    }
+}
+
+/// Withdraws posted operations (so the backend no longer touches their memory), returns their
+/// memory and records `e` on every one not already complete.
+fn fail_ops(ops: impl Iterator<Item = (Op, Option<UnscopedRequest>)>, e: &Error, comm: Option<&Communicator>) {
+    for (mut op, req) in ops {
+        if let Some(r) = req {
+            match comm {
+                Some(c) => c.cancel_unscoped(r),
+                // Unreachable by construction (posted requests always come with their
+                // communicator); keep the memory rather than free it under the backend.
+                None => {
+                    std::mem::forget(op);
+                    continue;
+                }
+            }
+        }
+        give_back(&mut op.work);
+        op.state.complete(Err(clone_error(e)));
+    }
+}
+
+/// The process's progress engine.
+pub(crate) struct Engine {
+    channels: Mutex<Vec<Arc<Channel>>>,
+    generation: AtomicU64,
+    thread: std::thread::Thread,
+}
+
+impl Engine {
+    /// Wakes the engine thread (a host queue stored a trigger, or work was submitted).
+    pub(crate) fn wake(&self) {
+        self.thread.unpark();
+    }
+
+    pub(crate) fn register(&self, ch: Arc<Channel>) {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.wake();
+    }
+}
+
+static ENGINE: OnceLock<Engine> = OnceLock::new();
+
+/// The engine, started on first use.
+pub(crate) fn engine() -> &'static Engine {
+    ENGINE.get_or_init(|| {
+        let t = std::thread::Builder::new().name("sucl-stream-progress".into()).spawn(run).expect("spawning the progress thread");
+        Engine { channels: Mutex::default(), generation: AtomicU64::new(0), thread: t.thread().clone() }
+    })
+}
+
+fn run() {
+    // The spawning thread publishes the engine right after this thread starts.
+    let eng = loop {
+        if let Some(e) = ENGINE.get() {
+            break e;
+        }
+        std::thread::park_timeout(Duration::from_millis(1));
+    };
+    let mut chans: Vec<Arc<Channel>> = vec![];
+    let mut seen = u64::MAX;
+    let mut idle_rounds = 0u32;
+    loop {
+        let g = eng.generation.load(Ordering::Acquire);
+        if g != seen {
+            chans = eng.channels.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            seen = g;
+        }
+        let mut moved = false;
+        let mut poll = false;
+        let mut inflight = false;
+        for ch in &chans {
+            moved |= ch.progress();
+            poll |= ch.needs_poll();
+            inflight |= !ch.idle();
+        }
+        if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
+            let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|c| !(c.closed.load(Ordering::Acquire) && c.idle()));
+            eng.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        if moved {
+            idle_rounds = 0;
+            continue;
+        }
+        idle_rounds = idle_rounds.saturating_add(1);
+        if inflight || poll {
+            // Operations in flight or triggers a device may write: poll, backing off to short
+            // sleeps so that an idle wait does not hold a core.
+            // While a device may store a trigger any moment, keep polling without sleeping
+            // for a while (a nap would add its length to the trigger's round trip).
+            if idle_rounds < 64 {
+                std::hint::spin_loop();
+            } else if idle_rounds < if poll { 20_000 } else { 256 } {
+                std::thread::yield_now();
+            } else {
+                std::thread::park_timeout(Duration::from_micros(50));
+            }
+        } else {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! sucl-stream: stream-triggered communication. A [`CommQueue`] binds a communicator to one
+//! in-order queue — a [`HostQueue`] or (feature `cuda`) a CUDA stream — and lets a program
+//! *enqueue* point-to-point and collective operations that the queue itself triggers and waits
+//! for, so the host never sits at a kernel boundary:
+//!
+//! ```no_run
+//! use sucl_stream::{CommQueue, HostQueue, SharedBuf};
+//! let comm = sucl_runtime::init()?;
+//! let (rank, size) = (comm.rank(), comm.size());
+//! let q = HostQueue::new();
+//! let mut cq = CommQueue::on_host(comm, &q)?;
+//! let out = SharedBuf::new(vec![rank as f64; 4]);
+//! let got = SharedBuf::<f64>::zeroed(4);
+//! let r = cq.enqueue_recv(&got, (rank + size - 1) % size, 7)?; // nothing moves yet
+//! cq.enqueue_send(&out, (rank + 1) % size, 7)?;
+//! cq.start()?; // the queue releases both when it reaches this point
+//! cq.wait()?;  // later tasks on `q` see the received data; the host goes on
+//! q.submit(move || println!("{:?}", got.read()[0]));
+//! r.wait()?;   // host-side completion, bounded
+//! cq.synchronize()?;
+//! let _comm = cq.close()?;
+//! # Ok::<(), sucl_runtime::Error>(())
+//! ```
+//!
+//! Three ways underneath, one contract:
+//! - host queues: `start` and `wait` are tasks on the queue; the process's progress thread (see
+//!   `engine`) runs each started batch on the communicator's host backend;
+//! - CUDA streams, staged (any host backend): trigger and completion counters in pinned,
+//!   device-mapped host memory, written and awaited by the stream with
+//!   `cuStreamWriteValue64`/`cuStreamWaitValue64`, the same progress thread between them;
+//! - CUDA streams over NCCL: `start` issues the batch as one NCCL group on the stream.
+//!
+//! Rules, checked before anything moves: an explicit peer and tag (no wildcards); a
+//! [`PROC_NULL`] peer completes at once; operations match per (peer, tag) in enqueue order and
+//! match ordinary sends and receives of the same communicator; the queue keeps every buffer it
+//! was lent until its operation completed; closing (or dropping) a queue with operations in
+//! flight is an error (see [`CommQueue::close`]). A lost peer or a timeout releases every wait of
+//! the queue and surfaces as an error, naming the peer, on every request.
+//!
+//! Depends on `sucl-runtime` (and `sucl-cuda` for streams) through their public APIs only.
+
+#![warn(missing_docs)]
+// Without `cuda` some dispatch has one arm and a few helpers serve only the device path.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, irrefutable_let_patterns))]
+
+#[cfg(feature = "cuda")]
+pub mod device;
+mod engine;
+pub mod faces;
+#[cfg(feature = "cuda")]
+pub mod faces_gpu;
+mod hostq;
+mod queue;
+mod request;
+mod shared;
+
+pub use hostq::HostQueue;
+pub use queue::{CommQueue, QueueBuffer};
+pub use request::Request;
+pub use shared::{ReadGuard, SharedBuf, WriteGuard};
+pub use sucl_runtime::{Error, Result};
+
+/// The null peer (MPI's `MPI_PROC_NULL`): an operation with it completes at once, moving nothing
+/// (the edges of a non-periodic grid).
+pub const PROC_NULL: usize = usize::MAX;
+
+/// A wildcard source (MPI's `MPI_ANY_SOURCE`). Stream-triggered receives refuse it.
+pub const ANY_SOURCE: usize = usize::MAX - 1;
+
+/// A wildcard tag (MPI's `MPI_ANY_TAG`). Stream-triggered operations refuse it.
+pub const ANY_TAG: u32 = u32::MAX;
+
+/// Most operations started and not yet complete on one queue (each start counting as one more);
+/// `start` blocks (bounded) beyond
+/// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
+pub const MAX_IN_FLIGHT: u64 = 500;
+
+/// A copy of an error (sucl's error type keeps an `io::Error` source, which is not `Clone`), so
+/// that one failure can be reported on every request it affects.
+pub(crate) fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::InvalidArgument { rank, arg, why } => Error::InvalidArgument { rank: *rank, arg, why: why.clone() },
+        Error::LostPeer { rank, peer, during } => Error::LostPeer { rank: *rank, peer: *peer, during: during.clone() },
+        Error::Timeout { rank, op, after } => Error::Timeout { rank: *rank, op: op.clone(), after: *after },
+        Error::Mismatch { rank, what } => Error::Mismatch { rank: *rank, what: what.clone() },
+        Error::BackendUnavailable { rank, backend, why } => {
+            Error::BackendUnavailable { rank: *rank, backend: backend.clone(), why: why.clone() }
+        }
+        Error::Config(s) => Error::Config(s.clone()),
+        Error::Protocol { rank, peer, why } => Error::Protocol { rank: *rank, peer: *peer, why: why.clone() },
+        Error::Aborted { rank, reason } => Error::Aborted { rank: *rank, reason: reason.clone() },
+        Error::Io { rank, during, source } => {
+            Error::Io { rank: *rank, during: during.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+        }
+    }
+}

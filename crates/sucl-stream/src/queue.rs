@@ -1,0 +1,619 @@
+//! [`CommQueue`]: the queue front end shared by every path, and the host-queue path.
+
+use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
+use crate::request::{OpState, Request};
+use crate::{clone_error, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
+
+/// A buffer a [`CommQueue`] can be lent: a host [`SharedBuf`] (host queues) or, with feature
+/// `cuda`, a [`DeviceBuf`](crate::device::DeviceBuf) (CUDA streams).
+pub trait QueueBuffer<T: Element> {
+    /// Which kind of buffer it is (used by the queue to pick the path).
+    #[doc(hidden)]
+    fn lent(&self) -> Lent<'_, T>;
+}
+
+/// The two kinds of [`QueueBuffer`].
+#[doc(hidden)]
+pub enum Lent<'a, T: Element> {
+    Host(&'a SharedBuf<T>),
+    #[cfg(feature = "cuda")]
+    Device(&'a crate::device::DeviceBuf<T>),
+}
+
+impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
+    fn lent(&self) -> Lent<'_, T> {
+        Lent::Host(self)
+    }
+}
+
+/// The counters of a host queue: plain atomics, with a condition variable for the queue's
+/// wait tasks.
+pub(crate) struct HostSignal {
+    /// A wait task that ran out of time (the engine should have failed the batch first).
+    stalled: Mutex<Option<Error>>,
+    trigger: AtomicU64,
+    done: Mutex<u64>,
+    moved: Condvar,
+}
+
+impl Signal for Arc<HostSignal> {
+    fn triggered(&self) -> u64 {
+        self.trigger.load(Ordering::Acquire)
+    }
+    fn complete(&self, epoch: u64) {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        *d = (*d).max(epoch);
+        drop(d);
+        self.moved.notify_all();
+    }
+    fn polled(&self) -> bool {
+        false
+    }
+}
+
+/// How a queue's operations run.
+pub(crate) enum Path {
+    /// A host queue; batches run on the progress engine.
+    Host { ch: Arc<Channel>, q: HostQueue, sig: Arc<HostSignal> },
+    /// A CUDA stream.
+    #[cfg(feature = "cuda")]
+    Device(Box<crate::device::DevicePath>),
+}
+
+/// A communicator bound to one in-order queue: operations are enqueued (nothing moves), a
+/// [`start`](CommQueue::start) on the queue releases every operation enqueued since the last
+/// one, and a [`wait`](CommQueue::wait) on the queue holds later queue work until every started
+/// operation completed. See the crate documentation for the rules.
+pub struct CommQueue {
+    pub(crate) path: Path,
+    /// Host-path operations enqueued since the last start.
+    pending: Vec<Op>,
+    /// The epoch of the last start (0: none yet).
+    pub(crate) started: u64,
+    /// Requests of started operations, for `synchronize` (pruned as they complete).
+    pub(crate) outstanding: Vec<Request>,
+    /// Requests of operations enqueued since the last start.
+    pub(crate) unstarted: Vec<Request>,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) world_rank: usize,
+    pub(crate) timeout: Duration,
+    closed: bool,
+}
+
+/// Slack added to the communicator's timeout for host-side waits, so that the engine (which
+/// fails a batch after the timeout) reports first and its error, naming the peer, is the one
+/// seen.
+const SLACK: Duration = Duration::from_secs(2);
+
+impl CommQueue {
+    /// Binds `comm` to the host queue `queue`. The queue takes the communicator (its progress
+    /// thread drives it); [`close`](CommQueue::close) gives it back. Ordinary sends and receives
+    /// of the same communicator on other ranks match this queue's operations. Local.
+    pub fn on_host(comm: Communicator, queue: &HostQueue) -> Result<CommQueue> {
+        let sig =
+            Arc::new(HostSignal { stalled: Mutex::new(None), trigger: AtomicU64::new(0), done: Mutex::new(0), moved: Condvar::new() });
+        let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
+        let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
+        let ch = Channel::new(comm, Box::new(sig.clone()));
+        engine().register(ch.clone());
+        Ok(CommQueue::with_path(Path::Host { ch, q: queue.clone(), sig }, rank, size, world_rank, timeout))
+    }
+
+    pub(crate) fn with_path(path: Path, rank: usize, size: usize, world_rank: usize, timeout: Duration) -> CommQueue {
+        CommQueue {
+            path,
+            pending: vec![],
+            started: 0,
+            outstanding: vec![],
+            unstarted: vec![],
+            rank,
+            size,
+            world_rank,
+            timeout,
+            closed: false,
+        }
+    }
+
+    /// This rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks of the communicator.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Operations enqueued and not yet started.
+    pub fn enqueued(&self) -> usize {
+        self.unstarted.len()
+    }
+
+    pub(crate) fn bound(&self) -> Duration {
+        self.timeout + SLACK
+    }
+
+    pub(crate) fn invalid(&self, arg: &'static str, why: impl Into<String>) -> Error {
+        Error::invalid(self.world_rank, arg, why)
+    }
+
+    /// Checks an explicit peer and tag (no wildcards); `PROC_NULL` passes.
+    pub(crate) fn check_peer_tag(&self, peer: usize, tag: u32, dir: &str) -> Result<()> {
+        if peer == ANY_SOURCE {
+            return Err(
+                self.invalid("peer", format!("a stream-triggered {dir} needs an explicit peer: wildcards (ANY_SOURCE) are not allowed"))
+            );
+        }
+        if peer != PROC_NULL && peer >= self.size {
+            return Err(self.invalid("peer", format!("rank {peer} out of range (communicator size {})", self.size)));
+        }
+        if tag == ANY_TAG {
+            return Err(self.invalid("tag", format!("a stream-triggered {dir} needs an explicit tag: wildcards (ANY_TAG) are not allowed")));
+        }
+        if tag > MAX_TAG {
+            return Err(self.invalid("tag", format!("{tag} exceeds the largest tag {MAX_TAG}")));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size {
+            return Err(self.invalid("root", format!("rank {root} out of range (communicator size {})", self.size)));
+        }
+        Ok(())
+    }
+
+    fn check_len(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
+        if got != want {
+            return Err(self.invalid(arg, format!("has {got} elements but {what} needs {want}")));
+        }
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The error that failed this queue (a lost peer, a timeout), if any.
+    pub fn failure(&self) -> Option<Error> {
+        match &self.path {
+            Path::Host { ch, sig, .. } => {
+                ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error))
+            }
+            #[cfg(feature = "cuda")]
+            Path::Device(d) => d.failure(),
+        }
+    }
+
+    pub(crate) fn new_request(&mut self, elem: usize, what: String) -> (Arc<OpState>, Request) {
+        let state = OpState::new(elem, what, self.world_rank);
+        let req = Request { state: state.clone(), bound: self.bound() };
+        self.unstarted.push(req.clone());
+        (state, req)
+    }
+
+    fn host_only(&self, what: &str) -> Error {
+        self.invalid("buffer", format!("{what}: this queue is bound to a CUDA stream, so its buffers must be device buffers"))
+    }
+
+    /// Enqueues a send of `buf` to `peer` with `tag`; returns at once, moving nothing.
+    pub fn enqueue_send<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
+        self.check_open()?;
+        self.check_peer_tag(peer, tag, "send")?;
+        match (&self.path, buf.lent()) {
+            (Path::Host { .. }, Lent::Host(b)) => {
+                let what = format!("send to rank {} (tag {tag})", peer_name(peer));
+                let work = if peer == PROC_NULL { Work::Null } else { Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) } };
+                Ok(self.push_host(work, std::mem::size_of::<T>(), what))
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_p2p(self, b, peer, tag, true),
+            #[cfg(feature = "cuda")]
+            (Path::Host { .. }, Lent::Device(_)) => Err(self.invalid("buffer", "a host queue's buffers must be host SharedBufs")),
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Host(_)) => Err(self.host_only("send")),
+        }
+    }
+
+    /// Enqueues a receive into `buf` from `peer` with `tag` (a message up to `buf`'s length on
+    /// host backends; exactly its length over NCCL); returns at once, moving nothing.
+    pub fn enqueue_recv<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
+        self.check_open()?;
+        self.check_peer_tag(peer, tag, "receive")?;
+        match (&self.path, buf.lent()) {
+            (Path::Host { .. }, Lent::Host(b)) => {
+                let what = format!("receive from rank {} (tag {tag})", peer_name(peer));
+                let work = if peer == PROC_NULL { Work::Null } else { Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) } };
+                Ok(self.push_host(work, std::mem::size_of::<T>(), what))
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_p2p(self, b, peer, tag, false),
+            #[cfg(feature = "cuda")]
+            (Path::Host { .. }, Lent::Device(_)) => Err(self.invalid("buffer", "a host queue's buffers must be host SharedBufs")),
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Host(_)) => Err(self.host_only("receive")),
+        }
+    }
+
+    fn push_host(&mut self, work: Work, elem: usize, what: String) -> Request {
+        let (state, req) = self.new_request(elem, what);
+        self.pending.push(Op { work, state, keep: None, exact: None });
+        req
+    }
+
+    /// Enqueues a collective over host buffers: `f` runs on the progress thread with the
+    /// buffers' contents once the batch is triggered.
+    fn enqueue_host_coll<T: Element>(
+        &mut self,
+        name: &str,
+        send: Option<&SharedBuf<T>>,
+        recv: &SharedBuf<T>,
+        f: impl FnOnce(&Communicator, Option<&[T]>, &mut [T]) -> Result<()> + Send + 'static,
+    ) -> Result<Request> {
+        let send = send.filter(|s| !s.same(recv)).cloned();
+        let recv = recv.clone();
+        let rank = self.world_rank;
+        let work = Work::Coll(Box::new(move |comm, deadline| {
+            let s = send.as_ref().map(|s| s.try_read(deadline)).transpose().map_err(|e| at_rank(e, rank))?;
+            let mut r = recv.try_write(deadline).map_err(|e| at_rank(e, rank))?;
+            f(comm, s.as_deref(), &mut r)?;
+            Ok(r.len() * std::mem::size_of::<T>())
+        }));
+        Ok(self.push_host(work, std::mem::size_of::<T>(), name.to_string()))
+    }
+
+    /// Enqueues `recv = reduce(op, every rank's send)`; `send` may be `recv` (in place).
+    pub fn enqueue_all_reduce<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B, op: ReduceOp) -> Result<Request> {
+        self.check_open()?;
+        match (&self.path, send.lent(), recv.lent()) {
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
+                self.check_len("recv", r.len(), s.len(), "all_reduce (same as send)")?;
+                self.enqueue_host_coll("all_reduce", Some(s), r, move |c, s, r| match s {
+                    Some(s) => c.all_reduce(s, r, op),
+                    None => c.all_reduce_in_place(r, op),
+                })
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
+                self.check_len("recv", r.len(), s.len(), "all_reduce (same as send)")?;
+                crate::device::enqueue_coll(self, crate::device::Coll::AllReduce(op), s, r)
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed()),
+        }
+    }
+
+    /// Enqueues a broadcast of root's `buf` into every rank's `buf`.
+    pub fn enqueue_broadcast<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, root: usize) -> Result<Request> {
+        self.check_open()?;
+        self.check_root(root)?;
+        match (&self.path, buf.lent()) {
+            (Path::Host { .. }, Lent::Host(b)) => self.enqueue_host_coll("broadcast", None, b, move |c, _, r| c.broadcast(r, root)),
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_coll(self, crate::device::Coll::Broadcast(root), b, b),
+            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed()),
+        }
+    }
+
+    /// Enqueues an all_gather: every rank's `send` concatenated in rank order into `recv`
+    /// (`size × send`).
+    pub fn enqueue_all_gather<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B) -> Result<Request> {
+        self.check_open()?;
+        match (&self.path, send.lent(), recv.lent()) {
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
+                self.check_len("recv", r.len(), s.len() * self.size, "all_gather (size × send)")?;
+                self.enqueue_host_coll("all_gather", Some(s), r, |c, s, r| c.all_gather(s.unwrap_or(&[]), r))
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
+                self.check_len("recv", r.len(), s.len() * self.size, "all_gather (size × send)")?;
+                crate::device::enqueue_coll(self, crate::device::Coll::AllGather, s, r)
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed()),
+        }
+    }
+
+    /// Enqueues a reduce_scatter: `send` (`size × recv`) reduced, rank r keeps block r.
+    pub fn enqueue_reduce_scatter<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B, op: ReduceOp) -> Result<Request> {
+        self.check_open()?;
+        match (&self.path, send.lent(), recv.lent()) {
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
+                self.check_len("send", s.len(), r.len() * self.size, "reduce_scatter (size × recv)")?;
+                self.enqueue_host_coll("reduce_scatter", Some(s), r, move |c, s, r| c.reduce_scatter(s.unwrap_or(&[]), r, op))
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
+                self.check_len("send", s.len(), r.len() * self.size, "reduce_scatter (size × recv)")?;
+                crate::device::enqueue_coll(self, crate::device::Coll::ReduceScatter(op), s, r)
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed()),
+        }
+    }
+
+    /// Enqueues an all_to_all: block j of `send` goes to block (this rank) of rank j's `recv`.
+    pub fn enqueue_all_to_all<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B) -> Result<Request> {
+        self.check_open()?;
+        let (sl, rl) = match (send.lent(), recv.lent()) {
+            (Lent::Host(s), Lent::Host(r)) => (s.len(), r.len()),
+            #[cfg(feature = "cuda")]
+            (Lent::Device(s), Lent::Device(r)) => (s.len(), r.len()),
+            #[cfg(feature = "cuda")]
+            _ => return Err(self.mixed()),
+        };
+        self.check_len("recv", rl, sl, "all_to_all (same as send)")?;
+        if sl % self.size != 0 {
+            return Err(self.invalid("send", format!("length {sl} is not a multiple of the communicator size {}", self.size)));
+        }
+        match (&self.path, send.lent(), recv.lent()) {
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
+                if s.same(r) {
+                    return Err(self.invalid("recv", "all_to_all cannot run in place: pass two buffers"));
+                }
+                self.enqueue_host_coll("all_to_all", Some(s), r, |c, s, r| c.all_to_all(s.unwrap_or(&[]), r))
+            }
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => crate::device::enqueue_coll(self, crate::device::Coll::AllToAll, s, r),
+            #[cfg(feature = "cuda")]
+            _ => Err(self.mixed()),
+        }
+    }
+
+    fn mixed(&self) -> Error {
+        match self.path {
+            Path::Host { .. } => self.invalid("buffer", "a host queue's buffers must all be host SharedBufs"),
+            #[cfg(feature = "cuda")]
+            Path::Device(_) => self.host_only("collective"),
+        }
+    }
+
+    /// Blocks (bounded) while more than [`MAX_IN_FLIGHT`] started operations are incomplete.
+    pub(crate) fn throttle(&self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+        let deadline = Instant::now() + self.bound();
+        let mut pause = Duration::from_micros(5);
+        while in_flight() > MAX_IN_FLIGHT {
+            self.check_open()?;
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    rank: self.world_rank,
+                    op: format!("start: more than {MAX_IN_FLIGHT} operations stayed in flight"),
+                    after: self.bound(),
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Puts one trigger on the queue: every operation enqueued since the last start becomes
+    /// eligible once the queue reaches this point. Returns at once (it blocks, bounded, only
+    /// while more than [`MAX_IN_FLIGHT`] operations are in flight).
+    pub fn start(&mut self) -> Result<()> {
+        self.check_open()?;
+        self.prune();
+        let epoch = self.started + 1;
+        if let Path::Host { ch, .. } = &self.path {
+            let ch = ch.clone();
+            self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
+        }
+        match &mut self.path {
+            Path::Host { ch, q, sig } => {
+                let ops = std::mem::take(&mut self.pending);
+                ch.submit(Batch { epoch, ops });
+                let sig = sig.clone();
+                q.submit(move || {
+                    sig.trigger.store(epoch, Ordering::Release);
+                    engine().wake();
+                });
+            }
+            #[cfg(feature = "cuda")]
+            Path::Device(_) => crate::device::start(self, epoch)?,
+        }
+        self.started = epoch;
+        self.outstanding.append(&mut self.unstarted);
+        Ok(())
+    }
+
+    /// Puts one wait on the queue: later work on the queue runs once every operation started so
+    /// far completed (or failed — the error is then on the requests and [`synchronize`]). The
+    /// host does not block.
+    ///
+    /// [`synchronize`]: CommQueue::synchronize
+    pub fn wait(&mut self) -> Result<()> {
+        self.check_open()?;
+        let epoch = self.started;
+        if epoch == 0 {
+            return Ok(());
+        }
+        match &mut self.path {
+            Path::Host { q, sig, .. } => {
+                let (sig, bound, world_rank) = (sig.clone(), self.timeout + SLACK, self.world_rank);
+                q.submit(move || {
+                    let deadline = Instant::now() + bound;
+                    let mut d = sig.done.lock().unwrap_or_else(|p| p.into_inner());
+                    while *d < epoch && Instant::now() < deadline {
+                        d = sig
+                            .moved
+                            .wait_timeout(d, deadline.saturating_duration_since(Instant::now()))
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                    if *d < epoch {
+                        // Never hold the queue forever; keep the error for `synchronize`.
+                        let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
+                        sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    }
+                });
+            }
+            #[cfg(feature = "cuda")]
+            Path::Device(_) => crate::device::wait(self, epoch)?,
+        }
+        Ok(())
+    }
+
+    fn prune(&mut self) {
+        self.outstanding.retain(|r| !r.state.is_done());
+    }
+
+    /// Waits on the host (bounded) until the queue ran everything submitted to it and every
+    /// started operation completed; returns the first error among them.
+    pub fn synchronize(&mut self) -> Result<()> {
+        let bound = self.bound();
+        match &mut self.path {
+            Path::Host { q, .. } => q.synchronize(bound)?,
+            #[cfg(feature = "cuda")]
+            Path::Device(d) => d.synchronize()?,
+        }
+        let mut first = None;
+        for r in self.outstanding.drain(..) {
+            if let Err(e) = r.wait() {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = self.failure() {
+            first.get_or_insert(e);
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Ends the queue and gives the communicator back. Closing with operations in flight is an
+    /// error: operations enqueued but never started are withdrawn (their requests fail), started
+    /// ones are waited for (bounded, so no buffer is freed under a transfer), and the error says
+    /// how many there were; the communicator is then dropped. Call
+    /// [`synchronize`](CommQueue::synchronize) first to close cleanly.
+    pub fn close(mut self) -> Result<Communicator> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> Result<Communicator> {
+        self.closed = true;
+        self.prune();
+        let never_started = self.unstarted.len();
+        let withdrawn = Error::invalid(self.world_rank, "queue", "closed before this operation was started");
+        for r in self.unstarted.drain(..) {
+            r.state.complete(Err(clone_error(&withdrawn)));
+        }
+        self.pending.clear();
+        let in_flight = self.outstanding.len();
+        let settled = self.synchronize();
+        let bound = self.bound();
+        let comm = match &mut self.path {
+            Path::Host { ch, .. } => take_comm(ch, bound),
+            #[cfg(feature = "cuda")]
+            Path::Device(d) => d.take_comm(bound),
+        };
+        if never_started + in_flight > 0 {
+            return Err(Error::invalid(
+                self.world_rank,
+                "queue",
+                format!(
+                    "closed with operations in flight: {never_started} enqueued but never started (withdrawn), \
+                     {in_flight} started and not complete (waited for: {})",
+                    match &settled {
+                        Ok(()) => "completed".to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                ),
+            ));
+        }
+        settled?;
+        comm
+    }
+}
+
+/// Takes the communicator back from the engine once it holds no batch of this channel.
+fn take_comm(ch: &Arc<Channel>, bound: Duration) -> Result<Communicator> {
+    ch.closed.store(true, Ordering::Release);
+    let deadline = Instant::now() + bound;
+    while ch.busy() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    if ch.busy() {
+        // Leave the communicator (and the lent buffers) to the engine, which fails the batch
+        // at its own timeout and then drops them.
+        return Err(Error::Timeout { rank: ch.rank, op: "closing a stream-triggered queue".into(), after: bound });
+    }
+    engine().wake();
+    ch.comm
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
+}
+
+impl Drop for CommQueue {
+    /// Dropping an open queue closes it; operations in flight make that an error, which is
+    /// logged (never a panic, never a silent leak: started operations are waited for, bounded).
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if let Err(e) = self.shut_down() {
+            tracing::error!(rank = self.world_rank, error = %e, "stream-triggered queue dropped with operations in flight");
+        }
+    }
+}
+
+fn peer_name(peer: usize) -> String {
+    if peer == PROC_NULL {
+        "PROC_NULL".into()
+    } else {
+        peer.to_string()
+    }
+}
+
+fn at_rank(e: Error, rank: usize) -> Error {
+    match e {
+        Error::Timeout { op, after, .. } => Error::Timeout { rank, op, after },
+        other => other,
+    }
+}
+
+/// A host buffer lent to the backend: the handle keeps it alive from enqueue, the lease (taken
+/// at the trigger) keeps tasks off it until the operation completed.
+struct HostLease<T: Element> {
+    buf: SharedBuf<T>,
+    exclusive: bool,
+    read: Option<crate::ReadGuard<T>>,
+    write: Option<crate::WriteGuard<T>>,
+}
+
+impl<T: Element> HostLease<T> {
+    fn new(buf: &SharedBuf<T>, exclusive: bool) -> Self {
+        HostLease { buf: buf.clone(), exclusive, read: None, write: None }
+    }
+}
+
+impl<T: Element> Lend for HostLease<T> {
+    fn lend(&mut self, deadline: Instant) -> Result<(*mut u8, usize)> {
+        let bytes = self.buf.len() * std::mem::size_of::<T>();
+        if self.exclusive {
+            let mut g = self.buf.try_write(deadline)?;
+            let p = g.as_mut_ptr() as *mut u8;
+            self.write = Some(g);
+            Ok((p, bytes))
+        } else {
+            let g = self.buf.try_read(deadline)?;
+            let p = g.as_ptr() as *mut u8;
+            self.read = Some(g);
+            Ok((p, bytes))
+        }
+    }
+
+    fn give_back(&mut self) {
+        self.read = None;
+        self.write = None;
+    }
+}

@@ -1,0 +1,131 @@
+//! Host-side completion of stream-triggered operations.
+
+use crate::clone_error;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use sucl_runtime::{Error, Result};
+
+/// A completion the host learns by asking the device (an event after an NCCL group).
+pub(crate) trait DevicePoll: Send + Sync {
+    /// Whether the work is done; an error if the device failed.
+    fn poll(&self) -> Result<bool>;
+}
+
+/// What the engine and the requests share about one operation.
+pub(crate) struct OpState {
+    result: Mutex<Option<Result<usize>>>,
+    done: Condvar,
+    /// Bytes per element, to report element counts.
+    elem: usize,
+    /// "send to rank 3 (tag 7)", for errors.
+    pub(crate) what: String,
+    /// The rank that saw it (world rank).
+    pub(crate) rank: usize,
+    /// Set when the device, not the engine, completes the operation: the poll and the bytes.
+    device: OnceLock<(Arc<dyn DevicePoll>, usize)>,
+}
+
+impl OpState {
+    pub(crate) fn new(elem: usize, what: String, rank: usize) -> Arc<OpState> {
+        Arc::new(OpState { result: Mutex::new(None), done: Condvar::new(), elem: elem.max(1), what, rank, device: OnceLock::new() })
+    }
+
+    /// Records the outcome (the first one wins) and wakes every waiter.
+    pub(crate) fn complete(&self, r: Result<usize>) {
+        let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(r);
+        }
+        drop(g);
+        self.done.notify_all();
+    }
+
+    /// Hands completion to the device: the operation is done (with `bytes`) once `poll` says so.
+    pub(crate) fn complete_on_device(&self, poll: Arc<dyn DevicePoll>, bytes: usize) {
+        let _ = self.device.set((poll, bytes));
+        self.done.notify_all();
+    }
+
+    /// Asks the device, if it completes this operation.
+    fn poll_device(&self) {
+        if let Some((p, bytes)) = self.device.get() {
+            if self.result.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+                match p.poll() {
+                    Ok(true) => self.complete(Ok(*bytes)),
+                    Ok(false) => {}
+                    Err(e) => self.complete(Err(e)),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn outcome(&self) -> Option<Result<usize>> {
+        self.poll_device();
+        let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(clone_error))
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.poll_device();
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Waits at most `bound` for the outcome.
+    pub(crate) fn wait(&self, bound: Duration) -> Result<usize> {
+        let deadline = Instant::now() + bound;
+        let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let polled = self.device.get().is_some();
+            if polled && g.is_none() {
+                drop(g);
+                self.poll_device();
+                g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+            }
+            if let Some(r) = g.as_ref() {
+                return r.as_ref().map(|&b| b / self.elem).map_err(clone_error);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    op: format!("waiting on the host for the stream-triggered {} (was its start reached?)", self.what),
+                    after: bound,
+                });
+            }
+            let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
+            g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// One enqueued operation, for host-side completion. It does not own the buffers: the queue
+/// does, until the operation completed.
+#[derive(Clone)]
+pub struct Request {
+    pub(crate) state: Arc<OpState>,
+    pub(crate) bound: Duration,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("op", &self.state.what).field("done", &self.state.is_done()).finish()
+    }
+}
+
+impl Request {
+    /// Blocks (bounded by the communicator's timeout) until the operation completed; returns the
+    /// number of elements moved (received, for a receive; 0 for a `PROC_NULL` peer).
+    pub fn wait(&self) -> Result<usize> {
+        self.state.wait(self.bound)
+    }
+
+    /// `Some(elements)` once complete, an error if it failed, `None` while in flight.
+    pub fn test(&self) -> Result<Option<usize>> {
+        self.state.outcome().transpose()
+    }
+
+    /// What the operation is, e.g. `receive from rank 1 (tag 5)`.
+    pub fn describe(&self) -> &str {
+        &self.state.what
+    }
+}

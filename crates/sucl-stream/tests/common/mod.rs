@@ -1,0 +1,108 @@
+//! Multi-process harness: a test re-runs its own test binary as N ranks (torchrun-style launch
+//! environment, a fresh store port), waits for them with a bound and kills them if they hang.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "SUCL_STREAM_TEST_RANK";
+
+/// This process's rank when it runs as a child of [`launch`].
+pub fn child_rank() -> Option<usize> {
+    std::env::var(ROLE).ok().and_then(|v| v.parse().ok())
+}
+
+/// A child killed and reaped on drop, so a failing test leaves nothing behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub struct Outcome {
+    pub rank: usize,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Runs test `name` of this binary as `n` ranks with `env`; returns every rank's outcome.
+/// Panics if any rank still runs after `limit` (a hang is a failure).
+pub fn launch(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<Outcome> {
+    let exe = std::env::current_exe().unwrap();
+    let port = free_port().to_string();
+    let job = format!("st{}x{}", std::process::id(), port);
+    let mut kids = vec![];
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(ROLE, r.to_string())
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .env("SUCL_JOB_ID", &job)
+            .env("SUCL_TIMEOUT", "10")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        kids.push(Reaped(c.spawn().expect("spawning a rank")));
+    }
+    let start = Instant::now();
+    let mut readers = vec![];
+    for k in kids.iter_mut() {
+        let mut o = k.0.stdout.take().unwrap();
+        let mut e = k.0.stderr.take().unwrap();
+        readers.push((
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = o.read_to_string(&mut s);
+                s
+            }),
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = e.read_to_string(&mut s);
+                s
+            }),
+        ));
+    }
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; n];
+    while statuses.iter().any(|s| s.is_none()) {
+        for (r, k) in kids.iter_mut().enumerate() {
+            if statuses[r].is_none() {
+                statuses[r] = k.0.try_wait().unwrap();
+            }
+        }
+        if start.elapsed() > limit {
+            drop(kids);
+            let outs: Vec<String> = readers.into_iter().map(|(o, e)| format!("{}\n{}", o.join().unwrap(), e.join().unwrap())).collect();
+            panic!("{name}: ranks still running after {limit:?} (hang)\n{}", outs.join("\n----\n"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    readers
+        .into_iter()
+        .zip(statuses)
+        .enumerate()
+        .map(|(rank, ((o, e), s))| Outcome { rank, status: s.unwrap(), stdout: o.join().unwrap(), stderr: e.join().unwrap() })
+        .collect()
+}
+
+/// Asserts every rank passed (its test printed `ok` and it exited 0).
+pub fn all_passed(outs: &[Outcome]) {
+    for o in outs {
+        assert!(o.status.success(), "rank {} failed ({}):\n{}\n{}", o.rank, o.status, o.stdout, o.stderr);
+    }
+}
