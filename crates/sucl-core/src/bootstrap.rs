@@ -3,8 +3,21 @@
 //! sucl's own launcher (`SUCL_*`), torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
 //! `MASTER_PORT`), Open MPI (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, ...) and PMI
 //! (`PMI_RANK`, `PMI_SIZE`) are recognized, in that order. No launcher means a world of one.
+//!
+//! Where the ranks meet (sucl's rendezvous store):
+//! - under `sucl run`, the launcher's store (`SUCL_STORE_ADDR`);
+//! - under torchrun with the agent's store (`TORCHELASTIC_USE_AGENT_STORE=True`), the agent owns
+//!   `MASTER_PORT`: rank 0 starts sucl's store on a free port and publishes its address in the
+//!   agent's c10d store ([`meet_through_agent_store`]);
+//! - otherwise `MASTER_ADDR:MASTER_PORT`, hosted by rank 0;
+//! - without `MASTER_ADDR`: on one host, 127.0.0.1 and a port derived from the job id; across
+//!   hosts, the first host of Slurm's node list, or an error at init that says what to set.
 
+use crate::c10d::C10dClient;
 use crate::error::{Error, Result};
+use crate::store::{StoreClient, StoreServer};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 /// Who started this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +67,22 @@ pub struct LaunchEnv {
     pub rank0_hosts_store: bool,
     /// A job identifier, unique per job on a host (names shared-memory segments).
     pub job_id: String,
+    /// torchrun's agent store, when the ranks meet there instead of at `store_addr` (which is
+    /// then `None` until [`meet_through_agent_store`] fills it in).
+    pub agent_store: Option<AgentStore>,
+}
+
+/// torchrun's agent store (`TORCHELASTIC_USE_AGENT_STORE=True`): a c10d TCPStore on
+/// `MASTER_ADDR:MASTER_PORT`, served by the agent, where sucl's ranks find sucl's own store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStore {
+    /// `MASTER_ADDR:MASTER_PORT`.
+    pub addr: String,
+    /// Prefix of sucl's keys there: `/sucl/<run id>/<restart count>/`, so that they collide
+    /// with neither torch's keys nor a previous attempt's.
+    pub prefix: String,
+    /// Whether every rank runs on this host (`LOCAL_WORLD_SIZE == WORLD_SIZE`).
+    pub one_host: bool,
 }
 
 fn parse_num(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
@@ -64,6 +93,25 @@ fn parse_num(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u
             .parse::<usize>()
             .map(Some)
             .map_err(|_| Error::Config(format!("environment variable {var}={v:?} is not a non-negative integer"))),
+    }
+}
+
+fn parse_port(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u16>> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u16>() {
+            Ok(p) if p > 0 => Ok(Some(p)),
+            _ => Err(Error::Config(format!("environment variable {var}={v:?} is not a port number (1-65535)"))),
+        },
+    }
+}
+
+/// `host:port`, with an IPv6 literal in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -94,6 +142,7 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
             store_addr: None,
             rank0_hosts_store: false,
             job_id: format!("solo-{}", std::process::id()),
+            agent_store: None,
         });
     };
     let rank = parse_num(get, rv)?.unwrap_or(0);
@@ -105,26 +154,388 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
         return Err(Error::Config(format!("{rv}={rank} is out of range for {sv}={size}")));
     }
     let local_rank = parse_num(get, lv)?.unwrap_or(if launcher == Launcher::Pmi { rank } else { 0 });
+    check_local_size(get, launcher, size, local_rank)?;
+    let agent_store = agent_store(get, launcher, size)?;
     let job_id = get("SUCL_JOB_ID")
-        .or_else(|| get("TORCHELASTIC_RUN_ID"))
+        .or_else(|| torchrun_job_id(get))
         .or_else(|| get("OMPI_MCA_ess_base_jobid"))
         .or_else(|| get("SLURM_JOB_ID").map(|j| format!("{j}.{}", get("SLURM_STEP_ID").unwrap_or_default())))
         .or_else(|| get("PMI_JOBID"))
         .unwrap_or_else(|| "default".to_string());
-    let (store_addr, rank0_hosts_store) = if let Some(a) = get("SUCL_STORE_ADDR") {
-        (Some(a), get("SUCL_STORE_HOST").as_deref() != Some("launcher"))
-    } else if let Some(host) = get("MASTER_ADDR") {
-        let port = parse_num(get, "MASTER_PORT")?.unwrap_or(29500);
-        (Some(format!("{host}:{port}")), true)
-    } else if size == 1 {
-        (None, false)
-    } else if launcher == Launcher::Torchrun {
-        return Err(Error::Config("RANK/WORLD_SIZE are set but MASTER_ADDR is not".into()));
-    } else {
-        // One host assumed; set MASTER_ADDR (and MASTER_PORT) for jobs across hosts.
-        (Some(format!("127.0.0.1:{}", default_port(&job_id))), true)
+    let (store_addr, rank0_hosts_store) =
+        if agent_store.is_some() { (None, true) } else { store_address(get, launcher, rank, size, &job_id)? };
+    Ok(LaunchEnv { launcher, rank, size, local_rank, store_addr, rank0_hosts_store, job_id, agent_store })
+}
+
+/// The variable holding the number of ranks on this host, per launcher.
+fn local_size_var(launcher: Launcher) -> Option<&'static str> {
+    match launcher {
+        Launcher::Torchrun => Some("LOCAL_WORLD_SIZE"),
+        Launcher::OpenMpi => Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        Launcher::Pmi => Some("MPI_LOCALNRANKS"),
+        Launcher::Sucl | Launcher::Slurm | Launcher::None => None,
+    }
+}
+
+/// The local rank and the number of ranks on this host must fit the world.
+fn check_local_size(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize, local_rank: usize) -> Result<()> {
+    let Some(var) = local_size_var(launcher) else { return Ok(()) };
+    let Some(local_size) = parse_num(get, var)? else { return Ok(()) };
+    if local_size == 0 || local_size > size {
+        return Err(Error::Config(format!("{var}={local_size} does not fit a world of {size} ranks")));
+    }
+    if local_rank >= local_size {
+        return Err(Error::Config(format!("the local rank {local_rank} is out of range for {var}={local_size}")));
+    }
+    Ok(())
+}
+
+/// torchrun's job: its run id plus `MASTER_PORT` (two jobs on one host cannot share a port,
+/// but may share the default run id `none`) and the restart count (a restarted attempt must
+/// not meet the previous attempt's leftovers).
+fn torchrun_job_id(get: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let run = get("TORCHELASTIC_RUN_ID")?;
+    let mut id = run;
+    if get("TORCHELASTIC_USE_AGENT_STORE").is_some() {
+        id = format!("{id}.{}.{}", get("MASTER_PORT").unwrap_or_default(), get("TORCHELASTIC_RESTART_COUNT").unwrap_or_default());
+    }
+    Some(id)
+}
+
+/// torchrun's agent store, when the workers are told to use it.
+fn agent_store(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize) -> Result<Option<AgentStore>> {
+    if launcher != Launcher::Torchrun || get("TORCHELASTIC_USE_AGENT_STORE").as_deref() != Some("True") {
+        return Ok(None);
+    }
+    let host = get("MASTER_ADDR")
+        .ok_or_else(|| Error::Config("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR is not set (the agent store's host)".into()))?;
+    let port = parse_port(get, "MASTER_PORT")?
+        .ok_or_else(|| Error::Config("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_PORT is not set (the agent store's port)".into()))?;
+    let run = get("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into());
+    let restart = parse_num(get, "TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0);
+    let one_host = parse_num(get, "LOCAL_WORLD_SIZE")? == Some(size);
+    Ok(Some(AgentStore { addr: host_port(&host, port), prefix: format!("/sucl/{run}/{restart}/"), one_host }))
+}
+
+/// How many hosts the ranks run on, as far as the launcher says.
+enum HostCount {
+    One,
+    /// Several; the text says how we know.
+    Several(String),
+    /// The launcher did not say: the variable that should have told.
+    Unknown(&'static str),
+}
+
+fn host_count(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize) -> Result<HostCount> {
+    let nodes = |vars: &[&'static str]| -> Result<Option<(&'static str, usize)>> {
+        for &v in vars {
+            if let Some(n) = parse_num(get, v)? {
+                return Ok(Some((v, n)));
+            }
+        }
+        Ok(None)
     };
-    Ok(LaunchEnv { launcher, rank, size, local_rank, store_addr, rank0_hosts_store, job_id })
+    let by_nodes = |found: Option<(&'static str, usize)>, missing: &'static str| match found {
+        Some((_, n)) if n <= 1 => HostCount::One,
+        Some((v, n)) => HostCount::Several(format!("{v}={n}")),
+        None => HostCount::Unknown(missing),
+    };
+    Ok(match launcher {
+        // `sucl run` starts every rank on its own host (and always sets SUCL_STORE_ADDR).
+        Launcher::Sucl | Launcher::None => HostCount::One,
+        Launcher::Slurm => by_nodes(nodes(&["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"])?, "SLURM_STEP_NUM_NODES"),
+        Launcher::OpenMpi if get("OMPI_MCA_orte_num_nodes").is_some() => by_nodes(nodes(&["OMPI_MCA_orte_num_nodes"])?, ""),
+        Launcher::OpenMpi | Launcher::Pmi | Launcher::Torchrun => {
+            let var = local_size_var(launcher).unwrap_or("LOCAL_WORLD_SIZE");
+            match parse_num(get, var)? {
+                Some(n) if n == size => HostCount::One,
+                Some(n) => HostCount::Several(format!("{var}={n} of {size} ranks")),
+                None => HostCount::Unknown(var),
+            }
+        }
+    })
+}
+
+/// Where sucl's store is when no agent store is in use: `(address, whether rank 0 hosts it)`.
+fn store_address(
+    get: &dyn Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    rank: usize,
+    size: usize,
+    job_id: &str,
+) -> Result<(Option<String>, bool)> {
+    if let Some(a) = get("SUCL_STORE_ADDR") {
+        return Ok((Some(a), get("SUCL_STORE_HOST").as_deref() != Some("launcher")));
+    }
+    if launcher == Launcher::Sucl && size > 1 {
+        return Err(Error::Config("SUCL_RANK is set but SUCL_STORE_ADDR is not (start the ranks with `sucl run`)".into()));
+    }
+    let port = parse_port(get, "MASTER_PORT")?;
+    if let Some(host) = get("MASTER_ADDR") {
+        // torch's default port for torch's launchers; for the others one derived from the job,
+        // so that two jobs sharing a host do not meet.
+        let port = port.unwrap_or_else(|| if launcher == Launcher::Torchrun { 29500 } else { default_port(job_id) });
+        return Ok((Some(host_port(&host, port)), true));
+    }
+    if size == 1 {
+        return Ok((None, false));
+    }
+    if launcher == Launcher::Torchrun {
+        return Err(Error::Config("RANK/WORLD_SIZE are set but MASTER_ADDR is not".into()));
+    }
+    let port = port.unwrap_or_else(|| default_port(job_id));
+    let several = match host_count(get, launcher, size)? {
+        HostCount::One => return Ok((Some(format!("127.0.0.1:{port}")), true)),
+        HostCount::Several(why) => why,
+        HostCount::Unknown(var) => format!("{var} is not set, so they may be on several hosts"),
+    };
+    let Some((var, list)) = ["SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"].iter().find_map(|v| get(v).map(|l| (*v, l)))
+    else {
+        return Err(Error::Config(format!(
+            "the {size} ranks may run on several hosts ({several}) and no rendezvous address is known: \
+             set MASTER_ADDR to an address of rank 0's host (and MASTER_PORT to a free port there)"
+        )));
+    };
+    let first = slurm_first_host(&list).map_err(|why| Error::Config(format!("{var}={list:?} is not a Slurm host list: {why}")))?;
+    if rank == 0 {
+        // Rank 0 hosts the store on the first host; under any other placement it must be told.
+        let here = get("SLURMD_NODENAME").unwrap_or_else(hostname);
+        if short_name(&here) != short_name(&first) {
+            return Err(Error::Config(format!(
+                "rank 0 runs on `{here}`, not on `{first}`, the first host of {var}, where the other ranks look for it: \
+                 set MASTER_ADDR to an address of rank 0's host (and MASTER_PORT)"
+            )));
+        }
+    }
+    Ok((Some(host_port(&first, port)), true))
+}
+
+fn short_name(host: &str) -> &str {
+    host.split('.').next().unwrap_or(host)
+}
+
+/// The first host of a Slurm host list (`node[01-03,07],gpu5` → `node01`), without expanding it.
+pub fn slurm_first_host(list: &str) -> std::result::Result<String, String> {
+    let first_item = split_top_level(list)?.into_iter().next().ok_or("the list is empty")?;
+    let mut out = String::new();
+    let mut rest = first_item;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..].find(']').ok_or("a `[` has no `]`")? + open;
+        out.push_str(&rest[..open]);
+        let ranges = parse_ranges(&rest[open + 1..close])?;
+        out.push_str(&ranges[0].0);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Every host of a Slurm host list, in order; an error past `limit` hosts.
+pub fn slurm_hostlist(list: &str, limit: usize) -> std::result::Result<Vec<String>, String> {
+    let mut hosts = vec![];
+    for item in split_top_level(list)? {
+        let mut partial = vec![String::new()];
+        let mut rest = item;
+        loop {
+            let (text, group) = match rest.find('[') {
+                None => (rest, None),
+                Some(open) => {
+                    let close = rest[open..].find(']').ok_or("a `[` has no `]`")? + open;
+                    (&rest[..open], Some((&rest[open + 1..close], close)))
+                }
+            };
+            partial.iter_mut().for_each(|p| p.push_str(text));
+            let Some((inner, close)) = group else { break };
+            let mut next = vec![];
+            for p in &partial {
+                for (lo, hi) in parse_ranges(inner)? {
+                    let width = lo.len();
+                    let (a, b) = (lo.parse::<u64>().map_err(|e| e.to_string())?, hi.parse::<u64>().map_err(|e| e.to_string())?);
+                    for n in a..=b {
+                        if hosts.len() + next.len() >= limit {
+                            return Err(format!("more than {limit} hosts"));
+                        }
+                        next.push(format!("{p}{n:0width$}"));
+                    }
+                }
+            }
+            partial = next;
+            rest = &rest[close + 1..];
+        }
+        hosts.extend(partial);
+        if hosts.len() > limit {
+            return Err(format!("more than {limit} hosts"));
+        }
+    }
+    Ok(hosts)
+}
+
+/// Splits at commas outside brackets; every item must be a non-empty host pattern.
+fn split_top_level(list: &str) -> std::result::Result<Vec<&str>, String> {
+    let (mut items, mut depth, mut start) = (vec![], 0usize, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' if depth == 0 => depth = 1,
+            '[' => return Err("nested `[`".into()),
+            ']' if depth == 1 => depth = 0,
+            ']' => return Err("a `]` has no `[`".into()),
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            c if c.is_whitespace() => return Err("whitespace in a host name".into()),
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err("a `[` has no `]`".into());
+    }
+    items.push(&list[start..]);
+    if items.iter().any(|i| i.is_empty()) {
+        return Err("an empty host name".into());
+    }
+    Ok(items)
+}
+
+/// `01-03,07` → `[("01", "03"), ("07", "07")]`: bounds as written (their width is the padding).
+fn parse_ranges(inner: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let mut out = vec![];
+    for part in inner.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let digits = |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(lo) || !digits(hi) {
+            return Err(format!("`[{inner}]` is not a list of numbers and ranges"));
+        }
+        if lo.parse::<u64>().map_err(|e| e.to_string())? > hi.parse::<u64>().map_err(|e| e.to_string())? {
+            return Err(format!("the range `{part}` runs backwards"));
+        }
+        out.push((lo.to_string(), hi.to_string()));
+    }
+    Ok(out)
+}
+
+/// The key-value operations bootstrap needs from a store: sucl's own ([`StoreClient`]) or
+/// torch's ([`C10dClient`]).
+pub trait Rendezvous {
+    /// Sets `key` to `value`.
+    fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// Waits, bounded, until `key` exists and returns its value.
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// Adds `delta` to the counter `key` and returns the new value.
+    fn add(&self, key: &str, delta: i64) -> Result<i64>;
+}
+
+impl Rendezvous for StoreClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        StoreClient::set(self, key, value)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        StoreClient::get(self, key)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        StoreClient::add(self, key, delta)
+    }
+}
+
+impl Rendezvous for C10dClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        C10dClient::set(self, key, value)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        C10dClient::get(self, key)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        C10dClient::add(self, key, delta)
+    }
+}
+
+/// The key under which rank 0 publishes the address of sucl's store.
+const STORE_ADDR_KEY: &str = "store_addr";
+
+/// Rank 0 publishes `addr` (its store's address); every other rank waits for it. Returns the
+/// address, checked to be a socket address before anyone connects to it.
+pub fn share_store_addr(kv: &dyn Rendezvous, rank: usize, addr: Option<&str>) -> Result<String> {
+    if let Some(a) = addr {
+        kv.set(STORE_ADDR_KEY, a.as_bytes())?;
+        return Ok(a.to_string());
+    }
+    let raw = kv.get(STORE_ADDR_KEY)?;
+    std::str::from_utf8(&raw).ok().filter(|s| s.parse::<SocketAddr>().is_ok()).map(str::to_string).ok_or_else(|| Error::Aborted {
+        rank,
+        reason: format!("rank 0 published an unreadable store address {:?}", String::from_utf8_lossy(&raw)),
+    })
+}
+
+/// Under torchrun's agent store: rank 0 starts sucl's store on a free port and publishes its
+/// address there; every rank returns that address (rank 0 also its server).
+pub fn meet_through_agent_store(rank: usize, agent: &AgentStore, timeout: Duration) -> Result<(String, Option<StoreServer>)> {
+    let c10d = C10dClient::connect(&agent.addr, &agent.prefix, rank, timeout)?;
+    if rank != 0 {
+        return Ok((share_store_addr(&c10d, rank, None)?, None));
+    }
+    let advertise = if agent.one_host { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { reachable_ip(c10d.local_ip())? };
+    let bind = match advertise {
+        IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(ip),
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let server = StoreServer::start((bind, 0)).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?;
+    let addr = SocketAddr::new(advertise, server.addr().port()).to_string();
+    share_store_addr(&c10d, 0, Some(&addr))?;
+    Ok((addr, Some(server)))
+}
+
+/// The address other hosts can reach rank 0 at: the one its connection to the agent store
+/// left from, unless that is a loopback address (MASTER_ADDR naming this host as 127.0.x.x),
+/// then the first non-loopback address of an interface that is up.
+fn reachable_ip(via_agent: Option<IpAddr>) -> Result<IpAddr> {
+    match via_agent {
+        Some(ip) if !ip.is_loopback() => Ok(ip),
+        _ => {
+            interface_addrs().into_iter().map(|(_, ip)| ip).find(|ip| !ip.is_loopback() && ip.is_ipv4()).ok_or_else(|| {
+                Error::Config("the ranks span several hosts, but this host has no network address other than loopback".into())
+            })
+        }
+    }
+}
+
+/// Every (interface name, address) of an interface that is up, in the system's order.
+pub fn interface_addrs() -> Vec<(String, IpAddr)> {
+    let mut out = vec![];
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned, valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0 {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null and points at a sockaddr whose family says its layout.
+        let ip = unsafe {
+            match (*ifa.ifa_addr).sa_family as libc::c_int {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        out.push((name, ip));
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }
 
 /// This host's name.
@@ -160,14 +571,22 @@ mod tests {
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("OMPI_MCA_ess_base_jobid", "9"),
         ]))
         .unwrap();
         assert_eq!((e.launcher, e.rank, e.size), (Launcher::OpenMpi, 1, 2));
         assert!(e.store_addr.unwrap().starts_with("127.0.0.1:"));
-        let e = detect(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "5")])).unwrap();
+        let e = detect(&env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_JOB_ID", "5"),
+            ("SLURM_NNODES", "1"),
+        ]))
+        .unwrap();
         assert_eq!((e.launcher, e.size), (Launcher::Slurm, 3));
-        let e = detect(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")])).unwrap();
+        let e = detect(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "2")])).unwrap();
         assert_eq!((e.launcher, e.rank), (Launcher::Pmi, 1));
         let e = detect(&env(&[
             ("SUCL_RANK", "0"),
@@ -187,5 +606,169 @@ mod tests {
         assert!(err.contains("RANK=\"x\""), "{err}");
         let err = detect(&env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap_err().to_string();
         assert!(err.contains("MASTER_ADDR"), "{err}");
+    }
+
+    fn config_error(pairs: &[(&str, &str)]) -> String {
+        detect(&env(pairs)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn launcher_variables_that_contradict_each_other_are_named() {
+        let err = config_error(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
+        assert!(err.contains("local rank 2 is out of range for LOCAL_WORLD_SIZE=2"), "{err}");
+        let err = config_error(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]);
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE=3 does not fit a world of 2"), "{err}");
+        let err = config_error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")]);
+        assert!(err.contains("MASTER_PORT=\"70000\" is not a port"), "{err}");
+        let err = config_error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_PORT", "29500")]);
+        assert!(err.contains("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR is not set"), "{err}");
+        let err = config_error(&[("SUCL_RANK", "0"), ("SUCL_WORLD_SIZE", "2")]);
+        assert!(err.contains("SUCL_RANK is set but SUCL_STORE_ADDR is not"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "0")]);
+        assert!(err.contains("SLURM_PROCID is set but SLURM_NTASKS is not"), "{err}");
+    }
+
+    #[test]
+    fn ranks_across_hosts_never_meet_at_loopback() {
+        let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "9")];
+        // Open MPI 4 says how many nodes; Open MPI in general how many ranks share this host.
+        let err = config_error(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "2")]].concat());
+        assert!(err.contains("several hosts (OMPI_MCA_orte_num_nodes=2)") && err.contains("set MASTER_ADDR"), "{err}");
+        let err = config_error(&[&ompi[..], &[("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]].concat());
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE=2 of 4 ranks"), "{err}");
+        let err = config_error(&ompi);
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE is not set"), "{err}");
+        let one = detect(&env(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "1")]].concat())).unwrap();
+        assert!(one.store_addr.unwrap().starts_with("127.0.0.1:"));
+        let err = config_error(&[("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("MPI_LOCALNRANKS", "2")]);
+        assert!(err.contains("MPI_LOCALNRANKS=2 of 4 ranks"), "{err}");
+        // MASTER_ADDR wins, with a port derived from the job when MASTER_PORT is not set.
+        let e = detect(&env(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "2"), ("MASTER_ADDR", "head")]].concat())).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("head:{}", default_port("9")));
+        // mpirun inside a Slurm allocation: the allocation's first host.
+        let e = detect(&env(&[&ompi[..], &[("OMPI_COMM_WORLD_LOCAL_SIZE", "2"), ("SLURM_NODELIST", "gpu[07-08]")]].concat())).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("gpu07:{}", default_port("9")));
+
+        let srun = |rank: &'static str, node: &'static str| {
+            vec![
+                ("SLURM_PROCID", rank),
+                ("SLURM_NTASKS", "6"),
+                ("SLURM_JOB_ID", "77"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_STEP_NUM_NODES", "3"),
+                ("SLURM_STEP_NODELIST", "node[01-02,07]"),
+                ("SLURM_NODELIST", "node[00-09]"),
+                ("SLURMD_NODENAME", node),
+            ]
+        };
+        let e = detect(&env(&srun("0", "node01"))).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("node01:{}", default_port("77.0")));
+        assert!(e.rank0_hosts_store);
+        let e = detect(&env(&srun("4", "node07"))).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("node01:{}", default_port("77.0")));
+        let err = config_error(&srun("0", "node02"));
+        assert!(err.contains("rank 0 runs on `node02`, not on `node01`, the first host of SLURM_STEP_NODELIST"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")]);
+        assert!(err.contains("SLURM_STEP_NUM_NODES is not set") && err.contains("set MASTER_ADDR"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "2"), ("SLURM_NODELIST", "a[1-")]);
+        assert!(err.contains("SLURM_NODELIST=\"a[1-\" is not a Slurm host list"), "{err}");
+    }
+
+    #[test]
+    fn torchrun_with_the_agent_store() {
+        let vars = [
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ];
+        let e = detect(&env(&vars)).unwrap();
+        assert_eq!(e.store_addr, None, "MASTER_PORT belongs to the agent");
+        assert_eq!(e.agent_store, Some(AgentStore { addr: "node0:29500".into(), prefix: "/sucl/none/2/".into(), one_host: false }));
+        assert_eq!(e.job_id, "none.29500.2");
+        // Without the agent store (torch.distributed.launch style), rank 0 hosts the store on MASTER_PORT.
+        let e = detect(&env(&vars[..6])).unwrap();
+        assert_eq!((e.store_addr.as_deref(), e.agent_store), (Some("node0:29500"), None));
+    }
+
+    #[test]
+    fn ranks_meet_through_a_c10d_store() {
+        let agent = AgentStore { addr: crate::c10d::tests::fake_server(), prefix: "/sucl/none/0/".into(), one_host: true };
+        let t = Duration::from_secs(10);
+        let others: Vec<_> = (1..3)
+            .map(|r| {
+                let agent = agent.clone();
+                std::thread::spawn(move || meet_through_agent_store(r, &agent, t).map(|(a, s)| (a, s.is_none())))
+            })
+            .collect();
+        let (addr, server) = meet_through_agent_store(0, &agent, t).unwrap();
+        let server = server.expect("rank 0 hosts sucl's store");
+        assert_eq!(addr, format!("127.0.0.1:{}", server.addr().port()));
+        for h in others {
+            assert_eq!(h.join().unwrap().unwrap(), (addr.clone(), true));
+        }
+        // The published address is sucl's own store: the same exchange works over it.
+        let client = StoreClient::connect(&addr, 0, Some(0), t, crate::AbortState::new()).unwrap();
+        assert_eq!(share_store_addr(&client, 0, Some("10.1.2.3:4")).unwrap(), "10.1.2.3:4");
+        assert_eq!(share_store_addr(&client, 1, None).unwrap(), "10.1.2.3:4");
+        client.set(STORE_ADDR_KEY, b"10.1.2.3").unwrap();
+        let err = share_store_addr(&client, 1, None).unwrap_err().to_string();
+        assert!(err.contains("unreadable store address \"10.1.2.3\""), "{err}");
+        client.bye().unwrap();
+        // Across hosts, rank 0 advertises an address other hosts can reach.
+        let agent = AgentStore { one_host: false, prefix: "/sucl/none/1/".into(), ..agent };
+        match meet_through_agent_store(0, &agent, t) {
+            Ok((addr, _server)) => assert!(!addr.parse::<SocketAddr>().unwrap().ip().is_loopback(), "{addr}"),
+            Err(e) => assert!(e.to_string().contains("no network address other than loopback"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn slurm_host_lists() {
+        let table: &[(&str, &[&str])] = &[
+            ("node01", &["node01"]),
+            ("node[01-03,07],gpu5", &["node01", "node02", "node03", "node07", "gpu5"]),
+            ("a[8-11]", &["a8", "a9", "a10", "a11"]),
+            ("rack[1-2]-n[009-010]", &["rack1-n009", "rack1-n010", "rack2-n009", "rack2-n010"]),
+            ("x[3],y-z.dom", &["x3", "y-z.dom"]),
+        ];
+        for (list, want) in table {
+            assert_eq!(slurm_hostlist(list, 100).unwrap(), *want, "{list}");
+            assert_eq!(slurm_first_host(list).unwrap(), want[0], "{list}");
+        }
+        for bad in ["", "a,,b", "a[1-", "a]", "a[x]", "a[3-1]", "a[[1]]", "a b", "a[]"] {
+            assert!(slurm_first_host(bad).is_err() && slurm_hostlist(bad, 100).is_err(), "{bad:?} must be rejected");
+        }
+        assert!(slurm_hostlist("n[1-100000000]", 1000).unwrap_err().contains("more than 1000 hosts"));
+        assert_eq!(slurm_first_host("n[1-100000000]").unwrap(), "n1");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_first_host_is_the_first_of_the_expansion(
+            groups in proptest::collection::vec(("[a-z]{1,4}", proptest::collection::vec((0u32..200, 0u32..5, 1usize..4), 0..3)), 1..4)
+        ) {
+            let list = groups
+                .iter()
+                .map(|(name, ranges)| {
+                    if ranges.is_empty() {
+                        return name.clone();
+                    }
+                    let inner: Vec<String> =
+                        ranges.iter().map(|&(lo, len, w)| format!("{lo:0w$}-{:0w$}", lo + len)).collect();
+                    format!("{name}[{}]", inner.join(","))
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let all = slurm_hostlist(&list, 100_000).unwrap();
+            let want: usize = groups.iter().map(|(_, r)| if r.is_empty() { 1 } else { r.iter().map(|&(_, len, _)| len as usize + 1).sum() }).sum();
+            proptest::prop_assert_eq!(all.len(), want);
+            proptest::prop_assert_eq!(&slurm_first_host(&list).unwrap(), &all[0]);
+        }
     }
 }

@@ -61,7 +61,11 @@ impl C10dClient {
                 Err(e) => e,
             };
             if Instant::now() >= deadline {
-                return Err(Error::Timeout { rank, op: format!("connecting to torchrun's store at {addr} ({last_error})"), after: timeout });
+                return Err(Error::Timeout {
+                    rank,
+                    op: format!("connecting to torchrun's store at {addr} ({last_error})"),
+                    after: timeout,
+                });
             }
             std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
             pause = (pause * 2).min(Duration::from_millis(500));
@@ -221,12 +225,17 @@ impl C10dClient {
         while got < buf.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Timeout { rank: self.rank, op: format!("{op} on torchrun's store at {}", self.addr), after: self.timeout });
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    op: format!("{op} on torchrun's store at {}", self.addr),
+                    after: self.timeout,
+                });
             }
             conn.set_read_timeout(Some(left)).map_err(|e| self.io_error(op, e))?;
             match conn.read(&mut buf[got..]) {
                 Ok(0) => {
-                    let e = std::io::Error::new(ErrorKind::UnexpectedEof, "the store closed the connection (bad request, or the agent exited)");
+                    let e =
+                        std::io::Error::new(ErrorKind::UnexpectedEof, "the store closed the connection (bad request, or the agent exited)");
                     return Err(self.io_error(op, e));
                 }
                 Ok(n) => got += n,
@@ -242,7 +251,11 @@ impl C10dClient {
     }
 
     fn malformed(&self, why: String) -> Error {
-        Error::io(self.rank, format!("reading a reply from torchrun's store at {}", self.addr), std::io::Error::new(ErrorKind::InvalidData, why))
+        Error::io(
+            self.rank,
+            format!("reading a reply from torchrun's store at {}", self.addr),
+            std::io::Error::new(ErrorKind::InvalidData, why),
+        )
     }
 }
 
@@ -273,7 +286,7 @@ fn try_connect(addr: &str) -> Result<std::io::Result<TcpStream>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The client against a small fake c10d server written from the protocol notes (the real
     //! TCPStore needs torch, which CI does not install), a conversation recorded from torch 2.11,
     //! and scripted servers that send malformed replies.
@@ -288,7 +301,7 @@ mod tests {
     /// A fake TCPStore: VALIDATE, SET, GET (empty for a missing key, as the libuv server),
     /// ADD (decimal text values), CHECK, WAIT (deferred, cancellable), DELETE_KEY; anything
     /// else, or a wrong handshake, closes the connection.
-    fn fake_server() -> String {
+    pub(crate) fn fake_server() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let kv: Kv = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));

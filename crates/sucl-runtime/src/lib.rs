@@ -117,6 +117,11 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let abort = AbortState::new();
     let timeout = cfg.host.timeout;
     let mut server = None;
+    if let Some(agent) = env.agent_store.clone() {
+        // torchrun's agent owns MASTER_PORT: meet there, at the address rank 0 publishes.
+        let (addr, own) = sucl_core::bootstrap::meet_through_agent_store(env.rank, &agent, timeout)?;
+        (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
+    }
     if env.store_addr.is_none() {
         // A world of one still gets a private store, so every backend sets up the same way.
         let s = StoreServer::start("127.0.0.1:0").map_err(|e| Error::io(0, "starting a private rendezvous store", e))?;
@@ -127,7 +132,7 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let store = match &env.store_addr {
         None => None,
         Some(addr) => {
-            if env.rank0_hosts_store && env.rank == 0 {
+            if env.rank0_hosts_store && env.rank == 0 && server.is_none() {
                 let bind = match addr.rsplit_once(':') {
                     Some((host, port)) if host == "127.0.0.1" || host == "localhost" => format!("127.0.0.1:{port}"),
                     Some((_, port)) => format!("0.0.0.0:{port}"),

@@ -12,6 +12,7 @@ fn solo(job: &str) -> sucl::LaunchEnv {
         store_addr: None,
         rank0_hosts_store: false,
         job_id: job.into(),
+        agent_store: None,
     }
 }
 
