@@ -74,7 +74,7 @@ timeout 180 $TORCHRUN --nproc_per_node 3 --master_port "$(port)" --no-python "$S
   --inject-exit 1 --inject-after 4 >"$log" 2>&1
 rc=$?
 if [ $rc -eq 0 ]; then fail "lost_rank: torchrun exited 0 although rank 1 exited"
-elif ! grep -q "lost peer rank 1\|rank 1 .*exited" "$log"; then fail "lost_rank: no rank named the lost rank 1 (see $log)"
+elif ! grep -qE "lost peer rank 1|rank +: 1 \(local_rank" "$log"; then fail "lost_rank: no rank named the lost rank 1 (see $log)"
 else pass "lost_rank (torchrun exited $rc, rank 1 named)"; fi
 
 cat "$LOGS/summary.txt"
