@@ -126,6 +126,9 @@ fn default_port(job: &str) -> u16 {
 
 /// Detects the launch environment through `get` (normally `std::env::var`).
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
+    // An interface name that matches nothing, or a bad port range, is an error now, not at the
+    // first listener.
+    Network::from_settings(get, &interface_addrs())?;
     let candidates: [(Launcher, &str, &str, &str); 5] = [
         (Launcher::Sucl, "SUCL_RANK", "SUCL_WORLD_SIZE", "SUCL_LOCAL_RANK"),
         (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -468,18 +471,27 @@ pub fn share_store_addr(kv: &dyn Rendezvous, rank: usize, addr: Option<&str>) ->
 
 /// Under torchrun's agent store: rank 0 starts sucl's store on a free port and publishes its
 /// address there; every rank returns that address (rank 0 also its server).
-pub fn meet_through_agent_store(rank: usize, agent: &AgentStore, timeout: Duration) -> Result<(String, Option<StoreServer>)> {
+/// The store binds and advertises the address `net` chooses, if it chooses one.
+pub fn meet_through_agent_store(
+    rank: usize,
+    agent: &AgentStore,
+    net: &Network,
+    timeout: Duration,
+) -> Result<(String, Option<StoreServer>)> {
     let c10d = C10dClient::connect(&agent.addr, &agent.prefix, rank, timeout)?;
     if rank != 0 {
         return Ok((share_store_addr(&c10d, rank, None)?, None));
     }
-    let advertise = if agent.one_host { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { reachable_ip(c10d.local_ip())? };
-    let bind = match advertise {
-        IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(ip),
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    let (advertise, bind) = match net.interface {
+        Some((_, ip)) => (ip, ip),
+        None if agent.one_host => (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        None => {
+            let ip = reachable_ip(c10d.local_ip())?;
+            (ip, if ip.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) })
+        }
     };
-    let server = StoreServer::start((bind, 0)).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?;
+    let server =
+        net.bind_port(bind, StoreServer::start).map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?;
     let addr = SocketAddr::new(advertise, server.addr().port()).to_string();
     share_store_addr(&c10d, 0, Some(&addr))?;
     Ok((addr, Some(server)))
@@ -497,6 +509,94 @@ fn reachable_ip(via_agent: Option<IpAddr>) -> Result<IpAddr> {
             })
         }
     }
+}
+
+/// Where sucl's listeners (the store under torchrun's agent, tcp endpoints) bind and what they
+/// advertise: `SUCL_SOCKET_IFNAME` (NCCL_SOCKET_IFNAME's syntax: names or prefixes separated by
+/// commas, `^` in front to exclude them, `=` in front to match names exactly) and
+/// `SUCL_PORT_RANGE` (`low-high`, inclusive, or one port). Unset, both leave today's choice: the
+/// address through which this host reaches the store, and any free port.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Network {
+    /// The interface chosen by `SUCL_SOCKET_IFNAME` and its address.
+    pub interface: Option<(String, IpAddr)>,
+    /// The ports listeners may bind.
+    pub ports: Option<(u16, u16)>,
+}
+
+impl Network {
+    /// Reads the settings through `get`, choosing among `interfaces` (name, address).
+    pub fn from_settings(get: &dyn Fn(&str) -> Option<String>, interfaces: &[(String, IpAddr)]) -> Result<Network> {
+        let interface = match get("SUCL_SOCKET_IFNAME") {
+            None => None,
+            Some(spec) => {
+                Some(choose_interface(&spec, interfaces).map_err(|why| Error::Config(format!("SUCL_SOCKET_IFNAME={spec:?} {why}")))?)
+            }
+        };
+        let ports = match get("SUCL_PORT_RANGE") {
+            None => None,
+            Some(r) => Some(parse_port_range(&r).ok_or_else(|| {
+                Error::Config(format!("SUCL_PORT_RANGE={r:?} is not a port range like 50000-50100 (1-65535, low first)"))
+            })?),
+        };
+        Ok(Network { interface, ports })
+    }
+
+    /// The settings of this process's environment, against this host's interfaces.
+    pub fn from_env() -> Result<Network> {
+        Network::from_settings(&|k| std::env::var(k).ok(), &interface_addrs())
+    }
+
+    /// The address to bind and advertise: the chosen interface's, else `fallback`.
+    pub fn ip_or(&self, fallback: IpAddr) -> IpAddr {
+        self.interface.as_ref().map_or(fallback, |(_, ip)| *ip)
+    }
+
+    /// Runs `bind` on `ip` and each port of the range in turn until one is free (port 0, any,
+    /// without a range).
+    pub fn bind_port<T>(&self, ip: IpAddr, mut bind: impl FnMut(SocketAddr) -> std::io::Result<T>) -> std::io::Result<T> {
+        let Some((low, high)) = self.ports else { return bind(SocketAddr::new(ip, 0)) };
+        for port in low..=high {
+            match bind(SocketAddr::new(ip, port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                other => return other,
+            }
+        }
+        Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("every port of SUCL_PORT_RANGE={low}-{high} is in use on {ip}")))
+    }
+
+    /// A listener on `ip` (or the chosen interface's address) at a port of the range.
+    pub fn listen(&self, ip: IpAddr) -> std::io::Result<std::net::TcpListener> {
+        self.bind_port(self.ip_or(ip), std::net::TcpListener::bind)
+    }
+}
+
+fn parse_port_range(r: &str) -> Option<(u16, u16)> {
+    let (lo, hi) = r.trim().split_once('-').unwrap_or((r.trim(), r.trim()));
+    let (lo, hi) = (lo.trim().parse::<u16>().ok()?, hi.trim().parse::<u16>().ok()?);
+    (lo > 0 && lo <= hi).then_some((lo, hi))
+}
+
+/// The first usable address of an interface `spec` selects: IPv4 first, then IPv6 that is not
+/// link-local (that needs a scope to be reached).
+fn choose_interface(spec: &str, interfaces: &[(String, IpAddr)]) -> std::result::Result<(String, IpAddr), String> {
+    let (exclude, rest) = spec.strip_prefix('^').map_or((false, spec), |r| (true, r));
+    let (exact, rest) = rest.strip_prefix('=').map_or((false, rest), |r| (true, r));
+    let names: Vec<&str> = rest.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Err("names no interface".into());
+    }
+    let listed = |name: &str| names.iter().any(|n| if exact { name == *n } else { name.starts_with(n) });
+    let usable = |ip: &IpAddr| match ip {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+    };
+    let candidates: Vec<&(String, IpAddr)> = interfaces.iter().filter(|(n, ip)| listed(n) != exclude && usable(ip)).collect();
+    candidates.iter().find(|(_, ip)| ip.is_ipv4()).or_else(|| candidates.first()).map(|(n, ip)| (n.clone(), *ip)).ok_or_else(|| {
+        let mut all: Vec<&str> = interfaces.iter().map(|(n, _)| n.as_str()).collect();
+        all.dedup();
+        format!("matches no interface that is up with a usable address (interfaces here: {})", all.join(", "))
+    })
 }
 
 /// Every (interface name, address) of an interface that is up, in the system's order.
@@ -703,10 +803,10 @@ mod tests {
         let others: Vec<_> = (1..3)
             .map(|r| {
                 let agent = agent.clone();
-                std::thread::spawn(move || meet_through_agent_store(r, &agent, t).map(|(a, s)| (a, s.is_none())))
+                std::thread::spawn(move || meet_through_agent_store(r, &agent, &Network::default(), t).map(|(a, s)| (a, s.is_none())))
             })
             .collect();
-        let (addr, server) = meet_through_agent_store(0, &agent, t).unwrap();
+        let (addr, server) = meet_through_agent_store(0, &agent, &Network::default(), t).unwrap();
         let server = server.expect("rank 0 hosts sucl's store");
         assert_eq!(addr, format!("127.0.0.1:{}", server.addr().port()));
         for h in others {
@@ -722,7 +822,7 @@ mod tests {
         client.bye().unwrap();
         // Across hosts, rank 0 advertises an address other hosts can reach.
         let agent = AgentStore { one_host: false, prefix: "/sucl/none/1/".into(), ..agent };
-        match meet_through_agent_store(0, &agent, t) {
+        match meet_through_agent_store(0, &agent, &Network::default(), t) {
             Ok((addr, _server)) => assert!(!addr.parse::<SocketAddr>().unwrap().ip().is_loopback(), "{addr}"),
             Err(e) => assert!(e.to_string().contains("no network address other than loopback"), "{e}"),
         }
@@ -770,5 +870,77 @@ mod tests {
             proptest::prop_assert_eq!(all.len(), want);
             proptest::prop_assert_eq!(&slurm_first_host(&list).unwrap(), &all[0]);
         }
+    }
+
+    fn ifs() -> Vec<(String, IpAddr)> {
+        [("lo", "127.0.0.1"), ("lo", "::1"), ("eth0", "fe80::1"), ("eth0", "10.0.0.5"), ("eth1", "fe80::2"), ("ib0", "192.168.1.2")]
+            .iter()
+            .chain([("ib0", "fd00::7"), ("docker0", "172.17.0.1"), ("v6only", "fd00::9")].iter())
+            .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn socket_ifname_follows_nccl_syntax() {
+        let table: &[(&str, Option<&str>)] = &[
+            ("eth", Some("10.0.0.5")),
+            ("eth0", Some("10.0.0.5")),
+            ("=eth0", Some("10.0.0.5")),
+            ("=eth", None),
+            ("ib,eth", Some("10.0.0.5")),
+            ("ib", Some("192.168.1.2")),
+            ("^lo,eth", Some("192.168.1.2")),
+            ("^=lo,eth0,ib0,docker0", Some("fd00::9")),
+            ("v6only", Some("fd00::9")),
+            ("eth1", None),
+            ("^", None),
+            ("", None),
+            ("nosuch", None),
+        ];
+        for (spec, want) in table {
+            let got = Network::from_settings(&env(&[("SUCL_SOCKET_IFNAME", spec)]), &ifs());
+            match want {
+                Some(ip) => assert_eq!(got.unwrap().interface.unwrap().1, ip.parse::<IpAddr>().unwrap(), "{spec:?}"),
+                None => {
+                    let err = got.unwrap_err().to_string();
+                    assert!(err.starts_with(&format!("config error: SUCL_SOCKET_IFNAME={spec:?}")), "{spec:?}: {err}");
+                }
+            }
+        }
+        let err = Network::from_settings(&env(&[("SUCL_SOCKET_IFNAME", "nosuch")]), &ifs()).unwrap_err().to_string();
+        assert!(
+            err.contains("matches no interface that is up with a usable address (interfaces here: lo, eth0, eth1, ib0, docker0, v6only)"),
+            "{err}"
+        );
+        // At init: the whole launch environment is refused, naming the variable.
+        let err = config_error(&[("SUCL_SOCKET_IFNAME", "=nosuchif0")]);
+        assert!(err.contains("SUCL_SOCKET_IFNAME=\"=nosuchif0\" matches no interface"), "{err}");
+        assert!(detect(&env(&[("SUCL_SOCKET_IFNAME", "lo")])).is_ok(), "loopback is always there");
+    }
+
+    #[test]
+    fn port_ranges() {
+        for (r, want) in [("50000-50010", Some((50000, 50010))), (" 7 - 9 ", Some((7, 9))), ("50000", Some((50000, 50000)))] {
+            assert_eq!(Network::from_settings(&env(&[("SUCL_PORT_RANGE", r)]), &[]).unwrap().ports, want, "{r:?}");
+        }
+        for r in ["x", "10-5", "0-3", "1-70000", "1-", ""] {
+            let err = Network::from_settings(&env(&[("SUCL_PORT_RANGE", r)]), &[]).unwrap_err().to_string();
+            assert!(err.contains(&format!("SUCL_PORT_RANGE={r:?} is not a port range")), "{err}");
+        }
+        // A port in use is skipped; a range wholly in use is an error that names it.
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = held.local_addr().unwrap().port();
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let net = Network { interface: None, ports: Some((p, p.saturating_add(40))) };
+        let got = net.listen(lo).unwrap().local_addr().unwrap().port();
+        assert!(got > p && got <= p.saturating_add(40), "{got} outside {p}+1..={p}+40");
+        let err = Network { interface: None, ports: Some((p, p)) }.listen(lo).unwrap_err().to_string();
+        assert!(err.contains(&format!("every port of SUCL_PORT_RANGE={p}-{p} is in use")), "{err}");
+        // The store under torchrun's agent binds in the range, at the chosen interface.
+        let agent = AgentStore { addr: crate::c10d::tests::fake_server(), prefix: "/sucl/none/0/".into(), one_host: false };
+        let net = Network { interface: Some(("lo".into(), lo)), ports: Some((p, p.saturating_add(40))) };
+        let (addr, _server) = meet_through_agent_store(0, &agent, &net, Duration::from_secs(5)).unwrap();
+        let addr: SocketAddr = addr.parse().unwrap();
+        assert!(addr.ip() == lo && addr.port() > p && addr.port() <= p.saturating_add(40), "{addr}");
     }
 }

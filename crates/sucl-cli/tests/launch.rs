@@ -1,6 +1,7 @@
-//! Ranks started the way torchrun starts them, with the agent's store: a c10d TCPStore already
-//! listens on MASTER_PORT (here a small stand-in speaking the same protocol), the workers get
-//! `TORCHELASTIC_USE_AGENT_STORE=True`, and sucl must meet there instead of binding the port.
+//! Launch environments on real processes. torchrun with the agent's store: a c10d TCPStore
+//! already listens on MASTER_PORT (here a small stand-in speaking the same protocol), the workers
+//! get `TORCHELASTIC_USE_AGENT_STORE=True`, and sucl must meet there instead of binding the port.
+//! Network choice: `SUCL_SOCKET_IFNAME` and `SUCL_PORT_RANGE` place the tcp endpoints.
 
 mod common;
 use common::*;
@@ -108,4 +109,46 @@ fn ranks_meet_through_the_agent_store_on_master_port() {
     }
     // Rank 0 published its store's address under sucl's prefix, and nothing else was written.
     assert_eq!(*keys.lock().unwrap(), [format!("/sucl/t{port}/1/store_addr")]);
+}
+
+fn tcp_pair(extra: &[(&str, &str)]) -> Vec<Outcome> {
+    let port = free_port().to_string();
+    let ranks: Vec<Reaped> = (0..2)
+        .map(|r| {
+            let mut cmd = sucl();
+            cmd.args(["check", "--ops", "all_reduce", "--dtypes", "f32"])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("SUCL_BACKEND", "tcp")
+                .env("SUCL_TIMEOUT", "30")
+                .envs(extra.iter().copied());
+            spawn(cmd)
+        })
+        .collect();
+    ranks.into_iter().enumerate().map(|(r, c)| finish(c, Duration::from_secs(60), &format!("rank {r}"))).collect()
+}
+
+#[test]
+fn tcp_endpoints_follow_socket_ifname_and_port_range() {
+    // A range that starts with a port in use: the endpoints take the next free ones.
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let p = held.local_addr().unwrap().port();
+    let range = format!("{p}-{}", p.saturating_add(60));
+    for out in tcp_pair(&[("SUCL_SOCKET_IFNAME", "=lo"), ("SUCL_PORT_RANGE", &range), ("RUST_LOG", "off")]) {
+        assert!(out.status.success(), "{}", out.stderr);
+    }
+    // A range wholly in use: the tcp endpoints cannot bind, and say why.
+    let held_range = format!("{p}-{p}");
+    for (r, out) in tcp_pair(&[("SUCL_PORT_RANGE", &held_range)]).into_iter().enumerate() {
+        assert!(!out.status.success(), "rank {r} bound a port outside SUCL_PORT_RANGE");
+        assert!(out.stderr.contains(&format!("every port of SUCL_PORT_RANGE={held_range} is in use")), "rank {r}: {}", out.stderr);
+    }
+    for (r, out) in tcp_pair(&[("SUCL_SOCKET_IFNAME", "=nosuch0,nosuch1")]).into_iter().enumerate() {
+        assert!(!out.status.success(), "rank {r} must refuse an interface list that matches nothing");
+        assert!(out.stderr.contains("SUCL_SOCKET_IFNAME=\"=nosuch0,nosuch1\" matches no interface"), "rank {r}: {}", out.stderr);
+        assert!(out.elapsed < Duration::from_secs(20), "rank {r} waited instead of failing at init");
+    }
 }
