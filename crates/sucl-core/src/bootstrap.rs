@@ -302,7 +302,8 @@ fn store_address(
     let first = slurm_first_host(&list).map_err(|why| Error::Config(format!("{var}={list:?} is not a Slurm host list: {why}")))?;
     if rank == 0 {
         // Rank 0 hosts the store on the first host; under any other placement it must be told.
-        let here = get("SLURMD_NODENAME").unwrap_or_else(hostname);
+        // srun sets SLURMD_NODENAME per task; under mpirun it is the batch host's, inherited.
+        let here = if launcher == Launcher::Slurm { get("SLURMD_NODENAME").unwrap_or_else(hostname) } else { hostname() };
         if short_name(&here) != short_name(&first) {
             return Err(Error::Config(format!(
                 "rank 0 runs on `{here}`, not on `{first}`, the first host of {var}, where the other ranks look for it: \
