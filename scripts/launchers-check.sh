@@ -24,6 +24,9 @@ status=0
 fail() { echo "launchers-check: FAIL: $*" | tee -a "$LOGS/summary.txt" >&2; status=1; }
 pass() { echo "launchers-check: ok: $*" | tee -a "$LOGS/summary.txt"; }
 : >"$LOGS/summary.txt"
+# Whatever happens, the logs reach $OUT.
+copy_out() { if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp -r "$LOGS"/. "$OUT"/; fi; }
+trap copy_out EXIT
 for b in "$SUCL" "$HELLO" "$PING"; do
   [ -x "$b" ] || { fail "$b is not built (see the usage lines at the top of this script)"; exit 1; }
 done
@@ -41,7 +44,7 @@ run() {
   local got; got=$(grep -cE "$pattern" "$log")
   if [ $rc -ne 0 ]; then fail "$name: torchrun exited with $rc (see $log)"; tail -n 30 "$log" >&2
   elif [ "$got" -ne "$want" ]; then fail "$name: $got lines match /$pattern/, want $want (see $log)"; tail -n 30 "$log" >&2
-  else pass "$name ($got ranks)"; fi
+  else pass "$name ($got matching lines)"; fi
 }
 
 # 1. The issue's command: torchrun's default static rendezvous, the agent listening on MASTER_PORT.
@@ -77,7 +80,5 @@ if [ $rc -eq 0 ]; then fail "lost_rank: torchrun exited 0 although rank 1 exited
 elif ! grep -qE "lost peer rank 1|rank +: 1 \(local_rank" "$log"; then fail "lost_rank: no rank named the lost rank 1 (see $log)"
 else pass "lost_rank (torchrun exited $rc, rank 1 named)"; fi
 
-cat "$LOGS/summary.txt"
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp -r "$LOGS"/. "$OUT"/; fi
 [ $status -eq 0 ] && echo "launchers-check: PASS" || echo "launchers-check: FAIL"
 exit $status

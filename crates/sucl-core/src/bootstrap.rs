@@ -157,7 +157,7 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
         return Err(Error::Config(format!("{rv}={rank} is out of range for {sv}={size}")));
     }
     let local_rank = parse_num(get, lv)?.unwrap_or(if launcher == Launcher::Pmi { rank } else { 0 });
-    check_local_size(get, launcher, size, local_rank)?;
+    check_local_size(get, launcher, size, lv)?;
     let agent_store = agent_store(get, launcher, size)?;
     let job_id = get("SUCL_JOB_ID")
         .or_else(|| torchrun_job_id(get))
@@ -180,17 +180,20 @@ fn local_size_var(launcher: Launcher) -> Option<&'static str> {
     }
 }
 
-/// The local rank and the number of ranks on this host must fit the world.
-fn check_local_size(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize, local_rank: usize) -> Result<()> {
+/// The number of ranks on this host must fit the world, and the local rank (`local_var`, when
+/// set) that number.
+fn check_local_size(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize, local_var: &str) -> Result<()> {
     let Some(var) = local_size_var(launcher) else { return Ok(()) };
     let Some(local_size) = parse_num(get, var)? else { return Ok(()) };
     if local_size == 0 || local_size > size {
         return Err(Error::Config(format!("{var}={local_size} does not fit a world of {size} ranks")));
     }
-    if local_rank >= local_size {
-        return Err(Error::Config(format!("the local rank {local_rank} is out of range for {var}={local_size}")));
+    match parse_num(get, local_var)? {
+        Some(local_rank) if local_rank >= local_size => {
+            Err(Error::Config(format!("{local_var}={local_rank} is out of range for {var}={local_size}")))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// torchrun's job: its run id plus `MASTER_PORT` (two jobs on one host cannot share a port,
@@ -716,7 +719,7 @@ mod tests {
     #[test]
     fn launcher_variables_that_contradict_each_other_are_named() {
         let err = config_error(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
-        assert!(err.contains("local rank 2 is out of range for LOCAL_WORLD_SIZE=2"), "{err}");
+        assert!(err.contains("LOCAL_RANK=2 is out of range for LOCAL_WORLD_SIZE=2"), "{err}");
         let err = config_error(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]);
         assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE=3 does not fit a world of 2"), "{err}");
         let err = config_error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")]);
