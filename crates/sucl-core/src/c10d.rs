@@ -537,9 +537,8 @@ pub(crate) mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
             let (mut c, _) = listener.accept().unwrap();
-            let mut buf = [0u8; 64];
-            let _ = c.read(&mut buf);
-            let _ = c.read(&mut buf);
+            let mut buf = [0u8; 5 + ADD_REQ];
+            let _ = c.read_exact(&mut buf);
             let _ = c.write_all(&[1, 2, 3]);
         });
         let err = client(&addr, 2000).add("k", 1).unwrap_err().to_string();
