@@ -4,6 +4,15 @@
 //! `MASTER_PORT`), Open MPI (`OMPI_COMM_WORLD_*`), Slurm (`SLURM_PROCID`, ...) and PMI
 //! (`PMI_RANK`, `PMI_SIZE`) are recognized, in that order. No launcher means a world of one.
 //!
+//! Where the ranks meet (sucl's rendezvous store):
+//! - under `sucl run`, the launcher's store (`SUCL_STORE_ADDR`);
+//! - under torchrun with the agent's store (`TORCHELASTIC_USE_AGENT_STORE=True`), the agent owns
+//!   `MASTER_PORT`: rank 0 starts sucl's store on a free port and publishes its address in the
+//!   agent's c10d store ([`meet_through_agent_store`]);
+//! - otherwise `MASTER_ADDR:MASTER_PORT`, hosted by rank 0;
+//! - without `MASTER_ADDR`: on one host, 127.0.0.1 and a port derived from the job id; across
+//!   hosts, the first host of Slurm's node list, or an error at init that says what to set.
+//!
 //! # Where the store listens, and who may use it
 //!
 //! A job whose ranks are all on one host (the launcher says so: `SUCL_LOCAL_SIZE`,
@@ -18,10 +27,14 @@
 //! `SLURM_JOB_ID`.`SLURM_STEP_ID`, `PMI_JOBID`). A derived secret only keeps another job's ranks
 //! from joining by accident (a stale job on the same port, say): anyone who can read those
 //! variables can derive it, so it is no protection against an attacker.
+//! Under torchrun's agent store without `SUCL_JOB_SECRET`, rank 0 makes a random secret and
+//! publishes it beside its store's address in the agent's store, which torch already trusts.
 
+use crate::c10d::C10dClient;
 use crate::error::{Error, Result};
-use crate::store::{JobSecret, SECRET_ENV};
+use crate::store::{JobSecret, SecretSource, StoreClient, StoreServer, SECRET_ENV};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
 
 /// Who started this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +86,22 @@ pub struct LaunchEnv {
     pub job_id: String,
     /// The key every store connection of this job must prove it knows (see the module docs).
     pub job_secret: JobSecret,
+    /// torchrun's agent store, when the ranks meet there instead of at `store_addr` (which is
+    /// then `None` until [`meet_through_agent_store`] fills it in).
+    pub agent_store: Option<AgentStore>,
+}
+
+/// torchrun's agent store (`TORCHELASTIC_USE_AGENT_STORE=True`): a c10d TCPStore on
+/// `MASTER_ADDR:MASTER_PORT`, served by the agent, where sucl's ranks find sucl's own store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStore {
+    /// `MASTER_ADDR:MASTER_PORT`.
+    pub addr: String,
+    /// Prefix of sucl's keys there: `/sucl/<run id>/<restart count>/`, so that they collide
+    /// with neither torch's keys nor a previous attempt's.
+    pub prefix: String,
+    /// Whether every rank runs on this host (`LOCAL_WORLD_SIZE == WORLD_SIZE`).
+    pub one_host: bool,
 }
 
 fn parse_num(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<usize>> {
@@ -83,6 +112,25 @@ fn parse_num(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u
             .parse::<usize>()
             .map(Some)
             .map_err(|_| Error::Config(format!("environment variable {var}={v:?} is not a non-negative integer"))),
+    }
+}
+
+fn parse_port(get: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u16>> {
+    match get(var) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<u16>() {
+            Ok(p) if p > 0 => Ok(Some(p)),
+            _ => Err(Error::Config(format!("environment variable {var}={v:?} is not a port number (1-65535)"))),
+        },
+    }
+}
+
+/// `host:port`, with an IPv6 literal in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -97,6 +145,9 @@ fn default_port(job: &str) -> u16 {
 
 /// Detects the launch environment through `get` (normally `std::env::var`).
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
+    // An interface name that matches nothing, or a bad port range, is an error now, not at the
+    // first listener.
+    Network::from_settings(get, &interface_addrs())?;
     let candidates: [(Launcher, &str, &str, &str); 5] = [
         (Launcher::Sucl, "SUCL_RANK", "SUCL_WORLD_SIZE", "SUCL_LOCAL_RANK"),
         (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -115,6 +166,7 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
             job_id: format!("solo-{}", std::process::id()),
             // A world of one makes a private store with a random secret of its own.
             job_secret: JobSecret::derived("solo"),
+            agent_store: None,
         });
     };
     let rank = parse_num(get, rv)?.unwrap_or(0);
@@ -126,51 +178,524 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
         return Err(Error::Config(format!("{rv}={rank} is out of range for {sv}={size}")));
     }
     let local_rank = parse_num(get, lv)?.unwrap_or(if launcher == Launcher::Pmi { rank } else { 0 });
+    check_local_size(get, launcher, size, lv)?;
+    let agent_store = agent_store(get, launcher, size)?;
     let job_id = get("SUCL_JOB_ID")
-        .or_else(|| get("TORCHELASTIC_RUN_ID"))
+        .or_else(|| torchrun_job_id(get))
         .or_else(|| get("OMPI_MCA_ess_base_jobid"))
         .or_else(|| get("SLURM_JOB_ID").map(|j| format!("{j}.{}", get("SLURM_STEP_ID").unwrap_or_default())))
         .or_else(|| get("PMI_JOBID"))
         .unwrap_or_else(|| "default".to_string());
-    let (store_addr, rank0_hosts_store) = if let Some(a) = get("SUCL_STORE_ADDR") {
-        (Some(a), get("SUCL_STORE_HOST").as_deref() != Some("launcher"))
-    } else if let Some(host) = get("MASTER_ADDR") {
-        let port = parse_num(get, "MASTER_PORT")?.unwrap_or(29500);
-        // All ranks on this host: the store need not be reachable from anywhere else.
-        let host = if all_ranks_local(get, launcher, size)? { "127.0.0.1".to_string() } else { host };
-        (Some(format!("{host}:{port}")), true)
-    } else if size == 1 {
-        (None, false)
-    } else if launcher == Launcher::Torchrun {
-        return Err(Error::Config("RANK/WORLD_SIZE are set but MASTER_ADDR is not".into()));
-    } else {
-        // One host assumed; set MASTER_ADDR (and MASTER_PORT) for jobs across hosts.
-        (Some(format!("127.0.0.1:{}", default_port(&job_id))), true)
-    };
+    let (store_addr, rank0_hosts_store) =
+        if agent_store.is_some() { (None, true) } else { store_address(get, launcher, rank, size, &job_id)? };
     let job_secret = match get(SECRET_ENV).filter(|s| !s.is_empty()) {
         Some(s) => JobSecret::given(&s),
         None => JobSecret::derived(&format!("{}|{}|{job_id}", launcher.name(), store_addr.as_deref().unwrap_or(""))),
     };
-    Ok(LaunchEnv { launcher, rank, size, local_rank, store_addr, rank0_hosts_store, job_id, job_secret })
+    Ok(LaunchEnv { launcher, rank, size, local_rank, store_addr, rank0_hosts_store, job_id, job_secret, agent_store })
 }
 
-/// Whether the launcher says that every rank runs on this host.
-fn all_ranks_local(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize) -> Result<bool> {
-    if launcher == Launcher::Slurm {
-        let nodes = match get("SLURM_STEP_NUM_NODES") {
-            Some(_) => parse_num(get, "SLURM_STEP_NUM_NODES")?,
-            None => parse_num(get, "SLURM_NNODES")?,
-        };
-        return Ok(nodes == Some(1));
+/// The variable holding the number of ranks on this host, per launcher.
+fn local_size_var(launcher: Launcher) -> Option<&'static str> {
+    match launcher {
+        Launcher::Torchrun => Some("LOCAL_WORLD_SIZE"),
+        Launcher::OpenMpi => Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        Launcher::Pmi => Some("MPI_LOCALNRANKS"),
+        Launcher::Sucl | Launcher::Slurm | Launcher::None => None,
     }
-    let var = match launcher {
-        Launcher::Sucl => "SUCL_LOCAL_SIZE",
-        Launcher::Torchrun => "LOCAL_WORLD_SIZE",
-        Launcher::OpenMpi => "OMPI_COMM_WORLD_LOCAL_SIZE",
-        Launcher::Pmi => "MPI_LOCALNRANKS",
-        Launcher::Slurm | Launcher::None => return Ok(false),
+}
+
+/// The number of ranks on this host must fit the world, and the local rank (`local_var`, when
+/// set) that number.
+fn check_local_size(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize, local_var: &str) -> Result<()> {
+    let Some(var) = local_size_var(launcher) else { return Ok(()) };
+    let Some(local_size) = parse_num(get, var)? else { return Ok(()) };
+    if local_size == 0 || local_size > size {
+        return Err(Error::Config(format!("{var}={local_size} does not fit a world of {size} ranks")));
+    }
+    match parse_num(get, local_var)? {
+        Some(local_rank) if local_rank >= local_size => {
+            Err(Error::Config(format!("{local_var}={local_rank} is out of range for {var}={local_size}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// torchrun's job: its run id plus `MASTER_PORT` (two jobs on one host cannot share a port,
+/// but may share the default run id `none`) and the restart count (a restarted attempt must
+/// not meet the previous attempt's leftovers).
+fn torchrun_job_id(get: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let run = get("TORCHELASTIC_RUN_ID")?;
+    let mut id = run;
+    if get("TORCHELASTIC_USE_AGENT_STORE").is_some() {
+        id = format!("{id}.{}.{}", get("MASTER_PORT").unwrap_or_default(), get("TORCHELASTIC_RESTART_COUNT").unwrap_or_default());
+    }
+    Some(id)
+}
+
+/// torchrun's agent store, when the workers are told to use it.
+fn agent_store(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize) -> Result<Option<AgentStore>> {
+    if launcher != Launcher::Torchrun || get("TORCHELASTIC_USE_AGENT_STORE").as_deref() != Some("True") {
+        return Ok(None);
+    }
+    let host = get("MASTER_ADDR")
+        .ok_or_else(|| Error::Config("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR is not set (the agent store's host)".into()))?;
+    let port = parse_port(get, "MASTER_PORT")?
+        .ok_or_else(|| Error::Config("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_PORT is not set (the agent store's port)".into()))?;
+    let run = get("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into());
+    let restart = parse_num(get, "TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0);
+    let one_host = parse_num(get, "LOCAL_WORLD_SIZE")? == Some(size);
+    Ok(Some(AgentStore { addr: host_port(&host, port), prefix: format!("/sucl/{run}/{restart}/"), one_host }))
+}
+
+/// How many hosts the ranks run on, as far as the launcher says.
+enum HostCount {
+    One,
+    /// Several; the text says how we know.
+    Several(String),
+    /// The launcher did not say: the variable that should have told.
+    Unknown(&'static str),
+}
+
+fn host_count(get: &dyn Fn(&str) -> Option<String>, launcher: Launcher, size: usize) -> Result<HostCount> {
+    let nodes = |vars: &[&'static str]| -> Result<Option<(&'static str, usize)>> {
+        for &v in vars {
+            if let Some(n) = parse_num(get, v)? {
+                return Ok(Some((v, n)));
+            }
+        }
+        Ok(None)
     };
-    Ok(parse_num(get, var)? == Some(size))
+    let by_nodes = |found: Option<(&'static str, usize)>, missing: &'static str| match found {
+        Some((_, n)) if n <= 1 => HostCount::One,
+        Some((v, n)) => HostCount::Several(format!("{v}={n}")),
+        None => HostCount::Unknown(missing),
+    };
+    Ok(match launcher {
+        // `sucl run` starts every rank on its own host (and always sets SUCL_STORE_ADDR).
+        Launcher::Sucl | Launcher::None => HostCount::One,
+        Launcher::Slurm => by_nodes(nodes(&["SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"])?, "SLURM_STEP_NUM_NODES"),
+        Launcher::OpenMpi if get("OMPI_MCA_orte_num_nodes").is_some() => by_nodes(nodes(&["OMPI_MCA_orte_num_nodes"])?, ""),
+        Launcher::OpenMpi | Launcher::Pmi | Launcher::Torchrun => {
+            let var = local_size_var(launcher).unwrap_or("LOCAL_WORLD_SIZE");
+            match parse_num(get, var)? {
+                Some(n) if n == size => HostCount::One,
+                Some(n) => HostCount::Several(format!("{var}={n} of {size} ranks")),
+                None => HostCount::Unknown(var),
+            }
+        }
+    })
+}
+
+/// Where sucl's store is when no agent store is in use: `(address, whether rank 0 hosts it)`.
+fn store_address(
+    get: &dyn Fn(&str) -> Option<String>,
+    launcher: Launcher,
+    rank: usize,
+    size: usize,
+    job_id: &str,
+) -> Result<(Option<String>, bool)> {
+    if let Some(a) = get("SUCL_STORE_ADDR") {
+        return Ok((Some(a), get("SUCL_STORE_HOST").as_deref() != Some("launcher")));
+    }
+    if launcher == Launcher::Sucl && size > 1 {
+        return Err(Error::Config("SUCL_RANK is set but SUCL_STORE_ADDR is not (start the ranks with `sucl run`)".into()));
+    }
+    let port = parse_port(get, "MASTER_PORT")?;
+    if let Some(host) = get("MASTER_ADDR") {
+        // torch's default port for torch's launchers; for the others one derived from the job,
+        // so that two jobs sharing a host do not meet.
+        let port = port.unwrap_or_else(|| if launcher == Launcher::Torchrun { 29500 } else { default_port(job_id) });
+        // All ranks on this host: the store need not be reachable from anywhere else.
+        let host = if matches!(host_count(get, launcher, size)?, HostCount::One) { "127.0.0.1".to_string() } else { host };
+        return Ok((Some(host_port(&host, port)), true));
+    }
+    if size == 1 {
+        return Ok((None, false));
+    }
+    if launcher == Launcher::Torchrun {
+        return Err(Error::Config("RANK/WORLD_SIZE are set but MASTER_ADDR is not".into()));
+    }
+    let port = port.unwrap_or_else(|| default_port(job_id));
+    let several = match host_count(get, launcher, size)? {
+        HostCount::One => return Ok((Some(format!("127.0.0.1:{port}")), true)),
+        HostCount::Several(why) => why,
+        HostCount::Unknown(var) => format!("{var} is not set, so they may be on several hosts"),
+    };
+    let Some((var, list)) = ["SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"].iter().find_map(|v| get(v).map(|l| (*v, l)))
+    else {
+        return Err(Error::Config(format!(
+            "the {size} ranks may run on several hosts ({several}) and no rendezvous address is known: \
+             set MASTER_ADDR to an address of rank 0's host (and MASTER_PORT to a free port there)"
+        )));
+    };
+    let first = slurm_first_host(&list).map_err(|why| Error::Config(format!("{var}={list:?} is not a Slurm host list: {why}")))?;
+    if rank == 0 {
+        // Rank 0 hosts the store on the first host; under any other placement it must be told.
+        // srun sets SLURMD_NODENAME per task; under mpirun it is the batch host's, inherited.
+        let here = if launcher == Launcher::Slurm { get("SLURMD_NODENAME").unwrap_or_else(hostname) } else { hostname() };
+        if short_name(&here) != short_name(&first) {
+            return Err(Error::Config(format!(
+                "rank 0 runs on `{here}`, not on `{first}`, the first host of {var}, where the other ranks look for it: \
+                 set MASTER_ADDR to an address of rank 0's host (and MASTER_PORT)"
+            )));
+        }
+    }
+    Ok((Some(host_port(&first, port)), true))
+}
+
+fn short_name(host: &str) -> &str {
+    host.split('.').next().unwrap_or(host)
+}
+
+/// The first host of a Slurm host list (`node[01-03,07],gpu5` → `node01`), without expanding it.
+pub fn slurm_first_host(list: &str) -> std::result::Result<String, String> {
+    let first_item = split_top_level(list)?.into_iter().next().ok_or("the list is empty")?;
+    let mut out = String::new();
+    let mut rest = first_item;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..].find(']').ok_or("a `[` has no `]`")? + open;
+        out.push_str(&rest[..open]);
+        let ranges = parse_ranges(&rest[open + 1..close])?;
+        out.push_str(&ranges[0].0);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Every host of a Slurm host list, in order; an error past `limit` hosts.
+pub fn slurm_hostlist(list: &str, limit: usize) -> std::result::Result<Vec<String>, String> {
+    let mut hosts = vec![];
+    for item in split_top_level(list)? {
+        let mut partial = vec![String::new()];
+        let mut rest = item;
+        loop {
+            let (text, group) = match rest.find('[') {
+                None => (rest, None),
+                Some(open) => {
+                    let close = rest[open..].find(']').ok_or("a `[` has no `]`")? + open;
+                    (&rest[..open], Some((&rest[open + 1..close], close)))
+                }
+            };
+            partial.iter_mut().for_each(|p| p.push_str(text));
+            let Some((inner, close)) = group else { break };
+            let mut next = vec![];
+            for p in &partial {
+                for (lo, hi) in parse_ranges(inner)? {
+                    let width = lo.len();
+                    let (a, b) = (lo.parse::<u64>().map_err(|e| e.to_string())?, hi.parse::<u64>().map_err(|e| e.to_string())?);
+                    for n in a..=b {
+                        if hosts.len() + next.len() >= limit {
+                            return Err(format!("more than {limit} hosts"));
+                        }
+                        next.push(format!("{p}{n:0width$}"));
+                    }
+                }
+            }
+            partial = next;
+            rest = &rest[close + 1..];
+        }
+        hosts.extend(partial);
+        if hosts.len() > limit {
+            return Err(format!("more than {limit} hosts"));
+        }
+    }
+    Ok(hosts)
+}
+
+/// Splits at commas outside brackets; every item must be a non-empty host pattern.
+fn split_top_level(list: &str) -> std::result::Result<Vec<&str>, String> {
+    let (mut items, mut depth, mut start) = (vec![], 0usize, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' if depth == 0 => depth = 1,
+            '[' => return Err("nested `[`".into()),
+            ']' if depth == 1 => depth = 0,
+            ']' => return Err("a `]` has no `[`".into()),
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            c if c.is_whitespace() => return Err("whitespace in a host name".into()),
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err("a `[` has no `]`".into());
+    }
+    items.push(&list[start..]);
+    if items.iter().any(|i| i.is_empty()) {
+        return Err("an empty host name".into());
+    }
+    Ok(items)
+}
+
+/// `01-03,07` → `[("01", "03"), ("07", "07")]`: bounds as written (their width is the padding).
+fn parse_ranges(inner: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let mut out = vec![];
+    for part in inner.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let digits = |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(lo) || !digits(hi) {
+            return Err(format!("`[{inner}]` is not a list of numbers and ranges"));
+        }
+        if lo.parse::<u64>().map_err(|e| e.to_string())? > hi.parse::<u64>().map_err(|e| e.to_string())? {
+            return Err(format!("the range `{part}` runs backwards"));
+        }
+        out.push((lo.to_string(), hi.to_string()));
+    }
+    Ok(out)
+}
+
+/// The key-value operations bootstrap needs from a store: sucl's own ([`StoreClient`]) or
+/// torch's ([`C10dClient`]).
+pub trait Rendezvous {
+    /// Sets `key` to `value`.
+    fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// Waits, bounded, until `key` exists and returns its value.
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// Adds `delta` to the counter `key` and returns the new value.
+    fn add(&self, key: &str, delta: i64) -> Result<i64>;
+}
+
+impl Rendezvous for StoreClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        StoreClient::set(self, key, value)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        StoreClient::get(self, key)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        StoreClient::add(self, key, delta)
+    }
+}
+
+impl Rendezvous for C10dClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        C10dClient::set(self, key, value)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        C10dClient::get(self, key)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        C10dClient::add(self, key, delta)
+    }
+}
+
+/// The key under which rank 0 publishes the address of sucl's store.
+const STORE_ADDR_KEY: &str = "store_addr";
+
+/// The key under which rank 0 publishes the job secret (torchrun's agent store only).
+const STORE_SECRET_KEY: &str = "store_secret";
+
+/// Rank 0 publishes `secret`; every other rank waits for it and checks it looks like one.
+fn share_secret(kv: &dyn Rendezvous, rank: usize, secret: Option<&str>) -> Result<String> {
+    if let Some(s) = secret {
+        kv.set(STORE_SECRET_KEY, s.as_bytes())?;
+        return Ok(s.to_string());
+    }
+    let raw = kv.get(STORE_SECRET_KEY)?;
+    std::str::from_utf8(&raw)
+        .ok()
+        .filter(|s| !s.is_empty() && s.len() <= 256 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .ok_or_else(|| Error::Aborted { rank, reason: "rank 0 published an unreadable job secret".into() })
+}
+
+/// Rank 0 publishes `addr` (its store's address); every other rank waits for it. Returns the
+/// address, checked to be a socket address before anyone connects to it.
+pub fn share_store_addr(kv: &dyn Rendezvous, rank: usize, addr: Option<&str>) -> Result<String> {
+    if let Some(a) = addr {
+        kv.set(STORE_ADDR_KEY, a.as_bytes())?;
+        return Ok(a.to_string());
+    }
+    let raw = kv.get(STORE_ADDR_KEY)?;
+    std::str::from_utf8(&raw).ok().filter(|s| s.parse::<SocketAddr>().is_ok()).map(str::to_string).ok_or_else(|| Error::Aborted {
+        rank,
+        reason: format!("rank 0 published an unreadable store address {:?}", String::from_utf8_lossy(&raw)),
+    })
+}
+
+/// Under torchrun's agent store: rank 0 starts sucl's store on a free port and publishes its
+/// address there; every rank returns that address (rank 0 also its server). Unless the secret
+/// was given (`SUCL_JOB_SECRET`), rank 0 replaces it with a random one and publishes it there
+/// too, and every other rank takes it from there.
+/// The store binds and advertises the address `net` chooses, if it chooses one.
+pub fn meet_through_agent_store(
+    rank: usize,
+    agent: &AgentStore,
+    net: &Network,
+    timeout: Duration,
+    secret: &mut JobSecret,
+) -> Result<(String, Option<StoreServer>)> {
+    let c10d = C10dClient::connect(&agent.addr, &agent.prefix, rank, timeout)?;
+    if rank != 0 {
+        let addr = share_store_addr(&c10d, rank, None)?;
+        if secret.source() != SecretSource::Given {
+            *secret = JobSecret::given(&share_secret(&c10d, rank, None)?);
+        }
+        return Ok((addr, None));
+    }
+    if secret.source() != SecretSource::Given {
+        *secret = JobSecret::random().map_err(|e| Error::io(0, "making the job secret", e))?;
+        share_secret(&c10d, 0, Some(secret.expose()))?;
+    }
+    let (advertise, bind) = match net.interface {
+        Some((_, ip)) => (ip, ip),
+        None if agent.one_host => (IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        None => {
+            let ip = reachable_ip(c10d.local_ip())?;
+            (ip, if ip.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) })
+        }
+    };
+    let server = net
+        .bind_port(bind, |a| StoreServer::start(a, secret.clone()))
+        .map_err(|e| Error::io(0, format!("starting the rendezvous store on {bind}"), e))?;
+    let addr = SocketAddr::new(advertise, server.addr().port()).to_string();
+    share_store_addr(&c10d, 0, Some(&addr))?;
+    Ok((addr, Some(server)))
+}
+
+/// The address other hosts can reach rank 0 at: the one its connection to the agent store
+/// left from, unless that is a loopback address (MASTER_ADDR naming this host as 127.0.x.x),
+/// then the first non-loopback address of an interface that is up.
+fn reachable_ip(via_agent: Option<IpAddr>) -> Result<IpAddr> {
+    match via_agent {
+        Some(ip) if !ip.is_loopback() => Ok(ip),
+        _ => {
+            interface_addrs().into_iter().map(|(_, ip)| ip).find(|ip| !ip.is_loopback() && ip.is_ipv4()).ok_or_else(|| {
+                Error::Config("the ranks span several hosts, but this host has no network address other than loopback".into())
+            })
+        }
+    }
+}
+
+/// Where sucl's listeners (the store under torchrun's agent, tcp endpoints) bind and what they
+/// advertise: `SUCL_SOCKET_IFNAME` (NCCL_SOCKET_IFNAME's syntax: names or prefixes separated by
+/// commas, `^` in front to exclude them, `=` in front to match names exactly) and
+/// `SUCL_PORT_RANGE` (`low-high`, inclusive, or one port). Unset, both leave today's choice: the
+/// address through which this host reaches the store, and any free port.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Network {
+    /// The interface chosen by `SUCL_SOCKET_IFNAME` and its address.
+    pub interface: Option<(String, IpAddr)>,
+    /// The ports listeners may bind.
+    pub ports: Option<(u16, u16)>,
+}
+
+impl Network {
+    /// Reads the settings through `get`, choosing among `interfaces` (name, address).
+    pub fn from_settings(get: &dyn Fn(&str) -> Option<String>, interfaces: &[(String, IpAddr)]) -> Result<Network> {
+        let interface = match get("SUCL_SOCKET_IFNAME") {
+            None => None,
+            Some(spec) => {
+                Some(choose_interface(&spec, interfaces).map_err(|why| Error::Config(format!("SUCL_SOCKET_IFNAME={spec:?} {why}")))?)
+            }
+        };
+        let ports = match get("SUCL_PORT_RANGE") {
+            None => None,
+            Some(r) => Some(parse_port_range(&r).ok_or_else(|| {
+                Error::Config(format!("SUCL_PORT_RANGE={r:?} is not a port range like 50000-50100 (1-65535, low first)"))
+            })?),
+        };
+        Ok(Network { interface, ports })
+    }
+
+    /// The settings of this process's environment, against this host's interfaces.
+    pub fn from_env() -> Result<Network> {
+        Network::from_settings(&|k| std::env::var(k).ok(), &interface_addrs())
+    }
+
+    /// The address to bind and advertise: the chosen interface's, else `fallback`.
+    pub fn ip_or(&self, fallback: IpAddr) -> IpAddr {
+        self.interface.as_ref().map_or(fallback, |(_, ip)| *ip)
+    }
+
+    /// Runs `bind` on `ip` and each port of the range in turn until one is free (port 0, any,
+    /// without a range).
+    pub fn bind_port<T>(&self, ip: IpAddr, mut bind: impl FnMut(SocketAddr) -> std::io::Result<T>) -> std::io::Result<T> {
+        let Some((low, high)) = self.ports else { return bind(SocketAddr::new(ip, 0)) };
+        for port in low..=high {
+            match bind(SocketAddr::new(ip, port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                other => return other,
+            }
+        }
+        Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("every port of SUCL_PORT_RANGE={low}-{high} is in use on {ip}")))
+    }
+
+    /// A listener on `ip` (or the chosen interface's address) at a port of the range.
+    pub fn listen(&self, ip: IpAddr) -> std::io::Result<std::net::TcpListener> {
+        self.bind_port(self.ip_or(ip), std::net::TcpListener::bind)
+    }
+}
+
+fn parse_port_range(r: &str) -> Option<(u16, u16)> {
+    let (lo, hi) = r.trim().split_once('-').unwrap_or((r.trim(), r.trim()));
+    let (lo, hi) = (lo.trim().parse::<u16>().ok()?, hi.trim().parse::<u16>().ok()?);
+    (lo > 0 && lo <= hi).then_some((lo, hi))
+}
+
+/// The first usable address of an interface `spec` selects: IPv4 first, then IPv6 that is not
+/// link-local (that needs a scope to be reached).
+fn choose_interface(spec: &str, interfaces: &[(String, IpAddr)]) -> std::result::Result<(String, IpAddr), String> {
+    let (exclude, rest) = spec.strip_prefix('^').map_or((false, spec), |r| (true, r));
+    let (exact, rest) = rest.strip_prefix('=').map_or((false, rest), |r| (true, r));
+    let names: Vec<&str> = rest.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Err("names no interface".into());
+    }
+    let listed = |name: &str| names.iter().any(|n| if exact { name == *n } else { name.starts_with(n) });
+    let usable = |ip: &IpAddr| match ip {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+    };
+    let candidates: Vec<&(String, IpAddr)> = interfaces.iter().filter(|(n, ip)| listed(n) != exclude && usable(ip)).collect();
+    candidates.iter().find(|(_, ip)| ip.is_ipv4()).or_else(|| candidates.first()).map(|(n, ip)| (n.clone(), *ip)).ok_or_else(|| {
+        let mut all: Vec<&str> = interfaces.iter().map(|(n, _)| n.as_str()).collect();
+        all.dedup();
+        format!("matches no interface that is up with a usable address (interfaces here: {})", all.join(", "))
+    })
+}
+
+/// Every (interface name, address) of an interface that is up, in the system's order.
+pub fn interface_addrs() -> Vec<(String, IpAddr)> {
+    let mut out = vec![];
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned, valid until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0 {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null and points at a sockaddr whose family says its layout.
+        let ip = unsafe {
+            match (*ifa.ifa_addr).sa_family as libc::c_int {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        out.push((name, ip));
+    }
+    // SAFETY: head came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }
 
 /// The addresses the rank hosting the store tries to listen on for `store_addr` (`host:port`),
@@ -232,14 +757,22 @@ mod tests {
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
             ("OMPI_MCA_ess_base_jobid", "9"),
         ]))
         .unwrap();
         assert_eq!((e.launcher, e.rank, e.size), (Launcher::OpenMpi, 1, 2));
         assert!(e.store_addr.unwrap().starts_with("127.0.0.1:"));
-        let e = detect(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "3"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "5")])).unwrap();
+        let e = detect(&env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_JOB_ID", "5"),
+            ("SLURM_NNODES", "1"),
+        ]))
+        .unwrap();
         assert_eq!((e.launcher, e.size), (Launcher::Slurm, 3));
-        let e = detect(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")])).unwrap();
+        let e = detect(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "2")])).unwrap();
         assert_eq!((e.launcher, e.rank), (Launcher::Pmi, 1));
         let e = detect(&env(&[
             ("SUCL_RANK", "0"),
@@ -260,7 +793,8 @@ mod tests {
         assert_eq!(e.store_addr.as_deref(), Some("node7:7000"));
         let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("MASTER_ADDR", "10.1.2.3")];
         let e = detect(&env(&[&ompi[..], &[("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]].concat())).unwrap();
-        assert_eq!(e.store_addr.as_deref(), Some("127.0.0.1:29500"));
+        // Without MASTER_PORT, a launcher other than torchrun gets a port derived from its job.
+        assert_eq!(e.store_addr, Some(format!("127.0.0.1:{}", default_port(&e.job_id))));
         let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "5")];
         let e = detect(&env(&[&slurm[..], &[("SLURM_NNODES", "1")]].concat())).unwrap();
         assert_eq!(e.store_addr.as_deref(), Some("127.0.0.1:5"));
@@ -301,5 +835,251 @@ mod tests {
         assert!(err.contains("RANK=\"x\""), "{err}");
         let err = detect(&env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap_err().to_string();
         assert!(err.contains("MASTER_ADDR"), "{err}");
+    }
+
+    fn config_error(pairs: &[(&str, &str)]) -> String {
+        detect(&env(pairs)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn launcher_variables_that_contradict_each_other_are_named() {
+        let err = config_error(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]);
+        assert!(err.contains("LOCAL_RANK=2 is out of range for LOCAL_WORLD_SIZE=2"), "{err}");
+        let err = config_error(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "3")]);
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE=3 does not fit a world of 2"), "{err}");
+        let err = config_error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000")]);
+        assert!(err.contains("MASTER_PORT=\"70000\" is not a port"), "{err}");
+        let err = config_error(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_USE_AGENT_STORE", "True"), ("MASTER_PORT", "29500")]);
+        assert!(err.contains("TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR is not set"), "{err}");
+        let err = config_error(&[("SUCL_RANK", "0"), ("SUCL_WORLD_SIZE", "2")]);
+        assert!(err.contains("SUCL_RANK is set but SUCL_STORE_ADDR is not"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "0")]);
+        assert!(err.contains("SLURM_PROCID is set but SLURM_NTASKS is not"), "{err}");
+    }
+
+    #[test]
+    fn ranks_across_hosts_never_meet_at_loopback() {
+        let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "9")];
+        // Open MPI 4 says how many nodes; Open MPI in general how many ranks share this host.
+        let err = config_error(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "2")]].concat());
+        assert!(err.contains("several hosts (OMPI_MCA_orte_num_nodes=2)") && err.contains("set MASTER_ADDR"), "{err}");
+        let err = config_error(&[&ompi[..], &[("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]].concat());
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE=2 of 4 ranks"), "{err}");
+        let err = config_error(&ompi);
+        assert!(err.contains("OMPI_COMM_WORLD_LOCAL_SIZE is not set"), "{err}");
+        let one = detect(&env(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "1")]].concat())).unwrap();
+        assert!(one.store_addr.unwrap().starts_with("127.0.0.1:"));
+        let err = config_error(&[("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("MPI_LOCALNRANKS", "2")]);
+        assert!(err.contains("MPI_LOCALNRANKS=2 of 4 ranks"), "{err}");
+        // MASTER_ADDR wins, with a port derived from the job when MASTER_PORT is not set.
+        let e = detect(&env(&[&ompi[..], &[("OMPI_MCA_orte_num_nodes", "2"), ("MASTER_ADDR", "head")]].concat())).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("head:{}", default_port("9")));
+        // mpirun inside a Slurm allocation: the allocation's first host.
+        let e = detect(&env(&[&ompi[..], &[("OMPI_COMM_WORLD_LOCAL_SIZE", "2"), ("SLURM_NODELIST", "gpu[07-08]")]].concat())).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("gpu07:{}", default_port("9")));
+
+        let srun = |rank: &'static str, node: &'static str| {
+            vec![
+                ("SLURM_PROCID", rank),
+                ("SLURM_NTASKS", "6"),
+                ("SLURM_JOB_ID", "77"),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_STEP_NUM_NODES", "3"),
+                ("SLURM_STEP_NODELIST", "node[01-02,07]"),
+                ("SLURM_NODELIST", "node[00-09]"),
+                ("SLURMD_NODENAME", node),
+            ]
+        };
+        let e = detect(&env(&srun("0", "node01"))).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("node01:{}", default_port("77.0")));
+        assert!(e.rank0_hosts_store);
+        let e = detect(&env(&srun("4", "node07"))).unwrap();
+        assert_eq!(e.store_addr.unwrap(), format!("node01:{}", default_port("77.0")));
+        let err = config_error(&srun("0", "node02"));
+        assert!(err.contains("rank 0 runs on `node02`, not on `node01`, the first host of SLURM_STEP_NODELIST"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")]);
+        assert!(err.contains("SLURM_STEP_NUM_NODES is not set") && err.contains("set MASTER_ADDR"), "{err}");
+        let err = config_error(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "2"), ("SLURM_NODELIST", "a[1-")]);
+        assert!(err.contains("SLURM_NODELIST=\"a[1-\" is not a Slurm host list"), "{err}");
+    }
+
+    #[test]
+    fn torchrun_with_the_agent_store() {
+        let vars = [
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ];
+        let e = detect(&env(&vars)).unwrap();
+        assert_eq!(e.store_addr, None, "MASTER_PORT belongs to the agent");
+        assert_eq!(e.agent_store, Some(AgentStore { addr: "node0:29500".into(), prefix: "/sucl/none/2/".into(), one_host: false }));
+        assert_eq!(e.job_id, "none.29500.2");
+        // Without the agent store (torch.distributed.launch style), rank 0 hosts the store on MASTER_PORT.
+        let e = detect(&env(&vars[..6])).unwrap();
+        assert_eq!((e.store_addr.as_deref(), e.agent_store), (Some("node0:29500"), None));
+    }
+
+    #[test]
+    fn ranks_meet_through_a_c10d_store() {
+        let agent = AgentStore { addr: crate::c10d::tests::fake_server(), prefix: "/sucl/none/0/".into(), one_host: true };
+        let t = Duration::from_secs(10);
+        let others: Vec<_> = (1..3)
+            .map(|r| {
+                let agent = agent.clone();
+                std::thread::spawn(move || {
+                    let mut secret = JobSecret::derived("torchrun||none");
+                    meet_through_agent_store(r, &agent, &Network::default(), t, &mut secret).map(|(a, s)| (a, s.is_none(), secret))
+                })
+            })
+            .collect();
+        let mut secret = JobSecret::derived("torchrun||none");
+        let (addr, server) = meet_through_agent_store(0, &agent, &Network::default(), t, &mut secret).unwrap();
+        let server = server.expect("rank 0 hosts sucl's store");
+        assert_eq!(addr, format!("127.0.0.1:{}", server.addr().port()));
+        // Rank 0 replaced the derived secret with a random one, and every rank took it.
+        assert_eq!(secret.source(), SecretSource::Random);
+        for h in others {
+            let (a, no_server, theirs) = h.join().unwrap().unwrap();
+            assert_eq!((a, no_server, theirs.expose()), (addr.clone(), true, secret.expose()));
+        }
+        // The derived secret no longer opens the store.
+        let derived = JobSecret::derived("torchrun||none");
+        assert!(StoreClient::connect(&addr, 1, Some(0), Duration::from_secs(2), crate::AbortState::new(), &derived).is_err());
+        // The published address is sucl's own store: the same exchange works over it.
+        let client = StoreClient::connect(&addr, 0, Some(0), t, crate::AbortState::new(), &secret).unwrap();
+        assert_eq!(share_store_addr(&client, 0, Some("10.1.2.3:4")).unwrap(), "10.1.2.3:4");
+        assert_eq!(share_store_addr(&client, 1, None).unwrap(), "10.1.2.3:4");
+        client.set(STORE_ADDR_KEY, b"10.1.2.3").unwrap();
+        let err = share_store_addr(&client, 1, None).unwrap_err().to_string();
+        assert!(err.contains("unreadable store address \"10.1.2.3\""), "{err}");
+        client.bye().unwrap();
+        // Across hosts, rank 0 advertises an address other hosts can reach.
+        let agent = AgentStore { one_host: false, prefix: "/sucl/none/1/".into(), ..agent };
+        match meet_through_agent_store(0, &agent, &Network::default(), t, &mut JobSecret::given("s")) {
+            Ok((addr, _server)) => assert!(!addr.parse::<SocketAddr>().unwrap().ip().is_loopback(), "{addr}"),
+            Err(e) => assert!(e.to_string().contains("no network address other than loopback"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn slurm_host_lists() {
+        let table: &[(&str, &[&str])] = &[
+            ("node01", &["node01"]),
+            ("node[01-03,07],gpu5", &["node01", "node02", "node03", "node07", "gpu5"]),
+            ("a[8-11]", &["a8", "a9", "a10", "a11"]),
+            ("rack[1-2]-n[009-010]", &["rack1-n009", "rack1-n010", "rack2-n009", "rack2-n010"]),
+            ("x[3],y-z.dom", &["x3", "y-z.dom"]),
+        ];
+        for (list, want) in table {
+            assert_eq!(slurm_hostlist(list, 100).unwrap(), *want, "{list}");
+            assert_eq!(slurm_first_host(list).unwrap(), want[0], "{list}");
+        }
+        for bad in ["", "a,,b", "a[1-", "a]", "a[x]", "a[3-1]", "a[[1]]", "a b", "a[]"] {
+            assert!(slurm_first_host(bad).is_err() && slurm_hostlist(bad, 100).is_err(), "{bad:?} must be rejected");
+        }
+        assert!(slurm_hostlist("n[1-100000000]", 1000).unwrap_err().contains("more than 1000 hosts"));
+        assert_eq!(slurm_first_host("n[1-100000000]").unwrap(), "n1");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_first_host_is_the_first_of_the_expansion(
+            groups in proptest::collection::vec(("[a-z]{1,4}", proptest::collection::vec((0u32..200, 0u32..5, 1usize..4), 0..3)), 1..4)
+        ) {
+            let list = groups
+                .iter()
+                .map(|(name, ranges)| {
+                    if ranges.is_empty() {
+                        return name.clone();
+                    }
+                    let inner: Vec<String> =
+                        ranges.iter().map(|&(lo, len, w)| format!("{lo:0w$}-{:0w$}", lo + len)).collect();
+                    format!("{name}[{}]", inner.join(","))
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let all = slurm_hostlist(&list, 100_000).unwrap();
+            let want: usize = groups.iter().map(|(_, r)| if r.is_empty() { 1 } else { r.iter().map(|&(_, len, _)| len as usize + 1).sum() }).sum();
+            proptest::prop_assert_eq!(all.len(), want);
+            proptest::prop_assert_eq!(&slurm_first_host(&list).unwrap(), &all[0]);
+        }
+    }
+
+    fn ifs() -> Vec<(String, IpAddr)> {
+        [("lo", "127.0.0.1"), ("lo", "::1"), ("eth0", "fe80::1"), ("eth0", "10.0.0.5"), ("eth1", "fe80::2"), ("ib0", "192.168.1.2")]
+            .iter()
+            .chain([("ib0", "fd00::7"), ("docker0", "172.17.0.1"), ("v6only", "fd00::9")].iter())
+            .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn socket_ifname_follows_nccl_syntax() {
+        let table: &[(&str, Option<&str>)] = &[
+            ("eth", Some("10.0.0.5")),
+            ("eth0", Some("10.0.0.5")),
+            ("=eth0", Some("10.0.0.5")),
+            ("=eth", None),
+            ("ib,eth", Some("10.0.0.5")),
+            ("ib", Some("192.168.1.2")),
+            ("^lo,eth", Some("192.168.1.2")),
+            ("^=lo,eth0,ib0,docker0", Some("fd00::9")),
+            ("v6only", Some("fd00::9")),
+            ("eth1", None),
+            ("^", None),
+            ("", None),
+            ("nosuch", None),
+        ];
+        for (spec, want) in table {
+            let got = Network::from_settings(&env(&[("SUCL_SOCKET_IFNAME", spec)]), &ifs());
+            match want {
+                Some(ip) => assert_eq!(got.unwrap().interface.unwrap().1, ip.parse::<IpAddr>().unwrap(), "{spec:?}"),
+                None => {
+                    let err = got.unwrap_err().to_string();
+                    assert!(err.starts_with(&format!("config error: SUCL_SOCKET_IFNAME={spec:?}")), "{spec:?}: {err}");
+                }
+            }
+        }
+        let err = Network::from_settings(&env(&[("SUCL_SOCKET_IFNAME", "nosuch")]), &ifs()).unwrap_err().to_string();
+        assert!(
+            err.contains("matches no interface that is up with a usable address (interfaces here: lo, eth0, eth1, ib0, docker0, v6only)"),
+            "{err}"
+        );
+        // At init: the whole launch environment is refused, naming the variable.
+        let err = config_error(&[("SUCL_SOCKET_IFNAME", "=nosuchif0")]);
+        assert!(err.contains("SUCL_SOCKET_IFNAME=\"=nosuchif0\" matches no interface"), "{err}");
+        assert!(detect(&env(&[("SUCL_SOCKET_IFNAME", "lo")])).is_ok(), "loopback is always there");
+    }
+
+    #[test]
+    fn port_ranges() {
+        for (r, want) in [("50000-50010", Some((50000, 50010))), (" 7 - 9 ", Some((7, 9))), ("50000", Some((50000, 50000)))] {
+            assert_eq!(Network::from_settings(&env(&[("SUCL_PORT_RANGE", r)]), &[]).unwrap().ports, want, "{r:?}");
+        }
+        for r in ["x", "10-5", "0-3", "1-70000", "1-", ""] {
+            let err = Network::from_settings(&env(&[("SUCL_PORT_RANGE", r)]), &[]).unwrap_err().to_string();
+            assert!(err.contains(&format!("SUCL_PORT_RANGE={r:?} is not a port range")), "{err}");
+        }
+        // A port in use is skipped; a range wholly in use is an error that names it.
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = held.local_addr().unwrap().port();
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let net = Network { interface: None, ports: Some((p, p.saturating_add(40))) };
+        let got = net.listen(lo).unwrap().local_addr().unwrap().port();
+        assert!(got > p && got <= p.saturating_add(40), "{got} outside {p}+1..={p}+40");
+        let err = Network { interface: None, ports: Some((p, p)) }.listen(lo).unwrap_err().to_string();
+        assert!(err.contains(&format!("every port of SUCL_PORT_RANGE={p}-{p} is in use")), "{err}");
+        // The store under torchrun's agent binds in the range, at the chosen interface.
+        let agent = AgentStore { addr: crate::c10d::tests::fake_server(), prefix: "/sucl/none/0/".into(), one_host: false };
+        let net = Network { interface: Some(("lo".into(), lo)), ports: Some((p, p.saturating_add(40))) };
+        let (addr, _server) = meet_through_agent_store(0, &agent, &net, Duration::from_secs(5), &mut JobSecret::given("s")).unwrap();
+        let addr: SocketAddr = addr.parse().unwrap();
+        assert!(addr.ip() == lo && addr.port() > p && addr.port() <= p.saturating_add(40), "{addr}");
     }
 }

@@ -9,7 +9,10 @@ use std::time::Duration;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong. Every message names the rank that saw it.
-#[derive(Debug, thiserror::Error)]
+///
+/// `{}` and `{:?}` both print the sentence (so `fn main() -> sucl::Result<()>` reports a readable
+/// error); `{:#?}` prints the structured form, field by field.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// An argument was invalid; nothing was sent or received.
     #[error("rank {rank}: invalid argument `{arg}`: {why}")]
@@ -91,6 +94,38 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !f.alternate() {
+            // What Rust prints when `main` returns an error: the sentence, not the structure.
+            return std::fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::InvalidArgument { rank, arg, why } => {
+                f.debug_struct("InvalidArgument").field("rank", rank).field("arg", arg).field("why", why).finish()
+            }
+            Error::LostPeer { rank, peer, during } => {
+                f.debug_struct("LostPeer").field("rank", rank).field("peer", peer).field("during", during).finish()
+            }
+            Error::Timeout { rank, op, after } => {
+                f.debug_struct("Timeout").field("rank", rank).field("op", op).field("after", after).finish()
+            }
+            Error::Mismatch { rank, what } => f.debug_struct("Mismatch").field("rank", rank).field("what", what).finish(),
+            Error::BackendUnavailable { rank, backend, why } => {
+                f.debug_struct("BackendUnavailable").field("rank", rank).field("backend", backend).field("why", why).finish()
+            }
+            Error::Config(why) => f.debug_tuple("Config").field(why).finish(),
+            Error::Protocol { rank, peer, why } => {
+                f.debug_struct("Protocol").field("rank", rank).field("peer", peer).field("why", why).finish()
+            }
+            Error::Aborted { rank, reason } => f.debug_struct("Aborted").field("rank", rank).field("reason", reason).finish(),
+            Error::Io { rank, during, source } => {
+                f.debug_struct("Io").field("rank", rank).field("during", during).field("source", source).finish()
+            }
+        }
+    }
 }
 
 impl Error {
@@ -214,5 +249,24 @@ impl AbortState {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_the_sentence_and_alternate_debug_the_structure() {
+        let e = Error::io(0, "starting the rendezvous store on 127.0.0.1:29500", std::io::Error::from(std::io::ErrorKind::AddrInUse));
+        let plain = format!("{e:?}");
+        assert_eq!(plain, e.to_string());
+        assert!(plain.starts_with("rank 0: I/O error during starting the rendezvous store"), "{plain}");
+        let structured = format!("{e:#?}");
+        assert!(structured.starts_with("Io {"), "{structured}");
+        assert!(structured.contains("during: \"starting the rendezvous store"), "{structured}");
+        let c = Error::Config("MASTER_ADDR is not set".into());
+        assert_eq!(format!("{c:?}"), "config error: MASTER_ADDR is not set");
+        assert_eq!(format!("{c:#?}"), "Config(\n    \"MASTER_ADDR is not set\",\n)");
     }
 }

@@ -4,13 +4,14 @@
 //! element types and reduce operations ([`DType`], [`ReduceOp`]), the user-facing [`Error`], the
 //! versioned wire header ([`wire`]), the [`Backend`] trait, the point-to-point [`engine`] that frames
 //! and matches messages over any byte channel, the generic collective [`algorithms`] built on it,
-//! the rendezvous [`store`] and launch-environment [`bootstrap`]. It depends on no other sucl crate.
+//! the rendezvous [`store`], launch-environment [`bootstrap`] and a client of torch's store ([`c10d`]). It depends on no other sucl crate.
 
 #![warn(missing_docs)]
 
 pub mod algorithms;
 pub mod backend;
 pub mod bootstrap;
+pub mod c10d;
 pub mod chunk;
 pub mod dtype;
 pub mod engine;

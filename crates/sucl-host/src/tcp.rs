@@ -3,7 +3,7 @@
 
 use crate::HostConfig;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,7 +108,8 @@ impl TcpBackend {
             move |e: io::Error| Error::io(wr, format!("tcp setup: {what}"), e)
         };
         let ip = store.local_ip().unwrap_or_else(|| [127, 0, 0, 1].into());
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(io("bind"))?;
+        // SUCL_SOCKET_IFNAME / SUCL_PORT_RANGE, when set, choose the address and port.
+        let listener = sucl_core::bootstrap::Network::from_env()?.listen(ip).map_err(io("bind"))?;
         let addr = listener.local_addr().map_err(io("local addr"))?;
         store.set(&format!("{prefix}/tcp/{rank}"), addr.to_string().as_bytes())?;
         let ctx = ctx_hash(prefix);

@@ -122,6 +122,18 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let abort = AbortState::new();
     let timeout = cfg.host.timeout;
     let mut server = None;
+    if let Some(agent) = env.agent_store.clone() {
+        // torchrun's agent owns MASTER_PORT: meet there, at the address rank 0 publishes.
+        let (addr, own) =
+            sucl_core::bootstrap::meet_through_agent_store(
+            env.rank,
+            &agent,
+            &sucl_core::bootstrap::Network::from_env()?,
+            timeout,
+            &mut env.job_secret,
+        )?;
+        (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
+    }
     if env.store_addr.is_none() {
         // A world of one still gets a private store, so every backend sets up the same way.
         env.job_secret = JobSecret::random().map_err(|e| Error::io(0, "making a secret for a private rendezvous store", e))?;
@@ -134,7 +146,7 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let store = match &env.store_addr {
         None => None,
         Some(addr) => {
-            if env.rank0_hosts_store && env.rank == 0 {
+            if env.rank0_hosts_store && env.rank == 0 && server.is_none() {
                 // Loopback for a one-host job, else the address given (see sucl_core::bootstrap).
                 let bind = sucl_core::bootstrap::store_bind_addrs(addr)?;
                 server = Some(

@@ -13,6 +13,7 @@ fn solo(job: &str) -> sucl::LaunchEnv {
         rank0_hosts_store: false,
         job_id: job.into(),
         job_secret: sucl::JobSecret::derived(job),
+        agent_store: None,
     }
 }
 
