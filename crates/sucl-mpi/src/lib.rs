@@ -2,6 +2,18 @@
 //! collectives are MPI's own non-blocking ones, polled under sucl's bounded waits so a stuck
 //! peer is a timeout, not a hang. A small C shim (built with `mpicc`) keeps MPI's handles on the
 //! C side, so no bindings generator is needed. Depends only on `sucl-core`.
+//!
+//! # Buffers are never written after a call returns
+//!
+//! MPI writes a caller's buffer until the request that owns it completes, and a non-blocking
+//! collective cannot be cancelled (MPI forbids `MPI_Cancel` on it). So when a collective fails
+//! after it was started — its bounded wait timed out, another rank aborted the job, or
+//! `MPI_Test` reported an error — this backend does not return the buffer to the caller: it
+//! prints the error to stderr and ends the whole job with `MPI_Abort` (exit status
+//! [`ABORT_EXIT_CODE`] under Open MPI's `mpirun`). A point-to-point request that is withdrawn
+//! (after a timeout or another error) is cancelled with `MPI_Cancel` and then polled until MPI
+//! reports it complete (cancelled, or finished after all), for at most [`CANCEL_GRACE`]; only
+//! if it does not complete by then is the job aborted the same way.
 
 #![warn(missing_docs)]
 
@@ -51,7 +63,10 @@ mod missing {
     pub unsafe fn sucl_mpi_test(_: *mut c_void, _: *mut c_int, _: *mut c_longlong) -> c_int {
         -1
     }
-    pub unsafe fn sucl_mpi_cancel(_: *mut c_void) {}
+    pub unsafe fn sucl_mpi_cancel(_: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn sucl_mpi_abort(_: c_int) {}
     pub unsafe fn sucl_mpi_icoll(
         _: *mut c_void,
         _: c_int,
@@ -82,7 +97,8 @@ extern "C" {
     fn sucl_mpi_isend(c: *mut c_void, buf: *const c_void, len: c_int, peer: c_int, tag: c_int, err: *mut c_int) -> *mut c_void;
     fn sucl_mpi_irecv(c: *mut c_void, buf: *mut c_void, cap: c_int, peer: c_int, tag: c_int, err: *mut c_int) -> *mut c_void;
     fn sucl_mpi_test(req: *mut c_void, done: *mut c_int, bytes: *mut c_longlong) -> c_int;
-    fn sucl_mpi_cancel(req: *mut c_void);
+    fn sucl_mpi_cancel(req: *mut c_void) -> c_int;
+    fn sucl_mpi_abort(code: c_int);
     #[allow(clippy::too_many_arguments)]
     fn sucl_mpi_icoll(
         c: *mut c_void,
@@ -107,6 +123,27 @@ fn text(f: impl FnOnce(*mut c_char, c_int)) -> String {
 fn mpi_error(code: c_int) -> String {
     // SAFETY: the shim writes at most len bytes.
     text(|b, l| unsafe { sucl_mpi_error_string(code, b, l) })
+}
+
+/// The error code passed to `MPI_Abort` when a request that still owns a caller's buffer cannot
+/// be completed or cancelled (see the crate documentation).
+pub const ABORT_EXIT_CODE: i32 = 75;
+
+/// How long a cancelled point-to-point request may take to complete before the job is aborted.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the whole MPI job after printing `cause`: an MPI request still owns memory the caller
+/// is about to get back, and neither its completion nor its cancellation can be awaited.
+fn abort_job(cause: &Error) -> ! {
+    eprintln!(
+        "sucl: {cause}; the MPI request still owns the caller's buffers and cannot be \
+         cancelled, so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
+    );
+    // SAFETY: MPI is initialized (a backend exists only after init succeeded); MPI_Abort ends
+    // every process of the job and does not return.
+    unsafe { sucl_mpi_abort(ABORT_EXIT_CODE) };
+    // Only reached if MPI_Abort returned, which the standard does not allow.
+    std::process::exit(ABORT_EXIT_CODE)
 }
 
 static INIT: OnceLock<std::result::Result<(usize, usize), String>> = OnceLock::new();
@@ -135,13 +172,31 @@ pub fn initialized() -> bool {
     matches!(INIT.get(), Some(Ok(_)))
 }
 
+/// The abort flag of the job's communicators in this process (one per process), recorded by
+/// the first MPI backend so that [`finalize`] can see whether the job failed.
+static JOB_ABORT: OnceLock<Arc<AbortState>> = OnceLock::new();
+
 /// Finalizes MPI if this process initialized it (call once, when the job's last communicator
-/// is gone).
+/// is gone). If the job failed (its abort flag is raised: a timeout, a lost rank, a mismatch
+/// that aborted), `MPI_Finalize` could wait forever for ranks that will never reach it, so the
+/// job is ended with `MPI_Abort` ([`ABORT_EXIT_CODE`]) instead.
 pub fn finalize() {
-    if initialized() {
-        // SAFETY: MPI was initialized by us; finalize is idempotent in the shim.
-        unsafe { sucl_mpi_finalize() };
+    if !initialized() {
+        return;
     }
+    if let Some(abort) = JOB_ABORT.get().filter(|a| a.is_set()) {
+        let why = abort.info().map_or_else(|| "an abort was raised".to_string(), |i| i.reason);
+        eprintln!(
+            "sucl: the job failed ({why}); MPI_Finalize could wait for ranks that never reach it, \
+             so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
+        );
+        // SAFETY: MPI is initialized (checked above) and not finalized (finalize runs once);
+        // MPI_Abort ends every process of the job and does not return.
+        unsafe { sucl_mpi_abort(ABORT_EXIT_CODE) };
+        std::process::exit(ABORT_EXIT_CODE);
+    }
+    // SAFETY: MPI was initialized by this process; the shim skips MPI_Finalize if it already ran.
+    unsafe { sucl_mpi_finalize() };
 }
 
 /// The MPI library's version line (initializes MPI if needed).
@@ -157,6 +212,10 @@ struct Pending {
 }
 
 /// The MPI backend of one communicator (an MPI communicator over the same world ranks).
+///
+/// A collective that fails after MPI started it ends the job (`MPI_Abort`) instead of returning
+/// the error, because MPI would go on writing into the caller's buffers; see the crate
+/// documentation.
 pub struct MpiBackend {
     comm: *mut c_void,
     rank: usize,
@@ -176,11 +235,12 @@ unsafe impl Send for MpiBackend {}
 
 impl Drop for MpiBackend {
     fn drop(&mut self) {
-        for p in self.pending.iter_mut().filter_map(Option::take) {
-            // SAFETY: an outstanding request owned by us.
-            unsafe { sucl_mpi_cancel(p.req) };
+        let left: Vec<Pending> = self.pending.iter_mut().filter_map(Option::take).collect();
+        for p in left {
+            self.withdraw(p);
         }
-        // SAFETY: a communicator created by us.
+        // SAFETY: `comm` came from sucl_mpi_comm_create and is freed only here, once; no
+        // request on it is live any more (each was completed or withdrawn above).
         unsafe { sucl_mpi_comm_free(self.comm) };
     }
 }
@@ -211,6 +271,7 @@ impl MpiBackend {
         }
         // SAFETY: MPI is initialized.
         let tag_ub = unsafe { sucl_mpi_tag_ub() } as u64;
+        JOB_ABORT.get_or_init(|| abort.clone());
         Ok(MpiBackend {
             comm,
             rank,
@@ -252,6 +313,33 @@ impl MpiBackend {
             return Err(Error::invalid(self.world_rank, "tag", format!("{tag} exceeds this MPI's MPI_TAG_UB {}", self.tag_ub)));
         }
         Ok(tag as c_int)
+    }
+
+    /// Cancels a point-to-point request and waits until MPI reports it complete, so that its
+    /// buffer is no longer MPI's; ends the job if that does not happen within [`CANCEL_GRACE`].
+    fn withdraw(&mut self, p: Pending) {
+        let what = if p.send_len.is_some() { "cancelling a send" } else { "cancelling a receive" };
+        // SAFETY: `p.req` is a live request from the shim, owned by us (taken out of `pending`).
+        if unsafe { sucl_mpi_cancel(p.req) } != 0 {
+            return; // MPI is finalized: no request can be live.
+        }
+        let start = std::time::Instant::now();
+        loop {
+            let (mut done, mut bytes) = (0, 0);
+            // SAFETY: `p.req` is still live: only a completed test frees it, and we stop then.
+            let rc = unsafe { sucl_mpi_test(p.req, &mut done, &mut bytes) };
+            if rc != 0 {
+                abort_job(&self.err(what, rc));
+            }
+            if done != 0 {
+                return;
+            }
+            let after = start.elapsed();
+            if after >= CANCEL_GRACE.min(self.timeout) {
+                abort_job(&Error::Timeout { rank: self.world_rank, op: format!("{what} (mpi)"), after });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     /// Polls a raw request to completion under the bounded wait.
@@ -346,9 +434,8 @@ impl Backend for MpiBackend {
 
     fn cancel(&mut self, id: ReqId) {
         if let Some(p) = self.pending.get_mut(id as usize).and_then(Option::take) {
-            // SAFETY: a live request owned by us.
-            unsafe { sucl_mpi_cancel(p.req) };
             self.free.push(id as usize);
+            self.withdraw(p);
         }
     }
 
@@ -388,8 +475,11 @@ impl Backend for MpiBackend {
             return Err(e);
         }
         if let Err(e) = self.poll(req, d.op.name()) {
+            // The collective is still running and cannot be cancelled: MPI would keep writing
+            // into `recv` (and reading `send`) after we return. Tell the other ranks, then end
+            // the job rather than hand the buffers back.
             self.abort.raise(e.abort_info());
-            return Err(e);
+            abort_job(&e);
         }
         let at_root = !d.op.rooted() || d.root == self.rank;
         if d.op.reduces() && at_root {
