@@ -172,20 +172,22 @@ pub fn initialized() -> bool {
     matches!(INIT.get(), Some(Ok(_)))
 }
 
-/// The abort flag of the job's communicators in this process (one per process), recorded by
-/// the first MPI backend so that [`finalize`] can see whether the job failed.
-static JOB_ABORT: OnceLock<Arc<AbortState>> = OnceLock::new();
+/// Why the job failed, as seen by an MPI backend when it was dropped with its abort flag raised
+/// (a timeout, a lost rank, an abort from another rank). Recorded then — before the teardown
+/// leaves the rendezvous store, whose closing connections would raise the flag in a job that
+/// ended well — and read by [`finalize`].
+static JOB_FAILED: OnceLock<String> = OnceLock::new();
 
 /// Finalizes MPI if this process initialized it (call once, when the job's last communicator
-/// is gone). If the job failed (its abort flag is raised: a timeout, a lost rank, a mismatch
-/// that aborted), `MPI_Finalize` could wait forever for ranks that will never reach it, so the
-/// job is ended with `MPI_Abort` ([`ABORT_EXIT_CODE`]) instead.
+/// is gone). If the job failed (an MPI backend was dropped with the job's abort flag raised: a
+/// timeout, a lost rank, an abort from another rank), `MPI_Finalize` could wait forever for
+/// ranks that never reach it, so the job is ended with `MPI_Abort` ([`ABORT_EXIT_CODE`])
+/// instead.
 pub fn finalize() {
     if !initialized() {
         return;
     }
-    if let Some(abort) = JOB_ABORT.get().filter(|a| a.is_set()) {
-        let why = abort.info().map_or_else(|| "an abort was raised".to_string(), |i| i.reason);
+    if let Some(why) = JOB_FAILED.get() {
         eprintln!(
             "sucl: the job failed ({why}); MPI_Finalize could wait for ranks that never reach it, \
              so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
@@ -235,6 +237,10 @@ unsafe impl Send for MpiBackend {}
 
 impl Drop for MpiBackend {
     fn drop(&mut self) {
+        if self.abort.is_set() {
+            let why = self.abort.info().map_or_else(|| "an abort was raised".to_string(), |i| i.reason);
+            let _ = JOB_FAILED.set(why);
+        }
         let left: Vec<Pending> = self.pending.iter_mut().filter_map(Option::take).collect();
         for p in left {
             self.withdraw(p);
@@ -271,7 +277,6 @@ impl MpiBackend {
         }
         // SAFETY: MPI is initialized.
         let tag_ub = unsafe { sucl_mpi_tag_ub() } as u64;
-        JOB_ABORT.get_or_init(|| abort.clone());
         Ok(MpiBackend {
             comm,
             rank,
