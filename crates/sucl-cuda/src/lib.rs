@@ -76,7 +76,39 @@ pub fn cuda_err(rank: usize, during: &str, e: cudarc::driver::DriverError) -> Er
 }
 
 fn nccl_err(rank: usize, during: &str, e: cudarc::nccl::result::NcclError) -> Error {
-    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {e:?}") }
+    nccl_code_err(rank, during, e.0)
+}
+
+fn nccl_code_err(rank: usize, during: &str, code: ncclsys::ncclResult_t) -> Error {
+    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {code:?}") }
+}
+
+/// NCCL's `NCCL_CONFIG_INITIALIZER` for the configuration layout cudarc binds (`nccl-02028`:
+/// NCCL 2.28's `ncclConfig_t`), with `blocking` off: every field NCCL should choose is
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`) or `NCCL_CONFIG_UNDEF_PTR` (null). NCCL reads `size`
+/// bytes and treats fields newer than `version` as unset, so a newer library accepts it.
+fn nonblocking_config() -> ncclsys::ncclConfig_t {
+    const UNDEF_INT: std::ffi::c_int = std::ffi::c_int::MIN;
+    ncclsys::ncclConfig_t {
+        size: std::mem::size_of::<ncclsys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // NCCL_VERSION(2, 28, 0): the header release whose layout this is.
+        version: 22800,
+        blocking: 0,
+        cgaClusterSize: UNDEF_INT,
+        minCTAs: UNDEF_INT,
+        maxCTAs: UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: UNDEF_INT,
+        trafficClass: UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF_INT,
+        CTAPolicy: UNDEF_INT,
+        shrinkShare: UNDEF_INT,
+        nvlsCTAs: UNDEF_INT,
+        nChannelsPerNetPeer: UNDEF_INT,
+        nvlinkCentricSched: UNDEF_INT,
+    }
 }
 
 /// A transport for device memory: collectives on raw device pointers, ordered on a stream.
@@ -126,6 +158,13 @@ fn nccl_op(o: ReduceOp) -> ncclsys::ncclRedOp_t {
 }
 
 /// The NCCL backend: one NCCL communicator per sucl communicator.
+///
+/// The communicator is non-blocking (`ncclConfig_t::blocking = 0`): setup, every call that
+/// NCCL answers with `ncclInProgress`, and teardown are polled with `ncclCommGetAsyncError`
+/// under sucl's bounded wait, so a rank that never joins, a lost rank (the rendezvous store
+/// raises the job's abort flag) or the timeout is an error — NCCL is then aborted
+/// (`ncclCommAbort`) — never a hang. A clean drop finalizes (`ncclCommFinalize`, which lets
+/// the queued work finish), waits for that (bounded) and destroys; abort is for errors only.
 pub struct NcclBackend {
     comm: ncclsys::ncclComm_t,
     rank: usize,
@@ -134,19 +173,21 @@ pub struct NcclBackend {
     abort: Arc<AbortState>,
     timeout: Duration,
     backoff: Backoff,
+    /// Set once `comm` was aborted or destroyed: it must not be used (or freed) again.
     aborted: bool,
 }
 
-// SAFETY: the NCCL communicator is used from one thread at a time.
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; `NcclBackend` owns its communicator and all calls take `&mut self`.
 unsafe impl Send for NcclBackend {}
 
 impl Drop for NcclBackend {
     fn drop(&mut self) {
-        if !self.aborted {
-            // SAFETY: our communicator; destroyed once.
-            unsafe {
-                let _ = cudarc::nccl::result::comm_abort(self.comm);
-            }
+        if self.aborted {
+            return;
+        }
+        if let Err(e) = self.finalize() {
+            tracing::warn!(rank = self.world_rank, "NCCL teardown failed, communicator aborted: {e}");
         }
     }
 }
@@ -180,14 +221,68 @@ impl NcclBackend {
             *d = *s as std::ffi::c_char;
         }
         let uid = ncclsys::ncclUniqueId { internal };
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: comm is written by NCCL on success.
-        let comm = unsafe {
-            cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32)
-                .map_err(|e| nccl_err(world_rank, "ncclCommInitRank", e))?;
-            comm.assume_init()
-        };
-        Ok(NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false })
+        let mut config = nonblocking_config();
+        let mut comm: ncclsys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` are valid for writes and reads for the call; `config` is
+        // fully initialized as NCCL_CONFIG_INITIALIZER would (see nonblocking_config) and NCCL
+        // copies it before returning. The device's context is bound to this thread (above).
+        let rc = unsafe { ncclsys::ncclCommInitRankConfig(&mut comm, size as i32, uid, rank as i32, &mut config) };
+        if comm.is_null() {
+            // NCCL failed before it made a communicator: nothing to abort.
+            let e = nccl_code_err(world_rank, "ncclCommInitRankConfig", rc);
+            abort.raise(e.abort_info());
+            return Err(e);
+        }
+        let mut nccl = NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false };
+        nccl.check("ncclCommInitRankConfig", rc.result())?;
+        // Joining is asynchronous: wait (bounded, and never past a lost rank) until it is done.
+        nccl.settle("ncclCommInitRankConfig")?;
+        Ok(nccl)
+    }
+
+    /// Waits until the communicator has no operation in progress (`ncclCommGetAsyncError` no
+    /// longer says `ncclInProgress`), bounded by the timeout and the job's abort flag. On an
+    /// NCCL error, the timeout or an abort, NCCL is aborted and the error returned.
+    fn settle(&mut self, during: &str) -> Result<()> {
+        let mut w = Waiter::new(self.timeout, self.backoff);
+        let wr = self.world_rank;
+        loop {
+            let mut state = ncclsys::ncclResult_t::ncclSuccess;
+            // SAFETY: `comm` is live (not aborted or destroyed: callers check `aborted`) and
+            // `state` is valid for writes.
+            let rc = unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if rc != ncclsys::ncclResult_t::ncclSuccess {
+                return Err(self.fail(nccl_code_err(wr, "ncclCommGetAsyncError", rc)));
+            }
+            match state {
+                ncclsys::ncclResult_t::ncclSuccess => return Ok(()),
+                ncclsys::ncclResult_t::ncclInProgress => {}
+                failed => return Err(self.fail(nccl_code_err(wr, during, failed))),
+            }
+            if let Err(e) = w.pause(&self.abort, wr, &|| format!("{during} (nccl)"), false) {
+                return Err(self.fail(e));
+            }
+        }
+    }
+
+    /// Clean teardown: `ncclCommFinalize` (NCCL finishes the work queued on the communicator),
+    /// a bounded wait for it, then `ncclCommDestroy`. On an error, the timeout, or when the job
+    /// already failed, NCCL is aborted instead.
+    fn finalize(&mut self) -> Result<()> {
+        if self.abort.is_set() {
+            // Peers may be gone: finalizing could wait on them. Abort at once.
+            let e = Error::Aborted { rank: self.world_rank, reason: "the job failed before NCCL was torn down".into() };
+            return Err(self.fail(e));
+        }
+        // SAFETY: `comm` is live (`aborted` is false) and finalized only here, once.
+        let r = unsafe { cudarc::nccl::result::comm_finalize(self.comm) };
+        self.check("ncclCommFinalize", r)?;
+        self.settle("ncclCommFinalize")?;
+        self.aborted = true;
+        // SAFETY: `comm` was finalized and is quiescent; it is destroyed once and never used
+        // again (`aborted` is set).
+        let r = unsafe { cudarc::nccl::result::comm_destroy(self.comm) };
+        r.map(|_| ()).map_err(|e| nccl_err(self.world_rank, "ncclCommDestroy", e))
     }
 
     fn fail(&mut self, e: Error) -> Error {
@@ -208,6 +303,10 @@ impl NcclBackend {
         r: std::result::Result<cudarc::nccl::result::NcclStatus, cudarc::nccl::result::NcclError>,
     ) -> Result<()> {
         match r {
+            Ok(cudarc::nccl::result::NcclStatus::InProgress) => {
+                // A non-blocking communicator: no other NCCL call may follow until it settles.
+                self.settle(during)
+            }
             Ok(_) => Ok(()),
             Err(e) => {
                 let e = nccl_err(self.world_rank, during, e);

@@ -41,6 +41,31 @@ pub(crate) struct DeviceComm {
     scratch: Option<Buffer<u8>>,
 }
 
+/// Test-only fault hook for `scripts/gpu-check.sh`: with `SUCL_TEST_NCCL_INIT_FAULT=R:exit`,
+/// world rank R exits (status 3) just before it joins NCCL; with `R:stall` it stops answering
+/// there (sleeps 120 s, store connection open). The other ranks' NCCL setup must then fail —
+/// naming the lost rank, or after `SUCL_TIMEOUT` — instead of hanging. Read once per device
+/// setup, never on a communication path.
+fn nccl_init_fault_hook(world_rank: usize) {
+    let Ok(spec) = std::env::var("SUCL_TEST_NCCL_INIT_FAULT") else { return };
+    let Some((rank, fault)) = spec.split_once(':') else { return };
+    if rank.trim().parse::<usize>().ok() != Some(world_rank) {
+        return;
+    }
+    match fault.trim() {
+        "exit" => {
+            eprintln!("injected fault: rank {world_rank} exits before joining NCCL");
+            std::process::exit(3);
+        }
+        "stall" => {
+            eprintln!("injected fault: rank {world_rank} stops answering before joining NCCL");
+            std::thread::sleep(std::time::Duration::from_secs(120));
+            std::process::exit(5);
+        }
+        other => eprintln!("SUCL_TEST_NCCL_INIT_FAULT: unknown fault {other:?} (exit or stall); ignored"),
+    }
+}
+
 impl Communicator {
     /// Opens this rank's GPU: local rank modulo the number of devices, with this job's timeout
     /// and lost-rank detection on every wait. Not collective.
@@ -100,6 +125,7 @@ impl Communicator {
             } else {
                 store.get(&format!("{key}/nccl-id"))?
             };
+            nccl_init_fault_hook(wr);
             let h = &self.ctx.cfg.host;
             Some(NcclBackend::new(dev, &id, self.rank, self.size, wr, self.ctx.abort.clone(), h.timeout, h.backoff)?)
         } else {
