@@ -27,7 +27,8 @@ pub use cudarc;
 
 fn dl_present(lib: &str) -> bool {
     let c = CString::new(lib).expect("library name");
-    // SAFETY: dlopen with a valid C string; the handle is closed right away.
+    // SAFETY: `c` is a NUL-terminated string that outlives both calls; dlclose gets only the
+    // non-null handle dlopen returned, once, and nothing from the library is used.
     unsafe {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
         if h.is_null() {
@@ -54,7 +55,8 @@ pub fn probe() -> std::result::Result<usize, String> {
 pub fn driver_version() -> std::result::Result<i32, String> {
     probe()?;
     let mut v = 0;
-    // SAFETY: plain driver query into a local.
+    // SAFETY: cuDriverGetVersion only writes one int through the pointer, a live local; probe()
+    // above found the driver library, so the symbol resolves.
     let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
     if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
         return Err(format!("cuDriverGetVersion: {rc:?}"));
@@ -121,10 +123,21 @@ pub trait DeviceBackend: Send {
     }
     /// Enqueues (or runs) a collective. `send == None` means in place (see
     /// [`sucl_core::Backend::collective`]); pointers are device addresses on `stream`'s device.
-    fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device allocations on `stream`'s device covering the sizes
+    /// `desc` gives this rank ([`CollDesc::buffer_lens`]), and stay allocated — not freed,
+    /// nor written by other work (`send`), nor read or written by other work (`recv`) — until
+    /// `stream` has run everything enqueued here.
+    unsafe fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
     /// Enqueues point-to-point transfers as one group, so that a rank may send to and receive
     /// from the same peer without deadlock: `sends` and `recvs` are (device address, bytes, peer).
-    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()>;
+    ///
+    /// # Safety
+    /// Each address must be a device allocation on `stream`'s device covering its byte count,
+    /// kept allocated (and, for receives, untouched by other work) until `stream` has run the
+    /// transfers.
+    unsafe fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()>;
     /// Waits (bounded) until everything enqueued on `stream` finished, surfacing asynchronous
     /// errors; aborts the backend on error or timeout.
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()>;
@@ -288,7 +301,8 @@ impl NcclBackend {
     fn fail(&mut self, e: Error) -> Error {
         if !self.aborted {
             self.aborted = true;
-            // SAFETY: our communicator, aborted once; unblocks any hung NCCL kernel.
+            // SAFETY: `comm` is live (`aborted` was false) and `aborted` is set first, so the
+            // handle is never used or freed again; aborting unblocks any hung NCCL kernel.
             unsafe {
                 let _ = cudarc::nccl::result::comm_abort(self.comm);
             }
@@ -321,7 +335,7 @@ impl DeviceBackend for NcclBackend {
         "nccl"
     }
 
-    fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
+    unsafe fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
         if self.aborted {
             return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
         }
@@ -342,8 +356,9 @@ impl DeviceBackend for NcclBackend {
         let sendp = send.unwrap_or(recv);
         let blk = (d.count * es) as u64;
         use cudarc::nccl::result as nr;
-        // SAFETY: the caller guarantees the device pointers cover the sizes in `d` and stay
-        // valid until the stream has run these operations.
+        // SAFETY: `c` is live (`aborted` was checked above and NCCL calls are never concurrent:
+        // `&mut self`); the caller guarantees (this method's contract) that the device pointers
+        // cover the sizes `d` gives this rank and stay allocated until `stream` ran the calls.
         let r = unsafe {
             match d.op {
                 CollOp::Barrier => {
@@ -411,15 +426,16 @@ impl DeviceBackend for NcclBackend {
         self.check(d.op.name(), r)
     }
 
-    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
+    unsafe fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
         if self.aborted {
             return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
         }
         self.abort.check(self.world_rank, "point-to-point")?;
         use cudarc::nccl::result as nr;
         let (c, s, t) = (self.comm, stream.cu_stream() as ncclsys::cudaStream_t, ncclsys::ncclDataType_t::ncclUint8);
-        // SAFETY: the caller guarantees each address covers its byte count and stays valid
-        // until the stream has run the transfers.
+        // SAFETY: `c` is live (`aborted` was checked above); the caller guarantees (this
+        // method's contract) that each address covers its byte count and stays allocated until
+        // `stream` ran the transfers.
         let r = unsafe {
             nr::group_start().and_then(|_| {
                 let mut res = Ok(nr::NcclStatus::Success);
@@ -439,7 +455,7 @@ impl DeviceBackend for NcclBackend {
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()> {
         let mut w = Waiter::new(self.timeout, self.backoff);
         loop {
-            // SAFETY: querying a live stream.
+            // SAFETY: `stream` is borrowed for the call, so the CUstream it wraps is not destroyed.
             let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
             match q {
                 cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
@@ -455,7 +471,7 @@ impl DeviceBackend for NcclBackend {
             }
             if !self.aborted {
                 let mut async_err = ncclsys::ncclResult_t::ncclSuccess;
-                // SAFETY: our live communicator.
+                // SAFETY: `comm` is live (`aborted` is false) and `async_err` is a writable local.
                 unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut async_err) };
                 if !matches!(async_err, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
                     let e = Error::BackendUnavailable {

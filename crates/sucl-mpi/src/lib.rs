@@ -43,9 +43,16 @@ mod missing {
     pub unsafe fn sucl_mpi_tag_ub() -> c_int {
         0
     }
-    pub unsafe fn sucl_mpi_error_string(_: c_int, b: *mut c_char, _: c_int) {
+    pub unsafe fn sucl_mpi_error_string(_: c_int, b: *mut c_char, len: c_int) {
         let msg = b"sucl was built without an MPI library (mpicc was not found at build time)\0";
-        std::ptr::copy_nonoverlapping(msg.as_ptr() as *const c_char, b, msg.len());
+        let n = msg.len().min(len.max(0) as usize);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: the caller passes `b` valid for `len` bytes (as the C shim's contract says);
+        // at most `len` bytes are written, the last one a NUL.
+        std::ptr::copy_nonoverlapping(msg.as_ptr() as *const c_char, b, n);
+        *b.add(n - 1) = 0;
     }
     pub unsafe fn sucl_mpi_version(b: *mut c_char, l: c_int) {
         sucl_mpi_error_string(0, b, l)
@@ -116,12 +123,14 @@ extern "C" {
 fn text(f: impl FnOnce(*mut c_char, c_int)) -> String {
     let mut buf = [0 as c_char; 512];
     f(buf.as_mut_ptr(), buf.len() as c_int);
-    // SAFETY: the shim always NUL-terminates within the buffer.
+    // SAFETY: `f` (a shim call given `buf` and its length) NUL-terminates within `buf`, and
+    // `buf` is zeroed beforehand, so a NUL lies inside it even if `f` wrote nothing.
     unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 fn mpi_error(code: c_int) -> String {
-    // SAFETY: the shim writes at most len bytes.
+    // SAFETY: `b` is valid for `l` bytes (text's buffer) and the shim writes at most `l` bytes,
+    // NUL-terminated; MPI_Error_string needs no initialized MPI.
     text(|b, l| unsafe { sucl_mpi_error_string(code, b, l) })
 }
 
@@ -151,7 +160,8 @@ static INIT: OnceLock<std::result::Result<(usize, usize), String>> = OnceLock::n
 /// Initializes MPI once per process; returns (world rank, world size) or why MPI is unusable.
 pub fn init() -> std::result::Result<(usize, usize), String> {
     INIT.get_or_init(|| {
-        // SAFETY: plain MPI initialization through the shim.
+        // SAFETY: the shim checks MPI_Initialized first; this runs once per process (OnceLock),
+        // so MPI is never initialized twice.
         let rc = unsafe { sucl_mpi_init() };
         if cfg!(sucl_mpi_missing) {
             return Err("sucl was built without an MPI library (mpicc was not found at build time)".to_string());
@@ -160,7 +170,7 @@ pub fn init() -> std::result::Result<(usize, usize), String> {
             return Err(format!("MPI_Init_thread failed: {}", mpi_error(rc)));
         }
         let (mut r, mut s) = (0, 0);
-        // SAFETY: MPI is initialized.
+        // SAFETY: MPI is initialized (rc == 0 above); `r` and `s` are writable locals.
         unsafe { sucl_mpi_world(&mut r, &mut s) };
         Ok((r as usize, s as usize))
     })
@@ -204,7 +214,8 @@ pub fn finalize() {
 /// The MPI library's version line (initializes MPI if needed).
 pub fn version() -> std::result::Result<String, String> {
     init()?;
-    // SAFETY: MPI is initialized.
+    // SAFETY: MPI is initialized (init() succeeded above); `b` is valid for `l` bytes and the
+    // shim writes at most `l`, NUL-terminated.
     Ok(text(|b, l| unsafe { sucl_mpi_version(b, l) }))
 }
 
@@ -232,7 +243,9 @@ pub struct MpiBackend {
     scratch: Vec<u8>,
 }
 
-// SAFETY: the MPI handles are used from one thread at a time (MPI_THREAD_SERIALIZED).
+// SAFETY: MPI is initialized with MPI_THREAD_SERIALIZED, which allows calls from any thread as
+// long as they are not concurrent; the backend owns its handles and every call takes `&mut self`
+// (or runs in Drop), so moving it to another thread keeps calls serialized.
 unsafe impl Send for MpiBackend {}
 
 impl Drop for MpiBackend {
@@ -266,7 +279,8 @@ impl MpiBackend {
         }
         let ranks: Vec<c_int> = world_ranks.iter().map(|&w| w as c_int).collect();
         let mut err = 0;
-        // SAFETY: ranks is a valid array; the call is collective over these ranks.
+        // SAFETY: MPI is initialized (init() above); `ranks` holds `ranks.len()` valid world
+        // ranks (checked above) and `err` is a writable local.
         let comm = unsafe { sucl_mpi_comm_create(ranks.as_ptr(), ranks.len() as c_int, &mut err) };
         if comm.is_null() {
             return Err(Error::BackendUnavailable {
@@ -275,7 +289,7 @@ impl MpiBackend {
                 why: format!("MPI_Comm_create_group: {}", mpi_error(err)),
             });
         }
-        // SAFETY: MPI is initialized.
+        // SAFETY: MPI is initialized (init() above); the call only reads an attribute.
         let tag_ub = unsafe { sucl_mpi_tag_ub() } as u64;
         Ok(MpiBackend {
             comm,
@@ -352,7 +366,8 @@ impl MpiBackend {
         let mut w = Waiter::new(self.timeout, self.backoff);
         loop {
             let (mut done, mut bytes) = (0, 0);
-            // SAFETY: req is a live request from the shim.
+            // SAFETY: `req` is live: the shim frees it only when a test reports completion, and
+            // we return at that point; `done`/`bytes` are writable locals.
             let rc = unsafe { sucl_mpi_test(req, &mut done, &mut bytes) };
             if rc != 0 {
                 return Err(self.err(what, rc));
@@ -386,6 +401,8 @@ impl Backend for MpiBackend {
         let (t, l) = (self.check_tag(tag)?, self.int_len(len, "send buffer")?);
         self.abort.check(self.world_rank, "send")?;
         let mut err = 0;
+        // SAFETY (unsafe fn): the caller keeps `ptr..ptr+len` valid and unmodified until the
+        // request completes or is cancelled (post_send's contract); `cancel` upholds the rest.
         let req = sucl_mpi_isend(self.comm, ptr as *const c_void, l, peer as c_int, t, &mut err);
         if req.is_null() {
             return Err(self.err("MPI_Isend", err));
@@ -397,6 +414,8 @@ impl Backend for MpiBackend {
         let (t, l) = (self.check_tag(tag)?, self.int_len(cap, "recv buffer")?);
         self.abort.check(self.world_rank, "recv")?;
         let mut err = 0;
+        // SAFETY (unsafe fn): the caller keeps `ptr..ptr+cap` valid and untouched until the
+        // request completes or is cancelled (post_recv's contract); `cancel` upholds the rest.
         let req = sucl_mpi_irecv(self.comm, ptr as *mut c_void, l, peer as c_int, t, &mut err);
         if req.is_null() {
             return Err(self.err("MPI_Irecv", err));
@@ -411,7 +430,8 @@ impl Backend for MpiBackend {
         };
         let (req, send_len) = (p.req, p.send_len);
         let (mut done, mut bytes) = (0, 0);
-        // SAFETY: a live request.
+        // SAFETY: `req` is live: it is still in `pending`, and a request leaves `pending` when
+        // a test reports completion (which frees it) or when it is withdrawn.
         let rc = unsafe { sucl_mpi_test(req, &mut done, &mut bytes) };
         if rc != 0 {
             return Err(self.err("MPI_Test", rc));
@@ -470,7 +490,10 @@ impl Backend for MpiBackend {
         } else {
             recv.as_mut_ptr() as *mut c_void
         };
-        // SAFETY: the buffers outlive the request, which we poll to completion below.
+        // SAFETY: `sp`/`rp` cover `count` elements of the op's layout (the runtime validated the
+        // buffer lengths against `d`; the scratch space is resized above) and stay valid until
+        // the request completes: we poll it to completion below, and if that fails the job is
+        // ended (abort_job) before the buffers can be handed back.
         let req = unsafe {
             sucl_mpi_icoll(self.comm, d.op as c_int, sp, rp, count, d.dtype as c_int, d.redop as c_int, d.root as c_int, &mut err)
         };

@@ -178,7 +178,10 @@ impl Communicator {
             };
             let (p, _g) = scratch.write_ptr(queue.stream());
             let n = st.nccl.as_mut().ok_or_else(|| self.nccl_missing())?;
-            return n.collective(&CollDesc::BARRIER, None, p, queue.stream());
+            // SAFETY: `p` is the scratch buffer's one byte (a barrier reduces one byte in place),
+            // allocated on this device; the buffer lives in the device state until the
+            // communicator goes, and its write guard orders later use after `queue`'s work.
+            return unsafe { n.collective(&CollDesc::BARRIER, None, p, queue.stream()) };
         }
         queue.synchronize()?;
         self.barrier()
@@ -237,7 +240,10 @@ impl Communicator {
                 // Nothing moves; NCCL is not asked to handle null buffers.
                 return Ok(());
             }
-            return n.collective(&d, sp, rp, stream);
+            // SAFETY: `sp`/`rp` come from the caller's buffers, validated against `d` (sizes,
+            // device) before this call; they are borrowed until we return, and their guards
+            // (`_gs`, `_gr`) record the use on `stream`, so freeing them waits for it.
+            return unsafe { n.collective(&d, sp, rp, stream) };
         }
         st.staged(self, &d, sp, rp, &queue)
     }
@@ -264,7 +270,9 @@ impl Communicator {
         let (mut st, nccl) = self.p2p_backend(&q, "send")?;
         let (p, _g) = m.read_ptr(q.stream());
         if nccl {
-            return st.nccl.as_mut().expect("nccl").p2p(&[(p, m.num_bytes(), dest)], &[], q.stream());
+            // SAFETY: `p` addresses `m`'s `num_bytes()` bytes on `q`'s device; `m` is borrowed
+            // until we return and its guard `_g` records the read on `q`.
+            return unsafe { st.nccl.as_mut().expect("nccl").p2p(&[(p, m.num_bytes(), dest)], &[], q.stream()) };
         }
         let host = st.download(p, m.num_bytes(), &q)?;
         drop(st);
@@ -277,7 +285,9 @@ impl Communicator {
         let (mut st, nccl) = self.p2p_backend(&q, "recv")?;
         let (p, _g) = m.write_ptr(q.stream());
         if nccl {
-            st.nccl.as_mut().expect("nccl").p2p(&[], &[(p, len, src)], q.stream())?;
+            // SAFETY: `p` addresses `m`'s `len` bytes on `q`'s device; `m` is mutably borrowed
+            // until we return and its guard `_g` records the write on `q`.
+            unsafe { st.nccl.as_mut().expect("nccl").p2p(&[], &[(p, len, src)], q.stream())? };
             return Ok(len);
         }
         drop(st);
@@ -297,11 +307,17 @@ impl Communicator {
     ) -> Result<usize> {
         let q = r.queue().clone();
         let len = r.num_bytes();
+        if s.queue().device().ordinal() != q.device().ordinal() {
+            return Err(Error::invalid(self.wr(), "send", "is on another GPU than recv"));
+        }
         let (mut st, nccl) = self.p2p_backend(&q, "sendrecv")?;
         let (sp, _gs) = s.read_ptr(q.stream());
         let (rp, _gr) = r.write_ptr(q.stream());
         if nccl {
-            st.nccl.as_mut().expect("nccl").p2p(&[(sp, s.num_bytes(), dest)], &[(rp, len, src)], q.stream())?;
+            // SAFETY: `sp`/`rp` address `s`'s and `r`'s whole buffers, both on `q`'s device
+            // (checked above); both are borrowed until we return and their guards record the
+            // use on `q`.
+            unsafe { st.nccl.as_mut().expect("nccl").p2p(&[(sp, s.num_bytes(), dest)], &[(rp, len, src)], q.stream())? };
             return Ok(len);
         }
         let out = st.download(sp, s.num_bytes(), &q)?;

@@ -15,7 +15,7 @@ const TEST_NAME: &str = "requests_complete_on_the_backend_they_were_posted_on";
 const N: usize = 4099;
 
 fn payload(phase: u64) -> Vec<u64> {
-    (0..N as u64).map(|i| phase << 32 | i * 7 + 1).collect()
+    (0..N as u64).map(|i| (phase << 32) | (i * 7 + 1)).collect()
 }
 
 /// Rank 0 posts a receive under one pin, switches the pin, then completes the receive; rank 1
