@@ -83,7 +83,9 @@ impl Patterns {
         let mut b = q.stream().launch_builder(k.function());
         b.arg(buf).arg(&n).arg(&base).arg(&r).arg(&s).arg(&mode);
         let cfg = LaunchConfig { grid_dim: (((n as u32).div_ceil(256)).clamp(1, 4096), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the kernel's parameters match PATTERN_SRC's signature; it writes n elements.
+        // SAFETY: the arguments match the `fill_<dtype>` signature in PATTERN_SRC (T* out, long
+        // long n, base, rank, seed, int mode), and the kernel writes only out[0..n), where `n` is
+        // the length of `buf`, the device slice passed as `out`.
         unsafe { b.launch(cfg) }.map_err(|e| dev_err(comm, e))?;
         Ok(true)
     }
@@ -246,7 +248,7 @@ pub fn check(
                         seed += 1;
                         if inject_kill.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
                             eprintln!("injected fault: rank {} kills itself now", comm.rank());
-                            // SAFETY: raising a signal on ourselves.
+                            // SAFETY: raise(2) has no memory preconditions; SIGKILL ends this process at once.
                             unsafe { libc::raise(libc::SIGKILL) };
                         }
                         if inject_stall.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
