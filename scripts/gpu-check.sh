@@ -92,6 +92,52 @@ for t in ${GPU_TESTS:-}; do
   "$t" --skip gpu_tests_skipped_no_gpu >>"$OUT/gpu-tests.txt" 2>&1 || { echo "gpu-check: $t failed (see gpu-tests.txt)" >&2; status=1; }
 done
 # --- end harness ---
+# --- nccl lifecycle (life) ---
+# Bounded NCCL setup and teardown (issue 8, item 8). Two ranks started directly (torchrun's
+# variables, rank 0 hosting the store). SUCL_TEST_NCCL_INIT_FAULT=R:exit|stall makes rank R exit
+# or stop answering just before it joins NCCL. Each run appends "nccl lifecycle: ... PASS|FAIL".
+if [ "$NGPU" -ge 2 ]; then
+  nccl_pair() { # port fault timeout_s log-prefix: starts both ranks, waits for rank 0; sets rc0, el
+    local port=$1 fault=$2 to=$3 log=$4 r
+    local start; start=$(date +%s)
+    for r in 0 1; do
+      RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port SUCL_TIMEOUT=$to \
+        SUCL_TEST_NCCL_INIT_FAULT=$fault timeout 100 \
+        "$BIN" check --device cuda --ops all_reduce --dtypes f32 --redops sum --big-mib 0 >"$log-$r.txt" 2>&1 &
+      lpids[$r]=$!
+    done
+    wait "${lpids[0]}"; rc0=$?
+    el=$(( $(date +%s) - start ))
+    kill "${lpids[1]}" 2>/dev/null; wait "${lpids[1]}" 2>/dev/null
+  }
+  # (a) rank 1 exits before NCCL init: rank 0 must fail naming lost rank 1, long before its
+  # 30 s timeout (a blocking init would hang until `timeout 100` kills it: exit 124).
+  nccl_pair 29561 1:exit 30 "$OUT/nccl-init-exit"
+  if [ "$rc0" -ne 0 ] && [ "$rc0" -ne 124 ] && [ "$el" -lt 30 ] && grep -q "rank 0: lost peer rank 1" "$OUT/nccl-init-exit-0.txt"; then
+    v=PASS; else v=FAIL; status=1; fi
+  echo "nccl lifecycle: rank 1 exits before NCCL init: rank 0 exit $rc0 after $el s: $v" >>"$OUT/check.txt"
+  cat "$OUT/nccl-init-exit-0.txt" "$OUT/nccl-init-exit-1.txt" >>"$OUT/check.txt"
+  # (b) rank 1 stops answering before NCCL init (alive, store open): rank 0 must time out in
+  # ncclCommInitRankConfig after SUCL_TIMEOUT=10 and exit (not 124).
+  nccl_pair 29562 1:stall 10 "$OUT/nccl-init-stall"
+  if [ "$rc0" -ne 0 ] && [ "$rc0" -ne 124 ] && grep -q "rank 0: ncclCommInitRankConfig (nccl) timed out after" "$OUT/nccl-init-stall-0.txt"; then
+    v=PASS; else v=FAIL; status=1; fi
+  echo "nccl lifecycle: rank 1 stalls before NCCL init: rank 0 exit $rc0 after $el s: $v" >>"$OUT/check.txt"
+  cat "$OUT/nccl-init-stall-0.txt" "$OUT/nccl-init-stall-1.txt" >>"$OUT/check.txt"
+  # (c) a job that ends well tears NCCL down with ncclCommFinalize + ncclCommDestroy: exit 0,
+  # NCCL's INIT log says "Destroy COMPLETE" for every communicator and never "Abort COMPLETE".
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT RUST_LOG=warn timeout 300 \
+    "$BIN" check --device cuda --ranks 2 --ops all_reduce --dtypes f32 --redops sum --big-mib 0 >"$OUT/nccl-teardown.txt" 2>&1
+  rc=$?
+  nd=$(grep -c "Destroy COMPLETE" "$OUT/nccl-teardown.txt"); na=$(grep -c "Abort COMPLETE" "$OUT/nccl-teardown.txt")
+  if [ "$rc" -eq 0 ] && [ "$nd" -ge 2 ] && [ "$na" -eq 0 ] && ! grep -q "NCCL teardown failed" "$OUT/nccl-teardown.txt"; then
+    v=PASS; else v=FAIL; status=1; fi
+  echo "nccl lifecycle: clean job: exit $rc, $nd Destroy COMPLETE, $na Abort COMPLETE: $v" >>"$OUT/check.txt"
+  grep -h "sucl check\|COMPLETE\|teardown\|error" "$OUT/nccl-teardown.txt" >>"$OUT/check.txt"
+  rm -f "$OUT"/nccl-init-*.txt
+  grep "nccl lifecycle:" "$OUT/check.txt"
+fi
+# --- end ---
 # Benchmarks of a build that fails its checks would measure nothing worth keeping.
 [ "$status" -eq 0 ] || { grep -h "sucl check\|WRONG\|panicked\|error" "$OUT/check.txt" | head -20; echo "gpu-check: checks failed; no benchmarks" >&2; exit 1; }
 if [ "${BENCH:-1}" = 0 ]; then grep -h "sucl check" "$OUT/check.txt"; echo "gpu-check: exit $status (checks only)"; exit $status; fi

@@ -53,7 +53,7 @@ impl State<'_> {
         }
         if me == self.args.inject_kill {
             eprintln!("injected fault: rank {} kills itself now", self.comm.rank());
-            // SAFETY: raising a signal on ourselves.
+            // SAFETY: raise(2) has no memory preconditions; SIGKILL ends this process at once.
             unsafe { libc::raise(libc::SIGKILL) };
         }
         if me == self.args.inject_stall {

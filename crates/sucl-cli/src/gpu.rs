@@ -195,7 +195,7 @@ pub fn check(
                         seed += 1;
                         if inject_kill.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {
                             eprintln!("injected fault: rank {} kills itself now", comm.rank());
-                            // SAFETY: raising a signal on ourselves.
+                            // SAFETY: raise(2) has no memory preconditions; SIGKILL ends this process at once.
                             unsafe { libc::raise(libc::SIGKILL) };
                         }
                         if inject_stall.is_some_and(|(r, after)| r == comm.rank() && seed as usize == 1000 + after) {

@@ -144,7 +144,8 @@ fn launcher_forwards_sigterm_and_prefixes_output() {
     let launcher = spawn(cmd);
     let pid = launcher.0.id();
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: signalling our own child.
+    // SAFETY: kill(2) has no memory preconditions; `pid` is our child, not yet reaped, so it
+    // cannot name another process.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let out = finish(launcher, Duration::from_secs(30), "launcher");
     assert!(!out.status.success());

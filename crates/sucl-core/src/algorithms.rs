@@ -100,7 +100,8 @@ fn broadcast(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
         let ptr = buf.as_mut_ptr();
         if let Some(p) = prev {
             for rg in pieces(buf.len(), c.cfg.piece_bytes) {
-                // SAFETY: every request is waited for or cancelled before returning.
+                // SAFETY: piece `rg` lies inside `buf`, which stays mutably borrowed by this call;
+                // every request is waited for or cancelled before the call returns.
                 recvs.push(unsafe { e.post_recv(p, c.tag, Some(c.meta), ptr.add(rg.start), rg.len())? });
             }
         }
@@ -110,7 +111,9 @@ fn broadcast(e: &mut Engine, c: &Ctx, buf: &mut [u8]) -> Result<()> {
                 recvs[k] = 0;
             }
             if let Some(nx) = next {
-                // SAFETY: as above.
+                // SAFETY: piece `rg` lies inside `buf` and its receive (if any) completed above, so
+                // no request writes it while this send reads it; waited for or cancelled before
+                // the call returns.
                 sends.push(unsafe { e.post_send(nx, c.tag, c.meta, ptr.add(rg.start), rg.len())? });
             }
         }
@@ -216,12 +219,15 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, input: Option<&[u8]>, buf: &mut 
             // Post every piece of the incoming block first so no frame arrives unexpected, then
             // send ours; reduce each piece as soon as it lands, overlapping the rest's transfer.
             for pr in pieces(rb.len(), c.cfg.piece_bytes) {
-                // SAFETY: all requests are completed or cancelled before tmp/buf borrows end.
+                // SAFETY: `pr` lies inside `tmp`, which nothing else touches until its receive
+                // completes; all requests are completed or cancelled before tmp/buf borrows end.
                 reqs.push(unsafe { e.post_recv(left, c.tag, Some(c.meta), tmp.as_mut_ptr().add(pr.start), pr.len())? });
             }
             let nrecv = reqs.len();
             for pr in pieces(sb.len(), c.cfg.piece_bytes) {
-                // SAFETY: as above; the send block and the reduced block are disjoint.
+                // SAFETY: the piece lies inside the send block `sb` of `src` (the input or `buf`),
+                // which nothing writes while it is in flight: the block reduced in this step is
+                // `rb`, disjoint from `sb`; completed or cancelled before the borrows end.
                 reqs.push(unsafe { e.post_send(right, c.tag, c.meta, src.add(sb.start + pr.start), pr.len())? });
             }
             for (k, pr) in pieces(rb.len(), c.cfg.piece_bytes).enumerate() {
@@ -231,7 +237,9 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, input: Option<&[u8]>, buf: &mut 
                     }
                     return Err(err);
                 }
-                // SAFETY: disjoint from the in-flight send block.
+                // SAFETY: the piece lies inside block `rb` of `buf` (borrowed mutably by this
+                // call); no request reads or writes `rb` (the in-flight sends read `sb`, receives
+                // land in `tmp`), so this is the only reference to these bytes.
                 let acc = unsafe { std::slice::from_raw_parts_mut(base.add(rb.start + pr.start), pr.len()) };
                 let got = &tmp[pr.clone()];
                 match input {
@@ -393,12 +401,14 @@ fn all_to_all(e: &mut Engine, c: &Ctx, send: &[u8], recv: &mut [u8]) -> Result<(
     exchange(e, |e, reqs| {
         for k in 1..n {
             let j = (r + n - k) % n;
-            // SAFETY: exchange waits for or cancels every request before the borrows end.
+            // SAFETY: block j of `recv` (n blocks of `blk` bytes, checked by the caller) gets one
+            // receive only; exchange waits for or cancels every request before the borrows end.
             reqs.push(unsafe { e.post_recv(j, c.tag, Some(c.meta), base.add(j * blk), blk)? });
         }
         for k in 1..n {
             let j = (r + k) % n;
-            // SAFETY: as above.
+            // SAFETY: block j of `send` (n blocks) is only read, and `send` is a shared borrow
+            // that outlives the requests (exchange completes or cancels them first).
             reqs.push(unsafe { e.post_send(j, c.tag, c.meta, send.as_ptr().add(j * blk), blk)? });
         }
         Ok(())

@@ -325,7 +325,15 @@ impl Engine {
         Ok(req)
     }
 
+    /// A send to this rank itself: delivered to a posted receive or copied into the
+    /// unexpected queue at once, so the request completes before this returns.
+    ///
+    /// # Safety
+    /// As [`Engine::post_send`]: `ptr..ptr+len` is valid for reads for the call.
     unsafe fn self_send(&mut self, tag: u64, meta: [u64; 2], ptr: *const u8, len: usize) -> Result<ReqId> {
+        // SAFETY: the caller guarantees `ptr..ptr+len` is valid and unmodified until the request
+        // completes, which happens before this returns; `data` is not kept past the call (the
+        // unexpected queue stores a copy).
         let data = std::slice::from_raw_parts(ptr, len);
         let me = self.rank;
         let pos = self.peers[me]

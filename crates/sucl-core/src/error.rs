@@ -34,7 +34,10 @@ pub enum Error {
         /// What was going on.
         during: String,
     },
-    /// A bounded wait ran out.
+    /// A bounded wait ran out. Exception: a collective on the mpi backend that times out (or
+    /// fails otherwise after MPI started it) cannot be cancelled and would keep writing into the
+    /// caller's buffers, so that backend prints this error and ends the job with `MPI_Abort`
+    /// instead of returning it (see the `sucl-mpi` crate).
     #[error("rank {rank}: {op} timed out after {after:?}")]
     Timeout {
         /// The rank that saw it.

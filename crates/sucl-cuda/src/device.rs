@@ -159,7 +159,7 @@ impl Queue {
     pub fn synchronize(&self) -> Result<()> {
         let s = self.stream.cu_stream();
         self.dev.watch.until("waiting for a device queue", || {
-            // SAFETY: querying a live stream.
+            // SAFETY: `s` is this queue's stream, which `self` keeps alive for the call.
             match unsafe { cudarc::driver::sys::cuStreamQuery(s) } {
                 cudarc::driver::sys::CUresult::CUDA_SUCCESS => Ok(true),
                 cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),

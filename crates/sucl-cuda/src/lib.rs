@@ -27,7 +27,8 @@ pub use cudarc;
 
 fn dl_present(lib: &str) -> bool {
     let c = CString::new(lib).expect("library name");
-    // SAFETY: dlopen with a valid C string; the handle is closed right away.
+    // SAFETY: `c` is a NUL-terminated string that outlives both calls; dlclose gets only the
+    // non-null handle dlopen returned, once, and nothing from the library is used.
     unsafe {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
         if h.is_null() {
@@ -54,7 +55,8 @@ pub fn probe() -> std::result::Result<usize, String> {
 pub fn driver_version() -> std::result::Result<i32, String> {
     probe()?;
     let mut v = 0;
-    // SAFETY: plain driver query into a local.
+    // SAFETY: cuDriverGetVersion only writes one int through the pointer, a live local; probe()
+    // above found the driver library, so the symbol resolves.
     let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
     if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
         return Err(format!("cuDriverGetVersion: {rc:?}"));
@@ -76,7 +78,39 @@ pub fn cuda_err(rank: usize, during: &str, e: cudarc::driver::DriverError) -> Er
 }
 
 fn nccl_err(rank: usize, during: &str, e: cudarc::nccl::result::NcclError) -> Error {
-    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {e:?}") }
+    nccl_code_err(rank, during, e.0)
+}
+
+fn nccl_code_err(rank: usize, during: &str, code: ncclsys::ncclResult_t) -> Error {
+    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {code:?}") }
+}
+
+/// NCCL's `NCCL_CONFIG_INITIALIZER` for the configuration layout cudarc binds (`nccl-02028`:
+/// NCCL 2.28's `ncclConfig_t`), with `blocking` off: every field NCCL should choose is
+/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`) or `NCCL_CONFIG_UNDEF_PTR` (null). NCCL reads `size`
+/// bytes and treats fields newer than `version` as unset, so a newer library accepts it.
+fn nonblocking_config() -> ncclsys::ncclConfig_t {
+    const UNDEF_INT: std::ffi::c_int = std::ffi::c_int::MIN;
+    ncclsys::ncclConfig_t {
+        size: std::mem::size_of::<ncclsys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // NCCL_VERSION(2, 28, 0): the header release whose layout this is.
+        version: 22800,
+        blocking: 0,
+        cgaClusterSize: UNDEF_INT,
+        minCTAs: UNDEF_INT,
+        maxCTAs: UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: UNDEF_INT,
+        trafficClass: UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF_INT,
+        CTAPolicy: UNDEF_INT,
+        shrinkShare: UNDEF_INT,
+        nvlsCTAs: UNDEF_INT,
+        nChannelsPerNetPeer: UNDEF_INT,
+        nvlinkCentricSched: UNDEF_INT,
+    }
 }
 
 /// A transport for device memory: collectives on raw device pointers, ordered on a stream.
@@ -89,10 +123,21 @@ pub trait DeviceBackend: Send {
     }
     /// Enqueues (or runs) a collective. `send == None` means in place (see
     /// [`sucl_core::Backend::collective`]); pointers are device addresses on `stream`'s device.
-    fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device allocations on `stream`'s device covering the sizes
+    /// `desc` gives this rank ([`CollDesc::buffer_lens`]), and stay allocated — not freed,
+    /// nor written by other work (`send`), nor read or written by other work (`recv`) — until
+    /// `stream` has run everything enqueued here.
+    unsafe fn collective(&mut self, desc: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()>;
     /// Enqueues point-to-point transfers as one group, so that a rank may send to and receive
     /// from the same peer without deadlock: `sends` and `recvs` are (device address, bytes, peer).
-    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()>;
+    ///
+    /// # Safety
+    /// Each address must be a device allocation on `stream`'s device covering its byte count,
+    /// kept allocated (and, for receives, untouched by other work) until `stream` has run the
+    /// transfers.
+    unsafe fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()>;
     /// Waits (bounded) until everything enqueued on `stream` finished, surfacing asynchronous
     /// errors; aborts the backend on error or timeout.
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()>;
@@ -126,6 +171,13 @@ fn nccl_op(o: ReduceOp) -> ncclsys::ncclRedOp_t {
 }
 
 /// The NCCL backend: one NCCL communicator per sucl communicator.
+///
+/// The communicator is non-blocking (`ncclConfig_t::blocking = 0`): setup, every call that
+/// NCCL answers with `ncclInProgress`, and teardown are polled with `ncclCommGetAsyncError`
+/// under sucl's bounded wait, so a rank that never joins, a lost rank (the rendezvous store
+/// raises the job's abort flag) or the timeout is an error — NCCL is then aborted
+/// (`ncclCommAbort`) — never a hang. A clean drop finalizes (`ncclCommFinalize`, which lets
+/// the queued work finish), waits for that (bounded) and destroys; abort is for errors only.
 pub struct NcclBackend {
     comm: ncclsys::ncclComm_t,
     rank: usize,
@@ -134,19 +186,21 @@ pub struct NcclBackend {
     abort: Arc<AbortState>,
     timeout: Duration,
     backoff: Backoff,
+    /// Set once `comm` was aborted or destroyed: it must not be used (or freed) again.
     aborted: bool,
 }
 
-// SAFETY: the NCCL communicator is used from one thread at a time.
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; `NcclBackend` owns its communicator and all calls take `&mut self`.
 unsafe impl Send for NcclBackend {}
 
 impl Drop for NcclBackend {
     fn drop(&mut self) {
-        if !self.aborted {
-            // SAFETY: our communicator; destroyed once.
-            unsafe {
-                let _ = cudarc::nccl::result::comm_abort(self.comm);
-            }
+        if self.aborted {
+            return;
+        }
+        if let Err(e) = self.finalize() {
+            tracing::warn!(rank = self.world_rank, "NCCL teardown failed, communicator aborted: {e}");
         }
     }
 }
@@ -180,20 +234,75 @@ impl NcclBackend {
             *d = *s as std::ffi::c_char;
         }
         let uid = ncclsys::ncclUniqueId { internal };
-        let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: comm is written by NCCL on success.
-        let comm = unsafe {
-            cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32)
-                .map_err(|e| nccl_err(world_rank, "ncclCommInitRank", e))?;
-            comm.assume_init()
-        };
-        Ok(NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false })
+        let mut config = nonblocking_config();
+        let mut comm: ncclsys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` and `config` are valid for writes and reads for the call; `config` is
+        // fully initialized as NCCL_CONFIG_INITIALIZER would (see nonblocking_config) and NCCL
+        // copies it before returning. The device's context is bound to this thread (above).
+        let rc = unsafe { ncclsys::ncclCommInitRankConfig(&mut comm, size as i32, uid, rank as i32, &mut config) };
+        if comm.is_null() {
+            // NCCL failed before it made a communicator: nothing to abort.
+            let e = nccl_code_err(world_rank, "ncclCommInitRankConfig", rc);
+            abort.raise(e.abort_info());
+            return Err(e);
+        }
+        let mut nccl = NcclBackend { comm, rank, size, world_rank, abort, timeout, backoff, aborted: false };
+        nccl.check("ncclCommInitRankConfig", rc.result())?;
+        // Joining is asynchronous: wait (bounded, and never past a lost rank) until it is done.
+        nccl.settle("ncclCommInitRankConfig")?;
+        Ok(nccl)
+    }
+
+    /// Waits until the communicator has no operation in progress (`ncclCommGetAsyncError` no
+    /// longer says `ncclInProgress`), bounded by the timeout and the job's abort flag. On an
+    /// NCCL error, the timeout or an abort, NCCL is aborted and the error returned.
+    fn settle(&mut self, during: &str) -> Result<()> {
+        let mut w = Waiter::new(self.timeout, self.backoff);
+        let wr = self.world_rank;
+        loop {
+            let mut state = ncclsys::ncclResult_t::ncclSuccess;
+            // SAFETY: `comm` is live (not aborted or destroyed: callers check `aborted`) and
+            // `state` is valid for writes.
+            let rc = unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if rc != ncclsys::ncclResult_t::ncclSuccess {
+                return Err(self.fail(nccl_code_err(wr, "ncclCommGetAsyncError", rc)));
+            }
+            match state {
+                ncclsys::ncclResult_t::ncclSuccess => return Ok(()),
+                ncclsys::ncclResult_t::ncclInProgress => {}
+                failed => return Err(self.fail(nccl_code_err(wr, during, failed))),
+            }
+            if let Err(e) = w.pause(&self.abort, wr, &|| format!("{during} (nccl)"), false) {
+                return Err(self.fail(e));
+            }
+        }
+    }
+
+    /// Clean teardown: `ncclCommFinalize` (NCCL finishes the work queued on the communicator),
+    /// a bounded wait for it, then `ncclCommDestroy`. On an error, the timeout, or when the job
+    /// already failed, NCCL is aborted instead.
+    fn finalize(&mut self) -> Result<()> {
+        if self.abort.is_set() {
+            // Peers may be gone: finalizing could wait on them. Abort at once.
+            let e = Error::Aborted { rank: self.world_rank, reason: "the job failed before NCCL was torn down".into() };
+            return Err(self.fail(e));
+        }
+        // SAFETY: `comm` is live (`aborted` is false) and finalized only here, once.
+        let r = unsafe { cudarc::nccl::result::comm_finalize(self.comm) };
+        self.check("ncclCommFinalize", r)?;
+        self.settle("ncclCommFinalize")?;
+        self.aborted = true;
+        // SAFETY: `comm` was finalized and is quiescent; it is destroyed once and never used
+        // again (`aborted` is set).
+        let r = unsafe { cudarc::nccl::result::comm_destroy(self.comm) };
+        r.map(|_| ()).map_err(|e| nccl_err(self.world_rank, "ncclCommDestroy", e))
     }
 
     fn fail(&mut self, e: Error) -> Error {
         if !self.aborted {
             self.aborted = true;
-            // SAFETY: our communicator, aborted once; unblocks any hung NCCL kernel.
+            // SAFETY: `comm` is live (`aborted` was false) and `aborted` is set first, so the
+            // handle is never used or freed again; aborting unblocks any hung NCCL kernel.
             unsafe {
                 let _ = cudarc::nccl::result::comm_abort(self.comm);
             }
@@ -208,6 +317,10 @@ impl NcclBackend {
         r: std::result::Result<cudarc::nccl::result::NcclStatus, cudarc::nccl::result::NcclError>,
     ) -> Result<()> {
         match r {
+            Ok(cudarc::nccl::result::NcclStatus::InProgress) => {
+                // A non-blocking communicator: no other NCCL call may follow until it settles.
+                self.settle(during)
+            }
             Ok(_) => Ok(()),
             Err(e) => {
                 let e = nccl_err(self.world_rank, during, e);
@@ -222,7 +335,7 @@ impl DeviceBackend for NcclBackend {
         "nccl"
     }
 
-    fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
+    unsafe fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
         if self.aborted {
             return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
         }
@@ -243,8 +356,9 @@ impl DeviceBackend for NcclBackend {
         let sendp = send.unwrap_or(recv);
         let blk = (d.count * es) as u64;
         use cudarc::nccl::result as nr;
-        // SAFETY: the caller guarantees the device pointers cover the sizes in `d` and stay
-        // valid until the stream has run these operations.
+        // SAFETY: `c` is live (`aborted` was checked above and NCCL calls are never concurrent:
+        // `&mut self`); the caller guarantees (this method's contract) that the device pointers
+        // cover the sizes `d` gives this rank and stay allocated until `stream` ran the calls.
         let r = unsafe {
             match d.op {
                 CollOp::Barrier => {
@@ -312,15 +426,16 @@ impl DeviceBackend for NcclBackend {
         self.check(d.op.name(), r)
     }
 
-    fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
+    unsafe fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
         if self.aborted {
             return Err(Error::Aborted { rank: self.world_rank, reason: "the NCCL communicator was aborted".into() });
         }
         self.abort.check(self.world_rank, "point-to-point")?;
         use cudarc::nccl::result as nr;
         let (c, s, t) = (self.comm, stream.cu_stream() as ncclsys::cudaStream_t, ncclsys::ncclDataType_t::ncclUint8);
-        // SAFETY: the caller guarantees each address covers its byte count and stays valid
-        // until the stream has run the transfers.
+        // SAFETY: `c` is live (`aborted` was checked above); the caller guarantees (this
+        // method's contract) that each address covers its byte count and stays allocated until
+        // `stream` ran the transfers.
         let r = unsafe {
             nr::group_start().and_then(|_| {
                 let mut res = Ok(nr::NcclStatus::Success);
@@ -340,7 +455,7 @@ impl DeviceBackend for NcclBackend {
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()> {
         let mut w = Waiter::new(self.timeout, self.backoff);
         loop {
-            // SAFETY: querying a live stream.
+            // SAFETY: `stream` is borrowed for the call, so the CUstream it wraps is not destroyed.
             let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
             match q {
                 cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
@@ -356,7 +471,7 @@ impl DeviceBackend for NcclBackend {
             }
             if !self.aborted {
                 let mut async_err = ncclsys::ncclResult_t::ncclSuccess;
-                // SAFETY: our live communicator.
+                // SAFETY: `comm` is live (`aborted` is false) and `async_err` is a writable local.
                 unsafe { ncclsys::ncclCommGetAsyncError(self.comm, &mut async_err) };
                 if !matches!(async_err, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
                     let e = Error::BackendUnavailable {

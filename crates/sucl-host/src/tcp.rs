@@ -232,8 +232,10 @@ mod tests {
 
     fn recv_one(b: &mut TcpBackend) -> Result<usize> {
         let mut buf = [0u8; 64];
+        // SAFETY: the request is waited for, or cancelled on error, before `buf` goes out of
+        // scope, so the backend never writes it afterwards.
         let r = unsafe { b.post_recv(1, 5, buf.as_mut_ptr(), buf.len())? };
-        b.wait(r)
+        b.wait(r).inspect_err(|_| b.cancel(r))
     }
 
     #[test]

@@ -2,6 +2,18 @@
 //! collectives are MPI's own non-blocking ones, polled under sucl's bounded waits so a stuck
 //! peer is a timeout, not a hang. A small C shim (built with `mpicc`) keeps MPI's handles on the
 //! C side, so no bindings generator is needed. Depends only on `sucl-core`.
+//!
+//! # Buffers are never written after a call returns
+//!
+//! MPI writes a caller's buffer until the request that owns it completes, and a non-blocking
+//! collective cannot be cancelled (MPI forbids `MPI_Cancel` on it). So when a collective fails
+//! after it was started — its bounded wait timed out, another rank aborted the job, or
+//! `MPI_Test` reported an error — this backend does not return the buffer to the caller: it
+//! prints the error to stderr and ends the whole job with `MPI_Abort` (exit status
+//! [`ABORT_EXIT_CODE`] under Open MPI's `mpirun`). A point-to-point request that is withdrawn
+//! (after a timeout or another error) is cancelled with `MPI_Cancel` and then polled until MPI
+//! reports it complete (cancelled, or finished after all), for at most [`CANCEL_GRACE`]; only
+//! if it does not complete by then is the job aborted the same way.
 
 #![warn(missing_docs)]
 
@@ -31,9 +43,16 @@ mod missing {
     pub unsafe fn sucl_mpi_tag_ub() -> c_int {
         0
     }
-    pub unsafe fn sucl_mpi_error_string(_: c_int, b: *mut c_char, _: c_int) {
+    pub unsafe fn sucl_mpi_error_string(_: c_int, b: *mut c_char, len: c_int) {
         let msg = b"sucl was built without an MPI library (mpicc was not found at build time)\0";
-        std::ptr::copy_nonoverlapping(msg.as_ptr() as *const c_char, b, msg.len());
+        let n = msg.len().min(len.max(0) as usize);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: the caller passes `b` valid for `len` bytes (as the C shim's contract says);
+        // at most `len` bytes are written, the last one a NUL.
+        std::ptr::copy_nonoverlapping(msg.as_ptr() as *const c_char, b, n);
+        *b.add(n - 1) = 0;
     }
     pub unsafe fn sucl_mpi_version(b: *mut c_char, l: c_int) {
         sucl_mpi_error_string(0, b, l)
@@ -51,7 +70,10 @@ mod missing {
     pub unsafe fn sucl_mpi_test(_: *mut c_void, _: *mut c_int, _: *mut c_longlong) -> c_int {
         -1
     }
-    pub unsafe fn sucl_mpi_cancel(_: *mut c_void) {}
+    pub unsafe fn sucl_mpi_cancel(_: *mut c_void) -> c_int {
+        1
+    }
+    pub unsafe fn sucl_mpi_abort(_: c_int) {}
     pub unsafe fn sucl_mpi_icoll(
         _: *mut c_void,
         _: c_int,
@@ -82,7 +104,8 @@ extern "C" {
     fn sucl_mpi_isend(c: *mut c_void, buf: *const c_void, len: c_int, peer: c_int, tag: c_int, err: *mut c_int) -> *mut c_void;
     fn sucl_mpi_irecv(c: *mut c_void, buf: *mut c_void, cap: c_int, peer: c_int, tag: c_int, err: *mut c_int) -> *mut c_void;
     fn sucl_mpi_test(req: *mut c_void, done: *mut c_int, bytes: *mut c_longlong) -> c_int;
-    fn sucl_mpi_cancel(req: *mut c_void);
+    fn sucl_mpi_cancel(req: *mut c_void) -> c_int;
+    fn sucl_mpi_abort(code: c_int);
     #[allow(clippy::too_many_arguments)]
     fn sucl_mpi_icoll(
         c: *mut c_void,
@@ -100,13 +123,36 @@ extern "C" {
 fn text(f: impl FnOnce(*mut c_char, c_int)) -> String {
     let mut buf = [0 as c_char; 512];
     f(buf.as_mut_ptr(), buf.len() as c_int);
-    // SAFETY: the shim always NUL-terminates within the buffer.
+    // SAFETY: `f` (a shim call given `buf` and its length) NUL-terminates within `buf`, and
+    // `buf` is zeroed beforehand, so a NUL lies inside it even if `f` wrote nothing.
     unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 fn mpi_error(code: c_int) -> String {
-    // SAFETY: the shim writes at most len bytes.
+    // SAFETY: `b` is valid for `l` bytes (text's buffer) and the shim writes at most `l` bytes,
+    // NUL-terminated; MPI_Error_string needs no initialized MPI.
     text(|b, l| unsafe { sucl_mpi_error_string(code, b, l) })
+}
+
+/// The error code passed to `MPI_Abort` when a request that still owns a caller's buffer cannot
+/// be completed or cancelled (see the crate documentation).
+pub const ABORT_EXIT_CODE: i32 = 75;
+
+/// How long a cancelled point-to-point request may take to complete before the job is aborted.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the whole MPI job after printing `cause`: an MPI request still owns memory the caller
+/// is about to get back, and neither its completion nor its cancellation can be awaited.
+fn abort_job(cause: &Error) -> ! {
+    eprintln!(
+        "sucl: {cause}; the MPI request still owns the caller's buffers and cannot be \
+         cancelled, so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
+    );
+    // SAFETY: MPI is initialized (a backend exists only after init succeeded); MPI_Abort ends
+    // every process of the job and does not return.
+    unsafe { sucl_mpi_abort(ABORT_EXIT_CODE) };
+    // Only reached if MPI_Abort returned, which the standard does not allow.
+    std::process::exit(ABORT_EXIT_CODE)
 }
 
 static INIT: OnceLock<std::result::Result<(usize, usize), String>> = OnceLock::new();
@@ -114,7 +160,8 @@ static INIT: OnceLock<std::result::Result<(usize, usize), String>> = OnceLock::n
 /// Initializes MPI once per process; returns (world rank, world size) or why MPI is unusable.
 pub fn init() -> std::result::Result<(usize, usize), String> {
     INIT.get_or_init(|| {
-        // SAFETY: plain MPI initialization through the shim.
+        // SAFETY: the shim checks MPI_Initialized first; this runs once per process (OnceLock),
+        // so MPI is never initialized twice.
         let rc = unsafe { sucl_mpi_init() };
         if cfg!(sucl_mpi_missing) {
             return Err("sucl was built without an MPI library (mpicc was not found at build time)".to_string());
@@ -123,7 +170,7 @@ pub fn init() -> std::result::Result<(usize, usize), String> {
             return Err(format!("MPI_Init_thread failed: {}", mpi_error(rc)));
         }
         let (mut r, mut s) = (0, 0);
-        // SAFETY: MPI is initialized.
+        // SAFETY: MPI is initialized (rc == 0 above); `r` and `s` are writable locals.
         unsafe { sucl_mpi_world(&mut r, &mut s) };
         Ok((r as usize, s as usize))
     })
@@ -135,19 +182,40 @@ pub fn initialized() -> bool {
     matches!(INIT.get(), Some(Ok(_)))
 }
 
+/// Why the job failed, as seen by an MPI backend when it was dropped with its abort flag raised
+/// (a timeout, a lost rank, an abort from another rank). Recorded then — before the teardown
+/// leaves the rendezvous store, whose closing connections would raise the flag in a job that
+/// ended well — and read by [`finalize`].
+static JOB_FAILED: OnceLock<String> = OnceLock::new();
+
 /// Finalizes MPI if this process initialized it (call once, when the job's last communicator
-/// is gone).
+/// is gone). If the job failed (an MPI backend was dropped with the job's abort flag raised: a
+/// timeout, a lost rank, an abort from another rank), `MPI_Finalize` could wait forever for
+/// ranks that never reach it, so the job is ended with `MPI_Abort` ([`ABORT_EXIT_CODE`])
+/// instead.
 pub fn finalize() {
-    if initialized() {
-        // SAFETY: MPI was initialized by us; finalize is idempotent in the shim.
-        unsafe { sucl_mpi_finalize() };
+    if !initialized() {
+        return;
     }
+    if let Some(why) = JOB_FAILED.get() {
+        eprintln!(
+            "sucl: the job failed ({why}); MPI_Finalize could wait for ranks that never reach it, \
+             so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
+        );
+        // SAFETY: MPI is initialized (checked above) and not finalized (finalize runs once);
+        // MPI_Abort ends every process of the job and does not return.
+        unsafe { sucl_mpi_abort(ABORT_EXIT_CODE) };
+        std::process::exit(ABORT_EXIT_CODE);
+    }
+    // SAFETY: MPI was initialized by this process; the shim skips MPI_Finalize if it already ran.
+    unsafe { sucl_mpi_finalize() };
 }
 
 /// The MPI library's version line (initializes MPI if needed).
 pub fn version() -> std::result::Result<String, String> {
     init()?;
-    // SAFETY: MPI is initialized.
+    // SAFETY: MPI is initialized (init() succeeded above); `b` is valid for `l` bytes and the
+    // shim writes at most `l`, NUL-terminated.
     Ok(text(|b, l| unsafe { sucl_mpi_version(b, l) }))
 }
 
@@ -157,6 +225,10 @@ struct Pending {
 }
 
 /// The MPI backend of one communicator (an MPI communicator over the same world ranks).
+///
+/// A collective that fails after MPI started it ends the job (`MPI_Abort`) instead of returning
+/// the error, because MPI would go on writing into the caller's buffers; see the crate
+/// documentation.
 pub struct MpiBackend {
     comm: *mut c_void,
     rank: usize,
@@ -171,16 +243,23 @@ pub struct MpiBackend {
     scratch: Vec<u8>,
 }
 
-// SAFETY: the MPI handles are used from one thread at a time (MPI_THREAD_SERIALIZED).
+// SAFETY: MPI is initialized with MPI_THREAD_SERIALIZED, which allows calls from any thread as
+// long as they are not concurrent; the backend owns its handles and every call takes `&mut self`
+// (or runs in Drop), so moving it to another thread keeps calls serialized.
 unsafe impl Send for MpiBackend {}
 
 impl Drop for MpiBackend {
     fn drop(&mut self) {
-        for p in self.pending.iter_mut().filter_map(Option::take) {
-            // SAFETY: an outstanding request owned by us.
-            unsafe { sucl_mpi_cancel(p.req) };
+        if self.abort.is_set() {
+            let why = self.abort.info().map_or_else(|| "an abort was raised".to_string(), |i| i.reason);
+            let _ = JOB_FAILED.set(why);
         }
-        // SAFETY: a communicator created by us.
+        let left: Vec<Pending> = self.pending.iter_mut().filter_map(Option::take).collect();
+        for p in left {
+            self.withdraw(p);
+        }
+        // SAFETY: `comm` came from sucl_mpi_comm_create and is freed only here, once; no
+        // request on it is live any more (each was completed or withdrawn above).
         unsafe { sucl_mpi_comm_free(self.comm) };
     }
 }
@@ -200,7 +279,8 @@ impl MpiBackend {
         }
         let ranks: Vec<c_int> = world_ranks.iter().map(|&w| w as c_int).collect();
         let mut err = 0;
-        // SAFETY: ranks is a valid array; the call is collective over these ranks.
+        // SAFETY: MPI is initialized (init() above); `ranks` holds `ranks.len()` valid world
+        // ranks (checked above) and `err` is a writable local.
         let comm = unsafe { sucl_mpi_comm_create(ranks.as_ptr(), ranks.len() as c_int, &mut err) };
         if comm.is_null() {
             return Err(Error::BackendUnavailable {
@@ -209,7 +289,7 @@ impl MpiBackend {
                 why: format!("MPI_Comm_create_group: {}", mpi_error(err)),
             });
         }
-        // SAFETY: MPI is initialized.
+        // SAFETY: MPI is initialized (init() above); the call only reads an attribute.
         let tag_ub = unsafe { sucl_mpi_tag_ub() } as u64;
         Ok(MpiBackend {
             comm,
@@ -254,12 +334,40 @@ impl MpiBackend {
         Ok(tag as c_int)
     }
 
+    /// Cancels a point-to-point request and waits until MPI reports it complete, so that its
+    /// buffer is no longer MPI's; ends the job if that does not happen within [`CANCEL_GRACE`].
+    fn withdraw(&mut self, p: Pending) {
+        let what = if p.send_len.is_some() { "cancelling a send" } else { "cancelling a receive" };
+        // SAFETY: `p.req` is a live request from the shim, owned by us (taken out of `pending`).
+        if unsafe { sucl_mpi_cancel(p.req) } != 0 {
+            return; // MPI is finalized: no request can be live.
+        }
+        let start = std::time::Instant::now();
+        loop {
+            let (mut done, mut bytes) = (0, 0);
+            // SAFETY: `p.req` is still live: only a completed test frees it, and we stop then.
+            let rc = unsafe { sucl_mpi_test(p.req, &mut done, &mut bytes) };
+            if rc != 0 {
+                abort_job(&self.err(what, rc));
+            }
+            if done != 0 {
+                return;
+            }
+            let after = start.elapsed();
+            if after >= CANCEL_GRACE.min(self.timeout) {
+                abort_job(&Error::Timeout { rank: self.world_rank, op: format!("{what} (mpi)"), after });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// Polls a raw request to completion under the bounded wait.
     fn poll(&mut self, req: *mut c_void, what: &str) -> Result<i64> {
         let mut w = Waiter::new(self.timeout, self.backoff);
         loop {
             let (mut done, mut bytes) = (0, 0);
-            // SAFETY: req is a live request from the shim.
+            // SAFETY: `req` is live: the shim frees it only when a test reports completion, and
+            // we return at that point; `done`/`bytes` are writable locals.
             let rc = unsafe { sucl_mpi_test(req, &mut done, &mut bytes) };
             if rc != 0 {
                 return Err(self.err(what, rc));
@@ -293,6 +401,8 @@ impl Backend for MpiBackend {
         let (t, l) = (self.check_tag(tag)?, self.int_len(len, "send buffer")?);
         self.abort.check(self.world_rank, "send")?;
         let mut err = 0;
+        // SAFETY (unsafe fn): the caller keeps `ptr..ptr+len` valid and unmodified until the
+        // request completes or is cancelled (post_send's contract); `cancel` upholds the rest.
         let req = sucl_mpi_isend(self.comm, ptr as *const c_void, l, peer as c_int, t, &mut err);
         if req.is_null() {
             return Err(self.err("MPI_Isend", err));
@@ -304,6 +414,8 @@ impl Backend for MpiBackend {
         let (t, l) = (self.check_tag(tag)?, self.int_len(cap, "recv buffer")?);
         self.abort.check(self.world_rank, "recv")?;
         let mut err = 0;
+        // SAFETY (unsafe fn): the caller keeps `ptr..ptr+cap` valid and untouched until the
+        // request completes or is cancelled (post_recv's contract); `cancel` upholds the rest.
         let req = sucl_mpi_irecv(self.comm, ptr as *mut c_void, l, peer as c_int, t, &mut err);
         if req.is_null() {
             return Err(self.err("MPI_Irecv", err));
@@ -318,7 +430,8 @@ impl Backend for MpiBackend {
         };
         let (req, send_len) = (p.req, p.send_len);
         let (mut done, mut bytes) = (0, 0);
-        // SAFETY: a live request.
+        // SAFETY: `req` is live: it is still in `pending`, and a request leaves `pending` when
+        // a test reports completion (which frees it) or when it is withdrawn.
         let rc = unsafe { sucl_mpi_test(req, &mut done, &mut bytes) };
         if rc != 0 {
             return Err(self.err("MPI_Test", rc));
@@ -346,9 +459,8 @@ impl Backend for MpiBackend {
 
     fn cancel(&mut self, id: ReqId) {
         if let Some(p) = self.pending.get_mut(id as usize).and_then(Option::take) {
-            // SAFETY: a live request owned by us.
-            unsafe { sucl_mpi_cancel(p.req) };
             self.free.push(id as usize);
+            self.withdraw(p);
         }
     }
 
@@ -378,7 +490,10 @@ impl Backend for MpiBackend {
         } else {
             recv.as_mut_ptr() as *mut c_void
         };
-        // SAFETY: the buffers outlive the request, which we poll to completion below.
+        // SAFETY: `sp`/`rp` cover `count` elements of the op's layout (the runtime validated the
+        // buffer lengths against `d`; the scratch space is resized above) and stay valid until
+        // the request completes: we poll it to completion below, and if that fails the job is
+        // ended (abort_job) before the buffers can be handed back.
         let req = unsafe {
             sucl_mpi_icoll(self.comm, d.op as c_int, sp, rp, count, d.dtype as c_int, d.redop as c_int, d.root as c_int, &mut err)
         };
@@ -388,8 +503,11 @@ impl Backend for MpiBackend {
             return Err(e);
         }
         if let Err(e) = self.poll(req, d.op.name()) {
+            // The collective is still running and cannot be cancelled: MPI would keep writing
+            // into `recv` (and reading `send`) after we return. Tell the other ranks, then end
+            // the job rather than hand the buffers back.
             self.abort.raise(e.abort_info());
-            return Err(e);
+            abort_job(&e);
         }
         let at_root = !d.op.rooted() || d.root == self.rank;
         if d.op.reduces() && at_root {

@@ -127,14 +127,25 @@ int sucl_mpi_test(void *req, int *done, long long *bytes) {
     return rc;
 }
 
-void sucl_mpi_cancel(void *req) {
+/* Asks MPI to cancel a point-to-point request. The request stays live: it still has to complete
+ * (sucl_mpi_test) before its buffer may be reused, since a cancel that comes too late lets the
+ * transfer finish. Returns 1 if MPI is already finalized (no request can be live then; the
+ * handle is freed), else 0. */
+int sucl_mpi_cancel(void *req) {
     int done = 0;
     MPI_Finalized(&done);
-    if (!done) {
-        MPI_Cancel((MPI_Request *)req);
-        MPI_Request_free((MPI_Request *)req);
+    if (done) {
+        free(req);
+        return 1;
     }
-    free(req);
+    MPI_Cancel((MPI_Request *)req);
+    return 0;
+}
+
+/* Ends every process of the job: the way out when a request still owns a caller's buffer and
+ * cannot be completed or cancelled. */
+void sucl_mpi_abort(int code) {
+    MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 /* Starts a non-blocking collective. op codes follow sucl's CollOp; send == NULL means in place. */

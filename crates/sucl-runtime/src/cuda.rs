@@ -41,6 +41,31 @@ pub(crate) struct DeviceComm {
     scratch: Option<Buffer<u8>>,
 }
 
+/// Test-only fault hook for `scripts/gpu-check.sh`: with `SUCL_TEST_NCCL_INIT_FAULT=R:exit`,
+/// world rank R exits (status 3) just before it joins NCCL; with `R:stall` it stops answering
+/// there (sleeps 120 s, store connection open). The other ranks' NCCL setup must then fail —
+/// naming the lost rank, or after `SUCL_TIMEOUT` — instead of hanging. Read once per device
+/// setup, never on a communication path.
+fn nccl_init_fault_hook(world_rank: usize) {
+    let Ok(spec) = std::env::var("SUCL_TEST_NCCL_INIT_FAULT") else { return };
+    let Some((rank, fault)) = spec.split_once(':') else { return };
+    if rank.trim().parse::<usize>().ok() != Some(world_rank) {
+        return;
+    }
+    match fault.trim() {
+        "exit" => {
+            eprintln!("injected fault: rank {world_rank} exits before joining NCCL");
+            std::process::exit(3);
+        }
+        "stall" => {
+            eprintln!("injected fault: rank {world_rank} stops answering before joining NCCL");
+            std::thread::sleep(std::time::Duration::from_secs(120));
+            std::process::exit(5);
+        }
+        other => eprintln!("SUCL_TEST_NCCL_INIT_FAULT: unknown fault {other:?} (exit or stall); ignored"),
+    }
+}
+
 impl Communicator {
     /// Opens this rank's GPU: local rank modulo the number of devices, with this job's timeout
     /// and lost-rank detection on every wait. Not collective.
@@ -100,6 +125,7 @@ impl Communicator {
             } else {
                 store.get(&format!("{key}/nccl-id"))?
             };
+            nccl_init_fault_hook(wr);
             let h = &self.ctx.cfg.host;
             Some(NcclBackend::new(dev, &id, self.rank, self.size, wr, self.ctx.abort.clone(), h.timeout, h.backoff)?)
         } else {
@@ -152,7 +178,10 @@ impl Communicator {
             };
             let (p, _g) = scratch.write_ptr(queue.stream());
             let n = st.nccl.as_mut().ok_or_else(|| self.nccl_missing())?;
-            return n.collective(&CollDesc::BARRIER, None, p, queue.stream());
+            // SAFETY: `p` is the scratch buffer's one byte (a barrier reduces one byte in place),
+            // allocated on this device; the buffer lives in the device state until the
+            // communicator goes, and its write guard orders later use after `queue`'s work.
+            return unsafe { n.collective(&CollDesc::BARRIER, None, p, queue.stream()) };
         }
         queue.synchronize()?;
         self.barrier()
@@ -213,7 +242,10 @@ impl Communicator {
                 // Nothing moves; NCCL is not asked to handle null buffers.
                 return Ok(());
             }
-            n.collective(&d, sp, rp, stream)
+            // SAFETY: `sp`/`rp` come from the caller's buffers, validated against `d` (sizes,
+            // device) before this call; they are borrowed until we return, and their guards
+            // (`_gs`, `_gr`) record the use on `stream`, so freeing them waits for it.
+            unsafe { n.collective(&d, sp, rp, stream) }
         } else {
             st.staged(self, &d, sp, rp, &queue)
         };
@@ -270,7 +302,9 @@ impl Communicator {
         let (mut st, nccl) = self.p2p_backend(&q, "send")?;
         let (p, _g) = m.read_ptr(q.stream());
         if nccl {
-            return st.nccl.as_mut().expect("nccl").p2p(&[(p, m.num_bytes(), dest)], &[], q.stream());
+            // SAFETY: `p` addresses `m`'s `num_bytes()` bytes on `q`'s device; `m` is borrowed
+            // until we return and its guard `_g` records the read on `q`.
+            return unsafe { st.nccl.as_mut().expect("nccl").p2p(&[(p, m.num_bytes(), dest)], &[], q.stream()) };
         }
         let host = st.download(p, m.num_bytes(), &q)?;
         drop(st);
@@ -283,7 +317,9 @@ impl Communicator {
         let (mut st, nccl) = self.p2p_backend(&q, "recv")?;
         let (p, _g) = m.write_ptr(q.stream());
         if nccl {
-            st.nccl.as_mut().expect("nccl").p2p(&[], &[(p, len, src)], q.stream())?;
+            // SAFETY: `p` addresses `m`'s `len` bytes on `q`'s device; `m` is mutably borrowed
+            // until we return and its guard `_g` records the write on `q`.
+            unsafe { st.nccl.as_mut().expect("nccl").p2p(&[], &[(p, len, src)], q.stream())? };
             return Ok(len);
         }
         drop(st);
@@ -303,11 +339,17 @@ impl Communicator {
     ) -> Result<usize> {
         let q = r.queue().clone();
         let len = r.num_bytes();
+        if s.queue().device().ordinal() != q.device().ordinal() {
+            return Err(Error::invalid(self.wr(), "send", "is on another GPU than recv"));
+        }
         let (mut st, nccl) = self.p2p_backend(&q, "sendrecv")?;
         let (sp, _gs) = s.read_ptr(q.stream());
         let (rp, _gr) = r.write_ptr(q.stream());
         if nccl {
-            st.nccl.as_mut().expect("nccl").p2p(&[(sp, s.num_bytes(), dest)], &[(rp, len, src)], q.stream())?;
+            // SAFETY: `sp`/`rp` address `s`'s and `r`'s whole buffers, both on `q`'s device
+            // (checked above); both are borrowed until we return and their guards record the
+            // use on `q`.
+            unsafe { st.nccl.as_mut().expect("nccl").p2p(&[(sp, s.num_bytes(), dest)], &[(rp, len, src)], q.stream())? };
             return Ok(len);
         }
         let out = st.download(sp, s.num_bytes(), &q)?;
