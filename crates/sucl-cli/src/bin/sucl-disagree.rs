@@ -1,0 +1,96 @@
+//! Test helper (not a user command): a black-box client whose ranks call the API with arguments
+//! they disagree on, for the multi-process tests in `crates/sucl-cli/tests/disagree.rs` and
+//! `tests/mpi.rs`. Every step prints one line — `STEP <name> OK|ERR|WRONG ...` — and the process
+//! exits 0 whatever the steps returned, so the launcher does not end the other ranks early.
+//!
+//! Scenarios (`sucl-disagree SCENARIO [OP]`):
+//! - `root OP`: OP (broadcast, reduce, gather, scatter) with root `rank % 2`, then a barrier.
+//! - `count OP`: OP with root 0 and `4 + rank % 2` elements per rank, then a barrier.
+//! - `leftover OP`: OP (broadcast or scatter) with root `rank % 2`, its result ignored, then a
+//!   correct broadcast from root 0 whose data is checked.
+//! - `sendrecv-bad-peer`: sendrecv to rank `size` while receiving from itself, then a barrier.
+
+use std::time::Instant;
+use sucl::{Communicator, Error, ReduceOp};
+
+fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::InvalidArgument { .. } => "InvalidArgument",
+        Error::LostPeer { .. } => "LostPeer",
+        Error::Timeout { .. } => "Timeout",
+        Error::Mismatch { .. } => "Mismatch",
+        Error::BackendUnavailable { .. } => "BackendUnavailable",
+        Error::Config(_) => "Config",
+        Error::Protocol { .. } => "Protocol",
+        Error::Aborted { .. } => "Aborted",
+        Error::Io { .. } => "Io",
+    }
+}
+
+/// Runs one step and prints its outcome; `check` turns an Ok into WRONG when the data is wrong.
+fn step(name: &str, f: impl FnOnce() -> sucl::Result<Option<String>>) {
+    let t = Instant::now();
+    let r = f();
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    match r {
+        Ok(None) => println!("STEP {name} OK ({ms:.1} ms)"),
+        Ok(Some(wrong)) => println!("STEP {name} WRONG {wrong} ({ms:.1} ms)"),
+        Err(e) => println!("STEP {name} ERR {} ({ms:.1} ms): {e}", kind(&e)),
+    }
+}
+
+/// One rooted collective with `root` and `count` elements per rank; data is `100 + rank`.
+fn rooted(comm: &Communicator, op: &str, root: usize, count: usize) -> sucl::Result<()> {
+    let (r, n) = (comm.rank(), comm.size());
+    let mine = vec![100.0 + r as f32; count];
+    match op {
+        "broadcast" => comm.broadcast(&mut mine.clone(), root),
+        "reduce" => comm.reduce(&mine, &mut vec![0.0f32; if r == root { count } else { 0 }], ReduceOp::Sum, root),
+        "gather" => comm.gather(&mine, &mut vec![0.0f32; if r == root { count * n } else { 0 }], root),
+        "scatter" => comm.scatter(&vec![100.0 + r as f32; if r == root { count * n } else { 0 }], &mut vec![0.0f32; count], root),
+        other => Err(Error::invalid(r, "op", format!("unknown op {other}"))),
+    }
+}
+
+fn main() {
+    let comm = match sucl::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sucl-disagree: init failed: {e}");
+            std::process::exit(2);
+        }
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (r, n) = (comm.rank(), comm.size());
+    let op = args.get(1).map(String::as_str).unwrap_or("broadcast");
+    println!("backend {} checking {}", comm.backend_name(), comm.checks_collectives());
+    match args.first().map(String::as_str) {
+        Some("root") => {
+            step(op, || rooted(&comm, op, r % 2, 4).map(|_| None));
+            step("barrier-after", || comm.barrier().map(|_| None));
+        }
+        Some("count") => {
+            step(op, || rooted(&comm, op, 0, 4 + r % 2).map(|_| None));
+            step("barrier-after", || comm.barrier().map(|_| None));
+        }
+        Some("leftover") => {
+            step(op, || rooted(&comm, op, r % 2, 4).map(|_| None));
+            step("broadcast-after", || {
+                let mut v = vec![if r == 0 { 7u32 } else { 0 }; 4];
+                comm.broadcast(&mut v, 0)?;
+                Ok(v.iter().any(|&x| x != 7).then(|| format!("received {v:?}, root sent [7, 7, 7, 7]")))
+            });
+        }
+        Some("sendrecv-bad-peer") => {
+            step("sendrecv", || {
+                let mut got = [0u32; 1];
+                comm.sendrecv(&[1u32], n, &mut got, r, 5).map(|_| None)
+            });
+            step("barrier-after", || comm.barrier().map(|_| None));
+        }
+        _ => {
+            eprintln!("usage: sucl-disagree root|count|leftover OP | sendrecv-bad-peer");
+            std::process::exit(2);
+        }
+    }
+}
