@@ -21,16 +21,6 @@ fn run(n: usize, backend: &str, check: bool, args: &[&str]) -> Vec<Vec<String>> 
     steps_by_rank(n, &out.stdout)
 }
 
-/// The `STEP` lines of each rank, from output prefixed `[r] ` by the launcher.
-fn steps_by_rank(n: usize, stdout: &str) -> Vec<Vec<String>> {
-    (0..n)
-        .map(|r| {
-            let p = format!("[{r}] STEP ");
-            stdout.lines().filter_map(|l| l.strip_prefix(&p)).map(str::to_string).collect()
-        })
-        .collect()
-}
-
 fn assert_all_mismatch(n: usize, backend: &str, what: &str, args: &[&str]) {
     let ranks = run(n, backend, true, args);
     for (r, steps) in ranks.iter().enumerate() {
@@ -50,7 +40,8 @@ fn checking_mode_reports_root_disagreement_on_every_rank_tcp() {
 
 #[test]
 fn checking_mode_reports_root_disagreement_on_every_rank_shm() {
-    assert_all_mismatch(2, "shm", "root", &["root", "gather"]);
+    // shm finds some disagreements itself; this text is the checking mode's.
+    assert_all_mismatch(2, "shm", "root (0 on rank 0; 1 on rank 1)", &["root", "gather"]);
 }
 
 #[test]
@@ -73,6 +64,18 @@ fn count_disagreement_without_checking_poisons_every_rank_tcp() {
             assert!(steps[1].contains("ERR Mismatch"), "{op}: rank {r}: the communicator must stay poisoned: {steps:?}");
             assert!(!steps.iter().any(|s| s.contains("Aborted") || s.contains("Timeout")), "{op}: rank {r}: {steps:?}");
         }
+    }
+}
+
+/// Without the checking mode tcp cannot see that ranks disagree on a broadcast's root (every
+/// rank returns at once), but the messages it leaves behind show it: the next call reports
+/// Mismatch on every rank instead of carrying on.
+#[test]
+fn root_disagreement_without_checking_is_reported_by_the_next_call_tcp() {
+    let ranks = run(3, "tcp", false, &["root", "broadcast"]);
+    for (r, steps) in ranks.iter().enumerate() {
+        assert_eq!(steps.len(), 2, "rank {r}: {steps:?}");
+        assert!(steps[1].starts_with("barrier-after ERR Mismatch") && steps[1].contains("an earlier collective"), "rank {r}: {steps:?}");
     }
 }
 

@@ -1,6 +1,6 @@
 //! Test helper (not a user command): a black-box client whose ranks call the API with arguments
 //! they disagree on, for the multi-process tests in `crates/sucl-cli/tests/disagree.rs` and
-//! `tests/mpi.rs`. Every step prints one line — `STEP <name> OK|ERR|WRONG ...` — and the process
+//! `tests/mpi.rs`. Every step prints one line — `rank <r> STEP <name> OK|ERR|WRONG ...` — and the process
 //! exits 0 whatever the steps returned, so the launcher does not end the other ranks early.
 //!
 //! Scenarios (`sucl-disagree SCENARIO [OP]`):
@@ -28,14 +28,14 @@ fn kind(e: &Error) -> &'static str {
 }
 
 /// Runs one step and prints its outcome; `check` turns an Ok into WRONG when the data is wrong.
-fn step(name: &str, f: impl FnOnce() -> sucl::Result<Option<String>>) {
+fn step(rank: usize, name: &str, f: impl FnOnce() -> sucl::Result<Option<String>>) {
     let t = Instant::now();
     let r = f();
     let ms = t.elapsed().as_secs_f64() * 1e3;
     match r {
-        Ok(None) => println!("STEP {name} OK ({ms:.1} ms)"),
-        Ok(Some(wrong)) => println!("STEP {name} WRONG {wrong} ({ms:.1} ms)"),
-        Err(e) => println!("STEP {name} ERR {} ({ms:.1} ms): {e}", kind(&e)),
+        Ok(None) => println!("rank {rank} STEP {name} OK ({ms:.1} ms)"),
+        Ok(Some(wrong)) => println!("rank {rank} STEP {name} WRONG {wrong} ({ms:.1} ms)"),
+        Err(e) => println!("rank {rank} STEP {name} ERR {} ({ms:.1} ms): {e}", kind(&e)),
     }
 }
 
@@ -66,27 +66,27 @@ fn main() {
     println!("backend {} checking {}", comm.backend_name(), comm.checks_collectives());
     match args.first().map(String::as_str) {
         Some("root") => {
-            step(op, || rooted(&comm, op, r % 2, 4).map(|_| None));
-            step("barrier-after", || comm.barrier().map(|_| None));
+            step(r, op, || rooted(&comm, op, r % 2, 4).map(|_| None));
+            step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         Some("count") => {
-            step(op, || rooted(&comm, op, 0, 4 + r % 2).map(|_| None));
-            step("barrier-after", || comm.barrier().map(|_| None));
+            step(r, op, || rooted(&comm, op, 0, 4 + r % 2).map(|_| None));
+            step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         Some("leftover") => {
-            step(op, || rooted(&comm, op, r % 2, 4).map(|_| None));
-            step("broadcast-after", || {
+            step(r, op, || rooted(&comm, op, r % 2, 4).map(|_| None));
+            step(r, "broadcast-after", || {
                 let mut v = vec![if r == 0 { 7u32 } else { 0 }; 4];
                 comm.broadcast(&mut v, 0)?;
                 Ok(v.iter().any(|&x| x != 7).then(|| format!("received {v:?}, root sent [7, 7, 7, 7]")))
             });
         }
         Some("sendrecv-bad-peer") => {
-            step("sendrecv", || {
+            step(r, "sendrecv", || {
                 let mut got = [0u32; 1];
                 comm.sendrecv(&[1u32], n, &mut got, r, 5).map(|_| None)
             });
-            step("barrier-after", || comm.barrier().map(|_| None));
+            step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         _ => {
             eprintln!("usage: sucl-disagree root|count|leftover OP | sendrecv-bad-peer");
