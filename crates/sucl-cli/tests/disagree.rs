@@ -87,7 +87,7 @@ fn leftovers_of_a_disagreement_never_reach_a_later_call_tcp() {
         let ranks = run(2, "tcp", false, &["leftover", op]);
         for (r, steps) in ranks.iter().enumerate() {
             assert_eq!(steps.len(), 2, "{op}: rank {r}: {steps:?}");
-            assert!(steps[1].starts_with("broadcast-after "), "{steps:?}");
+            assert!(steps[1].starts_with("again "), "{steps:?}");
             assert!(!steps[1].contains("WRONG"), "{op}: rank {r} received leftover data: {}", steps[1]);
         }
     }

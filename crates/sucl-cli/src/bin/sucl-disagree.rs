@@ -6,8 +6,8 @@
 //! Scenarios (`sucl-disagree SCENARIO [OP]`):
 //! - `root OP`: OP (broadcast, reduce, gather, scatter) with root `rank % 2`, then a barrier.
 //! - `count OP`: OP with root 0 and `4 + rank % 2` elements per rank, then a barrier.
-//! - `leftover OP`: OP (broadcast or scatter) with root `rank % 2`, its result ignored, then a
-//!   correct broadcast from root 0 whose data is checked.
+//! - `leftover OP`: OP (broadcast or scatter) with root `rank % 2`, its result ignored, then the
+//!   same OP with root 0 on every rank, whose data is checked.
 //! - `sendrecv-bad-peer`: sendrecv to rank `size` while receiving from itself, then a barrier.
 
 use std::time::Instant;
@@ -39,15 +39,19 @@ fn step(rank: usize, name: &str, f: impl FnOnce() -> sucl::Result<Option<String>
     }
 }
 
-/// One rooted collective with `root` and `count` elements per rank; data is `100 + rank`.
-fn rooted(comm: &Communicator, op: &str, root: usize, count: usize) -> sucl::Result<()> {
+/// One rooted collective with `root` and `count` elements per rank; every rank's data is
+/// `salt + rank`. Returns what broadcast and scatter received (empty for the others).
+fn rooted(comm: &Communicator, op: &str, root: usize, count: usize, salt: f32) -> sucl::Result<Vec<f32>> {
     let (r, n) = (comm.rank(), comm.size());
-    let mine = vec![100.0 + r as f32; count];
+    let mut mine = vec![salt + r as f32; count];
     match op {
-        "broadcast" => comm.broadcast(&mut mine.clone(), root),
-        "reduce" => comm.reduce(&mine, &mut vec![0.0f32; if r == root { count } else { 0 }], ReduceOp::Sum, root),
-        "gather" => comm.gather(&mine, &mut vec![0.0f32; if r == root { count * n } else { 0 }], root),
-        "scatter" => comm.scatter(&vec![100.0 + r as f32; if r == root { count * n } else { 0 }], &mut vec![0.0f32; count], root),
+        "broadcast" => comm.broadcast(&mut mine, root).map(|_| mine),
+        "reduce" => comm.reduce(&mine, &mut vec![0.0f32; if r == root { count } else { 0 }], ReduceOp::Sum, root).map(|_| vec![]),
+        "gather" => comm.gather(&mine, &mut vec![0.0f32; if r == root { count * n } else { 0 }], root).map(|_| vec![]),
+        "scatter" => {
+            let mut got = vec![0.0f32; count];
+            comm.scatter(&vec![salt + r as f32; if r == root { count * n } else { 0 }], &mut got, root).map(|_| got)
+        }
         other => Err(Error::invalid(r, "op", format!("unknown op {other}"))),
     }
 }
@@ -66,19 +70,20 @@ fn main() {
     println!("backend {} checking {}", comm.backend_name(), comm.checks_collectives());
     match args.first().map(String::as_str) {
         Some("root") => {
-            step(r, op, || rooted(&comm, op, r % 2, 4).map(|_| None));
+            step(r, op, || rooted(&comm, op, r % 2, 4, 100.0).map(|_| None));
             step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         Some("count") => {
-            step(r, op, || rooted(&comm, op, 0, 4 + r % 2).map(|_| None));
+            step(r, op, || rooted(&comm, op, 0, 4 + r % 2, 100.0).map(|_| None));
             step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         Some("leftover") => {
-            step(r, op, || rooted(&comm, op, r % 2, 4).map(|_| None));
-            step(r, "broadcast-after", || {
-                let mut v = vec![if r == 0 { 7u32 } else { 0 }; 4];
-                comm.broadcast(&mut v, 0)?;
-                Ok(v.iter().any(|&x| x != 7).then(|| format!("received {v:?}, root sent [7, 7, 7, 7]")))
+            step(r, op, || rooted(&comm, op, r % 2, 4, 100.0).map(|_| None));
+            // The same call with root 0 everywhere: its descriptor equals the leftovers' of root
+            // 0, so only the tag's sequence number keeps them apart.
+            step(r, "again", || {
+                let got = rooted(&comm, op, 0, 4, 200.0)?;
+                Ok(got.iter().any(|&x| x != 200.0).then(|| format!("received {got:?}, root 0 sent 200.0")))
             });
         }
         Some("sendrecv-bad-peer") => {
