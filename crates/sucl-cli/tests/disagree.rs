@@ -26,7 +26,10 @@ fn assert_all_mismatch(n: usize, backend: &str, what: &str, args: &[&str]) {
     for (r, steps) in ranks.iter().enumerate() {
         assert_eq!(steps.len(), 2, "{backend} {args:?}: rank {r}: {steps:?}");
         for s in steps {
-            assert!(s.contains("ERR Mismatch") && s.contains(what), "{backend} {args:?}: rank {r} should report the disagreement on {what}: {s}");
+            assert!(
+                s.contains("ERR Mismatch") && s.contains(what),
+                "{backend} {args:?}: rank {r} should report the disagreement on {what}: {s}"
+            );
         }
     }
 }
@@ -100,7 +103,10 @@ fn sendrecv_to_an_out_of_range_rank_fails_before_posting() {
     for backend in ["tcp", "shm"] {
         let ranks = run(2, backend, false, &["sendrecv-bad-peer"]);
         for (r, steps) in ranks.iter().enumerate() {
-            assert!(steps[0].starts_with("sendrecv ERR InvalidArgument") && steps[0].contains("rank 2 out of range"), "{backend}: rank {r}: {steps:?}");
+            assert!(
+                steps[0].starts_with("sendrecv ERR InvalidArgument") && steps[0].contains("rank 2 out of range"),
+                "{backend}: rank {r}: {steps:?}"
+            );
             assert!(steps[1].starts_with("barrier-after OK"), "{backend}: rank {r}: the communicator must still work: {steps:?}");
         }
     }

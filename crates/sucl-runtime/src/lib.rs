@@ -89,12 +89,15 @@ pub struct Status {
 /// `Sync`). Every argument of every call is validated locally before anything is posted, and
 /// every wait is bounded by the configured timeout (`SUCL_TIMEOUT`).
 ///
-/// Ranks that disagree on a collective's arguments get [`Error::Mismatch`]: always with
-/// `SUCL_CHECK_COLLECTIVES=1`, which compares every collective's descriptor across the ranks
-/// first; without it wherever the backend can tell (shm always; tcp when a frame's descriptor
-/// differs from the receiver's). After a `Mismatch` the communicator is poisoned on every
-/// backend: every later call on it returns a `Mismatch` with the same description (details in
-/// the `agree` module's documentation: `sucl-runtime/src/agree.rs`).
+/// Ranks that disagree on a collective's arguments get [`Error::Mismatch`]: always, on every
+/// rank and before the call's data moves, with `SUCL_CHECK_COLLECTIVES=1` (config key
+/// `check_collectives`), which compares every collective's descriptor across the ranks first;
+/// without it wherever the backend can tell (shm: always; tcp: when a frame's descriptor differs
+/// from the receiver's, or when a later call finds a message the disagreeing call left behind —
+/// collective messages carry their call's sequence number, so no later call can take them).
+/// After a disagreement on a collective the communicator is poisoned, on every backend: every
+/// later call on it returns a `Mismatch` with the same description (details and the checking
+/// mode's cost: the `agree` module's documentation, `crates/sucl-runtime/src/agree.rs`).
 pub struct Communicator {
     rank: usize,
     size: usize,
