@@ -84,7 +84,7 @@ const FIELDS: [Field; 6] = [
 /// differing field with every value and the ranks that passed it.
 pub fn describe_disagreement(all: &[u64], mine: &[u64; FINGERPRINT_WORDS]) -> Option<String> {
     let ranks: Vec<&[u64]> = all.chunks_exact(FINGERPRINT_WORDS).collect();
-    if ranks.iter().all(|w| *w == &ranks[0][..]) {
+    if ranks.iter().all(|w| *w == ranks[0]) {
         return None;
     }
     let op = (FIELDS[0].value)(mine);
