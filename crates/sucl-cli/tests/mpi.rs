@@ -80,3 +80,28 @@ fn timed_out_mpi_receive_is_cancelled_and_the_failed_job_ends_without_waiting_in
     assert!(all.contains("so the job is ended (MPI_Abort, code 75)"), "the failed job must end at teardown:\n{all}");
     assert!(!out.status.success(), "the job must fail:\n{all}");
 }
+
+/// With the checking mode, MPI ranks that disagree on the root of each rooted collective get
+/// Mismatch on every rank (MPI itself cannot tell), and the communicator stays poisoned.
+#[test]
+fn checking_mode_reports_root_disagreement_on_every_rank_mpi() {
+    for op in ["broadcast", "reduce", "gather", "scatter"] {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "-n", "3", env!("CARGO_BIN_EXE_sucl-disagree"), "root", op])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("SUCL_BACKEND", "mpi")
+            .env("SUCL_CHECK_COLLECTIVES", "1")
+            // Low, so that a disagreement found only by a timeout fails fast (and as Timeout).
+            .env("SUCL_TIMEOUT", "5");
+        let out = finish(spawn(cmd), Duration::from_secs(120), &format!("mpirun sucl-disagree root {op}"));
+        assert!(out.status.success(), "{op}: {}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("backend mpi checking true"), "{}", out.stdout);
+        for (r, steps) in steps_by_rank(3, &out.stdout).iter().enumerate() {
+            assert_eq!(steps.len(), 2, "{op}: rank {r}: {steps:?}");
+            for s in steps {
+                assert!(s.contains("ERR Mismatch") && s.contains("root (0 on ranks 0, 2; 1 on rank 1)"), "{op}: rank {r}: {s}");
+            }
+        }
+    }
+}

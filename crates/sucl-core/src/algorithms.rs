@@ -28,7 +28,7 @@ impl Default for AlgoConfig {
 pub fn run(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
     e.check_usable(desc.op.name())?;
     e.set_activity(desc.op.name());
-    let tag = e.next_coll_tag();
+    let tag = e.begin_collective()?;
     let meta = desc.encode();
     let c = Ctx { tag, meta, desc: *desc, cfg: *cfg };
     let r = match desc.op {

@@ -218,6 +218,42 @@ impl Engine {
         COLL_TAG_BIT | (self.coll_seq & 0x7fff_ffff_ffff_ffff)
     }
 
+    /// [`Engine::next_coll_tag`] for a collective about to start, after making sure that no
+    /// message of an earlier collective is still waiting here: every rank completes collective
+    /// `k` only after receiving all it expects of it, so such a message can only come from a
+    /// rank that called collective `k` with other arguments (a different root, say). It can
+    /// never be received (its tag carries `k`); it is reported as the disagreement it shows.
+    pub fn begin_collective(&mut self) -> Result<u64> {
+        let tag = self.next_coll_tag();
+        for p in 0..self.peers.len() {
+            if let Some(u) = self.peers[p].unexpected.iter().find(|u| self.is_stale(u.tag)) {
+                let e = self.stale_message(p, u.tag, u.meta);
+                return Err(self.fail(e));
+            }
+        }
+        Ok(tag)
+    }
+
+    /// Whether `tag` belongs to a collective this rank has already completed.
+    fn is_stale(&self, tag: u64) -> bool {
+        tag & COLL_TAG_BIT != 0 && (tag & !COLL_TAG_BIT) < (self.coll_seq & !COLL_TAG_BIT)
+    }
+
+    fn stale_message(&self, p: usize, tag: u64, meta: [u64; 2]) -> Error {
+        let call = match CollDesc::decode(meta) {
+            Some(d) if d.op.rooted() => format!("{} with root {} and count {}", d.op.name(), d.root, d.count),
+            Some(d) => format!("{} with count {}", d.op.name(), d.count),
+            None => "an unknown collective".into(),
+        };
+        let what = format!(
+            "an earlier collective: rank {} sent data for its collective #{} ({call}) that no call on rank {} expects",
+            self.world_rank(p),
+            tag & !COLL_TAG_BIT,
+            self.world_rank(self.rank)
+        );
+        Error::Mismatch { rank: self.world_rank(self.rank), what }
+    }
+
     /// Fails fast if this engine or the job was already aborted.
     pub fn check_usable(&self, during: &str) -> Result<()> {
         self.abort.check(self.world_rank(self.rank), during)?;
@@ -781,6 +817,7 @@ impl Engine {
                     self.op_mut(idx).bytes = len;
                     Target::Op(idx)
                 }
+                None if self.is_stale(hdr.tag) => return Err(self.stale_message(p, hdr.tag, hdr.meta)),
                 None => {
                     self.admit_unexpected(p, hdr.len)?;
                     Target::Unexpected(self.push_unexpected(p, hdr))

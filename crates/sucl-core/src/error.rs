@@ -47,7 +47,12 @@ pub enum Error {
         /// How long it waited.
         after: Duration,
     },
-    /// Ranks called a collective with different arguments.
+    /// Ranks called a collective with different arguments (operation, count, dtype, reduce op,
+    /// root, or the order of their collectives). With `SUCL_CHECK_COLLECTIVES=1` every rank
+    /// returns it from the call itself, before any of the call's data moves; without it, where
+    /// the backend can tell (at the latest at the next call on tcp when the disagreement left
+    /// messages behind). The communicator is then poisoned, the same on every backend: every
+    /// later call on it returns `Mismatch` with the same `what`; a new communicator is needed.
     #[error("rank {rank}: ranks disagree on {what}")]
     Mismatch {
         /// The rank that saw it.

@@ -102,6 +102,9 @@ pub struct Config {
     pub tuning: Vec<Rule>,
     /// Host backend settings.
     pub host: HostConfig,
+    /// Whether ranks compare every collective's descriptor before running it
+    /// (`check_collectives`, `SUCL_CHECK_COLLECTIVES=1`); rank 0's value holds for every rank.
+    pub check_collectives: bool,
     /// Whether the wait backoff was set explicitly (`spin_us`, `SUCL_SPIN_US`).
     pub backoff_set: bool,
     /// Whether the host platform's backend list was set (file or `SUCL_BACKENDS`): then every
@@ -126,6 +129,7 @@ impl Default for Config {
             platforms,
             tuning: vec![],
             host: HostConfig::default(),
+            check_collectives: false,
             backoff_set: false,
             backends_explicit: false,
             file: None,
@@ -173,6 +177,7 @@ struct FileConfig {
     backend: Option<String>,
     default_backend: Option<String>,
     max_message_bytes: Option<Bytes>,
+    check_collectives: Option<bool>,
     platforms: Option<BTreeMap<String, FilePlatform>>,
     shm: Option<FileShm>,
     tcp: Option<FileTcp>,
@@ -270,6 +275,10 @@ impl Config {
             }
             self.host.timeout = Duration::from_secs_f64(t);
             self.record("timeout", &from);
+        }
+        if let Some(c) = f.check_collectives {
+            self.check_collectives = c;
+            self.record("check_collectives", &from);
         }
         if let Some(s) = f.spin_us {
             self.host.backoff.spin = Duration::from_micros(s);
@@ -462,6 +471,14 @@ impl Config {
                 parse_bytes(&v).filter(|b| *b > 0).ok_or_else(|| bad("SUCL_MAX_UNEXPECTED_BYTES", &v, "a byte size"))?;
             self.record("max_unexpected_bytes", "env SUCL_MAX_UNEXPECTED_BYTES");
         }
+        if let Some(v) = get("SUCL_CHECK_COLLECTIVES") {
+            self.check_collectives = match v.trim() {
+                "1" | "true" | "on" | "yes" => true,
+                "0" | "false" | "off" | "no" | "" => false,
+                _ => return Err(bad("SUCL_CHECK_COLLECTIVES", &v, "1 or 0")),
+            };
+            self.record("check_collectives", "env SUCL_CHECK_COLLECTIVES");
+        }
         if let Some(v) = get("SUCL_TCP_SPIN_US") {
             self.host.tcp_spin = Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?);
             self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
@@ -550,6 +567,7 @@ impl Config {
             "tcp.piece_bytes",
             "tcp.sockbuf",
             "tcp.spin_us",
+            "check_collectives",
             "tuning",
         ] {
             self.record(k, from);

@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+mod agree;
 pub mod buf;
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -57,6 +58,8 @@ struct Context {
     avail: Vec<Vec<String>>,
     /// Rank 0's selection policy, used by every rank.
     policy: select::Policy,
+    /// Rank 0's checking mode (see [`agree`]), used by every rank.
+    check_collectives: bool,
     store: Option<StoreClient>,
     server: Option<StoreServer>,
 }
@@ -88,8 +91,18 @@ pub struct Status {
 /// A group of ranks that communicate. Created by [`init`] (the world) or [`Communicator::split`].
 ///
 /// Methods take `&self`; a communicator is used from one thread at a time (it is `Send`, not
-/// `Sync`). Every call is validated locally before any data moves, and every wait is bounded by
-/// the configured timeout (`SUCL_TIMEOUT`).
+/// `Sync`). Every argument of every call is validated locally before anything is posted, and
+/// every wait is bounded by the configured timeout (`SUCL_TIMEOUT`).
+///
+/// Ranks that disagree on a collective's arguments get [`Error::Mismatch`]: always, on every
+/// rank and before the call's data moves, with `SUCL_CHECK_COLLECTIVES=1` (config key
+/// `check_collectives`), which compares every collective's descriptor across the ranks first;
+/// without it wherever the backend can tell (shm: always; tcp: when a frame's descriptor differs
+/// from the receiver's, or when a later call finds a message the disagreeing call left behind —
+/// collective messages carry their call's sequence number, so no later call can take them).
+/// After a disagreement on a collective the communicator is poisoned, on every backend: every
+/// later call on it returns a `Mismatch` with the same description (details and the checking
+/// mode's cost: the `agree` module's documentation, `crates/sucl-runtime/src/agree.rs`).
 pub struct Communicator {
     rank: usize,
     size: usize,
@@ -108,6 +121,10 @@ pub struct Communicator {
     ctx: Arc<Context>,
     prefix: String,
     splits: Cell<u64>,
+    /// Collectives started on this communicator (the checking mode's sequence number).
+    coll_seq: Cell<u64>,
+    /// The disagreement that poisoned this communicator, if any (see [`agree`]).
+    poisoned: RefCell<Option<String>>,
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
@@ -214,7 +231,8 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         }
         p
     };
-    let ctx = Arc::new(Context { env, cfg, abort, hosts, avail, policy, store, server });
+    let check_collectives = agree_on_checking(store_ref, rank, cfg.check_collectives)?;
+    let ctx = Arc::new(Context { env, cfg, abort, hosts, avail, policy, check_collectives, store, server });
     let world_ranks: Vec<usize> = (0..size).collect();
     let (backends, selector) = make_backends(&ctx, "world", rank, &world_ranks)?;
     if let Some(s) = &ctx.store {
@@ -222,6 +240,20 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     }
     tracing::debug!(rank, size, backends = ?selector.names(), "sucl initialized");
     Ok(Communicator::member(rank, local_rank, world_ranks, backends, selector, ctx, "world".into()))
+}
+
+/// Rank 0's checking mode, for every rank (one rank checking alone would wait for the others).
+fn agree_on_checking(store: &StoreClient, rank: usize, mine: bool) -> Result<bool> {
+    if rank == 0 {
+        store.set("world/check-collectives", &[mine as u8])?;
+        return Ok(mine);
+    }
+    let v = store.get("world/check-collectives")?;
+    let theirs = v.first().is_some_and(|&b| b == 1);
+    if theirs != mine {
+        tracing::warn!(rank, "SUCL_CHECK_COLLECTIVES differs from rank 0's; rank 0's ({theirs}) is used");
+    }
+    Ok(theirs)
 }
 
 /// Whether backend `name` can be loaded by this process (shm's one-host condition is checked
@@ -370,6 +402,8 @@ impl Communicator {
             ctx,
             prefix,
             splits: Cell::new(0),
+            coll_seq: Cell::new(0),
+            poisoned: RefCell::new(None),
         }
     }
 
@@ -500,7 +534,8 @@ impl Communicator {
 
     pub(crate) fn validate_p2p(&self, peer: usize, tag: u32) -> Result<()> {
         self.check_rank("peer", peer)?;
-        self.check_tag(tag)
+        self.check_tag(tag)?;
+        self.check_poisoned()
     }
 
     /// Blocking send of `buf` (host or device memory) to `dest` with `tag`. Device buffers go
@@ -515,8 +550,10 @@ impl Communicator {
         };
         let mut b = self.backend_mut();
         // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
-        let r = unsafe { b.post_send(dest, tag as u64, bytes.as_ptr(), bytes.len())? };
-        b.wait(r).map(|_| ()).inspect_err(|_| b.cancel(r))
+        let r = unsafe { b.post_send(dest, tag as u64, bytes.as_ptr(), bytes.len()) };
+        let r = r.and_then(|r| b.wait(r).map(|_| ()).inspect_err(|_| b.cancel(r)));
+        drop(b);
+        self.settle(r)
     }
 
     /// Blocking receive from `src` with `tag` into `buf` (messages from one source with one tag
@@ -528,8 +565,10 @@ impl Communicator {
             MemMut::Host(bytes) => {
                 let mut b = self.backend_mut();
                 // SAFETY: we wait (or cancel) before `buf`'s borrow ends.
-                let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len())? };
-                b.wait(r).inspect_err(|_| b.cancel(r))?
+                let r = unsafe { b.post_recv(src, tag as u64, bytes.as_mut_ptr(), bytes.len()) };
+                let r = r.and_then(|r| b.wait(r).inspect_err(|_| b.cancel(r)));
+                drop(b);
+                self.settle(r)?
             }
             #[cfg(feature = "cuda")]
             MemMut::Device(m) => self.device_recv(m, src, tag)?,
@@ -552,22 +591,22 @@ impl Communicator {
         src: usize,
         tag: u32,
     ) -> Result<Status> {
+        // Both halves first: a bad destination must not leave a posted receive waiting.
+        self.validate_p2p(dest, tag)?;
+        self.validate_p2p(src, tag)?;
         let es = std::mem::size_of::<S::Elem>();
         match (sbuf.mem(), rbuf.mem_mut()) {
-            (Mem::Host(s), MemMut::Host(r)) => self
-                .nonblocking(|sc| {
+            (Mem::Host(s), MemMut::Host(r)) => {
+                let n = self.nonblocking(|sc| {
                     let rq = sc.irecv(r, src, tag)?;
                     let w = sc.isend(s, dest, tag)?;
                     w.wait()?;
                     rq.wait()
-                })
-                .map(|n| Status { count: n / es }),
-            #[cfg(feature = "cuda")]
-            (Mem::Device(s), MemMut::Device(r)) => {
-                self.validate_p2p(dest, tag)?;
-                self.validate_p2p(src, tag)?;
-                self.device_sendrecv(s, dest, r, src, tag).map(|n| Status { count: n / es })
+                });
+                self.settle(n).map(|n| Status { count: n / es })
             }
+            #[cfg(feature = "cuda")]
+            (Mem::Device(s), MemMut::Device(r)) => self.device_sendrecv(s, dest, r, src, tag).map(|n| Status { count: n / es }),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed_memory()),
         }
@@ -595,6 +634,13 @@ impl Communicator {
     /// this rank); `recv == None`: not written on this rank. Host memory goes to the host
     /// backends, device memory to the device backends; one call may not mix the two.
     fn call(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
+        self.enter_collective(&desc)?;
+        let r = self.call_unchecked(desc, send, recv);
+        self.settle(r)
+    }
+
+    /// [`Communicator::call`] after the agreement step.
+    fn call_unchecked(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
         let device = send.as_ref().is_some_and(|m| m.is_device()) || recv.as_ref().is_some_and(|m| m.is_device());
         if device {
             #[cfg(feature = "cuda")]
@@ -620,7 +666,9 @@ impl Communicator {
 
     /// Blocks until every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.coll(CollDesc::BARRIER, None, &mut [])
+        self.enter_collective(&CollDesc::BARRIER)?;
+        let r = self.coll(CollDesc::BARRIER, None, &mut []);
+        self.settle(r)
     }
 
     /// Copies root's `buf` into every rank's `buf`.
@@ -679,7 +727,7 @@ impl Communicator {
         self.check_rank("root", root)?;
         let d = Self::desc::<S::Elem>(CollOp::Gather, send.len(), ReduceOp::Sum, root);
         if self.rank == root {
-            self.check_len("recv", recv.len(), send.len() * self.size, "gather's root (size × send)")?;
+            self.check_len("recv", recv.len(), send.len().saturating_mul(self.size), "gather's root (size × send)")?;
             self.call(d, Some(send.mem()), Some(recv.mem_mut()))
         } else {
             self.call(d, Some(send.mem()), None)
@@ -688,7 +736,7 @@ impl Communicator {
 
     /// Concatenates every rank's `send` into every rank's `recv` (`size × send.len()`).
     pub fn all_gather<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R) -> Result<()> {
-        self.check_len("recv", recv.len(), send.len() * self.size, "all_gather (size × send)")?;
+        self.check_len("recv", recv.len(), send.len().saturating_mul(self.size), "all_gather (size × send)")?;
         let d = Self::desc::<S::Elem>(CollOp::AllGather, send.len(), ReduceOp::Sum, 0);
         self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }
@@ -706,7 +754,7 @@ impl Communicator {
         self.check_rank("root", root)?;
         let d = Self::desc::<S::Elem>(CollOp::Scatter, recv.len(), ReduceOp::Sum, root);
         if self.rank == root {
-            self.check_len("send", send.len(), recv.len() * self.size, "scatter's root (size × recv)")?;
+            self.check_len("send", send.len(), recv.len().saturating_mul(self.size), "scatter's root (size × recv)")?;
             self.call(d, Some(send.mem()), Some(recv.mem_mut()))
         } else {
             self.call(d, None, Some(recv.mem_mut()))
@@ -723,7 +771,7 @@ impl Communicator {
 
     /// Reduces every rank's `send` (`size × recv.len()`); rank `r` receives block `r`.
     pub fn reduce_scatter<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()> {
-        self.check_len("send", send.len(), recv.len() * self.size, "reduce_scatter (size × recv)")?;
+        self.check_len("send", send.len(), recv.len().saturating_mul(self.size), "reduce_scatter (size × recv)")?;
         let d = Self::desc::<S::Elem>(CollOp::ReduceScatter, recv.len(), op, 0);
         self.call(d, Some(send.mem()), Some(recv.mem_mut()))
     }

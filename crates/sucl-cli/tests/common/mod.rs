@@ -93,3 +93,13 @@ pub fn segments_with_prefix(prefix: &str) -> Vec<String> {
         .filter(|n| n.starts_with(prefix))
         .collect()
 }
+
+/// The `STEP` lines of each rank (`rank R STEP ...`, printed by the `sucl-disagree` helper), in order, without that prefix.
+pub fn steps_by_rank(n: usize, stdout: &str) -> Vec<Vec<String>> {
+    (0..n)
+        .map(|r| {
+            let p = format!("rank {r} STEP ");
+            stdout.lines().filter_map(|l| l.split_once(&p).map(|(_, s)| s.to_string())).collect()
+        })
+        .collect()
+}
