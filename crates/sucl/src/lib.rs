@@ -21,3 +21,6 @@
 #![warn(missing_docs)]
 
 pub use sucl_runtime::*;
+
+/// Remote devices: the `sucld` daemon library, its wire protocol and the client.
+pub use sucl_remote as remote;
