@@ -98,6 +98,7 @@ impl FaultProxy {
                 }
                 let Ok(client) = client else { continue };
                 let Ok(server) = TcpStream::connect(&target) else { continue };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
                 pump_pair(client, server, budget, c2.clone());
             }
