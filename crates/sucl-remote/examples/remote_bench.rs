@@ -96,9 +96,7 @@ fn main() {
 
     let raw_median = rows[0].1 .0;
     let mut md = String::new();
-    md.push_str(&format!(
-        "| what | iterations | median µs | p99 µs | mean µs | median − raw TCP µs |\n|---|---:|---:|---:|---:|---:|\n"
-    ));
+    md.push_str("| what | iterations | median µs | p99 µs | mean µs | median − raw TCP µs |\n|---|---:|---:|---:|---:|---:|\n");
     for (i, (name, (median, p99, mean))) in rows.iter().enumerate() {
         let n = if i == 3 { reconnects } else { iters };
         md.push_str(&format!("| {name} | {n} | {median:.1} | {p99:.1} | {mean:.1} | {:+.1} |\n", median - raw_median));

@@ -51,7 +51,8 @@ impl Token {
         }
         let mut t = [0u8; 32];
         for (i, b) in t.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| format!("a token is 64 hex digits; found {:?}", &s[2 * i..2 * i + 2]))?;
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| format!("a token is 64 hex digits; found {:?}", &s[2 * i..2 * i + 2]))?;
         }
         Ok(Token(t))
     }

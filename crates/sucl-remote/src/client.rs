@@ -10,7 +10,10 @@
 //! learns the last number the server received, and re-sends exactly the ones after it.
 
 use crate::auth::{random, Nonces, SessionSecret, Token};
-use crate::wire::{self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, ReadError, SessionStats, HANDSHAKE_MAX_FRAME, VERSION};
+use crate::wire::{
+    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, ReadError, SessionStats, HANDSHAKE_MAX_FRAME,
+    VERSION,
+};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, Write};
 use std::marker::PhantomData;
@@ -104,7 +107,12 @@ pub struct ClientOptions {
 impl ClientOptions {
     /// Default timings (60 s window and call timeout) with `token`.
     pub fn new(token: Token) -> ClientOptions {
-        ClientOptions { token, reconnect_window: Duration::from_secs(60), call_timeout: Duration::from_secs(60), max_frame: wire::DEFAULT_MAX_FRAME }
+        ClientOptions {
+            token,
+            reconnect_window: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(60),
+            max_frame: wire::DEFAULT_MAX_FRAME,
+        }
     }
 
     /// The token from `SUCL_REMOTE_TOKEN` (64 hex digits) or the file `SUCL_REMOTE_TOKEN_FILE`
@@ -229,12 +237,16 @@ fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(TcpSt
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).map_err(|e| connect_err(e.to_string()))?;
     let client: [u8; 16] = random();
     let mut out = Vec::new();
-    let hello = Frame::Hello { min_version: VERSION, max_version: VERSION, features: wire::feature::ALL, max_frame: opts.max_frame, nonce: client };
+    let hello =
+        Frame::Hello { min_version: VERSION, max_version: VERSION, features: wire::feature::ALL, max_frame: opts.max_frame, nonce: client };
     write_frame(&mut s, &mut out, &hello).map_err(|e| connect_err(e.to_string()))?;
     match read_handshake(server, &mut s)? {
         Frame::Welcome { version, max_frame, nonce, .. } => {
             if version != VERSION {
-                return Err(RemoteError::Protocol { server: server.into(), why: format!("server chose version {version}; this client speaks {VERSION}") });
+                return Err(RemoteError::Protocol {
+                    server: server.into(),
+                    why: format!("server chose version {version}; this client speaks {VERSION}"),
+                });
             }
             if !(wire::MIN_MAX_FRAME..=opts.max_frame).contains(&max_frame) {
                 return Err(RemoteError::Protocol { server: server.into(), why: format!("server chose frame limit {max_frame}") });
@@ -263,7 +275,10 @@ impl Remote {
         let (id, max_inflight) = match read_handshake(server, &mut s)? {
             Frame::Opened { session, max_inflight, mac } => {
                 if !opts.token.check_opened(&nonces, &session, &mac) {
-                    return Err(RemoteError::Refused { server: server.into(), why: "the server could not prove it holds the token".into() });
+                    return Err(RemoteError::Refused {
+                        server: server.into(),
+                        why: "the server could not prove it holds the token".into(),
+                    });
                 }
                 (session, max_inflight.max(1))
             }
@@ -321,7 +336,9 @@ impl Remote {
     /// The server's devices.
     pub fn devices(&self) -> Result<Vec<RemoteDevice>> {
         match self.call(Command::Devices, "listing devices")? {
-            Outcome::Devices(list) => Ok(list.into_iter().enumerate().map(|(i, info)| RemoteDevice { remote: self.clone(), index: i as u32, info }).collect()),
+            Outcome::Devices(list) => {
+                Ok(list.into_iter().enumerate().map(|(i, info)| RemoteDevice { remote: self.clone(), index: i as u32, info }).collect())
+            }
             other => Err(self.unexpected("listing devices", other)),
         }
     }
@@ -363,7 +380,9 @@ impl Remote {
             return Err(e);
         }
         match o {
-            Outcome::Failed { code, message } => Err(RemoteError::Failed { server: self.conn.server.clone(), what: what.into(), code, message }),
+            Outcome::Failed { code, message } => {
+                Err(RemoteError::Failed { server: self.conn.server.clone(), what: what.into(), code, message })
+            }
             o => Ok(o),
         }
     }
@@ -422,7 +441,8 @@ impl Conn {
                         st.replies.insert(seq, outcome);
                     } else if let Outcome::Failed { code, message } = outcome {
                         if st.deferred.is_none() {
-                            st.deferred = Some(RemoteError::Failed { server: self.server.clone(), what: format!("command {seq}"), code, message });
+                            st.deferred =
+                                Some(RemoteError::Failed { server: self.server.clone(), what: format!("command {seq}"), code, message });
                         }
                     }
                     self.changed.notify_all();
@@ -431,7 +451,10 @@ impl Conn {
                 Ok(Frame::Reply { seq, .. }) if seq <= st.last_reply => continue, // already had it
                 Ok(Frame::Reply { seq, .. }) => format!("reply {seq} after {}: the server skipped replies", st.last_reply),
                 Ok(Frame::Fatal { reason }) => {
-                    st.dead = Some(RemoteError::Protocol { server: self.server.clone(), why: format!("the server closed the session: {reason}") });
+                    st.dead = Some(RemoteError::Protocol {
+                        server: self.server.clone(),
+                        why: format!("the server closed the session: {reason}"),
+                    });
                     reason
                 }
                 Ok(other) => format!("unexpected frame {other:?}"),
@@ -551,7 +574,10 @@ impl Conn {
     fn try_attach(self: &Arc<Self>, st: &mut State, timeout: Duration) -> Result<()> {
         let (mut s, nonces, max_frame) = greet(&self.server, &self.opts, timeout)?;
         if max_frame != st.keys.max_frame {
-            return Err(RemoteError::Protocol { server: self.server.clone(), why: format!("frame limit changed from {} to {max_frame}", st.keys.max_frame) });
+            return Err(RemoteError::Protocol {
+                server: self.server.clone(),
+                why: format!("frame limit changed from {} to {max_frame}", st.keys.max_frame),
+            });
         }
         let k = &st.keys;
         let attach = Frame::Attach { session: k.id, last_reply: st.last_reply, mac: k.secret.attach_proof(&nonces, &k.id, st.last_reply) };
@@ -560,16 +586,23 @@ impl Conn {
         match read_handshake(&self.server, &mut s)? {
             Frame::Attached { last_received, mac } => {
                 if !st.keys.secret.check_attached(&nonces, last_received, &mac) {
-                    return Err(RemoteError::Refused { server: self.server.clone(), why: "the server could not prove it holds the session".into() });
+                    return Err(RemoteError::Refused {
+                        server: self.server.clone(),
+                        why: "the server could not prove it holds the session".into(),
+                    });
                 }
                 if last_received >= st.next_seq {
-                    return Err(RemoteError::Protocol { server: self.server.clone(), why: format!("server received command {last_received}, never sent") });
+                    return Err(RemoteError::Protocol {
+                        server: self.server.clone(),
+                        why: format!("server received command {last_received}, never sent"),
+                    });
                 }
                 // Everything up to `last_received` arrived and runs (or ran) once; the server
                 // re-sends the replies we lack. Only what it never received goes again — but
                 // those it received stay counted as unanswered until their replies come.
                 let resend: VecDeque<_> = st.unanswered.iter().filter(|(seq, _)| *seq > last_received).cloned().collect();
-                let received: VecDeque<_> = st.unanswered.drain(..).filter(|(seq, _)| *seq <= last_received).map(|(seq, _)| (seq, Vec::new())).collect();
+                let received: VecDeque<_> =
+                    st.unanswered.drain(..).filter(|(seq, _)| *seq <= last_received).map(|(seq, _)| (seq, Vec::new())).collect();
                 st.unanswered = received;
                 st.unanswered.extend(resend);
                 self.install(st, s).map_err(|why| RemoteError::Connect { server: self.server.clone(), why })
@@ -657,7 +690,8 @@ impl RemoteQueue {
     pub fn alloc<T: bytemuck::Pod>(&self, len: usize) -> Result<RemoteBuffer<T>> {
         let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| RemoteError::Invalid(format!("{len} elements overflow")))?;
         let id = self.remote().id();
-        self.remote().call(Command::Alloc { buffer: id, device: self.device.index, bytes: bytes as u64 }, &format!("allocating {bytes} bytes"))?;
+        self.remote()
+            .call(Command::Alloc { buffer: id, device: self.device.index, bytes: bytes as u64 }, &format!("allocating {bytes} bytes"))?;
         Ok(RemoteBuffer { queue: self.clone(), id, len, _t: PhantomData })
     }
 
@@ -671,7 +705,11 @@ impl RemoteQueue {
     /// Runs host kernel (or compiled CUDA kernel) `name` with `args` over `range` items.
     pub fn launch(&self, name: &str, args: &[Arg], range: u64) -> Result<()> {
         if name.len() > wire::MAX_NAME || args.len() > wire::MAX_ARGS {
-            return Err(RemoteError::Invalid(format!("kernel `{name}`: a name of at most {} bytes and {} arguments", wire::MAX_NAME, wire::MAX_ARGS)));
+            return Err(RemoteError::Invalid(format!(
+                "kernel `{name}`: a name of at most {} bytes and {} arguments",
+                wire::MAX_NAME,
+                wire::MAX_ARGS
+            )));
         }
         self.remote().post(Command::Launch { queue: self.id, kernel: name.into(), args: args.to_vec(), range })
     }

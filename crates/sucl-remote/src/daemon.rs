@@ -89,7 +89,10 @@ impl DaemonConfig {
 
 /// One device the daemon serves.
 enum Served {
-    Host { name: String, memory: u64 },
+    Host {
+        name: String,
+        memory: u64,
+    },
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaServed),
 }
@@ -194,13 +197,17 @@ impl Daemon {
     /// Opens the devices, binds the address and starts serving.
     pub fn start(cfg: DaemonConfig) -> io::Result<Daemon> {
         if cfg.max_frame < MIN_MAX_FRAME {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("max frame {} is under the minimum {MIN_MAX_FRAME}", cfg.max_frame)));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("max frame {} is under the minimum {MIN_MAX_FRAME}", cfg.max_frame),
+            ));
         }
         let mut devices: Vec<Served> =
             (0..cfg.host_devices).map(|i| Served::Host { name: format!("host{i}"), memory: cfg.host_memory }).collect();
         if cfg.cuda {
             #[cfg(feature = "cuda")]
-            devices.extend(crate::cuda::open_all().map_err(|e| io::Error::other(format!("CUDA devices: {e}")))?.into_iter().map(Served::Cuda));
+            devices
+                .extend(crate::cuda::open_all().map_err(|e| io::Error::other(format!("CUDA devices: {e}")))?.into_iter().map(Served::Cuda));
             #[cfg(not(feature = "cuda"))]
             return Err(io::Error::other("this sucld was built without the `cuda` feature"));
         }
@@ -210,7 +217,13 @@ impl Daemon {
             warn!(%addr, "listening beyond loopback: traffic after the handshake is not encrypted");
         }
         info!(%addr, devices = devices.len(), kernels = ?cfg.kernels.names(), "sucld listening");
-        let shared = Arc::new(Shared { cfg, devices, sessions: Mutex::new(HashMap::new()), stop: AtomicBool::new(false), conns: Mutex::new(Vec::new()) });
+        let shared = Arc::new(Shared {
+            cfg,
+            devices,
+            sessions: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+        });
         let s = shared.clone();
         let accept = std::thread::Builder::new().name("sucld-accept".into()).spawn(move || accept_loop(&s, listener))?;
         let s = shared.clone();
@@ -340,7 +353,11 @@ fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
         Err(e) => return Err(handshake_err(e)),
     };
     if !(min_version..=max_version).contains(&VERSION) {
-        return Err(refuse(&mut conn, &mut out, format!("the client speaks versions {min_version}..={max_version}; this server speaks {VERSION}")));
+        return Err(refuse(
+            &mut conn,
+            &mut out,
+            format!("the client speaks versions {min_version}..={max_version}; this server speaks {VERSION}"),
+        ));
     }
     let max_frame = max_frame.min(shared.cfg.max_frame);
     if max_frame < MIN_MAX_FRAME {
@@ -522,7 +539,10 @@ fn execute(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Ou
 }
 
 fn device(shared: &Shared, device: u32) -> Result<&Served, Outcome> {
-    shared.devices.get(device as usize).ok_or_else(|| failed(code::INVALID, format!("device {device} does not exist ({} offered)", shared.devices.len())))
+    shared
+        .devices
+        .get(device as usize)
+        .ok_or_else(|| failed(code::INVALID, format!("device {device} does not exist ({} offered)", shared.devices.len())))
 }
 
 fn buffer(o: &mut Objects, id: u64) -> Result<&mut Buf, Outcome> {
@@ -652,11 +672,13 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
                 (Served::Host { .. }, Ev::Cuda(e)) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
             }
         }
-        Command::SyncEvent { event } => match o.events.get(&event).ok_or_else(|| failed(code::INVALID, format!("event {event} does not exist")))? {
-            Ev::Done => Ok(Outcome::Done),
-            #[cfg(feature = "cuda")]
-            Ev::Cuda(e) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
-        },
+        Command::SyncEvent { event } => {
+            match o.events.get(&event).ok_or_else(|| failed(code::INVALID, format!("event {event} does not exist")))? {
+                Ev::Done => Ok(Outcome::Done),
+                #[cfg(feature = "cuda")]
+                Ev::Cuda(e) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
+            }
+        }
         Command::Finish { queue } => {
             let d = *o.queues.get(&queue).ok_or_else(|| failed(code::INVALID, format!("queue {queue} does not exist")))?;
             match device(shared, d)? {
@@ -710,7 +732,11 @@ fn launch(shared: &Shared, o: &mut Objects, queue: u64, kernel: &str, args: &[Ar
     o.stats.launches += 1;
     match device(shared, d)? {
         Served::Host { .. } => {
-            let f = shared.cfg.kernels.get(kernel).ok_or_else(|| failed(code::KERNEL, format!("no host kernel named `{kernel}` in this daemon")))?;
+            let f = shared
+                .cfg
+                .kernels
+                .get(kernel)
+                .ok_or_else(|| failed(code::KERNEL, format!("no host kernel named `{kernel}` in this daemon")))?;
             // Take each buffer argument out of the session for the call (so each is borrowed once),
             // and put every one back whatever happens.
             let mut taken: Vec<Option<(u64, Buf)>> = Vec::with_capacity(args.len());
@@ -724,7 +750,9 @@ fn launch(shared: &Shared, o: &mut Objects, queue: u64, kernel: &str, args: &[Ar
                             problem = Some(format!("argument {i}: buffer {id} lives on device {}, the queue on device {d}", b.device));
                             o.buffers.insert(*id, b);
                         }
-                        None if taken.iter().flatten().any(|(t, _)| t == id) => problem = Some(format!("argument {i}: buffer {id} is passed twice")),
+                        None if taken.iter().flatten().any(|(t, _)| t == id) => {
+                            problem = Some(format!("argument {i}: buffer {id} is passed twice"))
+                        }
                         None => problem = Some(format!("argument {i}: buffer {id} does not exist in this session")),
                     }
                 }
@@ -762,7 +790,10 @@ fn launch(shared: &Shared, o: &mut Objects, queue: u64, kernel: &str, args: &[Ar
                     other => crate::cuda::LaunchArg::Scalar(*other),
                 });
             }
-            let k = o.cuda_kernels.get(&(d, kernel.to_string())).ok_or_else(|| failed(code::KERNEL, format!("no CUDA kernel `{kernel}` was compiled on device {d} in this session")))?;
+            let k = o
+                .cuda_kernels
+                .get(&(d, kernel.to_string()))
+                .ok_or_else(|| failed(code::KERNEL, format!("no CUDA kernel `{kernel}` was compiled on device {d} in this session")))?;
             c.launch(k, &ptrs, range).map(|_| Outcome::Done)
         }
     }

@@ -48,7 +48,7 @@ pub struct KernelCall<'a> {
 fn view<T: bytemuck::Pod>(m: &mut HostMem, i: usize) -> Result<&mut [T], String> {
     let n = std::mem::size_of::<T>();
     let b = m.bytes_mut();
-    if b.len() % n != 0 {
+    if !b.len().is_multiple_of(n) {
         return Err(format!("argument {i}: a buffer of {} bytes is not a whole number of {n}-byte elements", b.len()));
     }
     bytemuck::try_cast_slice_mut(b).map_err(|e| format!("argument {i}: {e}"))

@@ -9,7 +9,12 @@ use sucl_remote::wire::{self, Arg, Command, DeviceInfo, DeviceKind, Frame, Outco
 fn cfg(cases: u32) -> ProptestConfig {
     // SUCL_WIRE_FUZZ_SCALE multiplies the case counts (e.g. 10 for a longer local run).
     let scale: f64 = std::env::var("SUCL_WIRE_FUZZ_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
-    ProptestConfig { cases: ((cases as f64) * scale).max(1.0) as u32, failure_persistence: None, max_shrink_iters: 1000, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: ((cases as f64) * scale).max(1.0) as u32,
+        failure_persistence: None,
+        max_shrink_iters: 1000,
+        ..ProptestConfig::default()
+    }
 }
 
 /// Short strings of any characters (cheaper than a regex strategy).
@@ -19,7 +24,8 @@ fn text(max: usize) -> impl Strategy<Value = String> {
 
 /// Short names of ASCII letters, digits and `_`.
 fn name(max: usize) -> impl Strategy<Value = String> {
-    proptest::collection::vec(prop::sample::select(&b"abcdefghijklmnopqrstuvwxyz_0123456789"[..]), 0..max).prop_map(|v| v.into_iter().map(char::from).collect())
+    proptest::collection::vec(prop::sample::select(&b"abcdefghijklmnopqrstuvwxyz_0123456789"[..]), 0..max)
+        .prop_map(|v| v.into_iter().map(char::from).collect())
 }
 
 fn arg() -> impl Strategy<Value = Arg> {
@@ -44,7 +50,12 @@ fn command() -> impl Strategy<Value = Command> {
         (any::<u64>(), any::<u64>(), small.clone()).prop_map(|(buffer, offset, data)| Command::Write { buffer, offset, data }),
         (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(buffer, offset, len)| Command::Read { buffer, offset, len }),
         (any::<[u64; 5]>()).prop_map(|v| Command::Copy { src: v[0], src_offset: v[1], dst: v[2], dst_offset: v[3], len: v[4] }),
-        (any::<u64>(), any::<u64>(), any::<u64>(), small.clone()).prop_map(|(buffer, offset, len, pattern)| Command::Fill { buffer, offset, len, pattern }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), small.clone()).prop_map(|(buffer, offset, len, pattern)| Command::Fill {
+            buffer,
+            offset,
+            len,
+            pattern
+        }),
         (any::<u64>(), name(12), proptest::collection::vec(arg(), 0..4), any::<u64>())
             .prop_map(|(queue, kernel, args, range)| Command::Launch { queue, kernel, args, range }),
         (any::<u32>(), name(6), text(12)).prop_map(|(device, name, source)| Command::CompileCuda { device, name, source }),
@@ -60,27 +71,39 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         Just(Outcome::Done),
         proptest::collection::vec(any::<u8>(), 0..24).prop_map(Outcome::Data),
         proptest::collection::vec((name(8), any::<u64>(), any::<bool>()), 0..3).prop_map(|v| Outcome::Devices(
-            v.into_iter().map(|(name, memory, cuda)| DeviceInfo { kind: if cuda { DeviceKind::Cuda } else { DeviceKind::Host }, name, memory }).collect()
+            v.into_iter()
+                .map(|(name, memory, cuda)| DeviceInfo { kind: if cuda { DeviceKind::Cuda } else { DeviceKind::Host }, name, memory })
+                .collect()
         )),
-        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>())
-            .prop_map(|(executed, launches, bytes_in_use, buffers)| Outcome::Stats(SessionStats { executed, launches, bytes_in_use, buffers })),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(executed, launches, bytes_in_use, buffers)| Outcome::Stats(
+            SessionStats { executed, launches, bytes_in_use, buffers }
+        )),
         (any::<u16>(), text(12)).prop_map(|(code, message)| Outcome::Failed { code, message }),
     ]
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
-        (any::<u16>(), any::<u16>(), any::<u64>(), any::<u32>(), any::<[u8; 16]>()).prop_map(|(min_version, max_version, features, max_frame, nonce)| Frame::Hello {
-            min_version,
-            max_version,
+        (any::<u16>(), any::<u16>(), any::<u64>(), any::<u32>(), any::<[u8; 16]>()).prop_map(
+            |(min_version, max_version, features, max_frame, nonce)| Frame::Hello { min_version, max_version, features, max_frame, nonce }
+        ),
+        (any::<u16>(), any::<u64>(), any::<u32>(), any::<[u8; 16]>()).prop_map(|(version, features, max_frame, nonce)| Frame::Welcome {
+            version,
             features,
             max_frame,
             nonce
         }),
-        (any::<u16>(), any::<u64>(), any::<u32>(), any::<[u8; 16]>()).prop_map(|(version, features, max_frame, nonce)| Frame::Welcome { version, features, max_frame, nonce }),
         any::<[u8; 32]>().prop_map(|mac| Frame::Open { mac }),
-        (any::<[u8; 16]>(), any::<u64>(), any::<[u8; 32]>()).prop_map(|(session, last_reply, mac)| Frame::Attach { session, last_reply, mac }),
-        (any::<[u8; 16]>(), any::<u32>(), any::<[u8; 32]>()).prop_map(|(session, max_inflight, mac)| Frame::Opened { session, max_inflight, mac }),
+        (any::<[u8; 16]>(), any::<u64>(), any::<[u8; 32]>()).prop_map(|(session, last_reply, mac)| Frame::Attach {
+            session,
+            last_reply,
+            mac
+        }),
+        (any::<[u8; 16]>(), any::<u32>(), any::<[u8; 32]>()).prop_map(|(session, max_inflight, mac)| Frame::Opened {
+            session,
+            max_inflight,
+            mac
+        }),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(last_received, mac)| Frame::Attached { last_received, mac }),
         text(12).prop_map(|reason| Frame::Refused { reason }),
         (any::<u64>(), any::<u64>(), command()).prop_map(|(seq, ack, cmd)| Frame::Command { seq, ack, cmd }),
