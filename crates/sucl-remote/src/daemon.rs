@@ -202,6 +202,7 @@ impl Daemon {
                 format!("max frame {} is under the minimum {MIN_MAX_FRAME}", cfg.max_frame),
             ));
         }
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut devices: Vec<Served> =
             (0..cfg.host_devices).map(|i| Served::Host { name: format!("host{i}"), memory: cfg.host_memory }).collect();
         if cfg.cuda {
@@ -639,6 +640,7 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
             Ok(Outcome::Done)
         }
         Command::Launch { queue, kernel, args, range } => launch(shared, o, queue, &kernel, &args, range),
+        #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
         Command::CompileCuda { device: d, name, source } => match device(shared, d)? {
             Served::Host { .. } => Err(failed(code::UNSUPPORTED, format!("device {d} is a host device; CUDA kernels need a CUDA device"))),
             #[cfg(feature = "cuda")]
