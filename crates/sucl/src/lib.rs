@@ -23,3 +23,6 @@
 pub use sucl_runtime::*;
 /// Stream-triggered communication: `CommQueue` (enqueue, start, wait) on host queues and CUDA streams.
 pub use sucl_stream as stream;
+
+/// Remote devices: the `sucld` daemon library, its wire protocol and the client.
+pub use sucl_remote as remote;

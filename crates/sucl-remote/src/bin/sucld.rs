@@ -1,0 +1,104 @@
+//! `sucld`: serves this machine's devices (host queues, and CUDA GPUs with `--cuda`) to sucl
+//! clients over TCP. See `sucld --help`.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, Token};
+
+/// Serves this machine's devices to sucl clients (remote devices).
+///
+/// Clients authenticate with a shared token (HMAC-SHA256 challenge-response); traffic after the
+/// handshake is not encrypted, so sucld listens on loopback unless told otherwise.
+#[derive(Parser, Debug)]
+#[command(name = "sucld", version)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; see --print-address).
+    #[arg(long, default_value = "127.0.0.1:7787")]
+    listen: SocketAddr,
+    /// File holding the token clients must prove they hold (64 hex digits). Without it the
+    /// token comes from the SUCLD_TOKEN environment variable.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Write a fresh random token to this file (mode 0600, must not exist) and exit.
+    #[arg(long, value_name = "FILE")]
+    gen_token: Option<PathBuf>,
+    /// Number of host devices to offer.
+    #[arg(long, default_value_t = 1)]
+    host_devices: u32,
+    /// Also offer this machine's CUDA GPUs (fails if none can be opened).
+    #[arg(long)]
+    cuda: bool,
+    /// Largest frame in bytes (writes and reads are split to fit).
+    #[arg(long, default_value_t = sucl_remote::wire::DEFAULT_MAX_FRAME)]
+    max_frame: u32,
+    /// Device memory one session may hold, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_bytes)]
+    max_session_bytes: u64,
+    /// Buffers one session may hold.
+    #[arg(long, default_value_t = Limits::default().max_buffers)]
+    max_buffers: u32,
+    /// Commands one session may have unanswered or unacknowledged.
+    #[arg(long, default_value_t = Limits::default().max_inflight)]
+    max_inflight: u32,
+    /// Queues one session may hold.
+    #[arg(long, default_value_t = Limits::default().max_queues)]
+    max_queues: u32,
+    /// Milliseconds a session whose connection was lost waits for its client to re-attach
+    /// before its resources are freed.
+    #[arg(long, default_value_t = 60_000)]
+    reconnect_window_ms: u64,
+    /// Print "listening on ADDRESS" on standard output once ready (for scripts and tests).
+    #[arg(long)]
+    print_address: bool,
+    /// Log filter (tracing's EnvFilter syntax, e.g. `info` or `sucl_remote=debug`); the
+    /// SUCLD_LOG environment variable overrides it.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() {
+    let args = Args::parse();
+    let filter = std::env::var("SUCLD_LOG").unwrap_or_else(|_| args.log.clone());
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_writer(std::io::stderr).init();
+    if let Err(e) = run(args) {
+        eprintln!("sucld: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if let Some(path) = &args.gen_token {
+        Token::write_new(path)?;
+        println!("wrote a new token to {}", path.display());
+        return Ok(());
+    }
+    let token = match (&args.token_file, std::env::var("SUCLD_TOKEN")) {
+        (Some(p), _) => Token::read(p)?,
+        (None, Ok(hex)) => Token::from_hex(&hex).map_err(|e| format!("SUCLD_TOKEN: {e}"))?,
+        (None, Err(_)) => return Err("no token: pass --token-file FILE or set SUCLD_TOKEN (make one with `sucld --gen-token FILE`)".into()),
+    };
+    let mut cfg = DaemonConfig::new(token);
+    cfg.listen = args.listen;
+    cfg.host_devices = args.host_devices;
+    cfg.cuda = args.cuda;
+    cfg.max_frame = args.max_frame;
+    cfg.reconnect_window = Duration::from_millis(args.reconnect_window_ms);
+    cfg.limits = Limits {
+        max_bytes: args.max_session_bytes,
+        max_buffers: args.max_buffers,
+        max_inflight: args.max_inflight.max(1),
+        max_queues: args.max_queues,
+        ..Limits::default()
+    };
+    cfg.kernels = KernelRegistry::with_builtins();
+    let daemon = Daemon::start(cfg).map_err(|e| format!("starting on {}: {e}", args.listen))?;
+    if args.print_address {
+        println!("listening on {}", daemon.local_addr());
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    daemon.wait();
+    Ok(())
+}

@@ -1,0 +1,838 @@
+//! The client: a [`Remote`] is one server's session; its devices, queues, buffers and events
+//! mirror the local device layer (`queue.upload`, `buffer.to_vec`, `buffer.copy_from_host`,
+//! `queue.record`, `queue.wait_for`, `queue.synchronize`, kernel launches by name).
+//!
+//! Commands that return nothing (writes, fills, copies, launches, records, frees) are sent
+//! without waiting, in order; a failure among them is reported by the next call that waits (a
+//! read, a synchronize, an event wait), as a device queue reports asynchronous errors. Every
+//! command carries a sequence number and stays in the client until its reply arrives, so that
+//! after a lost connection the client re-attaches (within [`ClientOptions::reconnect_window`]),
+//! learns the last number the server received, and re-sends exactly the ones after it.
+
+use crate::auth::{random, Nonces, SessionSecret, Token};
+use crate::wire::{
+    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, ReadError, SessionStats, HANDSHAKE_MAX_FRAME,
+    VERSION,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{BufReader, Write};
+use std::marker::PhantomData;
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// What went wrong, always naming the server.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RemoteError {
+    /// The server could not be reached.
+    #[error("server {server}: cannot connect: {why}")]
+    Connect {
+        /// The server's address.
+        server: String,
+        /// Why.
+        why: String,
+    },
+    /// The server refused the handshake (wrong token, unknown session, version mismatch).
+    #[error("server {server} refused the connection: {why}")]
+    Refused {
+        /// The server's address.
+        server: String,
+        /// Why.
+        why: String,
+    },
+    /// The connection was lost and could not be re-established in time; the session is gone.
+    #[error("server {server}: connection lost and not re-attached within {window:?}: {why}")]
+    Lost {
+        /// The server's address.
+        server: String,
+        /// The reconnect window.
+        window: Duration,
+        /// The last error.
+        why: String,
+    },
+    /// A command failed on the server.
+    #[error("server {server}: {what} failed: {message}")]
+    Failed {
+        /// The server's address.
+        server: String,
+        /// The command.
+        what: String,
+        /// Its [`crate::wire::code`].
+        code: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// No answer in time.
+    #[error("server {server}: no answer to {what} within {after:?}")]
+    Timeout {
+        /// The server's address.
+        server: String,
+        /// The command.
+        what: String,
+        /// The time waited.
+        after: Duration,
+    },
+    /// The server broke the protocol.
+    #[error("server {server}: protocol error: {why}")]
+    Protocol {
+        /// The server's address.
+        server: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// A bad argument, caught before anything was sent.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+/// Shorthand.
+pub type Result<T> = std::result::Result<T, RemoteError>;
+
+/// How a client connects.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// The daemon's token.
+    pub token: Token,
+    /// How long to keep trying to re-attach after a lost connection (the server keeps the
+    /// session at least as long with its own window).
+    pub reconnect_window: Duration,
+    /// How long one call waits for its answer.
+    pub call_timeout: Duration,
+    /// The largest frame this client accepts.
+    pub max_frame: u32,
+}
+
+impl ClientOptions {
+    /// Default timings (60 s window and call timeout) with `token`.
+    pub fn new(token: Token) -> ClientOptions {
+        ClientOptions {
+            token,
+            reconnect_window: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(60),
+            max_frame: wire::DEFAULT_MAX_FRAME,
+        }
+    }
+
+    /// The token from `SUCL_REMOTE_TOKEN` (64 hex digits) or the file `SUCL_REMOTE_TOKEN_FILE`
+    /// names, else from `token_file` in the config file, if one is given.
+    pub fn from_env(config: Option<&Path>) -> Result<ClientOptions> {
+        if let Ok(hex) = std::env::var("SUCL_REMOTE_TOKEN") {
+            return Token::from_hex(&hex).map(ClientOptions::new).map_err(|e| RemoteError::Invalid(format!("SUCL_REMOTE_TOKEN: {e}")));
+        }
+        if let Ok(path) = std::env::var("SUCL_REMOTE_TOKEN_FILE") {
+            return Token::read(Path::new(&path)).map(ClientOptions::new).map_err(RemoteError::Invalid);
+        }
+        if let Some(c) = config {
+            if let Some(path) = RemoteConfig::read(c)?.token_file {
+                return Token::read(&path).map(ClientOptions::new).map_err(RemoteError::Invalid);
+            }
+        }
+        Err(RemoteError::Invalid("no token: set SUCL_REMOTE_TOKEN or SUCL_REMOTE_TOKEN_FILE, or name token_file in the config".into()))
+    }
+}
+
+/// The `[[remote]]` tables and `remote_token_file` of a sucl config file.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct RemoteConfig {
+    /// `[[remote]] address = "host:port"`.
+    #[serde(default)]
+    pub remote: Vec<RemoteEntry>,
+    /// `remote_token_file = "path"`.
+    #[serde(default, rename = "remote_token_file")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// One `[[remote]]` table.
+#[derive(Debug, serde::Deserialize)]
+pub struct RemoteEntry {
+    /// The server's `host:port`.
+    pub address: String,
+}
+
+impl RemoteConfig {
+    /// Reads the remote part of a config file (other keys are left to their owners).
+    pub fn read(path: &Path) -> Result<RemoteConfig> {
+        let s = std::fs::read_to_string(path).map_err(|e| RemoteError::Invalid(format!("reading {}: {e}", path.display())))?;
+        toml::from_str(&s).map_err(|e| RemoteError::Invalid(format!("{}: {e}", path.display())))
+    }
+}
+
+/// The servers to use: those in `arg` (comma-separated) if given, else in `SUCL_REMOTE`, else
+/// the `[[remote]]` tables of `config`.
+pub fn servers(arg: Option<&str>, config: Option<&Path>) -> Result<Vec<String>> {
+    let split = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
+    if let Some(a) = arg {
+        return Ok(split(a));
+    }
+    if let Ok(e) = std::env::var("SUCL_REMOTE") {
+        return Ok(split(&e));
+    }
+    match config {
+        Some(c) => Ok(RemoteConfig::read(c)?.remote.into_iter().map(|r| r.address).collect()),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// What the server knows of the session (fixed once opened).
+struct SessionKeys {
+    id: [u8; 16],
+    secret: SessionSecret,
+    max_frame: u32,
+    max_inflight: u32,
+}
+
+struct State {
+    keys: SessionKeys,
+    writer: Option<TcpStream>,
+    /// Bumped on every new connection; a reader thread of an older one changes nothing.
+    generation: u64,
+    /// Why the current connection broke (`None` while it works).
+    broken: Option<String>,
+    /// Why the session is over for good.
+    dead: Option<RemoteError>,
+    next_seq: u64,
+    /// Commands sent whose replies have not arrived (encoded frames, oldest first).
+    unanswered: VecDeque<(u64, Vec<u8>)>,
+    last_reply: u64,
+    /// Sequence numbers someone waits on, and the replies that came for them.
+    awaited: HashSet<u64>,
+    replies: HashMap<u64, Outcome>,
+    /// The first failure of a command nobody waited on.
+    deferred: Option<RemoteError>,
+    out: Vec<u8>,
+    reconnects: u64,
+}
+
+struct Conn {
+    server: String,
+    opts: ClientOptions,
+    state: Mutex<State>,
+    changed: Condvar,
+    next_id: AtomicU64,
+}
+
+/// One server's session.
+#[derive(Clone)]
+pub struct Remote {
+    conn: Arc<Conn>,
+}
+
+fn refused_or_protocol(server: &str, f: Frame) -> RemoteError {
+    match f {
+        Frame::Refused { reason } => RemoteError::Refused { server: server.into(), why: reason },
+        Frame::Fatal { reason } => RemoteError::Refused { server: server.into(), why: reason },
+        other => RemoteError::Protocol { server: server.into(), why: format!("unexpected frame {other:?} in the handshake") },
+    }
+}
+
+/// Connects and runs the hello/welcome exchange; returns the stream, nonces and frame limit.
+fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(TcpStream, Nonces, u32)> {
+    let connect_err = |why: String| RemoteError::Connect { server: server.into(), why };
+    let addrs: Vec<_> = server.to_socket_addrs().map_err(|e| connect_err(e.to_string()))?.collect();
+    let addr = addrs.first().ok_or_else(|| connect_err("the name resolves to no address".into()))?;
+    let mut s = TcpStream::connect_timeout(addr, timeout.max(Duration::from_millis(1))).map_err(|e| connect_err(e.to_string()))?;
+    s.set_nodelay(true).map_err(|e| connect_err(e.to_string()))?;
+    s.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).map_err(|e| connect_err(e.to_string()))?;
+    let client: [u8; 16] = random();
+    let mut out = Vec::new();
+    let hello =
+        Frame::Hello { min_version: VERSION, max_version: VERSION, features: wire::feature::ALL, max_frame: opts.max_frame, nonce: client };
+    write_frame(&mut s, &mut out, &hello).map_err(|e| connect_err(e.to_string()))?;
+    match read_handshake(server, &mut s)? {
+        Frame::Welcome { version, max_frame, nonce, .. } => {
+            if version != VERSION {
+                return Err(RemoteError::Protocol {
+                    server: server.into(),
+                    why: format!("server chose version {version}; this client speaks {VERSION}"),
+                });
+            }
+            if !(wire::MIN_MAX_FRAME..=opts.max_frame).contains(&max_frame) {
+                return Err(RemoteError::Protocol { server: server.into(), why: format!("server chose frame limit {max_frame}") });
+            }
+            Ok((s, Nonces { client, server: nonce }, max_frame))
+        }
+        other => Err(refused_or_protocol(server, other)),
+    }
+}
+
+fn read_handshake(server: &str, s: &mut TcpStream) -> Result<Frame> {
+    let mut buf = Vec::new();
+    read_frame(s, &mut buf, HANDSHAKE_MAX_FRAME).map_err(|e| match e {
+        ReadError::Io(e) => RemoteError::Connect { server: server.into(), why: format!("during the handshake: {e}") },
+        ReadError::Wire(w) => RemoteError::Protocol { server: server.into(), why: w.to_string() },
+    })
+}
+
+impl Remote {
+    /// Opens a session on the daemon at `server` (`host:port`).
+    pub fn connect(server: &str, opts: ClientOptions) -> Result<Remote> {
+        let (mut s, nonces, max_frame) = greet(server, &opts, opts.call_timeout)?;
+        let mut out = Vec::new();
+        write_frame(&mut s, &mut out, &Frame::Open { mac: opts.token.open_proof(&nonces) })
+            .map_err(|e| RemoteError::Connect { server: server.into(), why: e.to_string() })?;
+        let (id, max_inflight) = match read_handshake(server, &mut s)? {
+            Frame::Opened { session, max_inflight, mac } => {
+                if !opts.token.check_opened(&nonces, &session, &mac) {
+                    return Err(RemoteError::Refused {
+                        server: server.into(),
+                        why: "the server could not prove it holds the token".into(),
+                    });
+                }
+                (session, max_inflight.max(1))
+            }
+            other => return Err(refused_or_protocol(server, other)),
+        };
+        let keys = SessionKeys { id, secret: opts.token.session_secret(&nonces, &id), max_frame, max_inflight };
+        let conn = Arc::new(Conn {
+            server: server.into(),
+            opts,
+            state: Mutex::new(State {
+                keys,
+                writer: None,
+                generation: 0,
+                broken: None,
+                dead: None,
+                next_seq: 1,
+                unanswered: VecDeque::new(),
+                last_reply: 0,
+                awaited: HashSet::new(),
+                replies: HashMap::new(),
+                deferred: None,
+                out: Vec::new(),
+                reconnects: 0,
+            }),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+        });
+        {
+            let mut st = conn.lock();
+            conn.install(&mut st, s).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
+        }
+        Ok(Remote { conn })
+    }
+
+    /// The server's address, as given.
+    pub fn server(&self) -> &str {
+        &self.conn.server
+    }
+
+    /// The session's id (public: it proves nothing without the session secret).
+    pub fn session_id(&self) -> [u8; 16] {
+        self.conn.lock().keys.id
+    }
+
+    /// How many commands this client has sent (sequence numbers used).
+    pub fn commands_sent(&self) -> u64 {
+        self.conn.lock().next_seq - 1
+    }
+
+    /// How many times the connection was re-established.
+    pub fn reconnects(&self) -> u64 {
+        self.conn.lock().reconnects
+    }
+
+    /// The server's devices.
+    pub fn devices(&self) -> Result<Vec<RemoteDevice>> {
+        match self.call(Command::Devices, "listing devices")? {
+            Outcome::Devices(list) => {
+                Ok(list.into_iter().enumerate().map(|(i, info)| RemoteDevice { remote: self.clone(), index: i as u32, info }).collect())
+            }
+            other => Err(self.unexpected("listing devices", other)),
+        }
+    }
+
+    /// A no-op round trip (a latency probe).
+    pub fn nop(&self) -> Result<()> {
+        self.call(Command::Nop, "nop").map(|_| ())
+    }
+
+    /// The session's counters on the server.
+    pub fn stats(&self) -> Result<SessionStats> {
+        match self.call(Command::Stats, "stats")? {
+            Outcome::Stats(s) => Ok(s),
+            other => Err(self.unexpected("stats", other)),
+        }
+    }
+
+    /// Cuts the current connection (as a network fault would); the next call re-attaches.
+    pub fn drop_connection(&self) {
+        if let Some(w) = &self.conn.lock().writer {
+            let _ = w.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn unexpected(&self, what: &str, o: Outcome) -> RemoteError {
+        RemoteError::Protocol { server: self.conn.server.clone(), why: format!("unexpected answer to {what}: {o:?}") }
+    }
+
+    fn id(&self) -> u64 {
+        self.conn.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `cmd` and waits for its answer; a failure of an earlier command nobody waited on
+    /// is reported first.
+    fn call(&self, cmd: Command, what: &str) -> Result<Outcome> {
+        let seq = self.conn.submit(cmd, true)?;
+        let o = self.conn.wait(seq, what)?;
+        if let Some(e) = self.conn.lock().deferred.take() {
+            return Err(e);
+        }
+        match o {
+            Outcome::Failed { code, message } => {
+                Err(RemoteError::Failed { server: self.conn.server.clone(), what: what.into(), code, message })
+            }
+            o => Ok(o),
+        }
+    }
+
+    /// Sends `cmd` without waiting.
+    fn post(&self, cmd: Command) -> Result<()> {
+        self.conn.submit(cmd, false).map(|_| ())
+    }
+
+    fn room(&self) -> usize {
+        self.conn.lock().keys.max_frame as usize
+    }
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `s` the connection: starts its reader and re-sends every unanswered command.
+    fn install(self: &Arc<Self>, st: &mut State, s: TcpStream) -> std::result::Result<(), String> {
+        s.set_read_timeout(None).map_err(|e| e.to_string())?;
+        st.generation += 1;
+        let (generation, me, reader) = (st.generation, self.clone(), s.try_clone().map_err(|e| e.to_string())?);
+        let max_frame = st.keys.max_frame;
+        std::thread::Builder::new()
+            .name("sucl-remote-reader".into())
+            .spawn(move || me.read_loop(reader, generation, max_frame))
+            .map_err(|e| e.to_string())?;
+        let mut w = s;
+        for (_, frame) in &st.unanswered {
+            // Commands the server already received are kept as empty placeholders.
+            w.write_all(frame).map_err(|e| format!("re-sending: {e}"))?;
+        }
+        st.writer = Some(w);
+        st.broken = None;
+        Ok(())
+    }
+
+    fn read_loop(self: Arc<Self>, s: TcpStream, generation: u64, max_frame: u32) {
+        let mut r = BufReader::with_capacity(1 << 16, s);
+        let mut buf = Vec::new();
+        loop {
+            let f = read_frame(&mut r, &mut buf, max_frame);
+            let mut st = self.lock();
+            if st.generation != generation {
+                return;
+            }
+            let why = match f {
+                Ok(Frame::Reply { seq, outcome }) if seq == st.last_reply + 1 => {
+                    st.last_reply = seq;
+                    while st.unanswered.front().is_some_and(|(s, _)| *s <= seq) {
+                        st.unanswered.pop_front();
+                    }
+                    if st.awaited.remove(&seq) {
+                        st.replies.insert(seq, outcome);
+                    } else if let Outcome::Failed { code, message } = outcome {
+                        if st.deferred.is_none() {
+                            st.deferred =
+                                Some(RemoteError::Failed { server: self.server.clone(), what: format!("command {seq}"), code, message });
+                        }
+                    }
+                    self.changed.notify_all();
+                    continue;
+                }
+                Ok(Frame::Reply { seq, .. }) if seq <= st.last_reply => continue, // already had it
+                Ok(Frame::Reply { seq, .. }) => format!("reply {seq} after {}: the server skipped replies", st.last_reply),
+                Ok(Frame::Fatal { reason }) => {
+                    st.dead = Some(RemoteError::Protocol {
+                        server: self.server.clone(),
+                        why: format!("the server closed the session: {reason}"),
+                    });
+                    reason
+                }
+                Ok(other) => format!("unexpected frame {other:?}"),
+                Err(e) => e.to_string(),
+            };
+            if let Some(w) = st.writer.take() {
+                let _ = w.shutdown(Shutdown::Both);
+            }
+            st.broken = Some(why);
+            self.changed.notify_all();
+            return;
+        }
+    }
+
+    fn submit(self: &Arc<Self>, cmd: Command, awaited: bool) -> Result<u64> {
+        let deadline = Instant::now() + self.opts.call_timeout;
+        let mut st = self.lock();
+        // Stay within the server's in-flight limit: wait for answers first.
+        while st.unanswered.len() >= st.keys.max_inflight as usize {
+            st = self.progress(st, deadline, "sending a command")?;
+        }
+        if let Some(e) = &st.dead {
+            return Err(e.clone());
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let mut out = std::mem::take(&mut st.out);
+        out.clear();
+        Frame::Command { seq, ack: st.last_reply, cmd }.encode_into(&mut out);
+        if awaited {
+            st.awaited.insert(seq);
+        }
+        if let Some(w) = st.writer.as_mut() {
+            if let Err(e) = w.write_all(&out) {
+                // The reader sees the same break; the command is re-sent on re-attach.
+                st.broken.get_or_insert_with(|| format!("sending: {e}"));
+                if let Some(w) = st.writer.take() {
+                    let _ = w.shutdown(Shutdown::Both);
+                }
+            }
+        }
+        st.unanswered.push_back((seq, out));
+        Ok(seq)
+    }
+
+    fn wait(self: &Arc<Self>, seq: u64, what: &str) -> Result<Outcome> {
+        let deadline = Instant::now() + self.opts.call_timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(o) = st.replies.remove(&seq) {
+                return Ok(o);
+            }
+            match self.progress(st, deadline, what) {
+                Ok(s) => st = s,
+                Err(e) => {
+                    let mut st = self.lock();
+                    st.awaited.remove(&seq);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Waits for something to change: a reply, a break (then re-attaches), or the deadline.
+    fn progress<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, State>, deadline: Instant, what: &str) -> Result<MutexGuard<'a, State>> {
+        if let Some(e) = &st.dead {
+            return Err(e.clone());
+        }
+        if st.broken.is_some() {
+            self.reattach(&mut st);
+            return match &st.dead {
+                Some(e) => Err(e.clone()),
+                None => Ok(st),
+            };
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(RemoteError::Timeout { server: self.server.clone(), what: what.into(), after: self.opts.call_timeout });
+        }
+        Ok(self.changed.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0)
+    }
+
+    /// Re-attaches to the session, retrying until the reconnect window closes; marks the
+    /// session dead if it cannot.
+    fn reattach(self: &Arc<Self>, st: &mut State) {
+        let window = self.opts.reconnect_window;
+        let give_up = Instant::now() + window;
+        let mut pause = Duration::from_micros(200);
+        let mut last = st.broken.clone().unwrap_or_default();
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                st.dead = Some(RemoteError::Lost { server: self.server.clone(), window, why: last });
+                self.changed.notify_all();
+                return;
+            }
+            match self.try_attach(st, left.min(Duration::from_secs(2))) {
+                Ok(()) => {
+                    st.reconnects += 1;
+                    tracing::debug!(server = %self.server, "re-attached");
+                    self.changed.notify_all();
+                    return;
+                }
+                Err(e @ RemoteError::Refused { .. }) => {
+                    // The session is gone or the proof is wrong: retrying will not help.
+                    st.dead = Some(e);
+                    self.changed.notify_all();
+                    return;
+                }
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    fn try_attach(self: &Arc<Self>, st: &mut State, timeout: Duration) -> Result<()> {
+        let (mut s, nonces, max_frame) = greet(&self.server, &self.opts, timeout)?;
+        if max_frame != st.keys.max_frame {
+            return Err(RemoteError::Protocol {
+                server: self.server.clone(),
+                why: format!("frame limit changed from {} to {max_frame}", st.keys.max_frame),
+            });
+        }
+        let k = &st.keys;
+        let attach = Frame::Attach { session: k.id, last_reply: st.last_reply, mac: k.secret.attach_proof(&nonces, &k.id, st.last_reply) };
+        let mut out = Vec::new();
+        write_frame(&mut s, &mut out, &attach).map_err(|e| RemoteError::Connect { server: self.server.clone(), why: e.to_string() })?;
+        match read_handshake(&self.server, &mut s)? {
+            Frame::Attached { last_received, mac } => {
+                if !st.keys.secret.check_attached(&nonces, last_received, &mac) {
+                    return Err(RemoteError::Refused {
+                        server: self.server.clone(),
+                        why: "the server could not prove it holds the session".into(),
+                    });
+                }
+                if last_received >= st.next_seq {
+                    return Err(RemoteError::Protocol {
+                        server: self.server.clone(),
+                        why: format!("server received command {last_received}, never sent"),
+                    });
+                }
+                // Everything up to `last_received` arrived and runs (or ran) once; the server
+                // re-sends the replies we lack. Only what it never received goes again — but
+                // those it received stay counted as unanswered until their replies come.
+                let resend: VecDeque<_> = st.unanswered.iter().filter(|(seq, _)| *seq > last_received).cloned().collect();
+                let received: VecDeque<_> =
+                    st.unanswered.drain(..).filter(|(seq, _)| *seq <= last_received).map(|(seq, _)| (seq, Vec::new())).collect();
+                st.unanswered = received;
+                st.unanswered.extend(resend);
+                self.install(st, s).map_err(|why| RemoteError::Connect { server: self.server.clone(), why })
+            }
+            other => Err(refused_or_protocol(&self.server, other)),
+        }
+    }
+}
+
+/// One device of a server.
+#[derive(Clone)]
+pub struct RemoteDevice {
+    remote: Remote,
+    index: u32,
+    info: DeviceInfo,
+}
+
+impl RemoteDevice {
+    /// The server it belongs to.
+    pub fn remote(&self) -> &Remote {
+        &self.remote
+    }
+    /// Its index in the server's list.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+    /// Host or CUDA.
+    pub fn kind(&self) -> DeviceKind {
+        self.info.kind
+    }
+    /// Its memory in bytes.
+    pub fn total_memory(&self) -> u64 {
+        self.info.memory
+    }
+
+    /// A new in-order queue on this device.
+    pub fn queue(&self) -> Result<RemoteQueue> {
+        let id = self.remote.id();
+        self.remote.call(Command::CreateQueue { queue: id, device: self.index }, "creating a queue")?;
+        Ok(RemoteQueue { device: self.clone(), id })
+    }
+
+    /// Compiles CUDA C `source` on this (CUDA) device; `name` can then be launched.
+    pub fn compile(&self, source: &str, name: &str) -> Result<()> {
+        let cmd = Command::CompileCuda { device: self.index, name: name.into(), source: source.into() };
+        self.remote.call(cmd, &format!("compiling `{name}`")).map(|_| ())
+    }
+}
+
+/// An in-order queue of a remote device.
+#[derive(Clone)]
+pub struct RemoteQueue {
+    device: RemoteDevice,
+    id: u64,
+}
+
+/// A point in a remote queue's work.
+pub struct RemoteEvent {
+    remote: Remote,
+    id: u64,
+}
+
+impl RemoteEvent {
+    /// Waits until the work before the event has run.
+    pub fn synchronize(&self) -> Result<()> {
+        self.remote.call(Command::SyncEvent { event: self.id }, "waiting for an event").map(|_| ())
+    }
+}
+
+impl RemoteQueue {
+    /// The device.
+    pub fn device(&self) -> &RemoteDevice {
+        &self.device
+    }
+
+    fn remote(&self) -> &Remote {
+        &self.device.remote
+    }
+
+    /// A zeroed buffer of `len` elements (waits for the server, so limits fail here).
+    pub fn alloc<T: bytemuck::Pod>(&self, len: usize) -> Result<RemoteBuffer<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| RemoteError::Invalid(format!("{len} elements overflow")))?;
+        let id = self.remote().id();
+        self.remote()
+            .call(Command::Alloc { buffer: id, device: self.device.index, bytes: bytes as u64 }, &format!("allocating {bytes} bytes"))?;
+        Ok(RemoteBuffer { queue: self.clone(), id, len, _t: PhantomData })
+    }
+
+    /// A buffer holding a copy of `host`.
+    pub fn upload<T: bytemuck::Pod>(&self, host: &[T]) -> Result<RemoteBuffer<T>> {
+        let mut b = self.alloc(host.len())?;
+        b.copy_from_host(host)?;
+        Ok(b)
+    }
+
+    /// Runs host kernel (or compiled CUDA kernel) `name` with `args` over `range` items.
+    pub fn launch(&self, name: &str, args: &[Arg], range: u64) -> Result<()> {
+        if name.len() > wire::MAX_NAME || args.len() > wire::MAX_ARGS {
+            return Err(RemoteError::Invalid(format!(
+                "kernel `{name}`: a name of at most {} bytes and {} arguments",
+                wire::MAX_NAME,
+                wire::MAX_ARGS
+            )));
+        }
+        self.remote().post(Command::Launch { queue: self.id, kernel: name.into(), args: args.to_vec(), range })
+    }
+
+    /// Marks the current end of the queue.
+    pub fn record(&self) -> Result<RemoteEvent> {
+        let id = self.remote().id();
+        self.remote().post(Command::Record { queue: self.id, event: id })?;
+        Ok(RemoteEvent { remote: self.remote().clone(), id })
+    }
+
+    /// Makes later work on this queue wait for `event` (same server).
+    pub fn wait_for(&self, event: &RemoteEvent) -> Result<()> {
+        if !Arc::ptr_eq(&event.remote.conn, &self.remote().conn) {
+            return Err(RemoteError::Invalid("an event of another server (waits across servers are not implemented)".into()));
+        }
+        self.remote().post(Command::WaitEvent { queue: self.id, event: event.id })
+    }
+
+    /// Waits until everything enqueued so far has run; reports any earlier failure.
+    pub fn synchronize(&self) -> Result<()> {
+        self.remote().call(Command::Finish { queue: self.id }, "synchronizing a queue").map(|_| ())
+    }
+}
+
+/// `len` elements of `T` in a remote device's memory.
+pub struct RemoteBuffer<T: bytemuck::Pod> {
+    queue: RemoteQueue,
+    id: u64,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> RemoteBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The kernel argument naming this buffer.
+    pub fn arg(&self) -> Arg {
+        Arg::Buffer(self.id)
+    }
+    fn remote(&self) -> &Remote {
+        self.queue.remote()
+    }
+    fn check(&self, offset: usize, n: usize) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(RemoteError::Invalid(format!("elements {offset}..{offset}+{n} are outside a buffer of {}", self.len))),
+        }
+    }
+
+    /// Overwrites the whole buffer with `host` (same length).
+    pub fn copy_from_host(&mut self, host: &[T]) -> Result<()> {
+        if host.len() != self.len {
+            return Err(RemoteError::Invalid(format!("{} elements into a buffer of {}", host.len(), self.len)));
+        }
+        self.write(0, host)
+    }
+
+    /// Writes `host` at element `offset` (split into frames as needed; sent without waiting).
+    pub fn write(&mut self, offset: usize, host: &[T]) -> Result<()> {
+        self.check(offset, host.len())?;
+        let bytes: &[u8] = bytemuck::cast_slice(host);
+        let chunk = self.remote().room() - wire::WRITE_OVERHEAD - 4;
+        let base = (offset * std::mem::size_of::<T>()) as u64;
+        for (i, part) in bytes.chunks(chunk.max(1)).enumerate() {
+            self.remote().post(Command::Write { buffer: self.id, offset: base + (i * chunk) as u64, data: part.to_vec() })?;
+        }
+        Ok(())
+    }
+
+    /// Reads elements `offset..offset + n`.
+    pub fn read(&self, offset: usize, n: usize) -> Result<Vec<T>> {
+        self.check(offset, n)?;
+        let size = std::mem::size_of::<T>();
+        let mut out: Vec<T> = vec![T::zeroed(); n];
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        let chunk = self.remote().room() - wire::READ_REPLY_OVERHEAD - 4;
+        let base = (offset * size) as u64;
+        let mut done = 0;
+        while done < dst.len() {
+            let take = chunk.min(dst.len() - done);
+            match self.remote().call(Command::Read { buffer: self.id, offset: base + done as u64, len: take as u64 }, "reading a buffer")? {
+                Outcome::Data(d) if d.len() == take => dst[done..done + take].copy_from_slice(&d),
+                other => return Err(self.remote().unexpected("reading a buffer", other)),
+            }
+            done += take;
+        }
+        Ok(out)
+    }
+
+    /// The whole buffer.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.read(0, self.len)
+    }
+
+    /// Sets every element to `value`.
+    pub fn fill(&mut self, value: T) -> Result<()> {
+        let pattern = bytemuck::bytes_of(&value).to_vec();
+        if pattern.len() > wire::MAX_PATTERN {
+            return Err(RemoteError::Invalid(format!("a fill value of {} bytes (at most {})", pattern.len(), wire::MAX_PATTERN)));
+        }
+        let len = (self.len * pattern.len()) as u64;
+        self.remote().post(Command::Fill { buffer: self.id, offset: 0, len, pattern })
+    }
+
+    /// Copies all of `src` (same server and device, same length) into this buffer.
+    pub fn copy_from(&mut self, src: &RemoteBuffer<T>) -> Result<()> {
+        if !Arc::ptr_eq(&src.remote().conn, &self.remote().conn) || src.len != self.len {
+            return Err(RemoteError::Invalid("copies need two buffers of one server and one length".into()));
+        }
+        let len = (self.len * std::mem::size_of::<T>()) as u64;
+        self.remote().post(Command::Copy { src: src.id, src_offset: 0, dst: self.id, dst_offset: 0, len })
+    }
+}
+
+impl<T: bytemuck::Pod> Drop for RemoteBuffer<T> {
+    fn drop(&mut self) {
+        let _ = self.remote().post(Command::Free { buffer: self.id });
+    }
+}

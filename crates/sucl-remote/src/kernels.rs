@@ -1,0 +1,256 @@
+//! Host kernels: a registry of named Rust functions the daemon was built with, and the memory
+//! they run on. A program that embeds the daemon registers its own next to the built-in ones
+//! ([`KernelRegistry::register`]); clients launch them by name.
+
+use crate::wire::Arg;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Host device memory: zeroed bytes kept in 8-byte words, so that any element type up to
+/// `u64`/`f64` can view it aligned.
+pub struct HostMem {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl HostMem {
+    /// `len` zeroed bytes.
+    pub fn zeroed(len: usize) -> HostMem {
+        HostMem { words: vec![0; len.div_ceil(8)], len }
+    }
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+    /// Its bytes, writable.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+/// One launch as a kernel sees it: its arguments, with buffer arguments resolved to the
+/// session's memory (each buffer at most once per launch), and its range.
+pub struct KernelCall<'a> {
+    args: &'a [Arg],
+    /// Buffers in argument order (`None` for scalar arguments).
+    mems: Vec<Option<&'a mut HostMem>>,
+    range: u64,
+}
+
+fn view<T: bytemuck::Pod>(m: &mut HostMem, i: usize) -> Result<&mut [T], String> {
+    let n = std::mem::size_of::<T>();
+    let b = m.bytes_mut();
+    if !b.len().is_multiple_of(n) {
+        return Err(format!("argument {i}: a buffer of {} bytes is not a whole number of {n}-byte elements", b.len()));
+    }
+    bytemuck::try_cast_slice_mut(b).map_err(|e| format!("argument {i}: {e}"))
+}
+
+impl<'a> KernelCall<'a> {
+    /// Builds a call (the daemon does this; public for testing kernels without a daemon).
+    pub fn new(args: &'a [Arg], mems: Vec<Option<&'a mut HostMem>>, range: u64) -> KernelCall<'a> {
+        KernelCall { args, mems, range }
+    }
+
+    /// The number of arguments.
+    pub fn arg_count(&self) -> usize {
+        self.args.len()
+    }
+
+    /// Fails unless there are exactly `n` arguments.
+    pub fn expect_args(&self, n: usize) -> Result<(), String> {
+        if self.args.len() != n {
+            return Err(format!("takes {n} arguments, got {}", self.args.len()));
+        }
+        Ok(())
+    }
+
+    /// The launch's range (0 = the whole buffer, by convention).
+    pub fn range(&self) -> u64 {
+        self.range
+    }
+
+    /// The first `range` of `len` elements (all of them when the range is 0).
+    pub fn extent(&self, len: usize) -> Result<usize, String> {
+        c_extent(self.range, len)
+    }
+
+    /// Argument `i`, a buffer, as elements of `T`.
+    pub fn buffer<T: bytemuck::Pod>(&mut self, i: usize) -> Result<&mut [T], String> {
+        match self.mems.get_mut(i) {
+            Some(Some(m)) => view(m, i),
+            Some(None) => Err(format!("argument {i} must be a buffer")),
+            None => Err(format!("argument {i} is missing")),
+        }
+    }
+
+    /// Arguments `i` and `j` (`i < j`), both buffers, as elements of `T`.
+    pub fn buffer_pair<T: bytemuck::Pod>(&mut self, i: usize, j: usize) -> Result<(&mut [T], &mut [T]), String> {
+        if i >= j || j >= self.mems.len() {
+            return Err(format!("arguments {i} and {j} must be two buffers"));
+        }
+        let (lo, hi) = self.mems.split_at_mut(j);
+        match (&mut lo[i], &mut hi[0]) {
+            (Some(a), Some(b)) => Ok((view(a, i)?, view(b, j)?)),
+            _ => Err(format!("arguments {i} and {j} must be buffers")),
+        }
+    }
+
+    /// Argument `i` as a `u64` (unsigned integers only).
+    pub fn u64(&self, i: usize) -> Result<u64, String> {
+        match self.args.get(i) {
+            Some(Arg::U64(v)) => Ok(*v),
+            Some(a) => Err(format!("argument {i} must be an unsigned integer, got {a:?}")),
+            None => Err(format!("argument {i} is missing")),
+        }
+    }
+
+    /// Argument `i` as an `f64` (floats and integers convert).
+    pub fn f64(&self, i: usize) -> Result<f64, String> {
+        match self.args.get(i) {
+            Some(Arg::F64(v)) => Ok(*v),
+            Some(Arg::F32(v)) => Ok(*v as f64),
+            Some(Arg::U64(v)) => Ok(*v as f64),
+            Some(Arg::I64(v)) => Ok(*v as f64),
+            Some(Arg::Buffer(_)) => Err(format!("argument {i} must be a number, got a buffer")),
+            None => Err(format!("argument {i} is missing")),
+        }
+    }
+}
+
+/// A host kernel.
+pub type HostKernel = Arc<dyn Fn(&mut KernelCall) -> Result<(), String> + Send + Sync>;
+
+/// Named host kernels.
+#[derive(Clone, Default)]
+pub struct KernelRegistry {
+    kernels: HashMap<String, HostKernel>,
+}
+
+impl KernelRegistry {
+    /// An empty registry.
+    pub fn new() -> KernelRegistry {
+        KernelRegistry::default()
+    }
+
+    /// The built-in kernels: `noop()`, `increment_u64(buf)`, `fill_u64(buf, value)`,
+    /// `axpy_f32(y, x, a)` and `axpy_f64(y, x, a)` (y ← a·x + y), `stencil3_f32(out, in)`
+    /// (out[i] ← mean of in[i-1..=i+1] inside, copied at the ends) and `sleep_ms(ms)` (at most
+    /// 10 000). A range limits each to its first `range` elements.
+    pub fn with_builtins() -> KernelRegistry {
+        let mut r = KernelRegistry::new();
+        r.register("noop", |_| Ok(()));
+        r.register("increment_u64", |c| {
+            c.expect_args(1)?;
+            let range = c.range();
+            let b = c.buffer::<u64>(0)?;
+            let n = c_extent(range, b.len())?;
+            for v in &mut b[..n] {
+                *v = v.wrapping_add(1);
+            }
+            Ok(())
+        });
+        r.register("fill_u64", |c| {
+            c.expect_args(2)?;
+            let (v, range) = (c.u64(1)?, c.range());
+            let b = c.buffer::<u64>(0)?;
+            let n = c_extent(range, b.len())?;
+            b[..n].fill(v);
+            Ok(())
+        });
+        r.register("axpy_f32", |c| axpy::<f32>(c, |a, x, y| (a as f32) * x + y));
+        r.register("axpy_f64", |c| axpy::<f64>(c, |a, x, y| a * x + y));
+        r.register("stencil3_f32", |c| {
+            c.expect_args(2)?;
+            let range = c.range;
+            let (out, inp) = c.buffer_pair::<f32>(0, 1)?;
+            if out.len() != inp.len() {
+                return Err(format!("out has {} elements, in has {}", out.len(), inp.len()));
+            }
+            let n = c_extent(range, out.len())?;
+            for i in 0..n {
+                out[i] = if i == 0 || i + 1 == n { inp[i] } else { (inp[i - 1] + inp[i] + inp[i + 1]) / 3.0 };
+            }
+            Ok(())
+        });
+        r.register("sleep_ms", |c| {
+            c.expect_args(1)?;
+            let ms = c.u64(0)?;
+            if ms > 10_000 {
+                return Err(format!("sleeps at most 10000 ms, asked for {ms}"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            Ok(())
+        });
+        r
+    }
+
+    /// Adds (or replaces) kernel `name`.
+    pub fn register(&mut self, name: &str, f: impl Fn(&mut KernelCall) -> Result<(), String> + Send + Sync + 'static) -> &mut Self {
+        self.kernels.insert(name.to_string(), Arc::new(f));
+        self
+    }
+
+    /// Kernel `name`.
+    pub fn get(&self, name: &str) -> Option<&HostKernel> {
+        self.kernels.get(name)
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<_> = self.kernels.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+fn c_extent(range: u64, len: usize) -> Result<usize, String> {
+    match range {
+        0 => Ok(len),
+        r if r as usize <= len => Ok(r as usize),
+        r => Err(format!("range {r} exceeds the buffer's {len} elements")),
+    }
+}
+
+fn axpy<T: bytemuck::Pod>(c: &mut KernelCall, f: impl Fn(f64, T, T) -> T) -> Result<(), String> {
+    c.expect_args(3)?;
+    let (a, range) = (c.f64(2)?, c.range);
+    let (y, x) = c.buffer_pair::<T>(0, 1)?;
+    if y.len() != x.len() {
+        return Err(format!("y has {} elements, x has {}", y.len(), x.len()));
+    }
+    let n = c_extent(range, y.len())?;
+    for (yi, xi) in y[..n].iter_mut().zip(&x[..n]) {
+        *yi = f(a, *xi, *yi);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axpy_and_stencil_compute_what_they_say() {
+        let r = KernelRegistry::with_builtins();
+        let (mut y, mut x) = (HostMem::zeroed(16), HostMem::zeroed(16));
+        y.bytes_mut().copy_from_slice(bytemuck::cast_slice(&[1f32, 2., 3., 4.]));
+        x.bytes_mut().copy_from_slice(bytemuck::cast_slice(&[1f32, 1., 1., 1.]));
+        let args = [Arg::Buffer(1), Arg::Buffer(2), Arg::F64(2.0)];
+        r.get("axpy_f32").unwrap()(&mut KernelCall::new(&args, vec![Some(&mut y), Some(&mut x), None], 0)).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(y.bytes()), &[3., 4., 5., 6.]);
+        let mut out = HostMem::zeroed(16);
+        r.get("stencil3_f32").unwrap()(&mut KernelCall::new(&args[..2], vec![Some(&mut out), Some(&mut y)], 0)).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, f32>(out.bytes()), &[3., 4., 5., 6.]);
+        let e = r.get("axpy_f32").unwrap()(&mut KernelCall::new(&args[..2], vec![Some(&mut out), Some(&mut y)], 0)).unwrap_err();
+        assert!(e.contains("takes 3 arguments"), "{e}");
+    }
+}

@@ -1,0 +1,30 @@
+//! sucl-remote: remote devices — a daemon (`sucld`) that serves a node's devices over TCP, and a
+//! client for which those devices look like local ones.
+//!
+//! - [`wire`]: the versioned, little-endian, length-prefixed protocol; every length checked
+//!   against a negotiated limit before anything is allocated for it.
+//! - [`auth`]: a shared token, HMAC-SHA256 challenge-response over fresh nonces, a random
+//!   128-bit session id and a derived 128-bit session secret; each connection is bound to its
+//!   session in the handshake.
+//! - [`daemon`]: the daemon as a library (sessions with buffers, queues, events; host kernels
+//!   from a [`KernelRegistry`]; CUDA kernels compiled by NVRTC; per-session limits;
+//!   exactly-once execution across reconnects).
+//! - [`client`]: [`Remote`] servers and their devices, queues, buffers and events.
+//!
+//! Depends on `sucl-cuda` (feature `cuda`, for the daemon's GPUs) through its public API only.
+
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod client;
+#[cfg(feature = "cuda")]
+mod cuda;
+pub mod daemon;
+pub mod kernels;
+pub mod wire;
+
+pub use auth::Token;
+pub use client::{ClientOptions, Remote, RemoteBuffer, RemoteDevice, RemoteError, RemoteEvent, RemoteQueue};
+pub use daemon::{Daemon, DaemonConfig, Limits};
+pub use kernels::{KernelCall, KernelRegistry};
+pub use wire::{Arg, DeviceKind};

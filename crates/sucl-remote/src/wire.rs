@@ -1,0 +1,888 @@
+//! The wire protocol between clients and `sucld`.
+//!
+//! Every message is one *frame*: a little-endian `u32` body length, then the body. A body starts
+//! with a one-byte frame tag; every field after it is little-endian and fixed-size, except byte
+//! strings and lists, which carry a `u32` count first. A frame's length is checked against the
+//! limit in force (a small fixed one during the handshake, the negotiated one after it) before a
+//! byte of its body is allocated, and every count inside a body is checked against the bytes
+//! that remain (and against its own limit) before anything is allocated for it. A body must be
+//! consumed exactly: trailing bytes are an error.
+//!
+//! A connection opens with [`Frame::Hello`] (client: magic, version range, features, largest
+//! frame it accepts, a fresh nonce) and [`Frame::Welcome`] (server: the chosen version, the
+//! common features, the smaller frame limit, its own nonce). The client then either opens a new
+//! session ([`Frame::Open`]) or re-attaches to one ([`Frame::Attach`]); see [`crate::auth`].
+//! After that the client sends [`Frame::Command`]s, each with a sequence number, and the server
+//! answers each with a [`Frame::Reply`] carrying the same number.
+
+use std::io::{self, Read, Write};
+
+/// `b"SUCL"` read as a little-endian `u32`: the first field of every [`Frame::Hello`].
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
+/// The protocol version this build speaks (it speaks exactly one so far).
+pub const VERSION: u16 = 1;
+/// The largest frame either side accepts before the handshake has negotiated a limit.
+pub const HANDSHAKE_MAX_FRAME: u32 = 1024;
+/// The smallest frame limit a peer may ask for (every fixed-size command must fit).
+pub const MIN_MAX_FRAME: u32 = 4096;
+/// The frame limit this build asks for by default (16 MiB).
+pub const DEFAULT_MAX_FRAME: u32 = 16 << 20;
+/// The longest kernel or device name on the wire.
+pub const MAX_NAME: usize = 256;
+/// The most arguments one kernel launch carries.
+pub const MAX_ARGS: usize = 64;
+/// The longest fill pattern.
+pub const MAX_PATTERN: usize = 64;
+/// The most devices one server lists.
+pub const MAX_DEVICES: usize = 256;
+/// The bytes a [`Frame::Command`] carrying a write needs besides its data (tags, sequence
+/// numbers, ids, offsets and the data's count), so that a client can split large writes.
+pub const WRITE_OVERHEAD: usize = 1 + 8 + 8 + 1 + 8 + 8 + 4;
+/// The bytes a [`Frame::Reply`] carrying read data needs besides the data.
+pub const READ_REPLY_OVERHEAD: usize = 1 + 8 + 1 + 4;
+
+/// Feature bits negotiated in the handshake (the intersection of both sides' sets is in force).
+pub mod feature {
+    /// Named host kernels from the daemon's registry.
+    pub const HOST_KERNELS: u64 = 1;
+    /// CUDA C kernels compiled by NVRTC on the server.
+    pub const CUDA_KERNELS: u64 = 2;
+    /// Every feature this build knows.
+    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS;
+}
+
+/// Why a frame could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The body ended inside a field.
+    #[error("truncated frame: {what} needs {need} more bytes, {left} left")]
+    Truncated {
+        /// The field being read.
+        what: &'static str,
+        /// Bytes the field needs.
+        need: usize,
+        /// Bytes that were left.
+        left: usize,
+    },
+    /// A length or count over its limit.
+    #[error("{what} of {len} exceeds the limit of {limit}")]
+    TooLong {
+        /// What was counted.
+        what: &'static str,
+        /// The length the peer claimed.
+        len: u64,
+        /// The limit in force.
+        limit: u64,
+    },
+    /// An unknown tag.
+    #[error("unknown {what} tag {tag}")]
+    UnknownTag {
+        /// Which kind of tag.
+        what: &'static str,
+        /// The tag's value.
+        tag: u8,
+    },
+    /// Bytes after the last field.
+    #[error("{0} trailing bytes after the frame's last field")]
+    Trailing(usize),
+    /// A string that is not UTF-8.
+    #[error("{0} is not valid UTF-8")]
+    BadUtf8(&'static str),
+    /// The first field of a hello is not [`MAGIC`].
+    #[error("bad magic {0:#010x}: not a sucl remote peer")]
+    BadMagic(u32),
+    /// An empty frame.
+    #[error("empty frame")]
+    Empty,
+}
+
+/// A kernel argument.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A buffer of the session, by id.
+    Buffer(u64),
+    /// An unsigned integer.
+    U64(u64),
+    /// A signed integer.
+    I64(i64),
+    /// A double.
+    F64(f64),
+    /// A float.
+    F32(f32),
+}
+
+/// One device a server offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// What kind of device it is.
+    pub kind: DeviceKind,
+    /// Its name.
+    pub name: String,
+    /// Its memory in bytes.
+    pub memory: u64,
+}
+
+/// The kinds of device a server can offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Host memory and host kernels from the daemon's registry.
+    Host,
+    /// A CUDA GPU (kernels compiled by NVRTC on the server).
+    Cuda,
+}
+
+/// What a session has done and holds, as the server counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionStats {
+    /// Commands executed (each sequence number counts once, however often it was sent).
+    pub executed: u64,
+    /// Kernel launches executed.
+    pub launches: u64,
+    /// Device bytes the session's buffers hold.
+    pub bytes_in_use: u64,
+    /// Buffers the session holds.
+    pub buffers: u32,
+}
+
+/// A command from a client, executed in sequence-number order on the client's session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Does nothing (answers [`Outcome::Done`]); a round-trip probe.
+    Nop,
+    /// Lists the server's devices ([`Outcome::Devices`]).
+    Devices,
+    /// Creates queue `queue` (an id the client chose) on device `device`.
+    CreateQueue {
+        /// The new queue's id.
+        queue: u64,
+        /// Index into the server's device list.
+        device: u32,
+    },
+    /// Allocates `bytes` zeroed bytes on `device` as buffer `buffer` (an id the client chose).
+    Alloc {
+        /// The new buffer's id.
+        buffer: u64,
+        /// Index into the server's device list.
+        device: u32,
+        /// Size in bytes.
+        bytes: u64,
+    },
+    /// Frees a buffer.
+    Free {
+        /// The buffer.
+        buffer: u64,
+    },
+    /// Writes `data` into `buffer` at byte `offset`.
+    Write {
+        /// The buffer.
+        buffer: u64,
+        /// Byte offset.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// Reads `len` bytes of `buffer` at `offset` ([`Outcome::Data`]).
+    Read {
+        /// The buffer.
+        buffer: u64,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes to read.
+        len: u64,
+    },
+    /// Copies `len` bytes between (or within) buffers of one device.
+    Copy {
+        /// Source buffer.
+        src: u64,
+        /// Byte offset in the source.
+        src_offset: u64,
+        /// Destination buffer.
+        dst: u64,
+        /// Byte offset in the destination.
+        dst_offset: u64,
+        /// Bytes to copy.
+        len: u64,
+    },
+    /// Fills `len` bytes at `offset` with `pattern` repeated (`len` a multiple of its length).
+    Fill {
+        /// The buffer.
+        buffer: u64,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes to fill.
+        len: u64,
+        /// The pattern (1 to [`MAX_PATTERN`] bytes).
+        pattern: Vec<u8>,
+    },
+    /// Runs kernel `kernel` on `queue`.
+    Launch {
+        /// The queue.
+        queue: u64,
+        /// The kernel: a name in the daemon's registry (host) or one compiled with
+        /// [`Command::CompileCuda`] (CUDA).
+        kernel: String,
+        /// Its arguments.
+        args: Vec<Arg>,
+        /// Work items (host kernels: elements to process, 0 = all; CUDA: the grid and block
+        /// are derived from it).
+        range: u64,
+    },
+    /// Compiles CUDA C `source` with NVRTC on `device` and registers function `name` from it.
+    CompileCuda {
+        /// The device.
+        device: u32,
+        /// The function to load.
+        name: String,
+        /// The CUDA C source.
+        source: String,
+    },
+    /// Records event `event` (an id the client chose) at the current end of `queue`.
+    Record {
+        /// The queue.
+        queue: u64,
+        /// The new event's id.
+        event: u64,
+    },
+    /// Makes later work on `queue` wait for `event`.
+    WaitEvent {
+        /// The queue.
+        queue: u64,
+        /// The event.
+        event: u64,
+    },
+    /// Answers once `event` has completed.
+    SyncEvent {
+        /// The event.
+        event: u64,
+    },
+    /// Answers once everything on `queue` has run.
+    Finish {
+        /// The queue.
+        queue: u64,
+    },
+    /// The session's counters ([`Outcome::Stats`]).
+    Stats,
+}
+
+/// Error codes of [`Outcome::Failed`].
+pub mod code {
+    /// An id, offset, size or argument that is not valid.
+    pub const INVALID: u16 = 1;
+    /// A per-session limit would be exceeded.
+    pub const LIMIT: u16 = 2;
+    /// The device failed.
+    pub const DEVICE: u16 = 3;
+    /// A kernel failed or does not exist.
+    pub const KERNEL: u16 = 4;
+    /// The server does not offer this.
+    pub const UNSUPPORTED: u16 = 5;
+}
+
+/// The result of one command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Done, nothing to return.
+    Done,
+    /// Bytes read.
+    Data(Vec<u8>),
+    /// The server's devices.
+    Devices(Vec<DeviceInfo>),
+    /// The session's counters.
+    Stats(SessionStats),
+    /// The command failed; nothing it would have changed was changed.
+    Failed {
+        /// One of [`code`].
+        code: u16,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// One frame of the protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// Client → server, first.
+    Hello {
+        /// Lowest version the client speaks.
+        min_version: u16,
+        /// Highest version the client speaks.
+        max_version: u16,
+        /// Features the client wants.
+        features: u64,
+        /// Largest frame the client accepts.
+        max_frame: u32,
+        /// A fresh random nonce.
+        nonce: [u8; 16],
+    },
+    /// Server → client, the answer to a hello.
+    Welcome {
+        /// The version in force.
+        version: u16,
+        /// The features in force.
+        features: u64,
+        /// The frame limit in force, both ways.
+        max_frame: u32,
+        /// A fresh random nonce.
+        nonce: [u8; 16],
+    },
+    /// Client → server: open a new session (`mac` proves the client holds the daemon's token).
+    Open {
+        /// HMAC of the nonces under the token.
+        mac: [u8; 32],
+    },
+    /// Client → server: re-attach to `session` (`mac` proves the client holds its secret).
+    Attach {
+        /// The session's id.
+        session: [u8; 16],
+        /// The last reply sequence number the client received.
+        last_reply: u64,
+        /// HMAC of the session, nonces and `last_reply` under the session secret.
+        mac: [u8; 32],
+    },
+    /// Server → client: the session is open.
+    Opened {
+        /// The session's id.
+        session: [u8; 16],
+        /// How many commands may be unanswered or unacknowledged at once.
+        max_inflight: u32,
+        /// Proof that the server holds the token too.
+        mac: [u8; 32],
+    },
+    /// Server → client: re-attached.
+    Attached {
+        /// The last command sequence number the server received (the client re-sends the
+        /// ones after it).
+        last_received: u64,
+        /// Proof that the server holds the session secret.
+        mac: [u8; 32],
+    },
+    /// Server → client: the handshake was refused; the server closes the connection.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// Client → server: a command.
+    Command {
+        /// Its sequence number (1, 2, ...; each executed once).
+        seq: u64,
+        /// The last reply sequence number the client received (the server forgets replies up
+        /// to it).
+        ack: u64,
+        /// The command.
+        cmd: Command,
+    },
+    /// Server → client: the answer to command `seq`.
+    Reply {
+        /// The command's sequence number.
+        seq: u64,
+        /// Its result.
+        outcome: Outcome,
+    },
+    /// Client → server: replies up to `upto` were received (when no command carries it).
+    Ack {
+        /// The last reply received.
+        upto: u64,
+    },
+    /// Server → client: the session broke a rule; the server closes the connection.
+    Fatal {
+        /// Why.
+        reason: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+struct Enc<'a>(&'a mut Vec<u8>);
+
+impl Enc<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn raw(&mut self, v: &[u8]) {
+        self.0.extend_from_slice(v);
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        self.u32(v.len() as u32);
+        self.raw(v);
+    }
+    fn str(&mut self, v: &str) {
+        self.bytes(v.as_bytes());
+    }
+}
+
+impl Command {
+    fn tag(&self) -> u8 {
+        match self {
+            Command::Nop => 0,
+            Command::Devices => 1,
+            Command::CreateQueue { .. } => 2,
+            Command::Alloc { .. } => 3,
+            Command::Free { .. } => 4,
+            Command::Write { .. } => 5,
+            Command::Read { .. } => 6,
+            Command::Copy { .. } => 7,
+            Command::Fill { .. } => 8,
+            Command::Launch { .. } => 9,
+            Command::CompileCuda { .. } => 10,
+            Command::Record { .. } => 11,
+            Command::WaitEvent { .. } => 12,
+            Command::SyncEvent { .. } => 13,
+            Command::Finish { .. } => 14,
+            Command::Stats => 15,
+        }
+    }
+
+    fn encode(&self, e: &mut Enc) {
+        e.u8(self.tag());
+        match self {
+            Command::Nop | Command::Devices | Command::Stats => {}
+            Command::CreateQueue { queue, device } => {
+                e.u64(*queue);
+                e.u32(*device);
+            }
+            Command::Alloc { buffer, device, bytes } => {
+                e.u64(*buffer);
+                e.u32(*device);
+                e.u64(*bytes);
+            }
+            Command::Free { buffer } => e.u64(*buffer),
+            Command::Write { buffer, offset, data } => {
+                e.u64(*buffer);
+                e.u64(*offset);
+                e.bytes(data);
+            }
+            Command::Read { buffer, offset, len } => {
+                e.u64(*buffer);
+                e.u64(*offset);
+                e.u64(*len);
+            }
+            Command::Copy { src, src_offset, dst, dst_offset, len } => {
+                for v in [*src, *src_offset, *dst, *dst_offset, *len] {
+                    e.u64(v);
+                }
+            }
+            Command::Fill { buffer, offset, len, pattern } => {
+                e.u64(*buffer);
+                e.u64(*offset);
+                e.u64(*len);
+                e.bytes(pattern);
+            }
+            Command::Launch { queue, kernel, args, range } => {
+                e.u64(*queue);
+                e.str(kernel);
+                e.u64(*range);
+                e.u32(args.len() as u32);
+                for a in args {
+                    match *a {
+                        Arg::Buffer(v) => {
+                            e.u8(0);
+                            e.u64(v);
+                        }
+                        Arg::U64(v) => {
+                            e.u8(1);
+                            e.u64(v);
+                        }
+                        Arg::I64(v) => {
+                            e.u8(2);
+                            e.u64(v as u64);
+                        }
+                        Arg::F64(v) => {
+                            e.u8(3);
+                            e.u64(v.to_bits());
+                        }
+                        Arg::F32(v) => {
+                            e.u8(4);
+                            e.u64(v.to_bits() as u64);
+                        }
+                    }
+                }
+            }
+            Command::CompileCuda { device, name, source } => {
+                e.u32(*device);
+                e.str(name);
+                e.str(source);
+            }
+            Command::Record { queue, event } | Command::WaitEvent { queue, event } => {
+                e.u64(*queue);
+                e.u64(*event);
+            }
+            Command::SyncEvent { event } => e.u64(*event),
+            Command::Finish { queue } => e.u64(*queue),
+        }
+    }
+}
+
+impl Outcome {
+    fn encode(&self, e: &mut Enc) {
+        match self {
+            Outcome::Done => e.u8(0),
+            Outcome::Data(d) => {
+                e.u8(1);
+                e.bytes(d);
+            }
+            Outcome::Devices(list) => {
+                e.u8(2);
+                e.u32(list.len() as u32);
+                for d in list {
+                    e.u8(match d.kind {
+                        DeviceKind::Host => 0,
+                        DeviceKind::Cuda => 1,
+                    });
+                    e.str(&d.name);
+                    e.u64(d.memory);
+                }
+            }
+            Outcome::Stats(s) => {
+                e.u8(3);
+                e.u64(s.executed);
+                e.u64(s.launches);
+                e.u64(s.bytes_in_use);
+                e.u32(s.buffers);
+            }
+            Outcome::Failed { code, message } => {
+                e.u8(4);
+                e.u16(*code);
+                e.str(message);
+            }
+        }
+    }
+}
+
+impl Frame {
+    /// Appends this frame, length prefix included, to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        let mut e = Enc(out);
+        match self {
+            Frame::Hello { min_version, max_version, features, max_frame, nonce } => {
+                e.u8(1);
+                e.u32(MAGIC);
+                e.u16(*min_version);
+                e.u16(*max_version);
+                e.u64(*features);
+                e.u32(*max_frame);
+                e.raw(nonce);
+            }
+            Frame::Welcome { version, features, max_frame, nonce } => {
+                e.u8(2);
+                e.u16(*version);
+                e.u64(*features);
+                e.u32(*max_frame);
+                e.raw(nonce);
+            }
+            Frame::Open { mac } => {
+                e.u8(3);
+                e.raw(mac);
+            }
+            Frame::Attach { session, last_reply, mac } => {
+                e.u8(4);
+                e.raw(session);
+                e.u64(*last_reply);
+                e.raw(mac);
+            }
+            Frame::Opened { session, max_inflight, mac } => {
+                e.u8(5);
+                e.raw(session);
+                e.u32(*max_inflight);
+                e.raw(mac);
+            }
+            Frame::Attached { last_received, mac } => {
+                e.u8(6);
+                e.u64(*last_received);
+                e.raw(mac);
+            }
+            Frame::Refused { reason } => {
+                e.u8(7);
+                e.str(reason);
+            }
+            Frame::Command { seq, ack, cmd } => {
+                e.u8(16);
+                e.u64(*seq);
+                e.u64(*ack);
+                cmd.encode(&mut e);
+            }
+            Frame::Reply { seq, outcome } => {
+                e.u8(17);
+                e.u64(*seq);
+                outcome.encode(&mut e);
+            }
+            Frame::Ack { upto } => {
+                e.u8(18);
+                e.u64(*upto);
+            }
+            Frame::Fatal { reason } => {
+                e.u8(19);
+                e.str(reason);
+            }
+        }
+        let body = (out.len() - start - 4) as u32;
+        out[start..start + 4].copy_from_slice(&body.to_le_bytes());
+    }
+
+    /// This frame, length prefix included.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode_into(&mut v);
+        v
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+struct Dec<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Dec<'a> {
+    fn left(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if n > self.left() {
+            return Err(WireError::Truncated { what, need: n, left: self.left() });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+    /// A count, checked against its own limit and against the bytes left (each counted item
+    /// takes at least `min_item` bytes) before the caller allocates anything for it.
+    fn count(&mut self, what: &'static str, limit: usize, min_item: usize) -> Result<usize, WireError> {
+        let n = self.u32(what)? as usize;
+        if n > limit {
+            return Err(WireError::TooLong { what, len: n as u64, limit: limit as u64 });
+        }
+        if n.saturating_mul(min_item) > self.left() {
+            return Err(WireError::Truncated { what, need: n.saturating_mul(min_item), left: self.left() });
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self, what: &'static str, limit: usize) -> Result<Vec<u8>, WireError> {
+        let n = self.count(what, limit, 1)?;
+        Ok(self.take(n, what)?.to_vec())
+    }
+    fn str(&mut self, what: &'static str, limit: usize) -> Result<String, WireError> {
+        let n = self.count(what, limit, 1)?;
+        let b = self.take(n, what)?;
+        std::str::from_utf8(b).map(str::to_owned).map_err(|_| WireError::BadUtf8(what))
+    }
+}
+
+fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
+    let unbounded = usize::MAX;
+    Ok(match d.u8("command tag")? {
+        0 => Command::Nop,
+        1 => Command::Devices,
+        2 => Command::CreateQueue { queue: d.u64("queue")?, device: d.u32("device")? },
+        3 => Command::Alloc { buffer: d.u64("buffer")?, device: d.u32("device")?, bytes: d.u64("bytes")? },
+        4 => Command::Free { buffer: d.u64("buffer")? },
+        5 => Command::Write { buffer: d.u64("buffer")?, offset: d.u64("offset")?, data: d.bytes("write data", unbounded)? },
+        6 => Command::Read { buffer: d.u64("buffer")?, offset: d.u64("offset")?, len: d.u64("length")? },
+        7 => Command::Copy {
+            src: d.u64("source")?,
+            src_offset: d.u64("source offset")?,
+            dst: d.u64("destination")?,
+            dst_offset: d.u64("destination offset")?,
+            len: d.u64("length")?,
+        },
+        8 => Command::Fill {
+            buffer: d.u64("buffer")?,
+            offset: d.u64("offset")?,
+            len: d.u64("length")?,
+            pattern: d.bytes("fill pattern", MAX_PATTERN)?,
+        },
+        9 => {
+            let queue = d.u64("queue")?;
+            let kernel = d.str("kernel name", MAX_NAME)?;
+            let range = d.u64("range")?;
+            let n = d.count("kernel arguments", MAX_ARGS, 9)?;
+            let mut args = Vec::with_capacity(n);
+            for _ in 0..n {
+                let tag = d.u8("argument tag")?;
+                let v = d.u64("argument")?;
+                args.push(match tag {
+                    0 => Arg::Buffer(v),
+                    1 => Arg::U64(v),
+                    2 => Arg::I64(v as i64),
+                    3 => Arg::F64(f64::from_bits(v)),
+                    4 => Arg::F32(f32::from_bits(u32::try_from(v).map_err(|_| WireError::TooLong {
+                        what: "f32 argument bits",
+                        len: v,
+                        limit: u32::MAX as u64,
+                    })?)),
+                    t => return Err(WireError::UnknownTag { what: "argument", tag: t }),
+                });
+            }
+            Command::Launch { queue, kernel, args, range }
+        }
+        10 => Command::CompileCuda {
+            device: d.u32("device")?,
+            name: d.str("kernel name", MAX_NAME)?,
+            source: d.str("CUDA source", unbounded)?,
+        },
+        11 => Command::Record { queue: d.u64("queue")?, event: d.u64("event")? },
+        12 => Command::WaitEvent { queue: d.u64("queue")?, event: d.u64("event")? },
+        13 => Command::SyncEvent { event: d.u64("event")? },
+        14 => Command::Finish { queue: d.u64("queue")? },
+        15 => Command::Stats,
+        t => return Err(WireError::UnknownTag { what: "command", tag: t }),
+    })
+}
+
+fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
+    Ok(match d.u8("outcome tag")? {
+        0 => Outcome::Done,
+        1 => Outcome::Data(d.bytes("read data", usize::MAX)?),
+        2 => {
+            let n = d.count("device list", MAX_DEVICES, 13)?;
+            let mut list = Vec::with_capacity(n);
+            for _ in 0..n {
+                let kind = match d.u8("device kind")? {
+                    0 => DeviceKind::Host,
+                    1 => DeviceKind::Cuda,
+                    t => return Err(WireError::UnknownTag { what: "device kind", tag: t }),
+                };
+                list.push(DeviceInfo { kind, name: d.str("device name", MAX_NAME)?, memory: d.u64("device memory")? });
+            }
+            Outcome::Devices(list)
+        }
+        3 => Outcome::Stats(SessionStats {
+            executed: d.u64("executed")?,
+            launches: d.u64("launches")?,
+            bytes_in_use: d.u64("bytes in use")?,
+            buffers: d.u32("buffers")?,
+        }),
+        4 => Outcome::Failed { code: d.u16("error code")?, message: d.str("error message", 4096)? },
+        t => return Err(WireError::UnknownTag { what: "outcome", tag: t }),
+    })
+}
+
+/// Decodes one frame body (without its length prefix). Never panics and allocates nothing
+/// larger than `body` itself.
+pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
+    let mut d = Dec { buf: body, pos: 0 };
+    if body.is_empty() {
+        return Err(WireError::Empty);
+    }
+    let f = match d.u8("frame tag")? {
+        1 => {
+            let magic = d.u32("magic")?;
+            if magic != MAGIC {
+                return Err(WireError::BadMagic(magic));
+            }
+            Frame::Hello {
+                min_version: d.u16("min version")?,
+                max_version: d.u16("max version")?,
+                features: d.u64("features")?,
+                max_frame: d.u32("max frame")?,
+                nonce: d.array("nonce")?,
+            }
+        }
+        2 => Frame::Welcome {
+            version: d.u16("version")?,
+            features: d.u64("features")?,
+            max_frame: d.u32("max frame")?,
+            nonce: d.array("nonce")?,
+        },
+        3 => Frame::Open { mac: d.array("mac")? },
+        4 => Frame::Attach { session: d.array("session")?, last_reply: d.u64("last reply")?, mac: d.array("mac")? },
+        5 => Frame::Opened { session: d.array("session")?, max_inflight: d.u32("max in flight")?, mac: d.array("mac")? },
+        6 => Frame::Attached { last_received: d.u64("last received")?, mac: d.array("mac")? },
+        7 => Frame::Refused { reason: d.str("reason", 4096)? },
+        16 => Frame::Command { seq: d.u64("sequence")?, ack: d.u64("ack")?, cmd: decode_command(&mut d)? },
+        17 => Frame::Reply { seq: d.u64("sequence")?, outcome: decode_outcome(&mut d)? },
+        18 => Frame::Ack { upto: d.u64("ack")? },
+        19 => Frame::Fatal { reason: d.str("reason", 4096)? },
+        t => return Err(WireError::UnknownTag { what: "frame", tag: t }),
+    };
+    if d.left() != 0 {
+        return Err(WireError::Trailing(d.left()));
+    }
+    Ok(f)
+}
+
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The connection failed or closed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer sent something that is not a valid frame.
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+}
+
+/// Reads one frame from `r` into `buf` (reused between calls) and decodes it. A length prefix
+/// over `max_frame` is refused before anything is allocated for the body.
+pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Result<Frame, ReadError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len);
+    if len > max_frame {
+        return Err(WireError::TooLong { what: "frame length", len: len as u64, limit: max_frame as u64 }.into());
+    }
+    buf.clear();
+    buf.resize(len as usize, 0);
+    r.read_exact(buf)?;
+    Ok(decode(buf)?)
+}
+
+/// Encodes `frame` into `buf` (reused between calls) and writes it to `w` in one write.
+pub fn write_frame(w: &mut impl Write, buf: &mut Vec<u8>, frame: &Frame) -> io::Result<()> {
+    buf.clear();
+    frame.encode_into(buf);
+    w.write_all(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_command_round_trips() {
+        let f = Frame::Command { seq: 7, ack: 3, cmd: Command::Write { buffer: 1, offset: 2, data: vec![1, 2, 3] } };
+        let bytes = f.encode();
+        assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
+        assert_eq!(bytes.len() - 4, WRITE_OVERHEAD + 3);
+        assert_eq!(decode(&bytes[4..]).unwrap(), f);
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_refused_before_its_body_is_read() {
+        let mut wire: &[u8] = &[0xff, 0xff, 0xff, 0x7f];
+        let mut buf = Vec::new();
+        let e = read_frame(&mut wire, &mut buf, 1024).unwrap_err();
+        assert!(e.to_string().contains("frame length of 2147483647 exceeds the limit of 1024"), "{e}");
+        assert_eq!(buf.capacity(), 0, "nothing was allocated for the claimed length");
+    }
+}

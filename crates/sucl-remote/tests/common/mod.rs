@@ -1,0 +1,170 @@
+//! Helpers for the remote tests: daemons as real processes (killed and reaped on drop), a fault
+//! proxy that cuts connections at random byte counts, and a raw handshake for hostile clients.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use sucl_remote::auth::{random, Nonces};
+use sucl_remote::wire::{self, Frame};
+use sucl_remote::{ClientOptions, Token};
+
+/// A `sucld` process on loopback with an ephemeral port; killed and reaped when dropped.
+pub struct Sucld {
+    pub child: Child,
+    pub addr: String,
+    pub token: Token,
+}
+
+impl Sucld {
+    pub fn start(extra: &[&str]) -> Sucld {
+        let token = Token::generate();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sucld"))
+            .args(["--listen", "127.0.0.1:0", "--print-address", "--log", "warn"])
+            .args(extra)
+            .env("SUCLD_TOKEN", token.to_hex())
+            .env_remove("SUCLD_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning sucld");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("reading sucld's address");
+        let addr = match line.trim().strip_prefix("listening on ") {
+            Some(a) => a.to_string(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("sucld did not start: {line:?}");
+            }
+        };
+        Sucld { child, addr, token }
+    }
+
+    pub fn options(&self) -> ClientOptions {
+        let mut o = ClientOptions::new(self.token.clone());
+        o.call_timeout = Duration::from_secs(20);
+        o.reconnect_window = Duration::from_secs(10);
+        o
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Sucld {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A TCP proxy that cuts each connection (both directions, both sockets) after a random number
+/// of forwarded bytes, `1..=2*mean_bytes`, counted over both directions — so cuts land in the
+/// middle of frames, between them, in handshakes and in replies alike.
+pub struct FaultProxy {
+    pub addr: String,
+    pub cuts: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    enabled: Arc<AtomicBool>,
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+impl FaultProxy {
+    pub fn start(target: &str, mean_bytes: u64, seed: u64) -> FaultProxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (cuts, stop, enabled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
+        let (target, c2, s2, e2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone());
+        let rng = Arc::new(Mutex::new(Rng(seed | 1)));
+        std::thread::spawn(move || {
+            for client in l.incoming() {
+                if s2.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else { continue };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
+                pump_pair(client, server, budget, c2.clone());
+            }
+        });
+        FaultProxy { addr, cuts, stop, enabled }
+    }
+
+    /// Stops cutting new connections.
+    pub fn calm(&self) {
+        self.enabled.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
+    let left = Arc::new(AtomicU64::new(budget));
+    let cut = Arc::new(AtomicBool::new(false));
+    for (from, to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
+        let (left, cut, cuts) = (left.clone(), cut.clone(), cuts.clone());
+        std::thread::spawn(move || {
+            let (mut from, mut to) = (from, to);
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let have = left.fetch_sub((n as u64).min(left.load(Ordering::SeqCst)), Ordering::SeqCst);
+                let pass = (n as u64).min(have) as usize;
+                if to.write_all(&buf[..pass]).is_err() {
+                    break;
+                }
+                if pass < n || have == n as u64 {
+                    if !cut.swap(true, Ordering::SeqCst) {
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    break;
+                }
+            }
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        });
+    }
+}
+
+/// Connects and exchanges hello/welcome by hand; returns the stream and the nonces.
+pub fn raw_greet(addr: &str) -> (TcpStream, Nonces) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let client: [u8; 16] = random();
+    let hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: client };
+    s.write_all(&hello.encode()).unwrap();
+    match read(&mut s) {
+        Some(Frame::Welcome { nonce, .. }) => (s, Nonces { client, server: nonce }),
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+}
+
+/// The next frame, or `None` once the server closed the connection.
+pub fn read(s: &mut TcpStream) -> Option<Frame> {
+    let mut buf = Vec::new();
+    wire::read_frame(s, &mut buf, 1 << 20).ok()
+}
