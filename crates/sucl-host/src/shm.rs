@@ -888,8 +888,10 @@ mod tests {
         // Odd sizes, so writes and reads straddle the ring's end at ever different offsets.
         for (i, len) in [1usize, 3000, 777, 4096, 2049, 5, 4000, 1234].iter().cycle().take(40).enumerate() {
             let m = pattern(*len, i);
-            let mut off = 0;
+            let (mut off, mut tries) = (0, 0);
             while off < m.len() {
+                tries += 1;
+                assert!(tries < 10_000, "the ring stalled: {off} of {} bytes written", m.len());
                 let mid = off + (m.len() - off) / 3;
                 off += p.try_write(&[&m[off..mid], &m[mid..]]);
                 let mut buf = vec![0u8; 1 + (i * 997) % 3001];
