@@ -77,7 +77,10 @@ fn free_bytes(f: &File) -> io::Result<u64> {
     }
     // SAFETY: fstatvfs succeeded, so it initialized `st`.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    // The field types differ between targets (u32 or u64): widen where needed.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, size) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    Ok(blocks.saturating_mul(size))
 }
 
 impl Segment {
@@ -162,7 +165,7 @@ impl Segment {
     /// The 64-bit word at `off` (a multiple of 8).
     #[inline(always)]
     fn atomic(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0, "unaligned shared-memory word at {off}");
+        assert!(off.is_multiple_of(8), "unaligned shared-memory word at {off}");
         let p = self.ptr(off, 8);
         // SAFETY: p is inside the mapping (checked) and 8-byte aligned (the mapping is page
         // aligned, off is a multiple of 8); the mapping outlives `&self`. An AtomicU64 may be
@@ -414,7 +417,10 @@ impl ShmBackend {
                 }
             };
             settings.write(&seg);
-            store.set(&key, path.as_os_str().as_encoded_bytes())?;
+            if let Err(e) = store.set(&key, path.as_os_str().as_encoded_bytes()) {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
             (Ok(seg), path)
         } else {
             let v = store.get(&key)?;

@@ -33,7 +33,7 @@ impl Word for std::sync::atomic::AtomicU64 {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 impl Word for loom::sync::atomic::AtomicU64 {
     fn load(&self, order: Ordering) -> u64 {
         loom::sync::atomic::AtomicU64::load(self, order)
