@@ -45,5 +45,5 @@ run() {
 
 run sucl-core engine:: wire:: dtype:: store::
 # The ring tests may not exist yet: zero matches is a pass (libtest prints "0 passed").
-run sucl-host ring_
+run sucl-host shm::tests::ring_
 echo "valgrind-tests: memcheck found no errors"

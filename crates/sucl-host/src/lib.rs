@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod shm;
+mod shm_sync;
 pub mod tcp;
 
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub struct HostConfig {
     pub shm_chunk_bytes: usize,
     /// How waits poll before blocking (set from the number of ranks on this host).
     pub backoff: Backoff,
+    /// Directory (a tmpfs) holding shared-memory segments while ranks map them.
+    pub shm_dir: String,
 }
 
 impl HostConfig {
@@ -70,6 +73,7 @@ impl Default for HostConfig {
             tcp_sockbuf: 0,
             tcp_spin: Duration::from_micros(250),
             backoff: Backoff::DEDICATED,
+            shm_dir: "/dev/shm".into(),
         }
     }
 }

@@ -12,9 +12,13 @@
 //! barriers per step: each rank reduces a 1/n portion of the chunk in place, then everyone
 //! copies every portion out; every rank's memory bandwidth works at once.
 
+use crate::shm_sync::{arrive, reached, wait_until, Consumer, Producer, RingMemory};
 use crate::HostConfig;
-use std::ffi::CString;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use sucl_core::backend::{Backend, CollDesc, CollOp};
@@ -25,7 +29,7 @@ use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
 use sucl_core::{AbortState, Error, Result};
 
-const MAGIC: u64 = 0x5355_434c_5348_4d31; // "SUCLSHM1"
+const MAGIC: u64 = 0x5355_434c_5348_4d32; // "SUCLSHM2"
 const HEADER_BYTES: usize = 4096;
 /// Per rank: a cache line with the barrier counter, then two mailboxes (one per step parity)
 /// holding a sequence number, the step's collective descriptor and up to [`INLINE_MAX`] bytes of
@@ -36,78 +40,253 @@ const MAILBOX_DATA: usize = 32;
 /// Largest collective payload carried inline in the mailbox.
 pub const INLINE_MAX: usize = MAILBOX_BYTES - MAILBOX_DATA;
 const RING_CTL_BYTES: usize = 256;
+/// What rank 0 stores instead of the segment's path when it could not create it.
+const FAILED: &str = "failed: ";
 
-/// A mapped shared-memory segment.
+/// A mapped shared-memory segment: the only way to its bytes. Words are handed out as
+/// `&AtomicU64` (shared mutation is what atomics are for); bytes are copied in and out, or lent
+/// as slices whose lifetime is bounded by a borrow of the segment and whose exclusivity the
+/// caller vouches for (`unsafe`, with the step protocol of the module documentation as reason).
+/// Every access is bounds-checked against the mapping.
 struct Segment {
     base: *mut u8,
     len: usize,
 }
 
-// SAFETY: the mapping is process-wide memory; all cross-process access goes through atomics
-// or the step/barrier protocol described in the module documentation.
+// SAFETY: the mapping is process-wide memory valid until drop; all access to it goes through the
+// methods below, whose contracts (atomics, or the step/ring protocols) order it across threads
+// and processes alike.
 unsafe impl Send for Segment {}
+// SAFETY: as for Send: `&Segment` only offers atomics and protocol-guarded copies.
 unsafe impl Sync for Segment {}
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // SAFETY: base/len describe a mapping we created.
+        // SAFETY: base/len describe a mapping we created and nobody uses after drop (every
+        // borrow of the segment has ended).
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
 
+/// Free bytes of the filesystem holding `f` (for the unprivileged user).
+fn free_bytes(f: &File) -> io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `f` is an open descriptor; `st` is a writable statvfs the call fills.
+    if unsafe { libc::fstatvfs(f.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatvfs succeeded, so it initialized `st`.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between targets (u32 or u64): widen where needed.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, size) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    Ok(blocks.saturating_mul(size))
+}
+
 impl Segment {
-    fn open(name: &str, len: usize, create: bool) -> io::Result<Segment> {
-        let c = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment name"))?;
-        let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
-        // SAFETY: plain libc calls with valid arguments; every failure is checked.
-        unsafe {
-            let fd = libc::shm_open(c.as_ptr(), flags, 0o600);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if create && libc::ftruncate(fd, len as libc::off_t) != 0 {
-                let e = io::Error::last_os_error();
-                libc::close(fd);
-                libc::shm_unlink(c.as_ptr());
-                return Err(e);
-            }
-            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
-            libc::close(fd);
-            if p == libc::MAP_FAILED {
-                let e = io::Error::last_os_error();
-                if create {
-                    libc::shm_unlink(c.as_ptr());
-                }
-                return Err(e);
-            }
-            Ok(Segment { base: p as *mut u8, len })
+    /// Creates the file `path` (which must not exist), reserves all `len` bytes of it — a full
+    /// filesystem is an error here, not a SIGBUS at first touch — and maps it.
+    fn create(path: &Path, len: usize, rank: usize) -> Result<Segment> {
+        let io = |what: &str| {
+            let what = format!("shm setup: {what} {}", path.display());
+            move |e: io::Error| Error::io(rank, what, e)
+        };
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(io("creating the segment"))?;
+        let reserved = Self::reserve(&f, path, len, rank);
+        let mapped = reserved.and_then(|()| Self::map(&f, len).map_err(io("mapping the segment")));
+        if mapped.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        mapped
+    }
+
+    /// Allocates every page of the segment's file up front.
+    fn reserve(f: &File, path: &Path, len: usize, rank: usize) -> Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("/")).display().to_string();
+        let full = |free: u64| {
+            Error::io(
+                rank,
+                format!(
+                    "shm setup: the shared-memory segment needs {len} bytes but {dir} has only {free} bytes free \
+                     (point SUCL_SHM_DIR at a larger tmpfs, or lower SUCL_SHM_ARENA_BYTES / SUCL_SHM_RING_BYTES)"
+                ),
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            )
+        };
+        let free = free_bytes(f).map_err(|e| Error::io(rank, format!("shm setup: free space of {dir}"), e))?;
+        if free < len as u64 {
+            // Checked first so that a hopeless reservation does not fill the filesystem meanwhile.
+            return Err(full(free));
+        }
+        let len_off = libc::off_t::try_from(len).map_err(|_| full(free))?;
+        // SAFETY: plain call on an open descriptor; it returns an error number, touching no memory.
+        match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len_off) } {
+            0 => Ok(()),
+            libc::ENOSPC | libc::EFBIG => Err(full(free_bytes(f).unwrap_or(0))),
+            e => Err(Error::io(rank, format!("shm setup: reserving {len} bytes in {dir}"), io::Error::from_raw_os_error(e))),
         }
     }
 
-    fn unlink(name: &str) {
-        if let Ok(c) = CString::new(name) {
-            // SAFETY: valid C string.
-            unsafe { libc::shm_unlink(c.as_ptr()) };
+    /// Opens the segment another rank created, mapping all of it.
+    fn open(path: &Path) -> io::Result<Segment> {
+        let f = OpenOptions::new().read(true).write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+        let len = usize::try_from(f.metadata()?.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "segment too large"))?;
+        if len < HEADER_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("segment of {len} bytes has no room for its header")));
         }
+        Self::map(&f, len)
     }
 
+    fn map(f: &File, len: usize) -> io::Result<Segment> {
+        // SAFETY: a fresh shared mapping of an open file descriptor; failure is checked. The
+        // descriptor may be closed afterwards: the mapping keeps the file alive.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Segment { base: p as *mut u8, len })
+    }
+
+    /// The address of bytes `off..off + len`, which must lie inside the mapping.
     #[inline(always)]
-    fn at(&self, off: usize) -> *mut u8 {
-        debug_assert!(off < self.len);
-        // SAFETY: callers compute offsets inside the layout.
+    fn ptr(&self, off: usize, len: usize) -> *mut u8 {
+        assert!(off <= self.len && len <= self.len - off, "shared-memory access {off}+{len} outside a {}-byte segment", self.len);
+        // SAFETY: off <= self.len (checked), so the result lies in the mapping or one past it.
         unsafe { self.base.add(off) }
     }
 
+    /// The 64-bit word at `off` (a multiple of 8).
     #[inline(always)]
     fn atomic(&self, off: usize) -> &AtomicU64 {
-        // SAFETY: offsets are 8-byte aligned inside the mapping, which outlives &self.
-        unsafe { &*(self.at(off) as *const AtomicU64) }
+        assert!(off.is_multiple_of(8), "unaligned shared-memory word at {off}");
+        let p = self.ptr(off, 8);
+        // SAFETY: p is inside the mapping (checked) and 8-byte aligned (the mapping is page
+        // aligned, off is a multiple of 8); the mapping outlives `&self`. An AtomicU64 may be
+        // read and written concurrently by any party, here or in other processes.
+        unsafe { &*(p as *const AtomicU64) }
+    }
+
+    /// Copies `src` into the segment at `off`.
+    ///
+    /// # Safety
+    /// Nobody (in any process) reads or writes `off..off + src.len()` during the copy.
+    #[inline(always)]
+    unsafe fn write(&self, off: usize, src: &[u8]) {
+        let p = self.ptr(off, src.len());
+        // SAFETY: the range is in the mapping (checked) and, per the caller, ours alone; `src` is
+        // private memory, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+    }
+
+    /// Copies the segment's bytes at `off` into `dst`.
+    ///
+    /// # Safety
+    /// Nobody (in any process) writes `off..off + dst.len()` during the copy.
+    #[inline(always)]
+    unsafe fn read(&self, off: usize, dst: &mut [u8]) {
+        let p = self.ptr(off, dst.len());
+        // SAFETY: the range is in the mapping (checked) and, per the caller, not written
+        // meanwhile; `dst` is private memory, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// Bytes `off..off + len`, shared, for as long as the segment is borrowed.
+    ///
+    /// # Safety
+    /// Nobody (in any process) writes the range while the slice lives.
+    #[inline(always)]
+    unsafe fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        // SAFETY: in the mapping (checked), which outlives the borrow; not written meanwhile
+        // (the caller's contract).
+        unsafe { std::slice::from_raw_parts(self.ptr(off, len), len) }
+    }
+
+    /// Bytes `off..off + len`, exclusive, for as long as the segment is borrowed.
+    ///
+    /// # Safety
+    /// Nobody else (in any process, this one included) reads or writes the range while the
+    /// slice lives.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        // SAFETY: in the mapping (checked), which outlives the borrow; exclusive (the caller's
+        // contract), so no other reference to these bytes exists while this one lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(off, len), len) }
     }
 }
 
 /// Bytes between the starts of consecutive arena halves beyond the half itself, so that halves
 /// and ranks do not share cache sets (4 KiB aliasing slows copies between aligned buffers).
 const SKEW: usize = 64 * 17;
+
+/// The settings a segment's layout and protocol depend on: rank 0 writes them into the header
+/// and every other rank must have the same (or setup fails with `Mismatch` naming the key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SegmentSettings {
+    ranks: u64,
+    ring_bytes: u64,
+    arena_bytes: u64,
+    small_bytes: u64,
+    chunk_bytes: u64,
+}
+
+impl SegmentSettings {
+    fn of(cfg: &HostConfig, ranks: usize) -> Self {
+        SegmentSettings {
+            ranks: ranks as u64,
+            ring_bytes: cfg.shm_ring_bytes as u64,
+            arena_bytes: cfg.shm_arena_bytes as u64,
+            small_bytes: cfg.shm_small_bytes as u64,
+            chunk_bytes: cfg.shm_chunk_bytes as u64,
+        }
+    }
+
+    fn words(&self) -> [(&'static str, u64); 5] {
+        [
+            ("communicator size", self.ranks),
+            ("shm.ring_bytes", self.ring_bytes),
+            ("shm.arena_bytes", self.arena_bytes),
+            ("shm.small_bytes", self.small_bytes),
+            ("shm.chunk_bytes", self.chunk_bytes),
+        ]
+    }
+
+    /// Header words 1.. hold the settings; word 0 the magic, stored last (release).
+    fn write(&self, seg: &Segment) {
+        for (i, (_, v)) in self.words().iter().enumerate() {
+            seg.atomic(8 * (i + 1)).store(*v, Ordering::Relaxed);
+        }
+        seg.atomic(0).store(MAGIC, Ordering::Release);
+    }
+
+    fn read(seg: &Segment) -> Option<Self> {
+        if seg.atomic(0).load(Ordering::Acquire) != MAGIC {
+            return None;
+        }
+        let w = |i: usize| seg.atomic(8 * i).load(Ordering::Relaxed);
+        Some(SegmentSettings { ranks: w(1), ring_bytes: w(2), arena_bytes: w(3), small_bytes: w(4), chunk_bytes: w(5) })
+    }
+
+    /// The first setting that differs from rank 0's: (key, rank 0's value, ours).
+    fn differs_from(&self, rank0: &SegmentSettings) -> Option<(&'static str, u64, u64)> {
+        self.words().iter().zip(rank0.words()).find(|(a, b)| a.1 != b.1).map(|(mine, theirs)| (mine.0, theirs.1, mine.1))
+    }
+
+    fn layout(&self) -> Layout {
+        Layout {
+            n: self.ranks as usize,
+            ring: (self.ring_bytes as usize).next_power_of_two().max(4096),
+            half: ((self.arena_bytes as usize).max(8192) / 2) & !127,
+        }
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Layout {
@@ -143,84 +322,55 @@ impl Layout {
     }
 }
 
-/// One direction of a ring pair, as an engine channel.
-struct RingChannel {
+/// One ring of the segment (`ctl`: its control block; head and tail on their own cache lines,
+/// data after [`RING_CTL_BYTES`]).
+struct SegmentRing {
     seg: Arc<Segment>,
-    out_ctl: usize,
-    in_ctl: usize,
+    ctl: usize,
     cap: usize,
-    head: u64,
-    tail: u64,
-    peer_tail: u64,
 }
 
-impl RingChannel {
-    fn data(&self, ctl: usize) -> *mut u8 {
-        self.seg.at(ctl + RING_CTL_BYTES)
+impl RingMemory for SegmentRing {
+    type W = AtomicU64;
+    #[inline(always)]
+    fn head(&self) -> &AtomicU64 {
+        self.seg.atomic(self.ctl)
     }
+    #[inline(always)]
+    fn tail(&self) -> &AtomicU64 {
+        self.seg.atomic(self.ctl + 128)
+    }
+    #[inline(always)]
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    #[inline(always)]
+    unsafe fn put(&self, pos: usize, src: &[u8]) {
+        debug_assert!(pos + src.len() <= self.cap);
+        // SAFETY: the range is free ring space, ours alone (RingMemory::put's contract).
+        unsafe { self.seg.write(self.ctl + RING_CTL_BYTES + pos, src) }
+    }
+    #[inline(always)]
+    unsafe fn get(&self, pos: usize, dst: &mut [u8]) {
+        debug_assert!(pos + dst.len() <= self.cap);
+        // SAFETY: the range is published and not yet handed back (RingMemory::get's contract).
+        unsafe { self.seg.read(self.ctl + RING_CTL_BYTES + pos, dst) }
+    }
+}
+
+/// One direction of a ring pair, as an engine channel.
+struct RingChannel {
+    out: Producer<SegmentRing>,
+    inp: Consumer<SegmentRing>,
 }
 
 impl Channel for RingChannel {
     fn try_write(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
-        let mut free = self.cap - (self.head - self.peer_tail) as usize;
-        if free == 0 {
-            self.peer_tail = self.seg.atomic(self.out_ctl + 128).load(Ordering::Acquire);
-            free = self.cap - (self.head - self.peer_tail) as usize;
-            if free == 0 {
-                return Ok(0);
-            }
-        }
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        if free < total {
-            self.peer_tail = self.seg.atomic(self.out_ctl + 128).load(Ordering::Acquire);
-            free = self.cap - (self.head - self.peer_tail) as usize;
-        }
-        let data = self.data(self.out_ctl);
-        let mut written = 0;
-        for p in parts {
-            let k = p.len().min(free - written);
-            let mut done = 0;
-            while done < k {
-                let pos = ((self.head as usize) + written + done) & (self.cap - 1);
-                let run = (k - done).min(self.cap - pos);
-                // SAFETY: pos..pos+run lies in the ring's data area; only we write it now.
-                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr().add(done), data.add(pos), run) };
-                done += run;
-            }
-            written += k;
-            if written == free {
-                break;
-            }
-        }
-        if written > 0 {
-            self.head += written as u64;
-            self.seg.atomic(self.out_ctl).store(self.head, Ordering::Release);
-        }
-        Ok(written)
+        Ok(self.out.try_write(parts))
     }
 
     fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let head = self.seg.atomic(self.in_ctl).load(Ordering::Acquire);
-        let avail = (head - self.tail) as usize;
-        if avail == 0 {
-            return Ok(0);
-        }
-        let k = avail.min(buf.len());
-        let data = self.data(self.in_ctl);
-        let mut done = 0;
-        while done < k {
-            let pos = (self.tail as usize + done) & (self.cap - 1);
-            let run = (k - done).min(self.cap - pos);
-            // SAFETY: the producer published these bytes with a release store of head.
-            unsafe { std::ptr::copy_nonoverlapping(data.add(pos), buf.as_mut_ptr().add(done), run) };
-            done += run;
-        }
-        self.tail += k as u64;
-        self.seg.atomic(self.in_ctl + 128).store(self.tail, Ordering::Release);
-        Ok(k)
+        Ok(self.inp.try_read(buf))
     }
 }
 
@@ -238,8 +388,10 @@ pub struct ShmBackend {
 }
 
 impl ShmBackend {
-    /// Creates (rank 0) or opens the job's segment named after `segment_name`, through the store
-    /// under `prefix`. Every rank of `world_ranks` must be on this host.
+    /// Creates (rank 0) or opens the job's segment, a file named `segment_name` in the
+    /// configured directory (`HostConfig::shm_dir`), through the store under `prefix`. Every
+    /// rank of `world_ranks` must be on this host, and all must have the same shm settings
+    /// (otherwise every rank fails with [`Error::Mismatch`], the differing rank naming the key).
     pub fn connect(
         store: &StoreClient,
         prefix: &str,
@@ -251,44 +403,66 @@ impl ShmBackend {
     ) -> Result<ShmBackend> {
         let n = world_ranks.len();
         let wr = world_ranks[rank];
-        let lay = Layout { n, ring: cfg.shm_ring_bytes.next_power_of_two().max(4096), half: (cfg.shm_arena_bytes.max(8192) / 2) & !127 };
-        let io = |what: &'static str| move |e: io::Error| Error::io(wr, format!("shm setup: {what}"), e);
-        let seg = if rank == 0 {
-            let s = Segment::open(segment_name, lay.total(), true).map_err(io("creating the segment"))?;
-            s.atomic(8).store(n as u64, Ordering::Relaxed);
-            s.atomic(0).store(MAGIC, Ordering::Release);
-            store.set(&format!("{prefix}/shm"), segment_name.as_bytes())?;
-            s
+        let settings = SegmentSettings::of(cfg, n);
+        let lay = settings.layout();
+        let key = format!("{prefix}/shm");
+        let (seg, path) = if rank == 0 {
+            let path = Path::new(&cfg.shm_dir).join(segment_name.trim_start_matches('/'));
+            let seg = match Segment::create(&path, lay.total(), wr) {
+                Ok(s) => s,
+                Err(e) => {
+                    // The others would otherwise wait for the path until their timeout.
+                    let _ = store.set(&key, format!("{FAILED}{e}").as_bytes());
+                    return Err(e);
+                }
+            };
+            settings.write(&seg);
+            if let Err(e) = store.set(&key, path.as_os_str().as_encoded_bytes()) {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+            (Ok(seg), path)
         } else {
-            let name = String::from_utf8_lossy(&store.get(&format!("{prefix}/shm"))?).into_owned();
-            let s = Segment::open(&name, lay.total(), false).map_err(io("opening the segment"))?;
-            if s.atomic(0).load(Ordering::Acquire) != MAGIC || s.atomic(8).load(Ordering::Relaxed) != n as u64 {
-                return Err(Error::Mismatch {
+            let v = store.get(&key)?;
+            let v = String::from_utf8_lossy(&v).into_owned();
+            if let Some(why) = v.strip_prefix(FAILED) {
+                return Err(Error::BackendUnavailable {
                     rank: wr,
-                    what: format!("shared-memory segment {name}: layout differs (ranks disagree on size or shm settings)"),
+                    backend: "shm".into(),
+                    why: format!("rank 0 could not set up the shared-memory segment: {why}"),
                 });
             }
-            s
+            let path = PathBuf::from(v);
+            let seg = Segment::open(&path)
+                .map_err(|e| Error::io(wr, format!("shm setup: opening the segment {}", path.display()), e))
+                .and_then(|s| Self::check_settings(&s, &settings, lay.total(), wr).map(|()| s));
+            (seg, path)
         };
+        // Everyone reports before the barrier, so that a rank whose settings differ fails every
+        // rank at once rather than leaving the others to time out later.
+        let bad_key = format!("{prefix}/shm-bad");
+        if seg.is_err() {
+            store.add(&bad_key, 1)?;
+        }
         let barrier = store.barrier(&format!("{prefix}/shm-mapped"), n);
         if rank == 0 {
             // Everyone mapped it (or setup failed): the name is no longer needed.
-            Segment::unlink(segment_name);
+            let _ = std::fs::remove_file(&path);
         }
         barrier?;
-        let seg = Arc::new(seg);
+        let seg = Arc::new(seg?);
+        let bad = store.add(&bad_key, 0)?;
+        if bad > 0 {
+            return Err(Error::Mismatch {
+                rank: wr,
+                what: format!("the shared-memory settings ({bad} rank(s) differ from rank 0; their errors name the setting)"),
+            });
+        }
+        let ring = |from: usize, to: usize| SegmentRing { seg: seg.clone(), ctl: lay.ring(from, to), cap: lay.ring };
         let channels = (0..n)
             .map(|j| {
                 (j != rank).then(|| {
-                    Box::new(RingChannel {
-                        seg: seg.clone(),
-                        out_ctl: lay.ring(rank, j),
-                        in_ctl: lay.ring(j, rank),
-                        cap: lay.ring,
-                        head: 0,
-                        tail: 0,
-                        peer_tail: 0,
-                    }) as Box<dyn Channel>
+                    Box::new(RingChannel { out: Producer::new(ring(rank, j)), inp: Consumer::new(ring(j, rank)) }) as Box<dyn Channel>
                 })
             })
             .collect();
@@ -296,41 +470,59 @@ impl ShmBackend {
         Ok(ShmBackend { seg, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
     }
 
+    /// A rank other than 0: its settings must be the ones rank 0 wrote into the header, and the
+    /// segment as large as they imply.
+    fn check_settings(seg: &Segment, mine: &SegmentSettings, total: usize, wr: usize) -> Result<()> {
+        let Some(rank0) = SegmentSettings::read(seg) else {
+            return Err(Error::Mismatch { rank: wr, what: "the shared-memory segment format (different sucl versions?)".into() });
+        };
+        if let Some((key, theirs, ours)) = mine.differs_from(&rank0) {
+            return Err(Error::Mismatch { rank: wr, what: format!("shm setting {key}: rank 0 has {theirs}, rank {wr} has {ours}") });
+        }
+        if seg.len != total {
+            return Err(Error::Mismatch {
+                rank: wr,
+                what: format!("the shared-memory segment's size: {} bytes, but this rank's settings need {total}", seg.len),
+            });
+        }
+        Ok(())
+    }
+
+    /// Offset of arena half `h` of rank `r`.
     #[inline(always)]
-    fn half(&self, r: usize, h: usize) -> *mut u8 {
-        self.seg.at(self.lay.half(r, h))
+    fn half(&self, r: usize, h: usize) -> usize {
+        self.lay.half(r, h)
     }
 
     fn half_bytes(&self) -> usize {
         self.lay.half
     }
 
+    /// Waits until peer `j`'s word at `off` reaches `seq`, bounded by the timeout.
+    #[inline]
+    fn wait_for(&self, j: usize, off: usize, seq: u64, op: CollOp, place: &str) -> Result<()> {
+        let a = self.seg.atomic(off);
+        if reached(a, seq) {
+            return Ok(());
+        }
+        let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
+        let peer = self.engine.world_rank(j);
+        wait_until(a, seq, || {
+            w.pause(&self.abort, self.world_rank, &|| format!("{} (waiting for rank {peer} {place})", op.name()), false).inspect_err(|e| {
+                if matches!(e, Error::Timeout { .. }) {
+                    self.abort.raise(e.abort_info());
+                }
+            })
+        })
+    }
+
     #[inline]
     fn barrier(&mut self, op: CollOp) -> Result<()> {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
-        self.seg.atomic(self.lay.ctl(self.rank)).store(seq, Ordering::Release);
-        for j in 0..self.lay.n {
-            if j == self.rank {
-                continue;
-            }
-            let a = self.seg.atomic(self.lay.ctl(j));
-            if a.load(Ordering::Acquire) >= seq {
-                continue;
-            }
-            let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
-            while a.load(Ordering::Acquire) < seq {
-                let wr = self.world_rank;
-                let peer = self.engine.world_rank(j);
-                if let Err(e) =
-                    w.pause(&self.abort, wr, &|| format!("{} (waiting for rank {peer} at a shared-memory barrier)", op.name()), false)
-                {
-                    if matches!(e, Error::Timeout { .. }) {
-                        self.abort.raise(e.abort_info());
-                    }
-                    return Err(e);
-                }
-            }
+        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
+            self.wait_for(j, self.lay.ctl(j), seq, op, "at a shared-memory barrier")?;
         }
         Ok(())
     }
@@ -347,7 +539,7 @@ impl ShmBackend {
             let mb = self.lay.mailbox(self.rank, h);
             self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
             self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
-            self.seg.atomic(mb).store(self.barrier_seq + 1, Ordering::Release);
+            arrive(self.seg.atomic(mb), self.barrier_seq + 1);
         }
         h
     }
@@ -365,36 +557,28 @@ impl ShmBackend {
         self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
         self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
         if let Some(data) = data {
-            self.slice(self.seg.at(mb + MAILBOX_DATA), data.len()).copy_from_slice(data);
+            assert!(data.len() <= INLINE_MAX);
+            // SAFETY: mailbox h is ours to write now: peers read it only after seeing its
+            // sequence word reach `seq` (released below), and finished reading what it held two
+            // steps ago before arriving at the previous step, which we passed.
+            unsafe { self.seg.write(mb + MAILBOX_DATA, data) };
         }
-        self.seg.atomic(mb).store(seq, Ordering::Release);
-        self.seg.atomic(self.lay.ctl(self.rank)).store(seq, Ordering::Release);
-        for j in 0..self.lay.n {
-            if j == self.rank {
-                continue;
-            }
-            let a = self.seg.atomic(self.lay.mailbox(j, h));
-            if a.load(Ordering::Acquire) >= seq {
-                continue;
-            }
-            let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
-            while a.load(Ordering::Acquire) < seq {
-                let (wr, peer) = (self.world_rank, self.engine.world_rank(j));
-                if let Err(e) = w.pause(&self.abort, wr, &|| format!("{} (waiting for rank {peer} in shared memory)", d.op.name()), false) {
-                    if matches!(e, Error::Timeout { .. }) {
-                        self.abort.raise(e.abort_info());
-                    }
-                    return Err(e);
-                }
-            }
+        arrive(self.seg.atomic(mb), seq);
+        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
+            self.wait_for(j, self.lay.mailbox(j, h), seq, d.op, "in shared memory")?;
         }
         self.check_descs(d, h)?;
         Ok(h)
     }
 
+    /// Rank `r`'s inline payload of the current step (parity `h`), as published.
     #[inline(always)]
-    fn inline_data(&self, r: usize, h: usize, len: usize) -> &'static mut [u8] {
-        self.slice(self.seg.at(self.lay.mailbox(r, h) + MAILBOX_DATA), len)
+    fn inline_data(&self, r: usize, h: usize, len: usize) -> &[u8] {
+        // SAFETY: every rank published its mailbox h for this step (inline_step waited for it),
+        // and none writes it again before passing the next step, which needs us there first;
+        // the borrow of `self` ends before we can take that step (it needs `&mut self`).
+        unsafe { self.seg.bytes(self.lay.mailbox(r, h) + MAILBOX_DATA, len) }
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
@@ -415,10 +599,41 @@ impl ShmBackend {
         Ok(())
     }
 
-    fn slice(&self, p: *mut u8, len: usize) -> &'static mut [u8] {
-        // SAFETY: p..p+len lies inside an arena half; the step protocol gives this rank exclusive
-        // write access to its own half and read access to others' for the step's duration.
-        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    /// Copies `src` into this rank's half `h` at `at`, in a step's write phase.
+    #[inline(always)]
+    fn publish(&self, h: usize, at: usize, src: &[u8]) {
+        assert!(at + src.len() <= self.lay.half);
+        // SAFETY (step protocol): before the step's barrier our half h is ours alone — peers read
+        // it only after that barrier, and finished reading it two steps ago before arriving at
+        // the previous step's barrier, which we passed.
+        unsafe { self.seg.write(self.half(self.rank, h) + at, src) }
+    }
+
+    /// Rank `r`'s half `h` from `at` on, in a step's read phase.
+    #[inline(always)]
+    fn peek(&self, r: usize, h: usize, at: usize, len: usize) -> &[u8] {
+        assert!(at + len <= self.lay.half);
+        // SAFETY (step protocol): after the step's barrier nobody writes half h of any rank until
+        // every rank arrived at the next step's barrier — which needs us, and `&mut self`, so
+        // this borrow has ended by then. (Large reductions' middle phase writes only each rank's
+        // own portion, which it never reads through here.)
+        unsafe { self.seg.bytes(self.half(r, h) + at, len) }
+    }
+
+    /// A large reduction's middle phase: `mine` ← our input portion reduced with every peer's
+    /// copy of portion `p` of the current chunk, in this rank's half `h`.
+    fn reduce_portion(&self, d: &CollDesc, h: usize, p: std::ops::Range<usize>, input: &[u8]) {
+        let me = self.rank;
+        let mut others = (0..self.lay.n).filter(|&j| j != me);
+        let j0 = others.next().expect("n > 1");
+        // SAFETY (step protocol, middle phase): portion p of our half is ours alone between the
+        // step's two barriers — peers read only their own portions of it now, and ours after the
+        // second barrier — and no rank writes portion p of its own half in this phase but us.
+        let mine = unsafe { self.seg.bytes_mut(self.half(me, h) + p.start, p.len()) };
+        reduce_bytes_into(mine, input, self.peek(j0, h, p.start, p.len()), d.dtype, d.redop);
+        for j in others {
+            reduce_bytes(mine, self.peek(j, h, p.start, p.len()), d.dtype, d.redop);
+        }
     }
 
     fn collective_inner(&mut self, d: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
@@ -432,19 +647,17 @@ impl ShmBackend {
             }
             return Ok(());
         }
+        // In place (`send == None`), the input is `recv` itself: each step takes a fresh shared
+        // borrow of the input it needs and lets it end before `recv` is written, so input and
+        // output are never live at once (the borrow checker holds us to it).
         match d.op {
             CollOp::Barrier => self.inline_step(d, None).map(|_| ()),
             CollOp::AllReduce | CollOp::Reduce => {
                 let len = d.count * es;
                 let all = d.op == CollOp::AllReduce;
                 let root = if all { usize::MAX } else { d.root };
-                let input: &[u8] = match send {
-                    Some(s) => s,
-                    None => &*recv,
-                };
-                let input = self.slice(input.as_ptr() as *mut u8, input.len());
                 if len <= INLINE_MAX.min(self.cfg.shm_small_bytes) {
-                    let h = self.inline_step(d, Some(input))?;
+                    let h = self.inline_step(d, Some(send.unwrap_or(recv)))?;
                     if all || me == root {
                         reduce_bytes_into(recv, self.inline_data(0, h, len), self.inline_data(1, h, len), d.dtype, d.redop);
                         for j in 2..n {
@@ -453,14 +666,14 @@ impl ShmBackend {
                     }
                 } else if len <= self.cfg.shm_small_bytes.min(hb) {
                     let h = self.begin_step(Some(d));
-                    self.slice(self.half(me, h), len).copy_from_slice(input);
+                    self.publish(h, 0, send.unwrap_or(recv));
                     self.barrier(d.op)?;
                     self.check_descs(d, h)?;
                     if all || me == root {
                         // Same order on every rank: bitwise-identical results everywhere.
-                        reduce_bytes_into(recv, self.slice(self.half(0, h), len), self.slice(self.half(1, h), len), d.dtype, d.redop);
+                        reduce_bytes_into(recv, self.peek(0, h, 0, len), self.peek(1, h, 0, len), d.dtype, d.redop);
                         for j in 2..n {
-                            reduce_bytes(recv, self.slice(self.half(j, h), len), d.dtype, d.redop);
+                            reduce_bytes(recv, self.peek(j, h, 0, len), d.dtype, d.redop);
                         }
                     }
                 } else {
@@ -471,30 +684,24 @@ impl ShmBackend {
                     while off < len {
                         let c = chunk.min(len - off);
                         let h = self.begin_step(first.then_some(d));
-                        let mine = self.slice(self.half(me, h), c);
                         let p = bytes(block_range(c / es, n, me), es);
-                        // Publish the portions others reduce; ours is read straight from input.
-                        mine[..p.start].copy_from_slice(&input[off..off + p.start]);
-                        mine[p.end..].copy_from_slice(&input[off + p.end..off + c]);
+                        {
+                            // Publish the portions others reduce; ours is read straight from input.
+                            let input = &send.unwrap_or(recv)[off..off + c];
+                            self.publish(h, 0, &input[..p.start]);
+                            self.publish(h, p.end, &input[p.end..]);
+                        }
                         self.barrier(d.op)?;
                         if first {
                             self.check_descs(d, h)?;
                             first = false;
                         }
-                        let mut others = (0..n).filter(|&j| j != me);
-                        let j0 = others.next().expect("n > 1");
-                        let src0 = self.slice(self.half(j0, h), c);
-                        reduce_bytes_into(&mut mine[p.clone()], &input[off + p.start..off + p.end], &src0[p.clone()], d.dtype, d.redop);
-                        for j in others {
-                            let theirs = self.slice(self.half(j, h), c);
-                            reduce_bytes(&mut mine[p.clone()], &theirs[p.clone()], d.dtype, d.redop);
-                        }
+                        self.reduce_portion(d, h, p.clone(), &send.unwrap_or(recv)[off + p.start..off + p.end]);
                         self.barrier(d.op)?;
                         if all || me == root {
                             for j in 0..n {
                                 let pj = bytes(block_range(c / es, n, j), es);
-                                let src = self.slice(self.half(j, h), c);
-                                recv[off + pj.start..off + pj.end].copy_from_slice(&src[pj]);
+                                recv[off + pj.start..off + pj.end].copy_from_slice(self.peek(j, h, pj.start, pj.len()));
                             }
                         }
                         off += c;
@@ -521,7 +728,7 @@ impl ShmBackend {
                     let c = hb.min(len - off);
                     let h = self.begin_step(first.then_some(d));
                     if me == d.root {
-                        self.slice(self.half(me, h), c).copy_from_slice(&recv[off..off + c]);
+                        self.publish(h, 0, &recv[off..off + c]);
                     }
                     self.barrier(d.op)?;
                     if first {
@@ -529,7 +736,7 @@ impl ShmBackend {
                         first = false;
                     }
                     if me != d.root {
-                        recv[off..off + c].copy_from_slice(self.slice(self.half(d.root, h), c));
+                        recv[off..off + c].copy_from_slice(self.peek(d.root, h, 0, c));
                     }
                     off += c;
                     if off >= len {
@@ -540,17 +747,16 @@ impl ShmBackend {
             CollOp::AllGather | CollOp::Gather => {
                 let blk = d.count * es;
                 let all = d.op == CollOp::AllGather;
-                let mine_in: &[u8] = match send {
-                    Some(s) => s,
-                    None => &recv[me * blk..(me + 1) * blk],
-                };
-                let mine_in = self.slice(mine_in.as_ptr() as *mut u8, mine_in.len());
                 let mut off = 0;
                 let mut first = true;
                 loop {
                     let c = hb.min(blk - off);
                     let h = self.begin_step(first.then_some(d));
-                    self.slice(self.half(me, h), c).copy_from_slice(&mine_in[off..off + c]);
+                    let mine = match send {
+                        Some(s) => &s[off..off + c],
+                        None => &recv[me * blk + off..me * blk + off + c],
+                    };
+                    self.publish(h, 0, mine);
                     self.barrier(d.op)?;
                     if first {
                         self.check_descs(d, h)?;
@@ -561,7 +767,7 @@ impl ShmBackend {
                             if j == me && send.is_none() {
                                 continue;
                             }
-                            recv[j * blk + off..j * blk + off + c].copy_from_slice(self.slice(self.half(j, h), c));
+                            recv[j * blk + off..j * blk + off + c].copy_from_slice(self.peek(j, h, 0, c));
                         }
                     }
                     off += c;
@@ -581,9 +787,8 @@ impl ShmBackend {
                     let h = self.begin_step(first.then_some(d));
                     if !rooted || me == d.root {
                         let s = send.expect("send buffer");
-                        let mine = self.slice(self.half(me, h), n * c);
                         for j in 0..n {
-                            mine[j * c..(j + 1) * c].copy_from_slice(&s[j * blk + off..j * blk + off + c]);
+                            self.publish(h, j * c, &s[j * blk + off..j * blk + off + c]);
                         }
                     }
                     self.barrier(d.op)?;
@@ -591,19 +796,18 @@ impl ShmBackend {
                         self.check_descs(d, h)?;
                         first = false;
                     }
-                    let at = |j: usize| self.slice(self.half(j, h), n * c);
                     match d.op {
-                        CollOp::Scatter => recv[off..off + c].copy_from_slice(&at(d.root)[me * c..(me + 1) * c]),
+                        CollOp::Scatter => recv[off..off + c].copy_from_slice(self.peek(d.root, h, me * c, c)),
                         CollOp::AllToAll => {
                             for j in 0..n {
-                                recv[j * blk + off..j * blk + off + c].copy_from_slice(&at(j)[me * c..(me + 1) * c]);
+                                recv[j * blk + off..j * blk + off + c].copy_from_slice(self.peek(j, h, me * c, c));
                             }
                         }
                         _ => {
                             let out = &mut recv[off..off + c];
-                            out.copy_from_slice(&at(0)[me * c..(me + 1) * c]);
+                            out.copy_from_slice(self.peek(0, h, me * c, c));
                             for j in 1..n {
-                                reduce_bytes(out, &at(j)[me * c..(me + 1) * c], d.dtype, d.redop);
+                                reduce_bytes(out, self.peek(j, h, me * c, c), d.dtype, d.redop);
                             }
                         }
                     }
@@ -638,5 +842,147 @@ impl Backend for ShmBackend {
             self.abort.check(self.world_rank, desc.op.name())?;
         }
         self.collective_inner(desc, send, recv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The ring over a real mapped segment (named `ring_*`: the valgrind run selects them), the
+    //! segment's reservation and the settings check.
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A fresh segment of `len` bytes, already unlinked (the mapping keeps it alive).
+    fn segment(len: usize) -> Segment {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let path = PathBuf::from(format!("/dev/shm/sucl-unit-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let seg = Segment::create(&path, len, 0).expect("segment");
+        std::fs::remove_file(&path).unwrap();
+        seg
+    }
+
+    fn ring_pair(cap: usize) -> (Producer<SegmentRing>, Consumer<SegmentRing>) {
+        let seg = Arc::new(segment(RING_CTL_BYTES + cap));
+        (Producer::new(SegmentRing { seg: seg.clone(), ctl: 0, cap }), Consumer::new(SegmentRing { seg, ctl: 0, cap }))
+    }
+
+    fn pattern(len: usize, seed: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 7 + seed * 13) % 251) as u8).collect()
+    }
+
+    #[test]
+    fn ring_full_ring_takes_nothing_until_read() {
+        let (mut p, mut c) = ring_pair(4096);
+        let data = pattern(5000, 1);
+        assert_eq!(p.try_write(&[&data[..100], &data[100..]]), 4096, "a write fills the ring, no more");
+        assert_eq!(p.try_write(&[&data[4096..]]), 0, "a full ring takes nothing");
+        let mut got = vec![0u8; 1000];
+        assert_eq!(c.try_read(&mut got), 1000);
+        assert_eq!(got, data[..1000]);
+        assert_eq!(p.try_write(&[&data[4096..]]), 904, "the space read is free again");
+        let mut rest = vec![0u8; 8192];
+        assert_eq!(c.try_read(&mut rest), 4000);
+        assert_eq!(rest[..4000], data[1000..]);
+        assert_eq!(c.try_read(&mut rest), 0, "an empty ring gives nothing");
+    }
+
+    #[test]
+    fn ring_wraps_around_and_keeps_order() {
+        let (mut p, mut c) = ring_pair(4096);
+        let mut sent = vec![];
+        let mut got = vec![];
+        // Odd sizes, so writes and reads straddle the ring's end at ever different offsets.
+        for (i, len) in [1usize, 3000, 777, 4096, 2049, 5, 4000, 1234].iter().cycle().take(40).enumerate() {
+            let m = pattern(*len, i);
+            let (mut off, mut tries) = (0, 0);
+            while off < m.len() {
+                tries += 1;
+                assert!(tries < 10_000, "the ring stalled: {off} of {} bytes written", m.len());
+                let mid = off + (m.len() - off) / 3;
+                off += p.try_write(&[&m[off..mid], &m[mid..]]);
+                let mut buf = vec![0u8; 1 + (i * 997) % 3001];
+                let n = c.try_read(&mut buf);
+                got.extend_from_slice(&buf[..n]);
+            }
+            sent.extend_from_slice(&m);
+        }
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let n = c.try_read(&mut buf);
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "bytes out of order or corrupted");
+    }
+
+    #[test]
+    fn ring_streams_between_threads() {
+        let (mut p, mut c) = ring_pair(4096);
+        let total = 300_000;
+        let t = std::thread::spawn(move || {
+            let data = pattern(total, 9);
+            let mut off = 0;
+            while off < total {
+                let end = (off + 1500).min(total);
+                let n = p.try_write(&[&data[off..end]]);
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+                off += n;
+            }
+        });
+        let mut got = Vec::with_capacity(total);
+        let mut buf = vec![0u8; 1000];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while got.len() < total {
+            assert!(std::time::Instant::now() < deadline, "stream stalled at {} bytes", got.len());
+            let n = c.try_read(&mut buf);
+            if n == 0 {
+                std::thread::yield_now();
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        t.join().unwrap();
+        assert!(got == pattern(total, 9), "bytes out of order or corrupted");
+    }
+
+    #[test]
+    fn segment_too_large_for_its_filesystem_names_bytes_needed_and_free() {
+        let dir = "/dev/shm";
+        let f = File::open(dir).unwrap();
+        let free = free_bytes(&f).unwrap();
+        let len = usize::try_from(free).unwrap() + (1 << 30);
+        let path = PathBuf::from(format!("{dir}/sucl-unit-big-{}", std::process::id()));
+        let e = Segment::create(&path, len, 3).err().expect("a segment larger than the free space must fail").to_string();
+        assert!(e.contains(&format!("needs {len} bytes")) && e.contains("bytes free") && e.contains(dir), "{e}");
+        assert!(e.starts_with("rank 3:"), "{e}");
+        assert!(!path.exists(), "a failed segment must not be left behind");
+    }
+
+    #[test]
+    fn segment_settings_differing_from_rank_0s_are_a_mismatch_naming_key_and_values() {
+        let rank0 = HostConfig::default();
+        let s0 = SegmentSettings::of(&rank0, 2);
+        let total = s0.layout().total();
+        let seg = segment(total);
+        s0.write(&seg);
+        assert!(ShmBackend::check_settings(&seg, &s0, total, 1).is_ok());
+        for (key, cfg, want) in [
+            ("shm.small_bytes", HostConfig { shm_small_bytes: 0, ..rank0.clone() }, "rank 0 has 16384, rank 1 has 0"),
+            ("shm.ring_bytes", HostConfig { shm_ring_bytes: 1 << 20, ..rank0.clone() }, "rank 0 has 524288, rank 1 has 1048576"),
+            ("shm.arena_bytes", HostConfig { shm_arena_bytes: 1 << 16, ..rank0.clone() }, "rank 0 has 8388608, rank 1 has 65536"),
+            ("shm.chunk_bytes", HostConfig { shm_chunk_bytes: 8192, ..rank0.clone() }, "rank 0 has 262144, rank 1 has 8192"),
+        ] {
+            let mine = SegmentSettings::of(&cfg, 2);
+            let e = ShmBackend::check_settings(&seg, &mine, mine.layout().total(), 1).unwrap_err();
+            assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+            assert!(e.to_string().contains(&format!("{key}: {want}")), "{e}");
+        }
+        let three = SegmentSettings::of(&rank0, 3);
+        let e = ShmBackend::check_settings(&seg, &three, three.layout().total(), 1).unwrap_err().to_string();
+        assert!(e.contains("communicator size: rank 0 has 2, rank 1 has 3"), "{e}");
     }
 }

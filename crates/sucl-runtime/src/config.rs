@@ -1,6 +1,13 @@
 //! Settings: built-in defaults, then a TOML file (`SUCL_CONFIG` or `--config`), then `SUCL_*`
 //! environment variables, each value remembering where it came from (`sucl info` shows it).
 //!
+//! One set of settings per job: the settings that shape an algorithm, a memory layout or a wire
+//! protocol ([`AGREED_SETTINGS`]: message limit, shm ring/arena/small/chunk sizes, tcp
+//! small/piece sizes) and the backend selection policy are rank 0's on every rank. At init rank 0
+//! publishes them through the rendezvous store and every other rank adopts them, warning about
+//! each value it had different; a record it cannot adopt (another sucl version) fails init with
+//! `Error::Mismatch` naming the key and both values.
+//!
 //! ```toml
 //! timeout = 300                 # seconds any wait may block
 //! default_backend = "tcp"       # universal fallback: every rank can always use it
@@ -12,6 +19,7 @@
 //!
 //! [shm]
 //! arena_bytes = "8M"
+//! dir = "/dev/shm"              # a tmpfs for the segments (SUCL_SHM_DIR)
 //!
 //! [[tuning]]                    # first matching rule wins (written by `sucl tune`)
 //! op = "all_reduce"             # or "*"
@@ -23,6 +31,7 @@
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use sucl_core::store::StoreClient;
 use sucl_core::{CollOp, Error, Result};
 use sucl_host::HostConfig;
 
@@ -199,6 +208,7 @@ struct FileShm {
     ring_bytes: Option<Bytes>,
     small_bytes: Option<Bytes>,
     chunk_bytes: Option<Bytes>,
+    dir: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -318,7 +328,11 @@ impl Config {
             self.record(&format!("platforms.{name}"), &from);
         }
         let mut recorded: Vec<&str> = vec![];
-        if let Some(s) = f.shm {
+        if let Some(mut s) = f.shm {
+            if let Some(dir) = s.dir.take() {
+                self.host.shm_dir = check_shm_dir(&dir).map_err(|e| Error::Config(format!("{}: key `shm.dir`: {e}", at("dir"))))?;
+                recorded.push("shm.dir");
+            }
             for (key, v, dst) in [
                 ("shm.arena_bytes", s.arena_bytes, &mut self.host.shm_arena_bytes),
                 ("shm.ring_bytes", s.ring_bytes, &mut self.host.shm_ring_bytes),
@@ -479,6 +493,10 @@ impl Config {
             };
             self.record("check_collectives", "env SUCL_CHECK_COLLECTIVES");
         }
+        if let Some(v) = get("SUCL_SHM_DIR") {
+            self.host.shm_dir = check_shm_dir(&v).map_err(|e| bad("SUCL_SHM_DIR", &v, &e))?;
+            self.record("shm.dir", "env SUCL_SHM_DIR");
+        }
         if let Some(v) = get("SUCL_TCP_SPIN_US") {
             self.host.tcp_spin = Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?);
             self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
@@ -527,6 +545,7 @@ impl Config {
             "shm.ring_bytes" => self.host.shm_ring_bytes.to_string(),
             "shm.small_bytes" => self.host.shm_small_bytes.to_string(),
             "shm.chunk_bytes" => self.host.shm_chunk_bytes.to_string(),
+            "shm.dir" => self.host.shm_dir.clone(),
             "tcp.small_bytes" => self.host.algo.small_bytes.to_string(),
             "tcp.piece_bytes" => self.host.algo.piece_bytes.to_string(),
             "tcp.sockbuf" => self.host.tcp_sockbuf.to_string(),
@@ -563,6 +582,7 @@ impl Config {
             "shm.ring_bytes",
             "shm.small_bytes",
             "shm.chunk_bytes",
+            "shm.dir",
             "tcp.small_bytes",
             "tcp.piece_bytes",
             "tcp.sockbuf",
@@ -573,6 +593,117 @@ impl Config {
             self.record(k, from);
         }
     }
+}
+
+/// A directory for shared-memory segments: an absolute path to an existing directory.
+fn check_shm_dir(dir: &str) -> std::result::Result<String, String> {
+    let dir = dir.trim_end_matches('/');
+    let dir = if dir.is_empty() { "/" } else { dir };
+    if !dir.starts_with('/') {
+        return Err("an absolute path to a directory (a tmpfs such as /dev/shm)".into());
+    }
+    if !std::path::Path::new(dir).is_dir() {
+        return Err(format!("an existing directory ({dir} is not one)"));
+    }
+    Ok(dir.to_string())
+}
+
+/// Settings that change an algorithm, a memory layout or a wire protocol, with the least value
+/// each may take. Every rank of a job uses rank 0's values (see [`agree_settings`]), as it uses
+/// rank 0's backend selection policy; the rest (timeouts, spinning, socket buffers, the shm
+/// directory, whose segment path rank 0 hands out anyway) may differ per rank.
+pub const AGREED_SETTINGS: [(&str, u64); 7] = [
+    ("max_message_bytes", 1),
+    ("shm.ring_bytes", 4096),
+    ("shm.arena_bytes", 8192),
+    ("shm.small_bytes", 0),
+    ("shm.chunk_bytes", 4096),
+    ("tcp.small_bytes", 0),
+    ("tcp.piece_bytes", 1024),
+];
+
+impl Config {
+    fn agreed_slot(&mut self, key: &str) -> Option<&mut usize> {
+        Some(match key {
+            "shm.ring_bytes" => &mut self.host.shm_ring_bytes,
+            "shm.arena_bytes" => &mut self.host.shm_arena_bytes,
+            "shm.small_bytes" => &mut self.host.shm_small_bytes,
+            "shm.chunk_bytes" => &mut self.host.shm_chunk_bytes,
+            "tcp.small_bytes" => &mut self.host.algo.small_bytes,
+            "tcp.piece_bytes" => &mut self.host.algo.piece_bytes,
+            _ => return None,
+        })
+    }
+
+    fn agreed_value(&mut self, key: &str) -> u64 {
+        match key {
+            "max_message_bytes" => self.host.max_message,
+            k => *self.agreed_slot(k).expect("an agreed setting") as u64,
+        }
+    }
+
+    /// The agreed settings ([`AGREED_SETTINGS`]) as `key=value` lines: what rank 0 publishes.
+    pub fn agreed_settings(&self) -> String {
+        let mut c = self.clone();
+        AGREED_SETTINGS.iter().map(|(k, _)| format!("{k}={}\n", c.agreed_value(k))).collect()
+    }
+
+    /// Adopts rank 0's agreed settings (`published`, as [`Config::agreed_settings`] writes
+    /// them); returns `(key, this rank's value, rank 0's)` for every value that changed. A record
+    /// this rank cannot adopt — a key missing, unknown or with a value it cannot take (a
+    /// different sucl version) — is [`Error::Mismatch`] naming the key and both values.
+    pub fn adopt_agreed_settings(&mut self, published: &str, rank: usize) -> Result<Vec<(&'static str, u64, u64)>> {
+        let mismatch = |key: &str, theirs: &str, mine: String| Error::Mismatch {
+            rank,
+            what: format!("setting {key}: rank 0 has {theirs}, rank {rank} has {mine} (and cannot adopt rank 0's)"),
+        };
+        let mut theirs: BTreeMap<&str, &str> = BTreeMap::new();
+        for line in published.lines().filter(|l| !l.is_empty()) {
+            let (k, v) = line.split_once('=').ok_or_else(|| mismatch("(unreadable record)", line, "a key=value record".into()))?;
+            if !AGREED_SETTINGS.iter().any(|(a, _)| *a == k) {
+                return Err(mismatch(k, v, "no such setting".into()));
+            }
+            theirs.insert(k, v);
+        }
+        let mut changed = vec![];
+        for (key, min) in AGREED_SETTINGS {
+            let mine = self.agreed_value(key);
+            let Some(v) = theirs.get(key) else { return Err(mismatch(key, "no such setting", mine.to_string())) };
+            let v: u64 = v
+                .parse()
+                .ok()
+                .filter(|v| *v >= min)
+                .filter(|v| key == "max_message_bytes" || usize::try_from(*v).is_ok())
+                .ok_or_else(|| mismatch(key, v, mine.to_string()))?;
+            if v == mine {
+                continue;
+            }
+            match self.agreed_slot(key) {
+                Some(slot) => *slot = v as usize,
+                None => self.host.max_message = v,
+            }
+            let from = self.sources.iter().find(|s| s.key == key).map(|s| s.from.clone()).unwrap_or_default();
+            self.record(key, &format!("rank 0 (this rank's {mine} from {from} not used)"));
+            changed.push((key, mine, v));
+        }
+        Ok(changed)
+    }
+}
+
+/// Makes every rank of a job use rank 0's agreed settings ([`AGREED_SETTINGS`]): rank 0
+/// publishes them through the rendezvous store, every other rank adopts them, warning about each
+/// value it had different (key, its value, rank 0's). Collective; called by `init`.
+pub fn agree_settings(cfg: &mut Config, store: &StoreClient, rank: usize) -> Result<()> {
+    const KEY: &str = "world/settings";
+    if rank == 0 {
+        return store.set(KEY, cfg.agreed_settings().as_bytes());
+    }
+    let published = store.get(KEY)?;
+    let published = String::from_utf8_lossy(&published);
+    for (key, mine, theirs) in cfg.adopt_agreed_settings(&published, rank)? {
+        tracing::warn!(rank, "setting {key} differs from rank 0's: using rank 0's {theirs} instead of this rank's {mine}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -657,5 +788,52 @@ backend = "tcp"
     fn default_backend_must_be_universal() {
         let e = file("default_backend = \"shm\"\n").unwrap_err().to_string();
         assert!(e.contains("default_backend") && e.contains("tcp or mpi"), "{e}");
+    }
+
+    #[test]
+    fn agreed_settings_are_adopted_from_rank_0() {
+        let rank0 = Config::from_lookup(&|k| (k == "SUCL_SHM_SMALL_BYTES").then(|| "0".to_string())).unwrap();
+        let mut mine = Config::from_lookup(&|k| match k {
+            "SUCL_SHM_RING_BYTES" => Some("1M".into()),
+            "SUCL_TCP_PIECE_BYTES" => Some("4K".into()),
+            _ => None,
+        })
+        .unwrap();
+        let changed = mine.adopt_agreed_settings(&rank0.agreed_settings(), 1).unwrap();
+        assert_eq!(
+            changed,
+            vec![("shm.ring_bytes", 1 << 20, 512 << 10), ("shm.small_bytes", 16 << 10, 0), ("tcp.piece_bytes", 4096, 256 << 10)]
+        );
+        assert_eq!(mine.agreed_settings(), rank0.agreed_settings());
+        assert_eq!((mine.host.shm_ring_bytes, mine.host.shm_small_bytes, mine.host.algo.piece_bytes), (512 << 10, 0, 256 << 10));
+        let src = mine.sources.iter().find(|s| s.key == "shm.ring_bytes").unwrap();
+        assert!(src.from.starts_with("rank 0") && src.from.contains("1048576"), "{src:?}");
+        // The same settings: nothing changes.
+        assert!(mine.adopt_agreed_settings(&rank0.agreed_settings(), 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn settings_rank_1_cannot_adopt_are_a_mismatch_naming_key_and_values() {
+        let mut mine = Config::default();
+        let full = Config::default().agreed_settings();
+        // A record from another sucl version: a key this one lacks, or one missing.
+        let e = mine.adopt_agreed_settings(&format!("{full}shm.future_bytes=7\n"), 1).unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }) && e.to_string().contains("shm.future_bytes: rank 0 has 7"), "{e}");
+        let without_chunk: String = full.lines().filter(|l| !l.starts_with("shm.chunk_bytes")).map(|l| format!("{l}\n")).collect();
+        let e = mine.adopt_agreed_settings(&without_chunk, 2).unwrap_err().to_string();
+        assert!(e.contains("shm.chunk_bytes: rank 0 has no such setting, rank 2 has 262144"), "{e}");
+        // A value this rank cannot take.
+        let e = mine.adopt_agreed_settings(&full.replace("shm.ring_bytes=524288", "shm.ring_bytes=12"), 1).unwrap_err().to_string();
+        assert!(e.contains("shm.ring_bytes: rank 0 has 12, rank 1 has 524288"), "{e}");
+    }
+
+    #[test]
+    fn shm_dir_must_be_an_existing_absolute_directory() {
+        let c = Config::from_lookup(&|k| (k == "SUCL_SHM_DIR").then(|| "/tmp/".to_string())).unwrap();
+        assert_eq!(c.host.shm_dir, "/tmp");
+        let e = Config::from_lookup(&|k| (k == "SUCL_SHM_DIR").then(|| "/no/such/dir".to_string())).unwrap_err().to_string();
+        assert!(e.contains("SUCL_SHM_DIR") && e.contains("not one"), "{e}");
+        let e = file("[shm]\ndir = \"relative\"\n").unwrap_err().to_string();
+        assert!(e.contains("sucl.toml:2") && e.contains("shm.dir"), "{e}");
     }
 }

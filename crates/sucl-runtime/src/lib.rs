@@ -192,6 +192,8 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
         cfg.host.backoff = sucl_core::wait::Backoff::for_local_ranks(here);
     }
     let store_ref = store.as_ref().expect("a store");
+    // Settings that shape algorithms, layouts and protocols are rank 0's on every rank.
+    config::agree_settings(&mut cfg, store_ref, rank)?;
     // What this rank may use: its platform's list plus the universal default, each loadable here.
     let platform = cfg.platforms.get("host").expect("host platform");
     // Backends named by the user must load; the built-in list just takes what is there.
