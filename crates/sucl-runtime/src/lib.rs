@@ -141,8 +141,7 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     let mut server = None;
     if let Some(agent) = env.agent_store.clone() {
         // torchrun's agent owns MASTER_PORT: meet there, at the address rank 0 publishes.
-        let (addr, own) =
-            sucl_core::bootstrap::meet_through_agent_store(
+        let (addr, own) = sucl_core::bootstrap::meet_through_agent_store(
             env.rank,
             &agent,
             &sucl_core::bootstrap::Network::from_env()?,
