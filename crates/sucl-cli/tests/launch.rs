@@ -107,8 +107,9 @@ fn ranks_meet_through_the_agent_store_on_master_port() {
         let out = finish(c, Duration::from_secs(60), &format!("rank {r}"));
         assert!(out.status.success(), "rank {r} failed:\n{}", out.stderr);
     }
-    // Rank 0 published its store's address under sucl's prefix, and nothing else was written.
-    assert_eq!(*keys.lock().unwrap(), [format!("/sucl/t{port}/1/store_addr")]);
+    // Rank 0 published its store's random secret and address under sucl's prefix, and nothing
+    // else was written.
+    assert_eq!(*keys.lock().unwrap(), [format!("/sucl/t{port}/1/store_secret"), format!("/sucl/t{port}/1/store_addr")]);
 }
 
 fn tcp_pair(extra: &[(&str, &str)]) -> Vec<Outcome> {
