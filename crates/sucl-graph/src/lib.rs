@@ -1,0 +1,19 @@
+//! sucl-graph: a distributed task graph over sucl (the Celerity design).
+//!
+//! A program is a sequence of tasks over buffers. Each task declares how it accesses buffers
+//! through range mappers (which part of a buffer a chunk of the kernel's range touches). Every
+//! rank builds the same task graph from the program without communicating, splits every task's
+//! range across the ranks and generates, for itself alone, a command graph: execution commands
+//! for its chunk, push commands for data it owns that other ranks read, and await-push commands
+//! for data it reads that other ranks wrote. Commands carry the full per-peer regions of a
+//! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
+//! pattern and replace pushes with a collective.
+//!
+//! Layers: this crate depends on `sucl-runtime`'s public API only (for the executor); the graph
+//! modules themselves are pure and need no communicator.
+
+#![warn(missing_docs)]
+
+pub mod geometry;
+
+pub use geometry::{extent, GridBox, Index, Region, RegionMap, MAX_DIMS};
