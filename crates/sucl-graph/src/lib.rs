@@ -17,3 +17,6 @@
 pub mod geometry;
 
 pub use geometry::{extent, GridBox, Index, Region, RegionMap, MAX_DIMS};
+pub mod mapper;
+
+pub use mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
