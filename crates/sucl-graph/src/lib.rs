@@ -20,3 +20,30 @@ pub use geometry::{extent, GridBox, Index, Region, RegionMap, MAX_DIMS};
 pub mod mapper;
 
 pub use mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
+pub mod task;
+
+pub use task::{
+    AccessMode, Accessor, BufferId, BufferInfo, DepKind, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec, Warning,
+};
+
+/// Errors of graph construction and command generation.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    /// A program error found before anything runs: what was wrong.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Two ranks write the same cells in one task.
+    #[error("task {task} ('{name}'): ranks {ranks:?} both write buffer {buffer} region {region:?}")]
+    OverlappingWrites {
+        /// The task's id.
+        task: usize,
+        /// The task's name.
+        name: String,
+        /// The buffer.
+        buffer: usize,
+        /// Two ranks that write the same cells.
+        ranks: (usize, usize),
+        /// The cells both write.
+        region: Vec<GridBox>,
+    },
+}
