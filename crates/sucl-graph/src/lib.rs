@@ -47,3 +47,8 @@ pub enum GraphError {
         region: Vec<GridBox>,
     },
 }
+pub mod command;
+
+pub use command::{
+    chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
+};
