@@ -46,9 +46,15 @@ pub enum GraphError {
         /// The cells both write.
         region: Vec<GridBox>,
     },
+    /// A communication error of the executor.
+    #[error(transparent)]
+    Comm(#[from] sucl_runtime::Error),
 }
 pub mod command;
 
 pub use command::{
     chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
 };
+pub mod executor;
+
+pub use executor::{HostBuffer, HostKernel, HostQueue};
