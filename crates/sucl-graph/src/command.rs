@@ -123,7 +123,7 @@ fn grid(hint: SplitHint, global: Index, ranks: usize) -> (usize, usize) {
     }
     // The factorisation rows × cols = ranks closest to square, rows >= cols.
     let mut cols = (ranks as f64).sqrt() as usize;
-    while cols > 1 && ranks % cols != 0 {
+    while cols > 1 && (ranks / cols) * cols != ranks {
         cols -= 1;
     }
     (ranks / cols.max(1), cols.max(1))

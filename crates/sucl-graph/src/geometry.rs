@@ -64,11 +64,7 @@ impl GridBox {
 
     /// The extent of the box per dimension.
     pub fn range(&self) -> Index {
-        let mut r = [0; MAX_DIMS];
-        for d in 0..MAX_DIMS {
-            r[d] = self.max[d].saturating_sub(self.min[d]);
-        }
-        r
+        std::array::from_fn(|d| self.max[d].saturating_sub(self.min[d]))
     }
 
     /// True if the cell `p` lies in the box.

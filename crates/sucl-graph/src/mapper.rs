@@ -116,9 +116,9 @@ impl RangeMapper {
             RangeMapper::Fixed(b) => *b,
             RangeMapper::Neighborhood(h) => {
                 let mut b = chunk.as_box();
-                for d in 0..MAX_DIMS {
-                    b.min[d] = b.min[d].saturating_sub(h[d]);
-                    b.max[d] += h[d];
+                for (d, &halo) in h.iter().enumerate() {
+                    b.min[d] = b.min[d].saturating_sub(halo);
+                    b.max[d] += halo;
                 }
                 b
             }

@@ -97,11 +97,11 @@ fn oracle(ranks: usize, steps: &[Step]) -> Moves {
             }
         };
         for b in 0..2 {
-            for s in 0..ranks {
+            for (s, fresh_s) in fresh[b].iter().enumerate() {
                 let (lo, hi) = chunk(s);
                 for a in step.accessors.iter().filter(|a| a.buffer == b && a.mode.needs_prior_contents()) {
                     for c in cells(&a.mapper, lo, hi) {
-                        if let (false, Some(o)) = (fresh[b][s][c], owner[b][c]) {
+                        if let (false, Some(o)) = (fresh_s[c], owner[b][c]) {
                             moves.insert((t, b, o, s, c));
                         }
                     }

@@ -10,7 +10,9 @@ fn r1(spans: &[(usize, usize)]) -> Region {
 }
 
 /// A rank's commands as (kind, task, peers as (rank, region)) for compact assertions.
-fn summary(s: &Scheduler, rank: usize) -> Vec<(CommandKind, usize, Vec<(usize, Region)>)> {
+type Summary = (CommandKind, usize, Vec<(usize, Region)>);
+
+fn summary(s: &Scheduler, rank: usize) -> Vec<Summary> {
     s.commands(rank).unwrap().iter().map(|c| (c.kind, c.task.0, c.peers.iter().map(|p| (p.rank, p.region.clone())).collect())).collect()
 }
 
