@@ -1,7 +1,10 @@
-//! Small task-graph programs run on host ranks; rank 0 prints every result exactly, so runs on
-//! different rank counts can be compared byte for byte.
-//!
-//! `target/debug/sucl run -n 3 -- target/debug/examples/graph_programs`
+// Small task-graph programs run on host ranks; rank 0 prints every result exactly, so runs on
+// different rank counts can be compared byte for byte.
+//
+// `target/debug/sucl run -n 3 -- target/debug/examples/graph_programs`
+//
+// (Plain comments: tests/execution.rs includes this file as a module and runs `run()` in its
+// own re-executed ranks, so the test never runs a stale example binary.)
 
 use sucl_graph::{AccessMode::*, GraphError, GridBox, HostQueue, RangeMapper::*, SplitHint, TaskSpec};
 
@@ -19,7 +22,7 @@ fn print(comm: &sucl_runtime::Communicator, name: &str, v: &[f64]) {
     }
 }
 
-fn run() -> Result<(), GraphError> {
+pub fn run() -> Result<(), GraphError> {
     let comm = sucl_runtime::init()?;
     let mut q: HostQueue<f64> = HostQueue::new(&comm, 4)?;
 
