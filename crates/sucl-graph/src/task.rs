@@ -28,7 +28,9 @@ pub struct TaskId(pub usize);
 pub enum AccessMode {
     /// Reads the current contents.
     Read,
-    /// Writes; cells it does not write keep their contents (so the contents must be present).
+    /// Writes the mapped cells. As in Celerity, a producer only: prior contents are neither
+    /// awaited nor transferred (a kernel that writes only part of its mapped cells and needs the
+    /// rest kept must use `ReadWrite`).
     Write,
     /// Reads and writes.
     ReadWrite,
@@ -41,7 +43,7 @@ pub enum AccessMode {
 impl AccessMode {
     /// True if the task needs the contents the cells had before it ran.
     pub fn needs_prior_contents(self) -> bool {
-        matches!(self, AccessMode::Read | AccessMode::ReadWrite | AccessMode::Write)
+        matches!(self, AccessMode::Read | AccessMode::ReadWrite)
     }
 
     /// True if the task changes the cells.

@@ -28,7 +28,9 @@ fn reading_unwritten_data_warns_and_host_data_does_not() {
     let h = g.create_buffer(&[8], true).unwrap();
     g.submit(TaskSpec::parallel_for("w", &[4]).access(a, OneToOne, DiscardWrite)).unwrap();
     let r = g.submit(TaskSpec::parallel_for("r", &[8]).access(a, All, Read).access(h, All, Read)).unwrap();
-    assert_eq!(g.warnings().len(), 1);
+    let fresh = g.create_buffer(&[8], false).unwrap();
+    g.submit(TaskSpec::parallel_for("produce", &[8]).access(fresh, OneToOne, Write)).unwrap();
+    assert_eq!(g.warnings().len(), 1, "write is a producer only: {:?}", g.warnings());
     assert_eq!(g.warnings()[0].task, r);
     assert_eq!(g.warnings()[0].region, GridBox::new([4, 0, 0], [8, 1, 1]).into());
 }
