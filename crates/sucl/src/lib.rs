@@ -26,3 +26,6 @@ pub use sucl_stream as stream;
 
 /// Remote devices: the `sucld` daemon library, its wire protocol and the client.
 pub use sucl_remote as remote;
+
+/// The distributed task graph: buffers, range mappers, task graph and per-rank command graphs.
+pub use sucl_graph as graph;

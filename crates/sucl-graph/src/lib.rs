@@ -1,0 +1,60 @@
+//! sucl-graph: a distributed task graph over sucl (the Celerity design).
+//!
+//! A program is a sequence of tasks over buffers. Each task declares how it accesses buffers
+//! through range mappers (which part of a buffer a chunk of the kernel's range touches). Every
+//! rank builds the same task graph from the program without communicating, splits every task's
+//! range across the ranks and generates, for itself alone, a command graph: execution commands
+//! for its chunk, push commands for data it owns that other ranks read, and await-push commands
+//! for data it reads that other ranks wrote. Commands carry the full per-peer regions of a
+//! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
+//! pattern and replace pushes with a collective.
+//!
+//! Layers: this crate depends on `sucl-runtime`'s public API only (for the executor); the graph
+//! modules themselves are pure and need no communicator.
+
+#![warn(missing_docs)]
+
+pub mod geometry;
+
+pub use geometry::{extent, GridBox, Index, Region, RegionMap, MAX_DIMS};
+pub mod mapper;
+
+pub use mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
+pub mod task;
+
+pub use task::{
+    AccessMode, Accessor, BufferId, BufferInfo, DepKind, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec, Warning,
+};
+
+/// Errors of graph construction and command generation.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    /// A program error found before anything runs: what was wrong.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Two ranks write the same cells in one task.
+    #[error("task {task} ('{name}'): ranks {ranks:?} both write buffer {buffer} region {region:?}")]
+    OverlappingWrites {
+        /// The task's id.
+        task: usize,
+        /// The task's name.
+        name: String,
+        /// The buffer.
+        buffer: usize,
+        /// Two ranks that write the same cells.
+        ranks: (usize, usize),
+        /// The cells both write.
+        region: Vec<GridBox>,
+    },
+    /// A communication error of the executor.
+    #[error(transparent)]
+    Comm(#[from] sucl_runtime::Error),
+}
+pub mod command;
+
+pub use command::{
+    chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
+};
+pub mod executor;
+
+pub use executor::{HostBuffer, HostKernel, HostQueue};

@@ -1,0 +1,176 @@
+//! Range mappers: which part of a buffer a chunk of a kernel's range accesses.
+//!
+//! Each mapper carries [`MapperMeta`], the facts a later pass (collective pattern discovery)
+//! needs to recognise communication patterns in constant time: whether the region is the same
+//! for every chunk (constant), whether distinct chunks map to disjoint regions (non-overlapping),
+//! and for each buffer dimension whether it follows a kernel dimension one to one (identity of
+//! kernel dimension k) or is fixed regardless of the chunk (constant).
+
+use crate::geometry::{GridBox, Index, Region, MAX_DIMS};
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+
+/// A chunk of a kernel's range: the part one rank (or worker) executes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Chunk {
+    /// First index of the chunk.
+    pub offset: Index,
+    /// Extent of the chunk.
+    pub range: Index,
+    /// Extent of the whole kernel range the chunk belongs to.
+    pub global: Index,
+}
+
+impl Chunk {
+    /// The chunk covering the whole range.
+    pub fn whole(global: Index) -> Self {
+        Chunk { offset: [0; MAX_DIMS], range: global, global }
+    }
+
+    /// The chunk's cells as a box of the kernel's index space.
+    pub fn as_box(&self) -> GridBox {
+        GridBox::from_subrange(self.offset, self.range)
+    }
+}
+
+/// How one buffer dimension depends on the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum DimMapping {
+    /// Equal to the chunk's extent along kernel dimension `k` (identity when `k` is the same
+    /// dimension, a permutation otherwise).
+    Identity(usize),
+    /// The same for every chunk.
+    Constant,
+    /// Anything else (e.g. a halo that widens the chunk).
+    Other,
+}
+
+/// What a mapper guarantees about the regions it produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MapperMeta {
+    /// Every chunk maps to the same region.
+    pub constant: bool,
+    /// Disjoint chunks map to disjoint regions.
+    pub non_overlapping: bool,
+    /// Per buffer dimension, how it follows the chunk.
+    pub dims: [DimMapping; MAX_DIMS],
+}
+
+impl MapperMeta {
+    /// Metadata that promises nothing (the default for custom mappers).
+    pub const UNKNOWN: MapperMeta = MapperMeta { constant: false, non_overlapping: false, dims: [DimMapping::Other; MAX_DIMS] };
+}
+
+/// A user-supplied mapping from a chunk and the buffer's extent to the accessed region.
+pub type CustomFn = dyn Fn(&Chunk, Index) -> Region + Send + Sync;
+
+/// A range mapper. Results are always clipped to the buffer's extent.
+#[derive(Clone)]
+pub enum RangeMapper {
+    /// The buffer cells with the chunk's indices.
+    OneToOne,
+    /// The whole buffer.
+    All,
+    /// A fixed box, whatever the chunk.
+    Fixed(GridBox),
+    /// The chunk widened by `h[d]` cells on each side along dimension `d` (bounding box).
+    Neighborhood(Index),
+    /// The chunk, but the whole of dimension `d`.
+    Slice(usize),
+    /// The chunk with dimensions `a` and `b` swapped.
+    Transposed(usize, usize),
+    /// A closure, with the metadata its author declares.
+    Custom(Arc<CustomFn>, MapperMeta),
+}
+
+impl fmt::Debug for RangeMapper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RangeMapper::OneToOne => write!(f, "one_to_one"),
+            RangeMapper::All => write!(f, "all"),
+            RangeMapper::Fixed(b) => write!(f, "fixed({:?}..{:?})", b.min, b.max),
+            RangeMapper::Neighborhood(h) => write!(f, "neighborhood({h:?})"),
+            RangeMapper::Slice(d) => write!(f, "slice({d})"),
+            RangeMapper::Transposed(a, b) => write!(f, "transposed({a}, {b})"),
+            RangeMapper::Custom(_, m) => write!(f, "custom({m:?})"),
+        }
+    }
+}
+
+impl RangeMapper {
+    /// A custom mapper; `meta` must hold for every chunk (use [`MapperMeta::UNKNOWN`] if unsure).
+    pub fn custom(f: impl Fn(&Chunk, Index) -> Region + Send + Sync + 'static, meta: MapperMeta) -> Self {
+        RangeMapper::Custom(Arc::new(f), meta)
+    }
+
+    /// The region of a buffer of extent `buffer` that `chunk` accesses.
+    pub fn map(&self, chunk: &Chunk, buffer: Index) -> Region {
+        let full = GridBox::full(buffer);
+        if chunk.as_box().is_empty() {
+            return Region::empty();
+        }
+        let b = match self {
+            RangeMapper::OneToOne => chunk.as_box(),
+            RangeMapper::All => full,
+            RangeMapper::Fixed(b) => *b,
+            RangeMapper::Neighborhood(h) => {
+                let mut b = chunk.as_box();
+                for (d, &halo) in h.iter().enumerate() {
+                    b.min[d] = b.min[d].saturating_sub(halo);
+                    b.max[d] += halo;
+                }
+                b
+            }
+            RangeMapper::Slice(d) => {
+                let mut b = chunk.as_box();
+                b.min[*d] = 0;
+                b.max[*d] = buffer[*d];
+                b
+            }
+            RangeMapper::Transposed(a, c) => {
+                let mut b = chunk.as_box();
+                b.min.swap(*a, *c);
+                b.max.swap(*a, *c);
+                b
+            }
+            RangeMapper::Custom(f, _) => {
+                return f(chunk, buffer).intersection(&Region::from_box(full));
+            }
+        };
+        Region::from_box(b.intersection(&full))
+    }
+
+    /// What this mapper guarantees (see [`MapperMeta`]).
+    pub fn meta(&self) -> MapperMeta {
+        let identity = [DimMapping::Identity(0), DimMapping::Identity(1), DimMapping::Identity(2)];
+        match self {
+            RangeMapper::OneToOne => MapperMeta { constant: false, non_overlapping: true, dims: identity },
+            RangeMapper::All | RangeMapper::Fixed(_) => {
+                MapperMeta { constant: true, non_overlapping: false, dims: [DimMapping::Constant; MAX_DIMS] }
+            }
+            RangeMapper::Neighborhood(h) => {
+                let mut dims = identity;
+                for d in 0..MAX_DIMS {
+                    if h[d] != 0 {
+                        dims[d] = DimMapping::Other;
+                    }
+                }
+                let exact = h.iter().all(|&x| x == 0);
+                MapperMeta { constant: false, non_overlapping: exact, dims }
+            }
+            RangeMapper::Slice(d) => {
+                let mut dims = identity;
+                dims[*d] = DimMapping::Constant;
+                // Chunks split along `d` map to the same slab: overlap depends on the split.
+                MapperMeta { constant: false, non_overlapping: false, dims }
+            }
+            RangeMapper::Transposed(a, b) => {
+                let mut dims = identity;
+                dims.swap(*a, *b);
+                MapperMeta { constant: false, non_overlapping: true, dims }
+            }
+            RangeMapper::Custom(_, m) => *m,
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The example programs on 1, 2, 3 and 4 real host ranks (separate processes meeting through
+//! the torchrun-style environment) print bit-identical results to one rank.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child killed and reaped when dropped, so a failing test leaves no process behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[allow(dead_code)]
+mod program {
+    include!("../examples/graph_programs.rs");
+}
+
+/// One rank of the programs: the parent test starts this test binary again, running only this.
+#[test]
+#[ignore = "a rank of programs_give_identical_results_on_1_to_4_ranks, started by it"]
+fn graph_programs_rank() {
+    program::run().unwrap();
+}
+
+/// A rank of the lost-peer test: rank 1 leaves right after start-up, rank 0 then needs its data.
+#[test]
+#[ignore = "a rank of a_lost_rank_is_an_error_not_a_hang, started by it"]
+fn lost_peer_rank() {
+    use sucl_graph::{AccessMode::*, HostQueue, RangeMapper::*, TaskSpec};
+    let comm = sucl_runtime::init().unwrap();
+    if comm.rank() == 1 {
+        std::process::exit(0);
+    }
+    let mut q: HostQueue<f64> = HostQueue::new(&comm, 0).unwrap();
+    let a = q.create_buffer(&[8], None).unwrap();
+    q.submit(TaskSpec::parallel_for("w", &[8]).access(a, OneToOne, DiscardWrite), &mut |_, _| {}).unwrap();
+    let err = q.submit(TaskSpec::parallel_for("r", &[8]).access(a, All, Read), &mut |_, _| {}).unwrap_err();
+    eprintln!("LOST-PEER-ERROR: {err}");
+    std::process::exit(7);
+}
+
+const PROGRAMS: [&str; 4] = ["stencil:", "all:", "master:", "transpose:"];
+
+/// Runs the example on `n` ranks; rank 0's stdout. Panics on a failure or after 60 s.
+fn run(n: usize) -> String {
+    let mut ranks = start(n, "graph_programs_rank", "20");
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let (ok, err) = wait(c, Duration::from_secs(60), &format!("{n} ranks: rank {r}"));
+        assert!(ok, "{n} ranks: rank {r} failed: {err}");
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(ranks[0].0.stdout.as_mut().unwrap(), &mut out).unwrap();
+    // Only the programs' lines, not the test harness's ("test graph_programs_rank ... " may
+    // precede the first one on its line).
+    out.lines().filter_map(|l| PROGRAMS.iter().filter_map(|p| l.find(p)).min().map(|at| format!("{}\n", &l[at..]))).collect()
+}
+
+/// Waits at most `limit` for a child; (success, stderr). Panics (killing it) after `limit`.
+fn wait(c: &mut Reaped, limit: Duration, what: &str) -> (bool, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = c.0.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(c.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+            return (status.success(), err);
+        }
+        assert!(start.elapsed() < limit, "{what} still running after {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts `n` ranks running the ignored test `rank_test` of this binary.
+fn start(n: usize, rank_test: &str, timeout_s: &str) -> Vec<Reaped> {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ranks: Vec<Reaped> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(std::env::current_exe().unwrap());
+            cmd.args([rank_test, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+            if n > 1 {
+                cmd.env("RANK", r.to_string())
+                    .env("WORLD_SIZE", n.to_string())
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("LOCAL_WORLD_SIZE", n.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string());
+            }
+            cmd.env("SUCL_TIMEOUT", timeout_s).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            Reaped(cmd.spawn().expect("start a rank (this test binary again)"))
+        })
+        .collect();
+    ranks
+}
+
+#[test]
+fn programs_give_identical_results_on_1_to_4_ranks() {
+    let one = run(1);
+    assert_eq!(one.lines().count(), 4, "four programs: {one}");
+    assert!(one.contains("transpose: 0.0 10.0 20.0 30.0 40.0 50.0 1.0 11.0"), "{one}");
+    for n in 2..=4 {
+        assert_eq!(run(n), one, "{n} ranks against 1");
+    }
+}
+
+#[test]
+fn a_lost_rank_is_an_error_not_a_hang() {
+    let mut ranks = start(2, "lost_peer_rank", "3");
+    let (_, _) = wait(&mut ranks[1], Duration::from_secs(30), "rank 1");
+    let (ok, err) = wait(&mut ranks[0], Duration::from_secs(30), "rank 0 after losing rank 1");
+    assert!(!ok && err.contains("LOST-PEER-ERROR"), "rank 0 must fail with an error: {err}");
+}
