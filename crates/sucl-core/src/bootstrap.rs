@@ -135,12 +135,14 @@ fn host_port(host: &str, port: u16) -> String {
 }
 
 fn default_port(job: &str) -> u16 {
-    // FNV-1a of the job id: ranks of one job agree on a port without talking.
+    // FNV-1a of the job id: ranks of one job agree on a port without talking. The range stays
+    // below Linux's ephemeral ports (32768-60999 by default), where any outgoing connection on
+    // the host could already hold the port (seen: two concurrent mpirun jobs in CI).
     let mut h: u32 = 0x811c9dc5;
     for b in job.bytes() {
         h = (h ^ b as u32).wrapping_mul(0x01000193);
     }
-    29500 + (h % 20000) as u16
+    20000 + (h % 12000) as u16
 }
 
 /// Detects the launch environment through `get` (normally `std::env::var`).
