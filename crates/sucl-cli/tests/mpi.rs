@@ -36,6 +36,23 @@ fn auto_selection_under_mpirun_loads_mpi_beside_shm_and_tcp() {
     assert!(out.status.success() && out.stdout.contains("loaded: shm, tcp, mpi"), "{}\n{}", out.stdout, out.stderr);
 }
 
+/// `sucl check` over mpi on 2 ranks under mpirun, rank 1 stalling after check operation
+/// `after`, `SUCL_TIMEOUT=2`: the outcome and its stdout and stderr together, after checking
+/// that the stall was injected.
+fn stalled_mpi_check(after: &str) -> (Outcome, String) {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_sucl")])
+        .args(["check", "--backend", "mpi", "--ops", "all_reduce", "--dtypes", "f32", "--redops", "sum"])
+        .args(["--inject-stall", "1", "--inject-after", after])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("SUCL_TIMEOUT", "2");
+    let out = finish(spawn(cmd), Duration::from_secs(60), "mpirun -n 2 with a stalled rank");
+    let all = format!("{}\n{}", out.stdout, out.stderr);
+    assert!(all.contains("injected fault: rank 1 stops answering"), "the stall was not injected:\n{all}");
+    (out, all)
+}
+
 /// A rank that never joins a collective: the waiting rank's MPI collective times out, and
 /// since MPI would go on writing into the buffers it was lent, the job is ended (MPI_Abort)
 /// instead of the buffers being handed back. Rank 1 stalls for 120 s; the job must end long
@@ -44,16 +61,7 @@ fn auto_selection_under_mpirun_loads_mpi_beside_shm_and_tcp() {
 /// come before it.)
 #[test]
 fn timed_out_mpi_collective_aborts_the_job_instead_of_returning_its_buffers() {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_sucl")])
-        .args(["check", "--backend", "mpi", "--ops", "all_reduce", "--dtypes", "f32", "--redops", "sum"])
-        .args(["--inject-stall", "1", "--inject-after", "7"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("SUCL_TIMEOUT", "2");
-    let out = finish(spawn(cmd), Duration::from_secs(60), "mpirun -n 2 with a stalled rank");
-    let all = format!("{}\n{}", out.stdout, out.stderr);
-    assert!(all.contains("injected fault: rank 1 stops answering"), "the stall was not injected:\n{all}");
+    let (out, all) = stalled_mpi_check("7");
     assert!(all.contains("rank 0: all_reduce (mpi) timed out after"), "rank 0 must report its timeout:\n{all}");
     assert!(all.contains("so the job is ended (MPI_Abort, code 75)"), "rank 0 must end the job:\n{all}");
     assert!(!out.status.success(), "the job must fail:\n{all}");
@@ -65,16 +73,7 @@ fn timed_out_mpi_collective_aborts_the_job_instead_of_returning_its_buffers() {
 /// stalled rank (120 s).
 #[test]
 fn timed_out_mpi_receive_is_cancelled_and_the_failed_job_ends_without_waiting_in_finalize() {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_sucl")])
-        .args(["check", "--backend", "mpi", "--ops", "all_reduce", "--dtypes", "f32", "--redops", "sum"])
-        .args(["--inject-stall", "1", "--inject-after", "2"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("SUCL_TIMEOUT", "2");
-    let out = finish(spawn(cmd), Duration::from_secs(60), "mpirun -n 2 with a stalled rank");
-    let all = format!("{}\n{}", out.stdout, out.stderr);
-    assert!(all.contains("injected fault: rank 1 stops answering"), "the stall was not injected:\n{all}");
+    let (out, all) = stalled_mpi_check("2");
     assert!(all.contains("sucl check: error: rank 0: receive (mpi) timed out after"), "the error must reach the caller:\n{all}");
     assert!(!all.contains("cancelling a receive"), "the cancel must complete:\n{all}");
     assert!(all.contains("so the job is ended (MPI_Abort, code 75)"), "the failed job must end at teardown:\n{all}");
