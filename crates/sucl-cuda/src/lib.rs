@@ -345,8 +345,8 @@ impl NcclBackend {
     }
 
     /// The live communicators: the collectives' and, after the split, the point-to-point one.
-    fn comms(&self) -> Vec<ncclsys::ncclComm_t> {
-        [self.comm, self.p2p_comm].into_iter().filter(|c| !c.is_null()).collect()
+    fn comms(&self) -> impl Iterator<Item = ncclsys::ncclComm_t> {
+        [self.comm, self.p2p_comm].into_iter().filter(|c| !c.is_null())
     }
 
     fn fail(&mut self, e: Error) -> Error {
@@ -533,7 +533,9 @@ impl DeviceBackend for NcclBackend {
                     return Err(self.fail(e));
                 }
             }
-            for comm in if self.aborted { vec![] } else { self.comms() } {
+            // No allocation per poll: the (at most two) handles are copied out first.
+            let live: [ncclsys::ncclComm_t; 2] = if self.aborted { [std::ptr::null_mut(); 2] } else { [self.comm, self.p2p_comm] };
+            for comm in live.into_iter().filter(|c| !c.is_null()) {
                 let mut async_err = ncclsys::ncclResult_t::ncclSuccess;
                 // SAFETY: `comm` is live (`aborted` is false) and `async_err` is a writable local.
                 unsafe { ncclsys::ncclCommGetAsyncError(comm, &mut async_err) };

@@ -465,22 +465,7 @@ impl DevicePath {
                 let _ = comm.pin_backend(None);
                 Ok(*comm)
             }
-            Mode::Staged { ch, .. } => {
-                ch.closed.store(true, Ordering::Release);
-                let deadline = Instant::now() + bound;
-                while ch.busy() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                if ch.busy() {
-                    return Err(Error::Timeout { rank: self.rank, op: "closing a stream-triggered queue".into(), after: bound });
-                }
-                engine().wake();
-                ch.comm
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
-            }
+            Mode::Staged { ch, .. } => crate::queue::take_comm(&ch, bound),
         }
     }
 }

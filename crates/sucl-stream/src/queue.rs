@@ -534,7 +534,7 @@ impl CommQueue {
 }
 
 /// Takes the communicator back from the engine once it holds no batch of this channel.
-fn take_comm(ch: &Arc<Channel>, bound: Duration) -> Result<Communicator> {
+pub(crate) fn take_comm(ch: &Arc<Channel>, bound: Duration) -> Result<Communicator> {
     ch.closed.store(true, Ordering::Release);
     let deadline = Instant::now() + bound;
     while ch.busy() && Instant::now() < deadline {
