@@ -95,8 +95,10 @@ impl Waiter {
             abort.check(rank, &what())?;
         }
         self.rounds = self.rounds.wrapping_add(1);
-        if self.phase() == Phase::Spin && self.rounds % 32 != 1 {
-            // Reading the clock costs more than a spin round on some virtual machines.
+        if self.phase() == Phase::Spin && self.rounds % 32 != 0 {
+            // Reading the clock costs more than a spin round on some virtual machines, and a
+            // peer arriving while we read it waits for us: the first 31 rounds only spin (the
+            // timeout then counts from round 32, a fraction of a microsecond late).
             std::hint::spin_loop();
             return Ok(());
         }
@@ -115,5 +117,49 @@ impl Waiter {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::AbortInfo;
+
+    /// Pauses until the waiter gives up; returns how many pauses that took and the error.
+    fn pause_until_error(w: &mut Waiter, abort: &AbortState) -> (usize, Error) {
+        for i in 1..=10_000 {
+            if let Err(e) = w.pause(abort, 3, &|| "a test wait".into(), true) {
+                return (i, e);
+            }
+        }
+        panic!("the waiter never gave up");
+    }
+
+    #[test]
+    fn a_spinning_wait_times_out_within_one_clock_period() {
+        let abort = AbortState::new();
+        let mut w = Waiter::new(Duration::ZERO, Backoff::DEDICATED);
+        let (pauses, e) = pause_until_error(&mut w, &abort);
+        assert!(pauses <= 32, "the clock is read at least every 32 pauses, took {pauses}");
+        assert!(matches!(e, Error::Timeout { rank: 3, .. }), "{e:?}");
+        assert!(e.to_string().contains("a test wait"), "{e}");
+    }
+
+    #[test]
+    fn an_oversubscribed_wait_times_out_at_once() {
+        let abort = AbortState::new();
+        let mut w = Waiter::new(Duration::ZERO, Backoff::OVERSUBSCRIBED);
+        assert_eq!(pause_until_error(&mut w, &abort).0, 1, "no spin phase: the first pause reads the clock");
+    }
+
+    #[test]
+    fn an_abort_ends_the_wait_on_the_next_pause() {
+        let abort = AbortState::new();
+        let mut w = Waiter::new(Duration::from_secs(3600), Backoff::DEDICATED);
+        w.pause(&abort, 3, &|| "a test wait".into(), true).expect("no abort yet");
+        abort.raise(AbortInfo { lost_rank: Some(1), reason: "lost peer rank 1 during a test".into() });
+        let (pauses, e) = pause_until_error(&mut w, &abort);
+        assert_eq!(pauses, 1);
+        assert!(!matches!(e, Error::Timeout { .. }), "{e:?}");
     }
 }
