@@ -636,6 +636,17 @@ impl ShmBackend {
         }
     }
 
+    /// Whether a reduction of `len` bytes takes a single-barrier path, where every rank (the root,
+    /// for reduce) reads all `n` inputs whole: the fewest steps, but its reads grow with the rank
+    /// count. Beyond twice `shm_small_bytes` read from peers, the two-barrier split (each rank
+    /// reduces one portion, then everyone gathers the portions) moves less: at 16 ranks an
+    /// 8 KiB all_reduce reads 15 × 8 KiB one way, about 2 × 8 KiB the other. The same on every
+    /// rank: `n` and `shm_small_bytes` are rank 0's.
+    #[inline]
+    fn one_step_reduction(&self, len: usize) -> bool {
+        len <= self.cfg.shm_small_bytes && len.saturating_mul(self.lay.n - 1) <= 2 * self.cfg.shm_small_bytes
+    }
+
     fn collective_inner(&mut self, d: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let (n, me) = (self.lay.n, self.rank);
         let es = d.dtype.size();
@@ -656,7 +667,8 @@ impl ShmBackend {
                 let len = d.count * es;
                 let all = d.op == CollOp::AllReduce;
                 let root = if all { usize::MAX } else { d.root };
-                if len <= INLINE_MAX.min(self.cfg.shm_small_bytes) {
+                let one_step = self.one_step_reduction(len);
+                if one_step && len <= INLINE_MAX {
                     let h = self.inline_step(d, Some(send.unwrap_or(recv)))?;
                     if all || me == root {
                         reduce_bytes_into(recv, self.inline_data(0, h, len), self.inline_data(1, h, len), d.dtype, d.redop);
@@ -664,7 +676,7 @@ impl ShmBackend {
                             reduce_bytes(recv, self.inline_data(j, h, len), d.dtype, d.redop);
                         }
                     }
-                } else if len <= self.cfg.shm_small_bytes.min(hb) {
+                } else if one_step && len <= hb {
                     let h = self.begin_step(Some(d));
                     self.publish(h, 0, send.unwrap_or(recv));
                     self.barrier(d.op)?;
