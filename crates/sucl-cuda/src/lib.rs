@@ -11,6 +11,8 @@
 #![warn(missing_docs)]
 
 mod device;
+pub mod ipc;
+pub use ipc::{IpcBackend, IpcOptions};
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
 
 use cudarc::driver::{CudaContext, CudaStream};
@@ -25,7 +27,7 @@ use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 
 pub use cudarc;
 
-fn dl_present(lib: &str) -> bool {
+pub(crate) fn dl_present(lib: &str) -> bool {
     let c = CString::new(lib).expect("library name");
     // SAFETY: `c` is a NUL-terminated string that outlives both calls; dlclose gets only the
     // non-null handle dlopen returned, once, and nothing from the library is used.
