@@ -177,6 +177,7 @@ pub fn check(
     big_mib: usize,
     inject_kill: Option<(usize, usize)>,
     inject_stall: Option<(usize, usize)>,
+    only: Option<&str>,
 ) -> Result<i32> {
     let dev = comm.cuda_device()?;
     comm.attach_device(&dev)?;
@@ -185,7 +186,20 @@ pub fn check(
     let t0 = Instant::now();
     let (mut checks, mut failures) = (0u64, 0u64);
     let mut seed = 1000;
-    for backend in comm.device_backends() {
+    let mut backends = comm.device_backends();
+    if let Some(list) = only {
+        let want: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+        if let Some(missing) = want.iter().find(|w| !backends.contains(w)) {
+            let why = if *missing == "ipc" { comm.ipc_unavailable_reason() } else { None };
+            return Err(Error::BackendUnavailable {
+                rank: comm.rank(),
+                backend: missing.to_string(),
+                why: why.unwrap_or_else(|| format!("not set up by this communicator (device backends: {})", backends.join(","))),
+            });
+        }
+        backends.retain(|b| want.contains(b));
+    }
+    for backend in backends {
         comm.pin_backend(Some(backend))?;
         for &op in ops {
             for &dt in dtypes {
@@ -215,9 +229,9 @@ pub fn check(
             }
         }
         if big_mib > 0 {
-            for op in [CollOp::AllReduce, CollOp::Broadcast, CollOp::AllGather] {
+            for op in [CollOp::AllReduce, CollOp::Broadcast, CollOp::AllGather, CollOp::ReduceScatter] {
                 let total = (big_mib << 20) / 4;
-                let count = if op == CollOp::AllGather { total / n } else { total };
+                let count = if matches!(op, CollOp::AllGather | CollOp::ReduceScatter) { total / n } else { total };
                 seed += 1;
                 let case = Case { op, count, n, rank: comm.rank(), root: n - 1, seed, redop: ReduceOp::Sum };
                 let wrong = check_case::<f32>(comm, &q, &case)?;
