@@ -168,7 +168,9 @@ fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
     Ok(out)
 }
 
-/// The device correctness matrix; returns the process exit code.
+/// The device correctness matrix (over the device backends in `only`, else every one set up);
+/// returns the process exit code.
+#[allow(clippy::too_many_arguments)]
 pub fn check(
     comm: &Communicator,
     ops: &[CollOp],

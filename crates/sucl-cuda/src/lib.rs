@@ -12,8 +12,8 @@
 
 mod device;
 pub mod ipc;
-pub use ipc::{IpcBackend, IpcOptions};
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
+pub use ipc::{IpcBackend, IpcOptions};
 
 use cudarc::driver::{CudaContext, CudaStream};
 

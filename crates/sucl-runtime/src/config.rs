@@ -310,7 +310,9 @@ impl Config {
         }
         for (name, p) in f.platforms.unwrap_or_default() {
             let entry = self.platforms.entry(name.clone()).or_insert_with(|| match name.as_str() {
-                "cuda" => Platform { backends: DEVICE_BACKENDS.iter().map(|b| b.to_string()).collect(), preferred: "nccl".into(), threshold: 0 },
+                "cuda" => {
+                    Platform { backends: DEVICE_BACKENDS.iter().map(|b| b.to_string()).collect(), preferred: "nccl".into(), threshold: 0 }
+                }
                 _ => Platform { backends: vec!["tcp".into()], preferred: "tcp".into(), threshold: 0 },
             });
             if let Some(b) = p.backends {

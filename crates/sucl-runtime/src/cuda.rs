@@ -159,7 +159,17 @@ impl Communicator {
         let opts = IpcOptions::from_env(allowed).map_err(Error::Config)?;
         let h = &self.ctx.cfg.host;
         let mut exchange = |what: &str, bytes: &[u8]| self.oob_all_gather(&format!("gpu{k}/{what}"), bytes);
-        IpcBackend::setup(dev, self.rank, self.size, self.world_ranks.clone(), self.ctx.abort.clone(), h.timeout, h.backoff, opts, &mut exchange)
+        IpcBackend::setup(
+            dev,
+            self.rank,
+            self.size,
+            self.world_ranks.clone(),
+            self.ctx.abort.clone(),
+            h.timeout,
+            h.backoff,
+            opts,
+            &mut exchange,
+        )
     }
 
     /// Why this communicator's device calls do not use peer memory (`None` where they may, or

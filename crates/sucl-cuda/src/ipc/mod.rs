@@ -57,7 +57,12 @@ impl IpcOptions {
         let get = |k: &str, d: usize| -> std::result::Result<usize, String> {
             match std::env::var(k) {
                 Err(_) => Ok(d),
-                Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n >= 16).ok_or_else(|| format!("{k}={v:?}: want a byte count of at least 16")),
+                Ok(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 16)
+                    .ok_or_else(|| format!("{k}={v:?}: want a byte count of at least 16")),
             }
         };
         Ok(IpcOptions {
@@ -229,10 +234,22 @@ impl IpcBackend {
             broken: None,
         };
         let node = record::this_node();
-        let prepared = if opts.allowed { me.prepare(node) } else { Err("disabled by the configuration (platforms.cuda.backends or SUCL_IPC=0)".into()) };
+        let prepared = if opts.allowed {
+            me.prepare(node)
+        } else {
+            Err("disabled by the configuration (platforms.cuda.backends or SUCL_IPC=0)".into())
+        };
         let rec = match &prepared {
             Ok(r) => r.clone(),
-            Err(_) => PeerRecord { ready: false, rank: rank as u32, size: size as u32, node, bus_id: String::new(), capacity: 0, handle: [0; HANDLE_LEN] },
+            Err(_) => PeerRecord {
+                ready: false,
+                rank: rank as u32,
+                size: size as u32,
+                node,
+                bus_id: String::new(),
+                capacity: 0,
+                handle: [0; HANDLE_LEN],
+            },
         };
         let all = exchange("ipc/records", &rec.encode())?;
         let mine = prepared.and_then(|_| me.open_peers(&all, node));
@@ -334,7 +351,10 @@ impl IpcBackend {
                 if dj != mine {
                     rc_ok(cu::cuDeviceCanAccessPeer(&mut can, mine, dj), "cuDeviceCanAccessPeer")?;
                     if can == 0 {
-                        return Err(format!("this GPU cannot access the memory of rank {j}'s GPU {} (cuDeviceCanAccessPeer = 0)", rec.bus_id));
+                        return Err(format!(
+                            "this GPU cannot access the memory of rank {j}'s GPU {} (cuDeviceCanAccessPeer = 0)",
+                            rec.bus_id
+                        ));
                     }
                 }
                 let lazy = cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
@@ -367,8 +387,15 @@ impl IpcBackend {
         let (code, peer) = (s >> 24, ((s >> 16) & 0xff) as usize);
         let world = self.world_ranks.get(peer).copied().unwrap_or(peer);
         match code {
-            1 => Error::Timeout { rank: self.world_rank(), op: format!("a peer-memory collective waiting for rank {world} (ipc)"), after: self.timeout },
-            _ => Error::Aborted { rank: self.world_rank(), reason: format!("a peer-memory collective gave up waiting for rank {world}: the job was aborted") },
+            1 => Error::Timeout {
+                rank: self.world_rank(),
+                op: format!("a peer-memory collective waiting for rank {world} (ipc)"),
+                after: self.timeout,
+            },
+            _ => Error::Aborted {
+                rank: self.world_rank(),
+                reason: format!("a peer-memory collective gave up waiting for rank {world}: the job was aborted"),
+            },
         }
     }
 
@@ -472,7 +499,11 @@ impl DeviceBackend for IpcBackend {
         self.usable(d.op.name())?;
         let wr = self.world_rank();
         let Some(kind) = plan::kind(d, self.size, self.opts.two_shot_bytes).filter(|_| plan::supports(d)) else {
-            return Err(Error::BackendUnavailable { rank: wr, backend: "ipc".into(), why: format!("no peer-memory {} of {}", d.op.name(), d.dtype) });
+            return Err(Error::BackendUnavailable {
+                rank: wr,
+                backend: "ipc".into(),
+                why: format!("no peer-memory {} of {}", d.op.name(), d.dtype),
+            });
         };
         if d.count == 0 {
             return Ok(());
@@ -505,7 +536,6 @@ impl DeviceBackend for IpcBackend {
             let off = (piece.start * es) as u64;
             let (inp, out) = (input + off, output + off);
             let unit = plan::unit_bytes(kind.reduces(), es, &[inp, out], &[piece.len * es, c * es]);
-            let per = unit / es.min(unit);
             // Units per row, for the kernel (copies of units smaller than an element count bytes).
             let to_units = |elems: usize| elems * es / unit;
             let f = self.function(kind, unit, d.dtype, d.redop)?;
@@ -516,7 +546,6 @@ impl DeviceBackend for IpcBackend {
             args.out_pitch = to_units(c) as i64;
             args.chunk = plan::chunk_len(to_units(piece.len), n) as i64;
             let loop_units = if kind == Kind::TwoShot { args.chunk as usize } else { args.count as usize };
-            let _ = per;
             self.launch(&f, &args, loop_units, stream)?;
         }
         Ok(())
@@ -530,6 +559,9 @@ impl DeviceBackend for IpcBackend {
         let mut w = Waiter::new(self.timeout, self.backoff);
         let wr = self.world_rank();
         let mut failure: Option<Error> = None;
+        // After a failure: kernels see the abort word within a few polls; wait that long.
+        let drain = Duration::from_secs(5).min(self.timeout);
+        let never = AbortState::new();
         loop {
             // SAFETY: `stream` is borrowed for the call, so the CUstream it wraps is live.
             let q = unsafe { cu::cuStreamQuery(stream.cu_stream()) };
@@ -547,9 +579,9 @@ impl DeviceBackend for IpcBackend {
                     // (they return within a few polls) before reporting.
                     self.set_abort_word();
                     failure = Some(e);
-                    w = Waiter::new(self.timeout, self.backoff);
+                    w = Waiter::new(drain, self.backoff);
                 }
-            } else if w.pause(&AbortState::new(), wr, &|| "waiting for abandoned peer-memory kernels".into(), false).is_err() {
+            } else if w.pause(&never, wr, &|| "waiting for abandoned peer-memory kernels".into(), false).is_err() {
                 break;
             }
         }

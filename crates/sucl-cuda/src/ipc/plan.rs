@@ -235,7 +235,9 @@ mod tests {
 
     #[test]
     fn pieces_fit_the_buffer_and_cover_the_call() {
-        for (count, elem, rows, cap) in [(0usize, 4usize, 1usize, 1024usize), (1000, 4, 1, 1024), (1000, 2, 3, 1000), (7, 8, 8, 16), (5, 4, 1, 1 << 20)] {
+        for (count, elem, rows, cap) in
+            [(0usize, 4usize, 1usize, 1024usize), (1000, 4, 1, 1024), (1000, 2, 3, 1000), (7, 8, 8, 16), (5, 4, 1, 1 << 20)]
+        {
             let ps = pieces(count, elem, rows, cap);
             let mut next = 0;
             for (i, p) in ps.iter().enumerate() {

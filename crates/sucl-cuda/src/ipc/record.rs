@@ -88,7 +88,9 @@ impl PeerRecord {
         }
         let cap = u64_at(56);
         if ready && cap != capacity {
-            return Err(format!("rank {rank}'s peer buffer holds {cap} bytes, this rank's {capacity}: set the same SUCL_IPC_BUFFER_BYTES on every rank"));
+            return Err(format!(
+                "rank {rank}'s peer buffer holds {cap} bytes, this rank's {capacity}: set the same SUCL_IPC_BUFFER_BYTES on every rank"
+            ));
         }
         let mut handle = [0u8; HANDLE_LEN];
         handle.copy_from_slice(&b[64..128]);
