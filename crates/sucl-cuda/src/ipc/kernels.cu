@@ -17,6 +17,12 @@
 // (host-mapped: the host reads it at synchronization) and the block returns. No __trap: the
 // context stays usable.
 //
+// Data moves in 16-byte slots: slot i of a row of `count` bytes is bytes [16i, 16i + 16) (the
+// last one shorter). Data areas are 16-byte aligned, so peers' slots are read as whole vectors
+// whatever the alignment of the caller's buffers; only the copies between the caller's buffers
+// and the data areas look at that alignment (per slot, locally). The grid and the slot-to-block
+// mapping therefore depend only on the byte count and the rank count, which every rank shares.
+//
 // The including module defines ELEM (storage type), ACC (accumulator), TO_ACC(x), FROM_ACC(x),
 // RED(a, b) and FINAL(acc, n) for reducing kernels; copy kernels only move bytes.
 
@@ -36,10 +42,10 @@ struct Args {
     u64 abort_word;
     u64 input;
     u64 output;
-    long long count;
-    long long in_pitch;
-    long long out_pitch;
-    long long chunk;
+    long long count;      // bytes per row in this launch
+    long long in_pitch;   // bytes between input rows (reduce_scatter)
+    long long out_pitch;  // bytes between output rows (all_gather)
+    long long chunk;      // two-shot: slots per rank's chunk
     long long timeout_ns;
     int rank;
     int nranks;
@@ -135,158 +141,169 @@ __device__ bool barrier(const Args& a, u32& epoch, int* failed) {
 #define BARRIER                                                                    \
     if (!barrier(a, epoch, &failed)) return;
 
-template <typename U>
-__device__ __forceinline__ const U* peer_data(const Args& a, int r) {
-    return (const U*)data_area(a.peers[r]);
+#define SLOT 16
+#define SLOTS(bytes) (((bytes) + SLOT - 1) / SLOT)
+
+__device__ __forceinline__ const char* peer_data(const Args& a, int r) { return data_area(a.peers[r]); }
+
+// Bytes of slot i of a row of `len` bytes.
+__device__ __forceinline__ int slot_bytes(long long i, long long len) {
+    long long left = len - i * SLOT;
+    return left >= SLOT ? SLOT : (int)left;
 }
 
-// ---- copy kernels (broadcast, all_gather), any element type: U is the unit moved ----
+// Copies n <= 16 bytes with the widest accesses the addresses and n allow.
+__device__ __forceinline__ void copy_bytes(char* dst, const char* src, int n) {
+    unsigned a = (unsigned)((u64)dst | (u64)src) | (unsigned)n;
+    if ((a & 15u) == 0) {
+        if (n) *(uint4*)dst = *(const uint4*)src;
+    } else if ((a & 7u) == 0) {
+        for (int k = 0; k < n; k += 8) *(u64*)(dst + k) = *(const u64*)(src + k);
+    } else if ((a & 3u) == 0) {
+        for (int k = 0; k < n; k += 4) *(u32*)(dst + k) = *(const u32*)(src + k);
+    } else if ((a & 1u) == 0) {
+        for (int k = 0; k < n; k += 2) *(unsigned short*)(dst + k) = *(const unsigned short*)(src + k);
+    } else {
+        for (int k = 0; k < n; k++) dst[k] = src[k];
+    }
+}
 
-// broadcast: the root's input goes to every rank's output (`count` units).
-template <typename U>
-__device__ void broadcast_body(const Args& a) {
+// ---- copy kernels (broadcast, all_gather): bytes of any element type ----
+#ifdef IPC_COPY
+
+// broadcast: the root's `count` bytes (its output, in place) go to every rank's output.
+extern "C" __global__ void __launch_bounds__(512) ipc_broadcast(Args a) {
     PROLOGUE
-    const U* in = (const U*)a.input;
-    U* out = (U*)a.output;
-    U* mine = (U*)data_area(a.peers[a.rank]);
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
     if (a.rank == a.root)
-        for (long long i = first; i < a.count; i += stride) mine[i] = in[i];
+        for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
     BARRIER
     if (a.rank != a.root) {
-        const U* src = peer_data<U>(a, a.root);
-        for (long long i = first; i < a.count; i += stride) out[i] = src[i];
-    } else if (in != out) {
-        for (long long i = first; i < a.count; i += stride) out[i] = in[i];
+        const char* src = peer_data(a, a.root);
+        for (long long i = first; i < slots; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
     }
     BARRIER
     EPILOGUE
 }
 
-// all_gather: `count` units from every rank into row r (pitch `out_pitch` units) of the output.
-template <typename U>
-__device__ void all_gather_body(const Args& a) {
+// all_gather: `count` bytes from every rank k into row k (pitch `out_pitch` bytes) of the output.
+extern "C" __global__ void __launch_bounds__(512) ipc_all_gather(Args a) {
     PROLOGUE
-    const U* in = (const U*)a.input;
-    U* out = (U*)a.output;
-    U* mine = (U*)data_area(a.peers[a.rank]);
-    for (long long i = first; i < a.count; i += stride) mine[i] = in[i];
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
     BARRIER
     for (int k = 0; k < a.nranks; k++) {
-        const U* src = peer_data<U>(a, k);
-        U* row = out + k * a.out_pitch;
-        for (long long i = first; i < a.count; i += stride) row[i] = src[i];
+        const char* src = peer_data(a, k);
+        char* row = out + k * a.out_pitch;
+        for (long long i = first; i < slots; i += stride) copy_bytes(row + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
     }
     BARRIER
     EPILOGUE
 }
 
-#define COPY_KERNELS(SUFFIX, U)                                                                    \
-    extern "C" __global__ void __launch_bounds__(512) ipc_broadcast_##SUFFIX(Args a) { broadcast_body<U>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) ipc_all_gather_##SUFFIX(Args a) { all_gather_body<U>(a); }
-
-#ifdef IPC_COPY
-COPY_KERNELS(16, uint4)
-COPY_KERNELS(8, unsigned long long)
-COPY_KERNELS(4, unsigned int)
-COPY_KERNELS(2, unsigned short)
-COPY_KERNELS(1, unsigned char)
 #endif
 
 // ---- reducing kernels: one dtype and reduce op per module ----
 #ifdef ELEM
 
-template <typename U>
+#define PER_SLOT (SLOT / (int)sizeof(ELEM))
+
 union Pack {
-    U u;
-    ELEM e[sizeof(U) / sizeof(ELEM)];
+    uint4 u;
+    ELEM e[SLOT / sizeof(ELEM)];
 };
 
-// Unit `idx` of every rank's data area, reduced in rank order (the same bits on every rank).
-template <typename U>
-__device__ __forceinline__ U reduce_unit(const Args& a, long long idx) {
-    constexpr int N = sizeof(U) / sizeof(ELEM);
-    Pack<U> v[MAX_RANKS];
+// Reduces the slot at byte `off` of every rank's data area, in rank order (the same bits on
+// every rank), and stores its first `n` bytes at `dst` (element-aligned).
+__device__ __forceinline__ void reduce_slot(const Args& a, long long off, char* dst, int n) {
+    Pack v[MAX_RANKS];
 #pragma unroll
     for (int r = 0; r < MAX_RANKS; r++)
-        if (r < a.nranks) v[r].u = peer_data<U>(a, r)[idx];
-    ACC acc[N];
+        if (r < a.nranks) v[r].u = *(const uint4*)(peer_data(a, r) + off);
+    ACC acc[PER_SLOT];
 #pragma unroll
-    for (int k = 0; k < N; k++) acc[k] = TO_ACC(v[0].e[k]);
+    for (int k = 0; k < PER_SLOT; k++) acc[k] = TO_ACC(v[0].e[k]);
 #pragma unroll
     for (int r = 1; r < MAX_RANKS; r++)
         if (r < a.nranks) {
 #pragma unroll
-            for (int k = 0; k < N; k++) acc[k] = RED(acc[k], TO_ACC(v[r].e[k]));
+            for (int k = 0; k < PER_SLOT; k++) acc[k] = RED(acc[k], TO_ACC(v[r].e[k]));
         }
-    Pack<U> out;
+    Pack out;
 #pragma unroll
-    for (int k = 0; k < N; k++) out.e[k] = FROM_ACC(FINAL(acc[k], a.nranks));
-    return out.u;
+    for (int k = 0; k < PER_SLOT; k++) out.e[k] = FROM_ACC(FINAL(acc[k], a.nranks));
+    if (n == SLOT && ((u64)dst & 15u) == 0) {
+        *(uint4*)dst = out.u;
+    } else {
+#pragma unroll
+        for (int k = 0; k < PER_SLOT; k++)
+            if (k * (int)sizeof(ELEM) < n) ((ELEM*)dst)[k] = out.e[k];
+    }
 }
 
-// One-shot all_reduce: every rank reads every rank's whole input.
-template <typename U>
-__device__ void one_shot_body(const Args& a) {
+// One-shot all_reduce of `count` bytes: every rank reads every rank's whole input.
+extern "C" __global__ void __launch_bounds__(512) ipc_one_shot(Args a) {
     PROLOGUE
-    const U* in = (const U*)a.input;
-    U* out = (U*)a.output;
-    U* mine = (U*)data_area(a.peers[a.rank]);
-    for (long long i = first; i < a.count; i += stride) mine[i] = in[i];
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
     BARRIER
-    for (long long i = first; i < a.count; i += stride) out[i] = reduce_unit<U>(a, i);
+    for (long long i = first; i < slots; i += stride) reduce_slot(a, i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
     BARRIER
     EPILOGUE
 }
 
-// Two-shot all_reduce: rank r reduces chunk r (`chunk` units) in its own data area, then every
-// rank reads chunk k from rank k. Within chunk k, offset o always belongs to the same block.
-template <typename U>
-__device__ void two_shot_body(const Args& a) {
+// Two-shot all_reduce: rank r reduces its chunk (`chunk` slots) into its own data area, then
+// every rank copies chunk k from rank k. Within chunk k, offset o always belongs to the same
+// block, in every phase and on every rank.
+extern "C" __global__ void __launch_bounds__(512) ipc_two_shot(Args a) {
     PROLOGUE
-    const U* in = (const U*)a.input;
-    U* out = (U*)a.output;
-    U* mine = (U*)data_area(a.peers[a.rank]);
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
     for (int k = 0; k < a.nranks; k++) {
-        long long lo = k * a.chunk, hi = min(lo + a.chunk, a.count);
-        for (long long o = first; lo + o < hi; o += stride) mine[lo + o] = in[lo + o];
+        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
+        for (long long i = lo + first; i < hi; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
     }
     BARRIER
     {
-        long long lo = a.rank * a.chunk, hi = min(lo + a.chunk, a.count);
-        for (long long o = first; lo + o < hi; o += stride) mine[lo + o] = reduce_unit<U>(a, lo + o);
+        long long lo = a.rank * a.chunk, hi = min(lo + a.chunk, slots);
+        for (long long i = lo + first; i < hi; i += stride) reduce_slot(a, i * SLOT, mine + i * SLOT, SLOT);
     }
     BARRIER
     for (int k = 0; k < a.nranks; k++) {
-        long long lo = k * a.chunk, hi = min(lo + a.chunk, a.count);
-        const U* src = peer_data<U>(a, k);
-        for (long long o = first; lo + o < hi; o += stride) out[lo + o] = src[lo + o];
+        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
+        const char* src = peer_data(a, k);
+        for (long long i = lo + first; i < hi; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
     }
     BARRIER
     EPILOGUE
 }
 
-// reduce_scatter: input rows k = 0..n-1 of `count` units (pitch `in_pitch`); rank r gets the
-// reduction of row r.
-template <typename U>
-__device__ void reduce_scatter_body(const Args& a) {
+// reduce_scatter: input rows k = 0..n-1 of `count` bytes (pitch `in_pitch` bytes), kept in the
+// data area at a 16-byte-aligned stride; rank r gets the reduction of row r.
+extern "C" __global__ void __launch_bounds__(512) ipc_reduce_scatter(Args a) {
     PROLOGUE
-    const U* in = (const U*)a.input;
-    U* out = (U*)a.output;
-    U* mine = (U*)data_area(a.peers[a.rank]);
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count), row = slots * SLOT;
     for (int k = 0; k < a.nranks; k++)
-        for (long long i = first; i < a.count; i += stride) mine[k * a.count + i] = in[k * a.in_pitch + i];
+        for (long long i = first; i < slots; i += stride)
+            copy_bytes(mine + k * row + i * SLOT, in + k * a.in_pitch + i * SLOT, slot_bytes(i, a.count));
     BARRIER
-    for (long long i = first; i < a.count; i += stride) out[i] = reduce_unit<U>(a, a.rank * a.count + i);
+    for (long long i = first; i < slots; i += stride) reduce_slot(a, a.rank * row + i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
     BARRIER
     EPILOGUE
 }
-
-#define REDUCE_KERNELS(SUFFIX, U)                                                                   \
-    extern "C" __global__ void __launch_bounds__(512) ipc_one_shot_##SUFFIX(Args a) { one_shot_body<U>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) ipc_two_shot_##SUFFIX(Args a) { two_shot_body<U>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) ipc_reduce_scatter_##SUFFIX(Args a) { reduce_scatter_body<U>(a); }
-
-REDUCE_KERNELS(v, uint4)
-REDUCE_KERNELS(s, ELEM)
 
 #endif

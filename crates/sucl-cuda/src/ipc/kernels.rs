@@ -11,7 +11,7 @@ pub const SOURCE: &str = include_str!("kernels.cu");
 /// per (element type, reduce op) for the reducing ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ModuleKey {
-    /// Broadcast and all_gather, moving units of 1-16 bytes.
+    /// Broadcast and all_gather, moving bytes.
     Copy,
     /// all_reduce (one- and two-shot) and reduce_scatter of one type and op.
     Reduce(DType, ReduceOp),
@@ -86,15 +86,6 @@ pub fn source(key: ModuleKey) -> String {
     format!("// sucl ipc kernels: {tag}\n{}{SOURCE}", prelude(key))
 }
 
-/// The kernel's name: `kind`'s, then the unit (`v`/`s` for reductions, bytes for copies).
-pub fn function_name(kind: Kind, unit: usize, elem: usize) -> String {
-    if kind.reduces() {
-        format!("{}_{}", kind.name(), if unit == 16 && elem < 16 { "v" } else { "s" })
-    } else {
-        format!("{}_{unit}", kind.name())
-    }
-}
-
 /// The NVRTC virtual architecture for a device of compute capability `major.minor`, or why the
 /// kernels cannot run there (acquire/release at system scope needs compute capability 7.0).
 pub fn arch(major: i32, minor: i32) -> Result<&'static str, String> {
@@ -150,11 +141,7 @@ mod tests {
                 _ => &[Kind::OneShot, Kind::TwoShot, Kind::ReduceScatter],
             };
             for &kind in kinds {
-                let units: &[usize] = if kind.reduces() { &[16, 4] } else { &[16, 8, 4, 2, 1] };
-                for &u in units {
-                    let name = function_name(kind, u, 4);
-                    assert!(text.contains(&format!(".entry {name}(")), "{k:?}: no kernel {name}");
-                }
+                assert!(text.contains(&format!(".entry {}(", kind.name())), "{k:?}: no kernel {}", kind.name());
             }
             assert!(text.contains("ld.acquire.sys") && text.contains("st.release.sys") && text.contains("%globaltimer"), "{k:?}");
         }
@@ -166,12 +153,5 @@ mod tests {
         assert_eq!(arch(8, 6), Ok("compute_86"));
         assert_eq!(arch(10, 3), Ok("compute_100"));
         assert!(arch(6, 1).is_err());
-    }
-
-    #[test]
-    fn names_pick_the_unit() {
-        assert_eq!(function_name(Kind::OneShot, 16, 2), "ipc_one_shot_v");
-        assert_eq!(function_name(Kind::OneShot, 2, 2), "ipc_one_shot_s");
-        assert_eq!(function_name(Kind::AllGather, 8, 4), "ipc_all_gather_8");
     }
 }

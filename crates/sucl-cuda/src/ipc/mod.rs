@@ -36,6 +36,8 @@ use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 
 /// Default bytes of each rank's data area (`SUCL_IPC_BUFFER_BYTES`); larger calls run in pieces.
 pub const DEFAULT_BUFFER_BYTES: usize = 32 << 20;
+/// Smallest data area: one slot per row of the largest reduce_scatter ([`MAX_RANKS`] rows).
+pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`).
 pub const DEFAULT_TWO_SHOT_BYTES: usize = 256 << 10;
 
@@ -54,21 +56,21 @@ impl IpcOptions {
     /// Defaults, overridden by `SUCL_IPC_BUFFER_BYTES` and `SUCL_IPC_TWO_SHOT_BYTES` (plain
     /// byte counts); `allowed` as given.
     pub fn from_env(allowed: bool) -> std::result::Result<IpcOptions, String> {
-        let get = |k: &str, d: usize| -> std::result::Result<usize, String> {
+        let get = |k: &str, d: usize, min: usize| -> std::result::Result<usize, String> {
             match std::env::var(k) {
                 Err(_) => Ok(d),
                 Ok(v) => v
                     .trim()
                     .parse::<usize>()
                     .ok()
-                    .filter(|&n| n >= 16)
-                    .ok_or_else(|| format!("{k}={v:?}: want a byte count of at least 16")),
+                    .filter(|&n| n >= min)
+                    .ok_or_else(|| format!("{k}={v:?}: want a byte count of at least {min}")),
             }
         };
         Ok(IpcOptions {
             allowed,
-            buffer_bytes: get("SUCL_IPC_BUFFER_BYTES", DEFAULT_BUFFER_BYTES)?.next_multiple_of(16),
-            two_shot_bytes: get("SUCL_IPC_TWO_SHOT_BYTES", DEFAULT_TWO_SHOT_BYTES)?,
+            buffer_bytes: get("SUCL_IPC_BUFFER_BYTES", DEFAULT_BUFFER_BYTES, MIN_BUFFER_BYTES)?.next_multiple_of(plan::SLOT),
+            two_shot_bytes: get("SUCL_IPC_TWO_SHOT_BYTES", DEFAULT_TWO_SHOT_BYTES, 0)?,
         })
     }
 }
@@ -158,7 +160,7 @@ pub struct IpcBackend {
     words_dev: u64,
     arch: &'static str,
     modules: HashMap<ModuleKey, Arc<CudaModule>>,
-    functions: HashMap<(Kind, usize, DType, ReduceOp), CudaFunction>,
+    functions: HashMap<(Kind, DType, ReduceOp), CudaFunction>,
     /// Set once a call failed: the peers' epochs no longer match ours.
     broken: Option<String>,
 }
@@ -428,9 +430,10 @@ impl IpcBackend {
         self.abort.check(self.world_rank(), during)
     }
 
-    /// The kernel for (`kind`, unit, dtype, redop), compiled and loaded on first use.
-    fn function(&mut self, kind: Kind, unit: usize, dtype: DType, redop: ReduceOp) -> Result<CudaFunction> {
-        let key = (kind, unit, dtype, redop);
+    /// The kernel for (`kind`, dtype, redop), compiled and loaded on first use. (Copy kernels
+    /// serve every dtype: the key keeps the dtype anyway, one cheap entry each.)
+    fn function(&mut self, kind: Kind, dtype: DType, redop: ReduceOp) -> Result<CudaFunction> {
+        let key = (kind, dtype, redop);
         if let Some(f) = self.functions.get(&key) {
             return Ok(f.clone());
         }
@@ -450,8 +453,8 @@ impl IpcBackend {
                 m
             }
         };
-        let name = kernels::function_name(kind, unit, dtype.size());
-        let f = module.load_function(&name).map_err(|e| cuda_err(rank, &format!("finding kernel `{name}`"), e))?;
+        let name = kind.name();
+        let f = module.load_function(name).map_err(|e| cuda_err(rank, &format!("finding kernel `{name}`"), e))?;
         self.functions.insert(key, f.clone());
         Ok(f)
     }
@@ -509,7 +512,7 @@ impl DeviceBackend for IpcBackend {
             return Ok(());
         }
         let (n, r, es, c) = (self.size, self.rank, d.dtype.size(), d.count);
-        // Row 0 of the input and output, and their row pitches in elements.
+        // Row 0 of the input and of the output (rows are `c` elements apart).
         let (input, output) = match d.op {
             CollOp::AllReduce => (send.unwrap_or(recv), recv),
             CollOp::Broadcast => (recv, recv),
@@ -532,21 +535,19 @@ impl DeviceBackend for IpcBackend {
             ..Args::default()
         };
         let rows = plan::rows_in_buffer(d.op, n);
+        let f = self.function(kind, d.dtype, d.redop)?;
+        args.in_pitch = (c * es) as i64;
+        args.out_pitch = (c * es) as i64;
         for piece in plan::pieces(c, es, rows, self.opts.buffer_bytes) {
             let off = (piece.start * es) as u64;
-            let (inp, out) = (input + off, output + off);
-            let unit = plan::unit_bytes(kind.reduces(), es, &[inp, out], &[piece.len * es, c * es]);
-            // Units per row, for the kernel (copies of units smaller than an element count bytes).
-            let to_units = |elems: usize| elems * es / unit;
-            let f = self.function(kind, unit, d.dtype, d.redop)?;
-            args.input = inp;
-            args.output = out;
-            args.count = to_units(piece.len) as i64;
-            args.in_pitch = to_units(c) as i64;
-            args.out_pitch = to_units(c) as i64;
-            args.chunk = plan::chunk_len(to_units(piece.len), n) as i64;
-            let loop_units = if kind == Kind::TwoShot { args.chunk as usize } else { args.count as usize };
-            self.launch(&f, &args, loop_units, stream)?;
+            let bytes = piece.len * es;
+            args.input = input + off;
+            args.output = output + off;
+            args.count = bytes as i64;
+            let slots = plan::slots(bytes);
+            args.chunk = plan::chunk_len(slots, n) as i64;
+            let loop_slots = if kind == Kind::TwoShot { args.chunk as usize } else { slots };
+            self.launch(&f, &args, loop_slots, stream)?;
         }
         Ok(())
     }

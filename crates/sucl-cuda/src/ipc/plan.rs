@@ -27,20 +27,21 @@ pub fn advance(epoch: u32, barriers: u32) -> u32 {
     epoch.wrapping_add(barriers)
 }
 
-/// Two-shot all_reduce: the units of rank `k`'s chunk, out of `count` units over `n` ranks.
+/// Two-shot all_reduce: the slots of rank `k`'s chunk, out of `count` units over `n` ranks.
 /// Chunks are `ceil(count / n)` long (the last ones shorter or empty), cover every unit once.
 pub fn chunk_len(count: usize, n: usize) -> usize {
     count.div_ceil(n.max(1))
 }
 
-/// The unit range rank `k` reduces in a two-shot all_reduce of `count` units over `n` ranks.
+/// The slot range rank `k` reduces in a two-shot all_reduce of `count` slots over `n` ranks.
 pub fn chunk_range(count: usize, n: usize, k: usize) -> std::ops::Range<usize> {
     let c = chunk_len(count, n);
     (k * c).min(count)..((k + 1) * c).min(count)
 }
 
-/// Blocks for a launch whose longest loop covers `units` units: enough for one unit per
-/// thread, at least one, at most [`MAX_BLOCKS`]. Depends only on arguments every rank shares.
+/// Blocks for a launch whose longest loop covers `units` slots: enough for one slot per
+/// thread, at least one, at most [`MAX_BLOCKS`]. Depends only on arguments every rank shares
+/// (never on the alignment of a rank's buffers), so every rank launches the same grid.
 pub fn blocks(units: usize) -> usize {
     units.div_ceil(THREADS).clamp(1, MAX_BLOCKS)
 }
@@ -61,7 +62,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The kernel's name without its unit suffix.
+    /// The kernel's name.
     pub fn name(self) -> &'static str {
         match self {
             Kind::OneShot => "ipc_one_shot",
@@ -89,22 +90,12 @@ pub fn supports(d: &CollDesc) -> bool {
     }
 }
 
-/// Bytes of one unit a launch moves: 16 when every address and length is a multiple of 16,
-/// else the largest power of two (down to one element for reductions, one byte for copies)
-/// dividing them all.
-pub fn unit_bytes(reduces: bool, elem: usize, addrs: &[u64], lens: &[usize]) -> usize {
-    let mut u = 16usize;
-    while u > 1 {
-        if addrs.iter().all(|&a| a % u as u64 == 0) && lens.iter().all(|&l| l % u == 0) {
-            break;
-        }
-        u /= 2;
-    }
-    if reduces && u < 16 {
-        // Reducing kernels come in two widths: 16-byte vectors, or one element.
-        return elem;
-    }
-    u.max(1)
+/// Bytes of one slot: data moves between data areas in 16-byte vectors (the kernels' `SLOT`).
+pub const SLOT: usize = 16;
+
+/// Slots of a row of `bytes` bytes (the last one may be partly used).
+pub fn slots(bytes: usize) -> usize {
+    bytes.div_ceil(SLOT)
 }
 
 /// One launch: columns `start..start + len` (elements) of every row of the call's buffers.
@@ -116,24 +107,14 @@ pub struct Piece {
     pub len: usize,
 }
 
-/// Splits a call of `count` elements per row into pieces whose data fits `capacity` bytes of a
-/// rank's peer buffer, where one column takes `rows_in_buffer × elem` bytes. Piece lengths are
-/// multiples of 16 bytes (so pieces keep the vector width), except the last.
-pub fn pieces(count: usize, elem: usize, rows_in_buffer: usize, capacity: usize) -> Vec<Piece> {
-    let per_col = (rows_in_buffer.max(1) * elem).max(1);
-    let mut max = (capacity / per_col).max(1);
-    let align = (16 / elem).max(1);
-    if max > align {
-        max -= max % align;
-    }
-    let mut out = vec![];
-    let mut start = 0;
-    while start < count {
-        let len = max.min(count - start);
-        out.push(Piece { start, len });
-        start += len;
-    }
-    out
+/// Splits a call of `count` elements of `elem` bytes per row into pieces whose rows, each
+/// padded to whole slots, fit `capacity` bytes of a rank's data area `rows_in_buffer` times.
+/// Piece lengths are whole slots (so pieces keep the callers' alignment), except the last.
+/// `capacity` must hold `rows_in_buffer` slots.
+pub fn pieces(count: usize, elem: usize, rows_in_buffer: usize, capacity: usize) -> impl Iterator<Item = Piece> {
+    let per_row = capacity / rows_in_buffer.max(1) / SLOT * SLOT;
+    let max = (per_row / elem.max(1)).max(1);
+    (0..count).step_by(max).map(move |start| Piece { start, len: max.min(count - start) })
 }
 
 /// Rows of the call's data each rank keeps in its peer buffer per column: n for
@@ -225,20 +206,11 @@ mod tests {
     }
 
     #[test]
-    fn units_are_vectors_only_when_everything_is_aligned() {
-        assert_eq!(unit_bytes(true, 4, &[0x1000, 0x2000], &[64]), 16);
-        assert_eq!(unit_bytes(true, 4, &[0x1004, 0x2000], &[64]), 4, "misaligned input: one element");
-        assert_eq!(unit_bytes(true, 2, &[0x1000, 0x2000], &[18]), 2, "length not a multiple of 16");
-        assert_eq!(unit_bytes(false, 4, &[0x1008, 0x2000], &[64]), 8, "copies take the widest unit that fits");
-        assert_eq!(unit_bytes(false, 1, &[0x1001], &[3]), 1);
-    }
-
-    #[test]
     fn pieces_fit_the_buffer_and_cover_the_call() {
         for (count, elem, rows, cap) in
             [(0usize, 4usize, 1usize, 1024usize), (1000, 4, 1, 1024), (1000, 2, 3, 1000), (7, 8, 8, 16), (5, 4, 1, 1 << 20)]
         {
-            let ps = pieces(count, elem, rows, cap);
+            let ps: Vec<Piece> = pieces(count, elem, rows, cap).collect();
             let mut next = 0;
             for (i, p) in ps.iter().enumerate() {
                 assert_eq!(p.start, next);
