@@ -50,6 +50,11 @@ SUCL_IPC=force check2 --device-backends ipc --ops all_reduce,reduce,all_to_all,g
   >"$OUT/fallback.txt" 2>&1 && clean "$OUT/fallback.txt"
 verdict fallback $? "$(grep -h 'sucl check' "$OUT/fallback.txt")"
 
+# 4b. all_reduce captured into a CUDA graph (3 calls) and replayed 4 times, output poisoned
+# between replays: no host work per call.
+check2 --device-backends ipc --ops all_reduce --dtypes f32 --redops sum --graph >"$OUT/graph.txt" 2>&1 && clean "$OUT/graph.txt"
+verdict graph-capture $? "$(grep -h 'sucl check' "$OUT/graph.txt")"
+
 # 5. SUCL_IPC=off: asking for ipc is refused with the reason.
 SUCL_IPC=off check2 --device-backends ipc --ops all_reduce --dtypes f32 --redops sum >"$OUT/off.txt" 2>&1
 rc=$?; [ "$rc" -ne 0 ] && grep -q "disabled by the configuration" "$OUT/off.txt"; verdict off $? "exit $rc"

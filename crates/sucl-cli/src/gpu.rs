@@ -168,6 +168,48 @@ fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
     Ok(out)
 }
 
+/// all_reduce calls captured into a CUDA graph (after a warm-up call that sets everything up)
+/// and replayed: every replay must redo the reduction (the output is poisoned in between).
+/// Shows that the backend in use keeps no per-call host state (peer memory: epochs in device
+/// memory, fixed pointers). Each entry: (what, passed).
+fn graph_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
+    use sucl_cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (n, r) = (comm.size(), comm.rank());
+    let mut out = vec![];
+    for count in [5usize, 70_001, (1 << 20) + 8] {
+        let input: Vec<f32> = (0..count).map(|i| (r * 3 + i % 7) as f32).collect();
+        let want: Vec<f32> = (0..count).map(|i| (0..n).map(|j| (j * 3 + i % 7) as f32).sum()).collect();
+        let src = q.upload(&input)?;
+        let mut dst = q.alloc::<f32>(count)?;
+        comm.all_reduce(&src, &mut dst, ReduceOp::Sum)?;
+        comm.synchronize(q)?;
+        let stream = q.stream().clone();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| dev_err(comm, e))?;
+        let captured = (0..3).try_for_each(|_| comm.all_reduce(&src, &mut dst, ReduceOp::Sum));
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(|e| dev_err(comm, e))?;
+        captured?;
+        let Some(graph) = graph else {
+            out.push((format!("graph capture of all_reduce of {count} f32: nothing captured"), false));
+            continue;
+        };
+        let mut ok = true;
+        for replay in 0..4 {
+            let poison = vec![-77f32; count];
+            stream.memcpy_htod(&poison, dst.cuda_slice_mut().expect("non-empty")).map_err(|e| dev_err(comm, e))?;
+            graph.launch().map_err(|e| dev_err(comm, e))?;
+            comm.synchronize(q)?;
+            let got = dst.to_vec()?;
+            if got != want {
+                let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+                eprintln!("  rank {r}: graph replay {replay} of all_reduce of {count} f32: {bad} wrong");
+                ok = false;
+            }
+        }
+        out.push((format!("graph capture of 3 all_reduce of {count} f32, 4 replays"), ok));
+    }
+    Ok(out)
+}
+
 /// The device correctness matrix (over the device backends in `only`, else every one set up);
 /// returns the process exit code.
 #[allow(clippy::too_many_arguments)]
@@ -180,6 +222,7 @@ pub fn check(
     inject_kill: Option<(usize, usize)>,
     inject_stall: Option<(usize, usize)>,
     only: Option<&str>,
+    graph: bool,
 ) -> Result<i32> {
     let dev = comm.cuda_device()?;
     comm.attach_device(&dev)?;
@@ -244,7 +287,9 @@ pub fn check(
                 }
             }
         }
-        for (what, ok) in api_checks(comm, &q)? {
+        // The staged path waits on the host inside calls: it cannot be captured.
+        let graphs = if graph && backend != "staged" { graph_checks(comm, &q)? } else { vec![] };
+        for (what, ok) in api_checks(comm, &q)?.into_iter().chain(graphs) {
             checks += 1;
             if !ok {
                 failures += 1;

@@ -198,6 +198,10 @@ struct CheckCli {
     /// one that the communicator could not set up is an error, not a skip.
     #[arg(long)]
     device_backends: Option<String>,
+    /// With `--device cuda`: also capture all_reduce calls into a CUDA graph and check replays
+    /// (on nccl and ipc; the staged path waits on the host and cannot be captured).
+    #[arg(long)]
+    graph: bool,
     #[arg(long, hide = true)]
     inject_exit: Option<usize>,
     #[arg(long, hide = true)]
@@ -417,6 +421,7 @@ fn check_main(c: CheckCli) -> i32 {
                 args.inject_kill.map(after),
                 args.inject_stall.map(after),
                 c.device_backends.as_deref(),
+                c.graph,
             )
         }
         Some(other) => {
