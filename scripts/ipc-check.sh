@@ -10,7 +10,7 @@
 # verdict; exits non-zero on any FAIL. Nothing here skips: no GPU, one GPU or no ipc is a FAIL.
 #
 # usage: BIN_DIR=dir-holding-sucl [OUT=bench/results/gpu/ipc] [TESTS="test binaries"]
-#        [FAULT_BIN=sucl built with --features fault-hook] [BENCH=0] [FACTOR=2] [ROUNDS=3]
+#        [FAULT_BIN=sucl built with --features fault-hook] [BENCH=0] [FACTOR=4] [ROUNDS=2]
 #        scripts/ipc-check.sh
 # TESTS: e.g. the sucl-cuda unit tests (NVRTC compiles every kernel module) and
 #        crates/sucl-cli/tests/gpu_ipc.rs, from `cargo test --release --no-run`.
@@ -18,8 +18,8 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 SUCL_REQUIRE_GPU=1
 BIN=${BIN_DIR:-target/release}/sucl
 OUT=${OUT:-bench/results/gpu/ipc}
-FACTOR=${FACTOR:-2}
-ROUNDS=${ROUNDS:-3}
+FACTOR=${FACTOR:-4}
+ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 fails=0
 verdict() { # name ok(0/1) detail

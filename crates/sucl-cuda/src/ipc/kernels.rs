@@ -86,6 +86,11 @@ pub fn source(key: ModuleKey) -> String {
     format!("// sucl ipc kernels: {tag}\n{}{SOURCE}", prelude(key))
 }
 
+/// Whether NVRTC can be loaded (under the names cudarc tries for CUDA 12 and 13).
+pub fn nvrtc_present() -> bool {
+    ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"].iter().any(|l| crate::dl_present(l))
+}
+
 /// The NVRTC virtual architecture for a device of compute capability `major.minor`, or why the
 /// kernels cannot run there (acquire/release at system scope needs compute capability 7.0).
 pub fn arch(major: i32, minor: i32) -> Result<&'static str, String> {
@@ -123,7 +128,7 @@ mod tests {
                 keys.push(ModuleKey::Reduce(d, r));
             }
         }
-        let nvrtc = ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"].iter().any(|l| crate::dl_present(l));
+        let nvrtc = nvrtc_present();
         if !nvrtc {
             assert!(std::env::var("SUCL_REQUIRE_GPU").as_deref() != Ok("1"), "SUCL_REQUIRE_GPU=1 but NVRTC cannot be loaded");
             for k in keys {

@@ -285,6 +285,9 @@ impl IpcBackend {
         let major = attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         self.arch = kernels::arch(major, minor)?;
+        if !kernels::nvrtc_present() {
+            return Err("NVRTC (libnvrtc.so) was not found: the kernels cannot be compiled".into());
+        }
         let sms = attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         if (sms as usize) < plan::MAX_BLOCKS {
             return Err(format!("the GPU has {sms} multiprocessors; the kernels need {} resident blocks", plan::MAX_BLOCKS));
@@ -535,7 +538,8 @@ impl DeviceBackend for IpcBackend {
             ..Args::default()
         };
         let rows = plan::rows_in_buffer(d.op, n);
-        let f = self.function(kind, d.dtype, d.redop)?;
+        // A rank that cannot compile must not leave its peers spinning until the timeout.
+        let f = self.function(kind, d.dtype, d.redop).map_err(|e| self.fail(e))?;
         args.in_pitch = (c * es) as i64;
         args.out_pitch = (c * es) as i64;
         for piece in plan::pieces(c, es, rows, self.opts.buffer_bytes) {
