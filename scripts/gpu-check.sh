@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, for the device machine in one call: the correctness matrix on device buffers with 1,
-# 2 (and 4 when present) GPUs over every device backend, then nccl, staged and auto measured side
+# 2 (and 4 when present) GPUs over every device backend (nccl, ipc, staged), then nccl, ipc, staged and auto measured side
 # by side in one job with a raw NCCL baseline (NCCL called directly through cudarc, bypassing sucl).
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
 # usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] [BENCH=0: checks only]
@@ -67,13 +67,13 @@ fi
 # collective output: check, bench and bench --compare must each report it and exit non-zero.
 if [ -n "${FAULT_BIN:-}" ]; then
   nf=$(( NGPU < 2 ? NGPU : 2 ))
-  for b in nccl staged; do
+  for b in nccl ipc staged; do
     f="$OUT/fault-hook-$b.txt"
     SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" check --device cuda --ranks "$nf" --ops all_reduce,all_gather,broadcast --dtypes f32,bf16 \
       --redops sum >"$f" 2>&1 && { echo "gpu-check: check with $b corrupted exited 0" >&2; status=1; }
     grep -q "WRONG device $b " "$f" || { echo "gpu-check: check did not report the corrupted $b" >&2; status=1; }
     grep -q "checks, 0 wrong" "$f" && { echo "gpu-check: check with $b corrupted reported 0 wrong" >&2; status=1; }
-    for cmp in "--backend $b" "--compare nccl,staged"; do
+    for cmp in "--backend $b" "--compare nccl,ipc,staged"; do
       # shellcheck disable=SC2086
       SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" bench all_reduce --device cuda --ranks "$nf" $cmp --min-bytes 1K --max-bytes 1M --factor 32 \
         --iters 5 --warmup 2 --rounds 1 --json >"$f.bench" 2>&1 && { echo "gpu-check: bench $cmp with $b corrupted exited 0" >&2; status=1; }
@@ -148,7 +148,7 @@ for R in 2 4; do
   "$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
     --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda-${R}gpu.toml" >>"$OUT/check.txt" 2>&1 || status=1
   for op in all_reduce broadcast all_gather; do
-    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,staged,auto --rounds "$ROUNDS" \
+    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,ipc,staged,auto --rounds "$ROUNDS" \
       --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup "${WARMUP:-20}" --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
   done
 done

@@ -90,9 +90,14 @@ fn nccl_line() {
         ),
         Err(why) => println!("  nccl  unavailable: {why}"),
     }
+    match sucl::cuda::peer_access_report() {
+        Ok(what) => println!("  ipc   available ({what}) for CUDA buffers of ranks on one machine"),
+        Err(why) => println!("  ipc   unavailable: {why}"),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
 fn nccl_line() {
     println!("  nccl  unavailable: built without the `cuda` feature");
+    println!("  ipc   unavailable: built without the `cuda` feature");
 }

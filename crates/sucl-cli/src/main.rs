@@ -194,6 +194,14 @@ struct CheckCli {
     /// `cuda`: check device buffers over every device backend instead.
     #[arg(long)]
     device: Option<String>,
+    /// With `--device cuda`: only these device backends (comma-separated: nccl, ipc, staged);
+    /// one that the communicator could not set up is an error, not a skip.
+    #[arg(long)]
+    device_backends: Option<String>,
+    /// With `--device cuda`: also capture all_reduce calls into a CUDA graph and check replays
+    /// (on nccl and ipc; the staged path waits on the host and cannot be captured).
+    #[arg(long)]
+    graph: bool,
     #[arg(long, hide = true)]
     inject_exit: Option<usize>,
     #[arg(long, hide = true)]
@@ -412,6 +420,8 @@ fn check_main(c: CheckCli) -> i32 {
                 args.big_mib,
                 args.inject_kill.map(after),
                 args.inject_stall.map(after),
+                c.device_backends.as_deref(),
+                c.graph,
             )
         }
         Some(other) => {

@@ -11,7 +11,9 @@
 #![warn(missing_docs)]
 
 mod device;
+pub mod ipc;
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
+pub use ipc::{IpcBackend, IpcOptions};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -25,7 +27,7 @@ use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 
 pub use cudarc;
 
-fn dl_present(lib: &str) -> bool {
+pub(crate) fn dl_present(lib: &str) -> bool {
     let c = CString::new(lib).expect("library name");
     // SAFETY: `c` is a NUL-terminated string that outlives both calls; dlclose gets only the
     // non-null handle dlopen returned, once, and nothing from the library is used.

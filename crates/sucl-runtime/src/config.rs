@@ -39,7 +39,7 @@ use sucl_host::HostConfig;
 pub const KNOWN_BACKENDS: [&str; 3] = ["shm", "tcp", "mpi"];
 
 /// Names of the device-memory backends (tuning rules and `[platforms.cuda]` may name them).
-pub const DEVICE_BACKENDS: [&str; 2] = ["nccl", "staged"];
+pub const DEVICE_BACKENDS: [&str; 3] = ["nccl", "ipc", "staged"];
 
 /// Which backend carries calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,7 +310,9 @@ impl Config {
         }
         for (name, p) in f.platforms.unwrap_or_default() {
             let entry = self.platforms.entry(name.clone()).or_insert_with(|| match name.as_str() {
-                "cuda" => Platform { backends: vec!["nccl".into(), "staged".into()], preferred: "nccl".into(), threshold: 0 },
+                "cuda" => {
+                    Platform { backends: DEVICE_BACKENDS.iter().map(|b| b.to_string()).collect(), preferred: "nccl".into(), threshold: 0 }
+                }
                 _ => Platform { backends: vec!["tcp".into()], preferred: "tcp".into(), threshold: 0 },
             });
             if let Some(b) = p.backends {
@@ -409,6 +411,32 @@ impl Config {
         v
     }
 
+    /// `SUCL_IPC`: `off` (or `0`) drops the peer-memory backend from the cuda platform; `force`
+    /// puts a rule first in the tuning table that sends every device collective it serves to it
+    /// (the others go where they would without it); `auto` (or `1`) leaves the choice to the
+    /// table and the defaults.
+    fn apply_ipc_env(&mut self, v: &str) -> std::result::Result<(), &'static str> {
+        let cuda = self.platforms.entry("cuda".into()).or_insert_with(|| Platform {
+            backends: DEVICE_BACKENDS.iter().map(|b| b.to_string()).collect(),
+            preferred: "nccl".into(),
+            threshold: 0,
+        });
+        match v.trim() {
+            "off" | "0" => cuda.backends.retain(|b| b != "ipc"),
+            "auto" | "on" | "1" | "force" => {
+                if !cuda.backends.iter().any(|b| b == "ipc") {
+                    cuda.backends.insert(0, "ipc".into());
+                }
+                if v.trim() == "force" {
+                    let all = Rule { op: None, ranks: (1, usize::MAX), bytes: (0, u64::MAX), backend: "ipc".into() };
+                    self.tuning.insert(0, all);
+                }
+            }
+            _ => return Err("off, auto or force"),
+        }
+        Ok(())
+    }
+
     fn apply_env(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         let bad = |k: &str, v: &str, want: &str| Error::Config(format!("environment variable {k}={v:?}: expected {want}"));
         if let Some(v) = get("SUCL_BACKEND") {
@@ -434,6 +462,10 @@ impl Config {
             host.backends = list;
             self.backends_explicit = true;
             self.record("platforms.host", "env SUCL_BACKENDS");
+        }
+        if let Some(v) = get("SUCL_IPC") {
+            self.apply_ipc_env(&v).map_err(|want| bad("SUCL_IPC", &v, want))?;
+            self.record("platforms.cuda", "env SUCL_IPC");
         }
         if let Some(v) = get("SUCL_THRESHOLD") {
             let t: i64 = v
@@ -758,6 +790,23 @@ backend = "tcp"
         assert_eq!(c.host.shm_arena_bytes, 4 << 20);
         assert_eq!(c.tuning, vec![Rule { op: Some("all_reduce".into()), ranks: (2, 4), bytes: (0, 65536), backend: "tcp".into() }]);
         assert!(c.sources.iter().any(|s| s.key == "shm.arena_bytes" && s.from == "file sucl.toml"));
+    }
+
+    #[test]
+    fn sucl_ipc_disables_forces_or_leaves_peer_memory() {
+        let with = |v: &str| Config::from_lookup(&|k| (k == "SUCL_IPC").then(|| v.to_string()));
+        let has_ipc = |c: &Config| c.platforms.get("cuda").is_none_or(|p| p.backends.iter().any(|b| b == "ipc"));
+        let off = with("off").unwrap();
+        assert!(!has_ipc(&off), "off drops ipc from the cuda platform");
+        assert!(off.platforms["cuda"].backends.iter().any(|b| b == "nccl"), "and keeps the others");
+        let forced = with("force").unwrap();
+        assert!(has_ipc(&forced));
+        assert_eq!(forced.tuning.first().map(|r| (r.backend.as_str(), r.op.clone(), r.bytes)), Some(("ipc", None, (0, u64::MAX))));
+        let auto = with("auto").unwrap();
+        assert!(has_ipc(&auto) && auto.tuning.is_empty());
+        assert!(has_ipc(&Config::from_lookup(&|_| None).unwrap()), "on by default");
+        let e = with("sometimes").unwrap_err().to_string();
+        assert!(e.contains("SUCL_IPC") && e.contains("off, auto or force"), "{e}");
     }
 
     #[test]

@@ -13,8 +13,9 @@ use crate::{Communicator, Error, Result};
 use std::cell::RefMut;
 use sucl_core::backend::{CollDesc, CollOp};
 use sucl_cuda::cudarc::driver::sys as cu;
-use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, NcclBackend};
+use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, IpcBackend, IpcOptions, NcclBackend};
 
+pub use sucl_cuda::ipc::peer_access_report;
 pub use sucl_cuda::{
     driver_version, nccl_version, probe, Buffer, BufferView, BufferViewMut, Device, DeviceElement, Event, Kernel, PinnedBuffer, Queue,
 };
@@ -34,6 +35,10 @@ pub(crate) struct DeviceComm {
     dev: Device,
     upload: Queue,
     nccl: Option<NcclBackend>,
+    /// Peer memory, when every rank's GPU can reach every other's.
+    ipc: Option<IpcBackend>,
+    /// Why peer memory is not set up, if it is not.
+    ipc_why: Option<String>,
     slots: Vec<Slot>,
     /// Rank 0's device selection rules, resolved against the device backends loaded.
     selector: Selector,
@@ -132,9 +137,45 @@ impl Communicator {
             tracing::info!(rank = wr, "NCCL is not usable on every rank; device calls are staged through host memory");
             None
         };
-        let names: &[&'static str] = if nccl.is_some() { &["nccl", "staged"] } else { &["staged"] };
-        let selector = Selector::new(&self.ctx.policy.for_devices(), names, self.size);
-        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, slots: vec![], selector, scratch: None })
+        let (ipc, ipc_why) = match self.setup_ipc(dev, k)? {
+            Ok(b) => (Some(b), None),
+            Err(why) => {
+                tracing::info!(rank = wr, "peer memory (ipc) not used: {why}");
+                (None, Some(why))
+            }
+        };
+        let mut names: Vec<&'static str> = vec![];
+        names.extend(nccl.is_some().then_some("nccl"));
+        names.extend(ipc.is_some().then_some("ipc"));
+        names.push("staged");
+        let selector = Selector::new(&self.ctx.policy.for_devices(), &names, self.size);
+        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, ipc, ipc_why, slots: vec![], selector, scratch: None })
+    }
+
+    /// Sets up the peer-memory backend (collective): every rank takes part, even one whose
+    /// configuration leaves `ipc` out, so that all agree. `Ok(Err(why))` where it cannot serve.
+    fn setup_ipc(&self, dev: &Device, k: u64) -> Result<std::result::Result<IpcBackend, String>> {
+        let allowed = self.ctx.cfg.platforms.get("cuda").is_none_or(|p| p.backends.iter().any(|b| b == "ipc"));
+        let opts = IpcOptions::from_env(allowed).map_err(Error::Config)?;
+        let h = &self.ctx.cfg.host;
+        let mut exchange = |what: &str, bytes: &[u8]| self.oob_all_gather(&format!("gpu{k}/{what}"), bytes);
+        IpcBackend::setup(
+            dev,
+            self.rank,
+            self.size,
+            self.world_ranks.clone(),
+            self.ctx.abort.clone(),
+            h.timeout,
+            h.backoff,
+            opts,
+            &mut exchange,
+        )
+    }
+
+    /// Why this communicator's device calls do not use peer memory (`None` where they may, or
+    /// before the device side is set up).
+    pub fn ipc_unavailable_reason(&self) -> Option<String> {
+        self.device.borrow().as_ref().and_then(|d| d.ipc_why.clone())
     }
 
     /// The device backends this communicator set up (empty before its first device call).
@@ -143,8 +184,10 @@ impl Communicator {
     }
 
     /// The device backend a collective `op` on `bytes` bytes would use: a pinned one, the
-    /// tuning table's rules naming `nccl` or `staged`, then the `cuda` platform threshold
-    /// (below it staged), else NCCL when loaded.
+    /// tuning table's rules naming `nccl`, `ipc` or `staged`, the default peer-memory rules,
+    /// then the `cuda` platform threshold (below it staged), else NCCL when loaded. (A call
+    /// that peer memory cannot serve — an op, dtype or reduce op its kernels lack — goes to NCCL,
+    /// else staged.)
     pub fn device_backend_for(&self, op: CollOp, bytes: usize) -> &'static str {
         if let Some(f) = self.device_pin.get() {
             return f;
@@ -159,10 +202,17 @@ impl Communicator {
     /// NCCL reports an asynchronous error, a rank is lost or the timeout passes (NCCL is then
     /// aborted so that no kernel stays hung).
     pub fn synchronize(&self, queue: &Queue) -> Result<()> {
-        match self.device.borrow_mut().as_mut().and_then(|d| d.nccl.as_mut()) {
+        let mut guard = self.device.borrow_mut();
+        let Some(d) = guard.as_mut() else { return queue.synchronize() };
+        // Peer-memory kernels report through their status word; a failure there raises the
+        // job's abort flag, and NCCL's wait then aborts NCCL too (no kernel stays hung).
+        let ipc = d.ipc.as_mut().map_or(Ok(()), |i| i.synchronize(queue.stream()));
+        let rest = match d.nccl.as_mut() {
             Some(n) => n.synchronize(queue.stream()),
-            None => queue.synchronize(),
-        }
+            None if ipc.is_ok() => queue.synchronize(),
+            None => Ok(()),
+        };
+        ipc.and(rest)
     }
 
     /// Orders every rank on `queue`: work enqueued after it starts once every rank reached it.
@@ -236,7 +286,19 @@ impl Communicator {
         let recv_bytes = recv.as_ref().map_or(0, |r| r.num_bytes());
         let (rp, _gr) = recv.as_mut().map_or((0, None), |r| r.write_ptr(stream));
         let mut st = self.device_state(queue.device())?;
-        let done = if which == "nccl" {
+        // Peer memory serves some ops, dtypes and reduce ops; the rest go to NCCL (else staged).
+        let which = match which {
+            "ipc" if st.ipc.as_ref().is_some_and(|i| i.supports(&d)) && (d.op != CollOp::ReduceScatter || sp.is_some()) => "ipc",
+            "ipc" if st.nccl.is_some() => "nccl",
+            "ipc" => "staged",
+            w => w,
+        };
+        let done = if which == "ipc" {
+            let i = st.ipc.as_mut().expect("checked above");
+            // SAFETY: as for NCCL below: the buffers were validated against `d`, are borrowed
+            // until we return, and their guards record the use on `stream`.
+            unsafe { i.collective(&d, sp, rp, stream) }
+        } else if which == "nccl" {
             let Some(n) = st.nccl.as_mut() else { return Err(self.nccl_missing()) };
             if d.count == 0 {
                 // Nothing moves; NCCL is not asked to handle null buffers.

@@ -462,11 +462,11 @@ impl Communicator {
                 {
                     let loaded = self.device_backends();
                     if !loaded.is_empty() && !loaded.contains(&n) {
-                        return Err(Error::BackendUnavailable {
-                            rank: self.wr(),
-                            backend: n.into(),
-                            why: format!("not usable by this communicator (device backends: {loaded:?})"),
-                        });
+                        let why = match self.ipc_unavailable_reason() {
+                            Some(why) if n == "ipc" => why,
+                            _ => format!("not usable by this communicator (device backends: {loaded:?})"),
+                        };
+                        return Err(Error::BackendUnavailable { rank: self.wr(), backend: n.into(), why });
                     }
                     self.device_pin.set(config::DEVICE_BACKENDS.iter().copied().find(|&b| b == n));
                 }

@@ -1,0 +1,309 @@
+// sucl peer-memory ("ipc") collective kernels, compiled at run time by NVRTC.
+//
+// Every rank owns one peer buffer: a signal area (per-block flags that peers write, and this
+// rank's per-block epoch counters) followed by a data area. Every rank maps every peer's buffer;
+// `Args::peers[r]` is rank r's buffer as seen from here. A kernel copies its input into its own
+// data area, meets its peers at a barrier, reads their data areas, and meets them again at an
+// end barrier before it returns, so that the next call may overwrite the data area.
+//
+// Barriers are per block: block b of every rank stores its epoch into flag [b][me] of every peer
+// (st.release.sys) and spins on its own flags [b][*] (ld.acquire.sys) until each reached the
+// epoch. Epochs only grow (compared with wrap-around), so a peer one barrier ahead does no harm.
+// All ranks launch the same grid for the same call and every phase maps an element to the same
+// block, so matching blocks order every cross-rank read after the write it depends on.
+//
+// No wait is unbounded: every 1024 polls a spinning thread checks %globaltimer against the
+// timeout, a host-written abort word and the status word; on expiry it writes the status word
+// (host-mapped: the host reads it at synchronization) and the block returns. No __trap: the
+// context stays usable.
+//
+// Data moves in 16-byte slots: slot i of a row of `count` bytes is bytes [16i, 16i + 16) (the
+// last one shorter). Data areas are 16-byte aligned, so peers' slots are read as whole vectors
+// whatever the alignment of the caller's buffers; only the copies between the caller's buffers
+// and the data areas look at that alignment (per slot, locally). The grid and the slot-to-block
+// mapping therefore depend only on the byte count and the rank count, which every rank shares.
+//
+// The including module defines ELEM (storage type), ACC (accumulator), TO_ACC(x), FROM_ACC(x),
+// RED(a, b) and FINAL(acc, n) for reducing kernels; copy kernels only move bytes.
+
+#define MAX_RANKS 8
+#define MAX_BLOCKS 32
+#define EPOCH_WORD (MAX_BLOCKS * MAX_RANKS)
+#define DATA_OFFSET 4096
+#define ERR_TIMEOUT 1u
+#define ERR_ABORT 2u
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct Args {
+    u64 peers[MAX_RANKS];
+    u64 status;
+    u64 abort_word;
+    u64 input;
+    u64 output;
+    long long count;      // bytes per row in this launch
+    long long in_pitch;   // bytes between input rows (reduce_scatter)
+    long long out_pitch;  // bytes between output rows (all_gather)
+    long long chunk;      // two-shot: slots per rank's chunk
+    long long timeout_ns;
+    int rank;
+    int nranks;
+    int root;
+    int reserved;
+};
+
+__device__ __forceinline__ u32 ld_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release(u32* p, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Whether flag value v has reached epoch e (wrap-around safe; mirrored by plan::reached).
+__device__ __forceinline__ bool reached(u32 v, u32 e) { return (int)(v - e) >= 0; }
+
+__device__ __forceinline__ u32* signals(u64 base) { return (u32*)base; }
+__device__ __forceinline__ char* data_area(u64 base) { return (char*)(base + DATA_OFFSET); }
+
+__device__ void fail(const Args& a, u32 code, int peer) {
+    volatile u32* s = (volatile u32*)a.status;
+    if (*s == 0) *s = (code << 24) | ((u32)peer << 16) | (u32)blockIdx.x;
+    __threadfence_system();
+}
+
+// The block's barrier with every rank; false when it gave up (the status word says why).
+__device__ bool barrier(const Args& a, u32& epoch, int* failed) {
+    epoch++;
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t < a.nranks) {
+        // The release store orders every write of the block before it (the CTA barrier above
+        // makes them visible to this thread; release is cumulative) at system scope.
+        st_release(signals(a.peers[t]) + blockIdx.x * MAX_RANKS + a.rank, epoch);
+        const u32* mine = signals(a.peers[a.rank]) + blockIdx.x * MAX_RANKS + t;
+        u64 start = 0;
+        u32 polls = 0;
+        while (!reached(ld_acquire(mine), epoch)) {
+            if ((++polls & 1023u) == 0) {
+                u64 now = now_ns();
+                if (start == 0) {
+                    start = now;
+                } else if ((long long)(now - start) > a.timeout_ns) {
+                    fail(a, ERR_TIMEOUT, t);
+                    *failed = 1;
+                    break;
+                }
+                if (*(volatile u32*)a.abort_word != 0) {
+                    fail(a, ERR_ABORT, t);
+                    *failed = 1;
+                    break;
+                }
+                if (*(volatile u32*)a.status != 0) {
+                    *failed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return *(volatile int*)failed == 0;
+}
+
+// Start of every kernel: load the block's epoch. (A kernel queued after a failed one does not
+// read the host-mapped status word here, which would cost a PCIe round trip per call: its
+// first barrier sees the status word within 1024 polls and gives up.)
+#define PROLOGUE                                                                   \
+    __shared__ int failed;                                                         \
+    __shared__ u32 epoch0;                                                         \
+    if (threadIdx.x == 0) {                                                        \
+        failed = 0;                                                                \
+        epoch0 = signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x];                \
+    }                                                                              \
+    __syncthreads();                                                               \
+    u32 epoch = epoch0;                                                            \
+    const long long stride = (long long)gridDim.x * blockDim.x;                    \
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+
+// End of a kernel that passed all its barriers: keep the block's epoch for the next call.
+#define EPILOGUE                                                                   \
+    if (threadIdx.x == 0) signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x] = epoch;
+
+#define BARRIER                                                                    \
+    if (!barrier(a, epoch, &failed)) return;
+
+#define SLOT 16
+#define SLOTS(bytes) (((bytes) + SLOT - 1) / SLOT)
+
+__device__ __forceinline__ const char* peer_data(const Args& a, int r) { return data_area(a.peers[r]); }
+
+// Bytes of slot i of a row of `len` bytes.
+__device__ __forceinline__ int slot_bytes(long long i, long long len) {
+    long long left = len - i * SLOT;
+    return left >= SLOT ? SLOT : (int)left;
+}
+
+// Copies n <= 16 bytes with the widest accesses the addresses and n allow.
+__device__ __forceinline__ void copy_bytes(char* dst, const char* src, int n) {
+    unsigned a = (unsigned)((u64)dst | (u64)src) | (unsigned)n;
+    if ((a & 15u) == 0) {
+        if (n) *(uint4*)dst = *(const uint4*)src;
+    } else if ((a & 7u) == 0) {
+        for (int k = 0; k < n; k += 8) *(u64*)(dst + k) = *(const u64*)(src + k);
+    } else if ((a & 3u) == 0) {
+        for (int k = 0; k < n; k += 4) *(u32*)(dst + k) = *(const u32*)(src + k);
+    } else if ((a & 1u) == 0) {
+        for (int k = 0; k < n; k += 2) *(unsigned short*)(dst + k) = *(const unsigned short*)(src + k);
+    } else {
+        for (int k = 0; k < n; k++) dst[k] = src[k];
+    }
+}
+
+// ---- copy kernels (broadcast, all_gather): bytes of any element type ----
+#ifdef IPC_COPY
+
+// broadcast: the root's `count` bytes (its output, in place) go to every rank's output.
+extern "C" __global__ void __launch_bounds__(512) ipc_broadcast(Args a) {
+    PROLOGUE
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    if (a.rank == a.root)
+        for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    if (a.rank != a.root) {
+        const char* src = peer_data(a, a.root);
+        for (long long i = first; i < slots; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
+    }
+    BARRIER
+    EPILOGUE
+}
+
+// all_gather: `count` bytes from every rank k into row k (pitch `out_pitch` bytes) of the output.
+extern "C" __global__ void __launch_bounds__(512) ipc_all_gather(Args a) {
+    PROLOGUE
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    for (int k = 0; k < a.nranks; k++) {
+        const char* src = peer_data(a, k);
+        char* row = out + k * a.out_pitch;
+        for (long long i = first; i < slots; i += stride) copy_bytes(row + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
+    }
+    BARRIER
+    EPILOGUE
+}
+
+#endif
+
+// ---- reducing kernels: one dtype and reduce op per module ----
+#ifdef ELEM
+
+#define PER_SLOT (SLOT / (int)sizeof(ELEM))
+
+union Pack {
+    uint4 u;
+    ELEM e[SLOT / sizeof(ELEM)];
+};
+
+// Reduces the slot at byte `off` of every rank's data area, in rank order (the same bits on
+// every rank), and stores its first `n` bytes at `dst` (element-aligned).
+__device__ __forceinline__ void reduce_slot(const Args& a, long long off, char* dst, int n) {
+    Pack v[MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < MAX_RANKS; r++)
+        if (r < a.nranks) v[r].u = *(const uint4*)(peer_data(a, r) + off);
+    ACC acc[PER_SLOT];
+#pragma unroll
+    for (int k = 0; k < PER_SLOT; k++) acc[k] = TO_ACC(v[0].e[k]);
+#pragma unroll
+    for (int r = 1; r < MAX_RANKS; r++)
+        if (r < a.nranks) {
+#pragma unroll
+            for (int k = 0; k < PER_SLOT; k++) acc[k] = RED(acc[k], TO_ACC(v[r].e[k]));
+        }
+    Pack out;
+#pragma unroll
+    for (int k = 0; k < PER_SLOT; k++) out.e[k] = FROM_ACC(FINAL(acc[k], a.nranks));
+    if (n == SLOT && ((u64)dst & 15u) == 0) {
+        *(uint4*)dst = out.u;
+    } else {
+#pragma unroll
+        for (int k = 0; k < PER_SLOT; k++)
+            if (k * (int)sizeof(ELEM) < n) ((ELEM*)dst)[k] = out.e[k];
+    }
+}
+
+// One-shot all_reduce of `count` bytes: every rank reads every rank's whole input.
+extern "C" __global__ void __launch_bounds__(512) ipc_one_shot(Args a) {
+    PROLOGUE
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    for (long long i = first; i < slots; i += stride) reduce_slot(a, i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    EPILOGUE
+}
+
+// Two-shot all_reduce: rank r reduces its chunk (`chunk` slots) into its own data area, then
+// every rank copies chunk k from rank k. Within chunk k, offset o always belongs to the same
+// block, in every phase and on every rank.
+extern "C" __global__ void __launch_bounds__(512) ipc_two_shot(Args a) {
+    PROLOGUE
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count);
+    for (int k = 0; k < a.nranks; k++) {
+        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
+        for (long long i = lo + first; i < hi; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    }
+    BARRIER
+    {
+        long long lo = a.rank * a.chunk, hi = min(lo + a.chunk, slots);
+        for (long long i = lo + first; i < hi; i += stride) reduce_slot(a, i * SLOT, mine + i * SLOT, SLOT);
+    }
+    BARRIER
+    for (int k = 0; k < a.nranks; k++) {
+        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
+        const char* src = peer_data(a, k);
+        for (long long i = lo + first; i < hi; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
+    }
+    BARRIER
+    EPILOGUE
+}
+
+// reduce_scatter: input rows k = 0..n-1 of `count` bytes (pitch `in_pitch` bytes), kept in the
+// data area at a 16-byte-aligned stride; rank r gets the reduction of row r.
+extern "C" __global__ void __launch_bounds__(512) ipc_reduce_scatter(Args a) {
+    PROLOGUE
+    const char* in = (const char*)a.input;
+    char* out = (char*)a.output;
+    char* mine = data_area(a.peers[a.rank]);
+    const long long slots = SLOTS(a.count), row = slots * SLOT;
+    for (int k = 0; k < a.nranks; k++)
+        for (long long i = first; i < slots; i += stride)
+            copy_bytes(mine + k * row + i * SLOT, in + k * a.in_pitch + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    for (long long i = first; i < slots; i += stride) reduce_slot(a, a.rank * row + i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
+    BARRIER
+    EPILOGUE
+}
+
+#endif

@@ -1,0 +1,162 @@
+//! CUDA C for the peer-memory kernels (`kernels.cu`), specialized per element type and reduce
+//! op by a short prelude, compiled by NVRTC for the device's architecture and cached.
+
+use super::plan::{redop_name, Kind};
+use sucl_core::{DType, ReduceOp};
+
+/// The kernels' source (without a prelude).
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// Which compiled module a kernel lives in: one for the copy kernels (any element type), one
+/// per (element type, reduce op) for the reducing ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModuleKey {
+    /// Broadcast and all_gather, moving bytes.
+    Copy,
+    /// all_reduce (one- and two-shot) and reduce_scatter of one type and op.
+    Reduce(DType, ReduceOp),
+}
+
+impl ModuleKey {
+    /// The module holding `kind`'s kernel for `dtype` and `redop`.
+    pub fn of(kind: Kind, dtype: DType, redop: ReduceOp) -> ModuleKey {
+        if kind.reduces() {
+            ModuleKey::Reduce(dtype, redop)
+        } else {
+            ModuleKey::Copy
+        }
+    }
+}
+
+const F16: &str = r#"
+#define ELEM unsigned short
+#define ACC float
+__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#define TO_ACC(x) h2f(x)
+#define FROM_ACC(x) f2h(x)
+"#;
+
+const BF16: &str = r#"
+#define ELEM unsigned short
+#define ACC float
+__device__ __forceinline__ float b2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short f2b(float f) {
+    unsigned int x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (unsigned short)(x >> 16);
+}
+#define TO_ACC(x) b2f(x)
+#define FROM_ACC(x) f2b(x)
+"#;
+
+/// The prelude that specializes [`SOURCE`] for `key`.
+pub fn prelude(key: ModuleKey) -> String {
+    let (dtype, redop) = match key {
+        ModuleKey::Copy => return "#define IPC_COPY 1\n".into(),
+        ModuleKey::Reduce(d, r) => (d, r),
+    };
+    let mut s = match dtype {
+        DType::F32 => "#define ELEM float\n#define ACC float\n#define TO_ACC(x) (x)\n#define FROM_ACC(x) (x)\n".to_string(),
+        DType::F64 => "#define ELEM double\n#define ACC double\n#define TO_ACC(x) (x)\n#define FROM_ACC(x) (x)\n".to_string(),
+        DType::F16 => F16.to_string(),
+        DType::BF16 => BF16.to_string(),
+        other => unreachable!("no peer-memory reduction for {other}: plan::supports refuses it"),
+    };
+    s += match redop {
+        ReduceOp::Sum | ReduceOp::Avg => "#define RED(a, b) ((a) + (b))\n",
+        ReduceOp::Prod => "#define RED(a, b) ((a) * (b))\n",
+        ReduceOp::Min => "#define RED(a, b) ((b) < (a) ? (b) : (a))\n",
+        ReduceOp::Max => "#define RED(a, b) ((b) > (a) ? (b) : (a))\n",
+    };
+    s += match redop {
+        ReduceOp::Avg => "#define FINAL(acc, n) ((acc) / (ACC)(n))\n",
+        _ => "#define FINAL(acc, n) (acc)\n",
+    };
+    s
+}
+
+/// The full source of `key`'s module.
+pub fn source(key: ModuleKey) -> String {
+    let tag = match key {
+        ModuleKey::Copy => "copy".to_string(),
+        ModuleKey::Reduce(d, r) => format!("{d} {}", redop_name(r)),
+    };
+    format!("// sucl ipc kernels: {tag}\n{}{SOURCE}", prelude(key))
+}
+
+/// Whether NVRTC can be loaded (under the names cudarc tries for CUDA 12 and 13).
+pub fn nvrtc_present() -> bool {
+    ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"].iter().any(|l| crate::dl_present(l))
+}
+
+/// The NVRTC virtual architecture for a device of compute capability `major.minor`, or why the
+/// kernels cannot run there (acquire/release at system scope needs compute capability 7.0).
+pub fn arch(major: i32, minor: i32) -> Result<&'static str, String> {
+    const ARCHS: [(i32, i32, &str); 10] = [
+        (12, 0, "compute_120"),
+        (10, 0, "compute_100"),
+        (9, 0, "compute_90"),
+        (8, 9, "compute_89"),
+        (8, 7, "compute_87"),
+        (8, 6, "compute_86"),
+        (8, 0, "compute_80"),
+        (7, 5, "compute_75"),
+        (7, 2, "compute_72"),
+        (7, 0, "compute_70"),
+    ];
+    ARCHS
+        .iter()
+        .find(|&&(ma, mi, _)| (major, minor) >= (ma, mi))
+        .map(|&(_, _, a)| a)
+        .ok_or_else(|| format!("compute capability {major}.{minor} is below 7.0 (no system-scope acquire/release)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every module compiles with NVRTC where NVRTC can be loaded (the GPU machine; here with
+    /// LD_LIBRARY_PATH naming a libnvrtc): the source is C++ that must build for each variant.
+    /// Without NVRTC only the source's shape is checked, and `SUCL_REQUIRE_GPU=1` fails it.
+    #[test]
+    fn every_kernel_module_compiles_with_nvrtc() {
+        let mut keys = vec![ModuleKey::Copy];
+        for d in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            for r in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg] {
+                keys.push(ModuleKey::Reduce(d, r));
+            }
+        }
+        let nvrtc = nvrtc_present();
+        if !nvrtc {
+            assert!(std::env::var("SUCL_REQUIRE_GPU").as_deref() != Ok("1"), "SUCL_REQUIRE_GPU=1 but NVRTC cannot be loaded");
+            for k in keys {
+                assert!(source(k).contains("__global__"));
+            }
+            eprintln!("NVRTC not found: kernel sources not compiled");
+            return;
+        }
+        for k in keys {
+            let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_90"), ..Default::default() };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(k), opts).unwrap_or_else(|e| panic!("{k:?}: {e:?}"));
+            let text = ptx.to_src();
+            let kinds: &[Kind] = match k {
+                ModuleKey::Copy => &[Kind::Broadcast, Kind::AllGather],
+                _ => &[Kind::OneShot, Kind::TwoShot, Kind::ReduceScatter],
+            };
+            for &kind in kinds {
+                assert!(text.contains(&format!(".entry {}(", kind.name())), "{k:?}: no kernel {}", kind.name());
+            }
+            assert!(text.contains("ld.acquire.sys") && text.contains("st.release.sys") && text.contains("%globaltimer"), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn arch_follows_the_compute_capability() {
+        assert_eq!(arch(9, 0), Ok("compute_90"));
+        assert_eq!(arch(8, 6), Ok("compute_86"));
+        assert_eq!(arch(10, 3), Ok("compute_100"));
+        assert!(arch(6, 1).is_err());
+    }
+}

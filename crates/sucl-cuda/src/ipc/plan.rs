@@ -1,0 +1,239 @@
+//! The host side's arithmetic for the peer-memory kernels, kept apart from CUDA so that it is
+//! unit-tested without a GPU: flag epochs, two-shot chunks, the unit each launch moves, grids,
+//! and how a call larger than the peer buffer splits into pieces.
+
+use sucl_core::backend::{CollDesc, CollOp};
+use sucl_core::{DType, ReduceOp};
+
+/// Most ranks one peer-memory communicator serves (the kernels' `MAX_RANKS`).
+pub const MAX_RANKS: usize = 8;
+/// Most blocks a kernel launches (the kernels' `MAX_BLOCKS`): each has its own flags.
+pub const MAX_BLOCKS: usize = 32;
+/// Threads per block (the kernels' `__launch_bounds__`).
+pub const THREADS: usize = 512;
+/// Bytes in front of the data area: `MAX_BLOCKS × MAX_RANKS` flags, then `MAX_BLOCKS` epochs
+/// (the kernels' `DATA_OFFSET`).
+pub const SIGNAL_BYTES: usize = 4096;
+const _: () = assert!((MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS) * 4 <= SIGNAL_BYTES);
+
+/// Whether flag value `v` has reached epoch `e`: epochs only grow and wrap around at 2³², so
+/// `v` counts as reached while it is at most 2³¹ − 1 ahead (the kernels' `reached`).
+pub fn reached(v: u32, e: u32) -> bool {
+    (v.wrapping_sub(e) as i32) >= 0
+}
+
+/// The epoch after `barriers` more barriers from `epoch` (what a block stores at its end).
+pub fn advance(epoch: u32, barriers: u32) -> u32 {
+    epoch.wrapping_add(barriers)
+}
+
+/// Two-shot all_reduce: the slots of rank `k`'s chunk, out of `count` units over `n` ranks.
+/// Chunks are `ceil(count / n)` long (the last ones shorter or empty), cover every unit once.
+pub fn chunk_len(count: usize, n: usize) -> usize {
+    count.div_ceil(n.max(1))
+}
+
+/// The slot range rank `k` reduces in a two-shot all_reduce of `count` slots over `n` ranks.
+pub fn chunk_range(count: usize, n: usize, k: usize) -> std::ops::Range<usize> {
+    let c = chunk_len(count, n);
+    (k * c).min(count)..((k + 1) * c).min(count)
+}
+
+/// Blocks for a launch whose longest loop covers `units` slots: enough for one slot per
+/// thread, at least one, at most [`MAX_BLOCKS`]. Depends only on arguments every rank shares
+/// (never on the alignment of a rank's buffers), so every rank launches the same grid.
+pub fn blocks(units: usize) -> usize {
+    units.div_ceil(THREADS).clamp(1, MAX_BLOCKS)
+}
+
+/// The kernel family serving one piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// all_reduce, every rank reads every rank's input.
+    OneShot,
+    /// all_reduce as reduce-scatter then all-gather through peer memory.
+    TwoShot,
+    /// reduce_scatter.
+    ReduceScatter,
+    /// broadcast.
+    Broadcast,
+    /// all_gather.
+    AllGather,
+}
+
+impl Kind {
+    /// The kernel's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::OneShot => "ipc_one_shot",
+            Kind::TwoShot => "ipc_two_shot",
+            Kind::ReduceScatter => "ipc_reduce_scatter",
+            Kind::Broadcast => "ipc_broadcast",
+            Kind::AllGather => "ipc_all_gather",
+        }
+    }
+
+    /// Whether the kernel reduces (one module per dtype and reduce op) or only copies bytes.
+    pub fn reduces(self) -> bool {
+        matches!(self, Kind::OneShot | Kind::TwoShot | Kind::ReduceScatter)
+    }
+}
+
+/// Whether the peer-memory kernels serve `d`: all_reduce and reduce_scatter of f32, f64, f16
+/// and bf16 with sum, prod, min, max or avg; broadcast and all_gather of any type.
+pub fn supports(d: &CollDesc) -> bool {
+    let float = matches!(d.dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16);
+    match d.op {
+        CollOp::AllReduce | CollOp::ReduceScatter => float,
+        CollOp::Broadcast | CollOp::AllGather => true,
+        _ => false,
+    }
+}
+
+/// Bytes of one slot: data moves between data areas in 16-byte vectors (the kernels' `SLOT`).
+pub const SLOT: usize = 16;
+
+/// Slots of a row of `bytes` bytes (the last one may be partly used).
+pub fn slots(bytes: usize) -> usize {
+    bytes.div_ceil(SLOT)
+}
+
+/// One launch: columns `start..start + len` (elements) of every row of the call's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// First element (column) of the piece.
+    pub start: usize,
+    /// Elements (columns) in the piece.
+    pub len: usize,
+}
+
+/// Splits a call of `count` elements of `elem` bytes per row into pieces whose rows, each
+/// padded to whole slots, fit `capacity` bytes of a rank's data area `rows_in_buffer` times.
+/// Piece lengths are whole slots (so pieces keep the callers' alignment), except the last.
+/// `capacity` must hold `rows_in_buffer` slots.
+pub fn pieces(count: usize, elem: usize, rows_in_buffer: usize, capacity: usize) -> impl Iterator<Item = Piece> {
+    let per_row = capacity / rows_in_buffer.max(1) / SLOT * SLOT;
+    let max = (per_row / elem.max(1)).max(1);
+    (0..count).step_by(max).map(move |start| Piece { start, len: max.min(count - start) })
+}
+
+/// Rows of the call's data each rank keeps in its peer buffer per column: n for
+/// reduce_scatter (its whole input), else one.
+pub fn rows_in_buffer(op: CollOp, n: usize) -> usize {
+    if op == CollOp::ReduceScatter {
+        n
+    } else {
+        1
+    }
+}
+
+/// The kernel for `d` on `n` ranks: all_reduce is two-shot from `two_shot_bytes` on (and only
+/// with more than one rank).
+pub fn kind(d: &CollDesc, n: usize, two_shot_bytes: usize) -> Option<Kind> {
+    Some(match d.op {
+        CollOp::AllReduce if n > 1 && d.count * d.dtype.size() >= two_shot_bytes => Kind::TwoShot,
+        CollOp::AllReduce => Kind::OneShot,
+        CollOp::ReduceScatter => Kind::ReduceScatter,
+        CollOp::Broadcast => Kind::Broadcast,
+        CollOp::AllGather => Kind::AllGather,
+        _ => return None,
+    })
+}
+
+/// The name of `redop` in kernel module keys.
+pub fn redop_name(r: ReduceOp) -> &'static str {
+    match r {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Min => "min",
+        ReduceOp::Max => "max",
+        ReduceOp::Avg => "avg",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_compare_across_wrap_around() {
+        assert!(reached(5, 5));
+        assert!(reached(6, 5), "a peer one barrier ahead has reached it");
+        assert!(!reached(4, 5));
+        assert!(reached(0, u32::MAX), "0 follows u32::MAX");
+        assert!(reached(3, u32::MAX - 2));
+        assert!(!reached(u32::MAX, 0), "u32::MAX is before 0 after a wrap");
+        assert_eq!(advance(u32::MAX, 2), 1);
+        // Every epoch within half the range ahead counts as reached, none behind.
+        for e in [0u32, 1, 1 << 31, u32::MAX - 7] {
+            for ahead in [0u32, 1, 2, 1000, (1 << 31) - 1] {
+                assert!(reached(advance(e, ahead), e), "e={e} ahead={ahead}");
+            }
+            for behind in [1u32, 2, 1000, 1 << 31] {
+                assert!(!reached(e.wrapping_sub(behind), e), "e={e} behind={behind}");
+            }
+        }
+    }
+
+    #[test]
+    fn two_shot_chunks_cover_every_unit_exactly_once() {
+        for n in 1..=MAX_RANKS {
+            for count in [0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 1000, 1001, 65_537] {
+                let mut seen = vec![0u8; count];
+                for k in 0..n {
+                    let r = chunk_range(count, n, k);
+                    assert!(r.start <= r.end && r.end <= count, "n={n} count={count} k={k}: {r:?}");
+                    assert!(r.len() <= chunk_len(count, n));
+                    // The kernel's loop bounds: lo = k·chunk, hi = min(lo + chunk, count).
+                    let lo = k * chunk_len(count, n);
+                    assert_eq!(r.end, (lo + chunk_len(count, n)).min(count));
+                    for i in r {
+                        seen[i] += 1;
+                    }
+                }
+                assert!(seen.iter().all(|&s| s == 1), "n={n} count={count}");
+            }
+        }
+    }
+
+    #[test]
+    fn grids_stay_within_the_flag_area() {
+        assert_eq!(blocks(0), 1);
+        assert_eq!(blocks(1), 1);
+        assert_eq!(blocks(THREADS), 1);
+        assert_eq!(blocks(THREADS + 1), 2);
+        assert_eq!(blocks(usize::MAX / 2), MAX_BLOCKS);
+    }
+
+    #[test]
+    fn pieces_fit_the_buffer_and_cover_the_call() {
+        for (count, elem, rows, cap) in
+            [(0usize, 4usize, 1usize, 1024usize), (1000, 4, 1, 1024), (1000, 2, 3, 1000), (7, 8, 8, 16), (5, 4, 1, 1 << 20)]
+        {
+            let ps: Vec<Piece> = pieces(count, elem, rows, cap).collect();
+            let mut next = 0;
+            for (i, p) in ps.iter().enumerate() {
+                assert_eq!(p.start, next);
+                assert!(p.len > 0);
+                assert!(p.len * elem * rows <= cap.max(elem * rows), "{count} {elem} {rows} {cap}: {p:?}");
+                if i + 1 < ps.len() && p.len * elem >= 16 {
+                    assert_eq!(p.len * elem % 16, 0, "inner pieces keep the vector width");
+                }
+                next += p.len;
+            }
+            assert_eq!(next, count);
+        }
+    }
+
+    #[test]
+    fn what_the_kernels_serve() {
+        let d = |op, dtype| CollDesc { op, dtype, redop: ReduceOp::Sum, root: 0, count: 10 };
+        assert!(supports(&d(CollOp::AllReduce, DType::BF16)));
+        assert!(!supports(&d(CollOp::AllReduce, DType::I32)), "integer reductions go elsewhere");
+        assert!(supports(&d(CollOp::AllGather, DType::U8)));
+        assert!(!supports(&d(CollOp::AllToAll, DType::F32)));
+        assert_eq!(kind(&d(CollOp::AllReduce, DType::F32), 2, 40), Some(Kind::TwoShot));
+        assert_eq!(kind(&d(CollOp::AllReduce, DType::F32), 2, 41), Some(Kind::OneShot));
+        assert_eq!(kind(&d(CollOp::AllReduce, DType::F32), 1, 0), Some(Kind::OneShot));
+    }
+}
