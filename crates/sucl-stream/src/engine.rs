@@ -170,7 +170,8 @@ impl Channel {
         if let Some(a) = active.as_mut() {
             return match test_batch(comm, a) {
                 Ok(false) if Instant::now() > a.deadline => {
-                    let what = a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.clone());
+                    let what =
+                        a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.to_string());
                     let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
                     self.fail(e, active.take(), Some(comm));
                     true

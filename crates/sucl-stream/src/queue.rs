@@ -1,7 +1,7 @@
 //! [`CommQueue`]: the queue front end shared by every path, and the host-queue path.
 
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{OpState, Request};
+use crate::request::{OpState, Request, What};
 use crate::{clone_error, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -78,6 +78,9 @@ pub struct CommQueue {
     pub(crate) outstanding: Vec<Request>,
     /// Requests of operations enqueued since the last start.
     pub(crate) unstarted: Vec<Request>,
+    /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
+    /// that a start does not poll every request in flight.
+    prune_at: usize,
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) world_rank: usize,
@@ -89,6 +92,9 @@ pub struct CommQueue {
 /// fails a batch after the timeout) reports first and its error, naming the peer, is the one
 /// seen.
 const SLACK: Duration = Duration::from_secs(2);
+
+/// Fewest outstanding requests at which a start prunes the completed ones.
+const PRUNE_MIN: usize = 256;
 
 impl CommQueue {
     /// Binds `comm` to the host queue `queue`. The queue takes the communicator (its progress
@@ -111,6 +117,7 @@ impl CommQueue {
             started: 0,
             outstanding: vec![],
             unstarted: vec![],
+            prune_at: PRUNE_MIN,
             rank,
             size,
             world_rank,
@@ -193,7 +200,7 @@ impl CommQueue {
         }
     }
 
-    pub(crate) fn new_request(&mut self, elem: usize, what: String) -> (Arc<OpState>, Request) {
+    pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
         let state = OpState::new(elem, what, self.world_rank);
         let req = Request { state: state.clone(), bound: self.bound() };
         self.unstarted.push(req.clone());
@@ -210,7 +217,7 @@ impl CommQueue {
         self.check_peer_tag(peer, tag, "send")?;
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let what = format!("send to rank {} (tag {tag})", peer_name(peer));
+                let what = What::Send { peer, tag };
                 let work = if peer == PROC_NULL { Work::Null } else { Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
@@ -230,7 +237,7 @@ impl CommQueue {
         self.check_peer_tag(peer, tag, "receive")?;
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let what = format!("receive from rank {} (tag {tag})", peer_name(peer));
+                let what = What::Recv { peer, tag };
                 let work = if peer == PROC_NULL { Work::Null } else { Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
@@ -243,7 +250,7 @@ impl CommQueue {
         }
     }
 
-    fn push_host(&mut self, work: Work, elem: usize, what: String) -> Request {
+    fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
         let (state, req) = self.new_request(elem, what);
         self.pending.push(Op { work, state, keep: None, exact: None });
         req
@@ -253,7 +260,7 @@ impl CommQueue {
     /// buffers' contents once the batch is triggered.
     fn enqueue_host_coll<T: Element>(
         &mut self,
-        name: &str,
+        name: &'static str,
         send: Option<&SharedBuf<T>>,
         recv: &SharedBuf<T>,
         f: impl FnOnce(&Communicator, Option<&[T]>, &mut [T]) -> Result<()> + Send + 'static,
@@ -267,7 +274,7 @@ impl CommQueue {
             f(comm, s.as_deref(), &mut r)?;
             Ok(r.len() * std::mem::size_of::<T>())
         }));
-        Ok(self.push_host(work, std::mem::size_of::<T>(), name.to_string()))
+        Ok(self.push_host(work, std::mem::size_of::<T>(), What::Coll(name)))
     }
 
     /// Enqueues `recv = reduce(op, every rank's send)`; `send` may be `recv` (in place).
@@ -402,7 +409,10 @@ impl CommQueue {
     /// while more than [`MAX_IN_FLIGHT`] operations are in flight).
     pub fn start(&mut self) -> Result<()> {
         self.check_open()?;
-        self.prune();
+        if self.outstanding.len() >= self.prune_at {
+            self.prune();
+            self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
+        }
         let epoch = self.started + 1;
         if let Path::Host { ch, .. } = &self.path {
             let ch = ch.clone();
@@ -563,14 +573,6 @@ impl Drop for CommQueue {
         if let Err(e) = self.shut_down() {
             tracing::error!(rank = self.world_rank, error = %e, "stream-triggered queue dropped with operations in flight");
         }
-    }
-}
-
-fn peer_name(peer: usize) -> String {
-    if peer == PROC_NULL {
-        "PROC_NULL".into()
-    } else {
-        peer.to_string()
     }
 }
 

@@ -11,6 +11,29 @@ pub(crate) trait DevicePoll: Send + Sync {
     fn poll(&self) -> Result<bool>;
 }
 
+/// What an operation is, formatted only when an error or a debug print needs it (no string is
+/// built per enqueued operation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum What {
+    /// A send to a peer (`PROC_NULL` included) with a tag.
+    Send { peer: usize, tag: u32 },
+    /// A receive from a peer with a tag.
+    Recv { peer: usize, tag: u32 },
+    /// A collective, by name.
+    Coll(&'static str),
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let peer = |p: usize| if p == crate::PROC_NULL { "PROC_NULL".to_string() } else { p.to_string() };
+        match *self {
+            What::Send { peer: p, tag } => write!(f, "send to rank {} (tag {tag})", peer(p)),
+            What::Recv { peer: p, tag } => write!(f, "receive from rank {} (tag {tag})", peer(p)),
+            What::Coll(name) => f.write_str(name),
+        }
+    }
+}
+
 /// What the engine and the requests share about one operation.
 pub(crate) struct OpState {
     result: Mutex<Option<Result<usize>>>,
@@ -18,7 +41,7 @@ pub(crate) struct OpState {
     /// Bytes per element, to report element counts.
     elem: usize,
     /// "send to rank 3 (tag 7)", for errors.
-    pub(crate) what: String,
+    pub(crate) what: What,
     /// The rank that saw it (world rank).
     pub(crate) rank: usize,
     /// Set when the device, not the engine, completes the operation: the poll and the bytes.
@@ -26,7 +49,7 @@ pub(crate) struct OpState {
 }
 
 impl OpState {
-    pub(crate) fn new(elem: usize, what: String, rank: usize) -> Arc<OpState> {
+    pub(crate) fn new(elem: usize, what: What, rank: usize) -> Arc<OpState> {
         Arc::new(OpState { result: Mutex::new(None), done: Condvar::new(), elem: elem.max(1), what, rank, device: OnceLock::new() })
     }
 
@@ -125,7 +148,7 @@ impl Request {
     }
 
     /// What the operation is, e.g. `receive from rank 1 (tag 5)`.
-    pub fn describe(&self) -> &str {
-        &self.state.what
+    pub fn describe(&self) -> String {
+        self.state.what.to_string()
     }
 }
