@@ -90,13 +90,19 @@ pub(crate) struct Channel {
     pub(crate) closed: AtomicBool,
     pub(crate) rank: usize,
     pub(crate) timeout: Duration,
+    /// The communicator's backoff: how long the engine spins, then yields, before it naps.
+    spin: Duration,
+    yield_for: Duration,
 }
 
 impl Channel {
     pub(crate) fn new(comm: Communicator, signal: Box<dyn Signal>) -> Arc<Channel> {
         let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let timeout = comm.config().host.timeout;
+        let backoff = comm.config().host.backoff;
         Arc::new(Channel {
+            spin: backoff.spin,
+            yield_for: backoff.yield_for,
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
             signal,
@@ -349,12 +355,19 @@ fn run() {
     };
     let mut chans: Vec<Arc<Channel>> = vec![];
     let mut seen = u64::MAX;
+    let (mut spin, mut yield_for) = (Duration::ZERO, Duration::ZERO);
     let mut idle_rounds = 0u32;
+    let mut idle_since = Instant::now();
+    let mut idle = Duration::ZERO;
     loop {
         let g = eng.generation.load(Ordering::Acquire);
         if g != seen {
             chans = eng.channels.lock().unwrap_or_else(|p| p.into_inner()).clone();
             seen = g;
+            // The most patient backoff among the queues served (none spins on an
+            // oversubscribed host, where every spin takes a core from a rank).
+            spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
+            yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
         }
         let mut moved = false;
         let mut poll = false;
@@ -373,15 +386,24 @@ fn run() {
             idle_rounds = 0;
             continue;
         }
+        if idle_rounds == 0 {
+            idle_since = Instant::now();
+            idle = Duration::ZERO;
+        }
         idle_rounds = idle_rounds.saturating_add(1);
         if inflight || poll {
-            // Operations in flight or triggers a device may write: poll, backing off to short
-            // sleeps so that an idle wait does not hold a core.
-            // While a device may store a trigger any moment, keep polling without sleeping
-            // for a while (a nap would add its length to the trigger's round trip).
-            if idle_rounds < 64 {
+            // Operations in flight, or a batch whose trigger is near: the program's next step
+            // usually follows within microseconds, and a nap (or a wake-up from one) would add
+            // its length to the step. So spin, then yield, for the communicator's backoff
+            // (longer while a device may store a trigger any moment), and only then nap.
+            // Reading the clock costs more than a spin round on some virtual machines.
+            if idle_rounds % 32 == 1 {
+                idle = idle_since.elapsed();
+            }
+            let patience = if poll { yield_for.max(Duration::from_millis(2)) } else { yield_for };
+            if idle < spin {
                 std::hint::spin_loop();
-            } else if idle_rounds < if poll { 20_000 } else { 256 } {
+            } else if idle < spin + patience {
                 std::thread::yield_now();
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));

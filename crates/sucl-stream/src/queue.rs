@@ -3,7 +3,7 @@
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{clone_error, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
@@ -30,14 +30,56 @@ impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
     }
 }
 
-/// The counters of a host queue: plain atomics, with a condition variable for the queue's
-/// wait tasks.
+/// The counters of a host queue: plain atomics. The queue's wait task spins, then yields (as
+/// the communicator's backoff says: not at all on an oversubscribed host), then blocks on a
+/// condition variable that the engine notifies only when a task sleeps on it.
 pub(crate) struct HostSignal {
     /// A wait task that ran out of time (the engine should have failed the batch first).
     stalled: Mutex<Option<Error>>,
     trigger: AtomicU64,
-    done: Mutex<u64>,
+    done: AtomicU64,
+    /// Wait tasks blocked on `moved` (counted under `sleep`).
+    sleepers: AtomicU32,
+    sleep: Mutex<()>,
     moved: Condvar,
+    spin: Duration,
+    yield_for: Duration,
+}
+
+impl HostSignal {
+    /// Holds the calling task (bounded by `bound`) until batch `epoch` completed.
+    fn wait_done(&self, epoch: u64, bound: Duration) -> bool {
+        let start = Instant::now();
+        let (mut rounds, mut spent) = (0u32, Duration::ZERO);
+        loop {
+            if self.done.load(Ordering::Acquire) >= epoch {
+                return true;
+            }
+            rounds = rounds.wrapping_add(1);
+            if rounds % 32 == 1 {
+                spent = start.elapsed();
+            }
+            if spent < self.spin {
+                std::hint::spin_loop();
+            } else if spent < self.spin + self.yield_for {
+                std::thread::yield_now();
+            } else {
+                break;
+            }
+        }
+        let deadline = start + bound;
+        let mut g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.done.load(Ordering::SeqCst) < epoch {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self.moved.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.done.load(Ordering::Acquire) >= epoch
+    }
 }
 
 impl Signal for Arc<HostSignal> {
@@ -45,10 +87,13 @@ impl Signal for Arc<HostSignal> {
         self.trigger.load(Ordering::Acquire)
     }
     fn complete(&self, epoch: u64) {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        *d = (*d).max(epoch);
-        drop(d);
-        self.moved.notify_all();
+        self.done.fetch_max(epoch, Ordering::SeqCst);
+        // A sleeper counts itself before it checks `done` (both SeqCst), so it either sees this
+        // store or is seen here; taking the lock makes sure it is inside its wait.
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+            self.moved.notify_all();
+        }
     }
     fn polled(&self) -> bool {
         false
@@ -78,6 +123,8 @@ pub struct CommQueue {
     pub(crate) outstanding: Vec<Request>,
     /// Requests of operations enqueued since the last start.
     pub(crate) unstarted: Vec<Request>,
+    /// Host time this queue's calls spent blocked (throttled starts, synchronize).
+    blocked: Duration,
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
     /// that a start does not poll every request in flight.
     prune_at: usize,
@@ -101,8 +148,17 @@ impl CommQueue {
     /// thread drives it); [`close`](CommQueue::close) gives it back. Ordinary sends and receives
     /// of the same communicator on other ranks match this queue's operations. Local.
     pub fn on_host(comm: Communicator, queue: &HostQueue) -> Result<CommQueue> {
-        let sig =
-            Arc::new(HostSignal { stalled: Mutex::new(None), trigger: AtomicU64::new(0), done: Mutex::new(0), moved: Condvar::new() });
+        let backoff = comm.config().host.backoff;
+        let sig = Arc::new(HostSignal {
+            stalled: Mutex::new(None),
+            trigger: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+            sleep: Mutex::new(()),
+            moved: Condvar::new(),
+            spin: backoff.spin,
+            yield_for: backoff.yield_for,
+        });
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let ch = Channel::new(comm, Box::new(sig.clone()));
@@ -118,6 +174,7 @@ impl CommQueue {
             outstanding: vec![],
             unstarted: vec![],
             prune_at: PRUNE_MIN,
+            blocked: Duration::ZERO,
             rank,
             size,
             world_rank,
@@ -385,8 +442,26 @@ impl CommQueue {
         }
     }
 
+    /// Host time the calling thread spent blocked in this queue's calls so far: in starts held
+    /// back by the cap on operations in flight and in [`synchronize`](CommQueue::synchronize)
+    /// (benchmarks report it: the point of a stream-triggered queue is that the host does not
+    /// wait at every exchange).
+    pub fn host_blocked(&self) -> Duration {
+        self.blocked
+    }
+
     /// Blocks (bounded) while more than [`MAX_IN_FLIGHT`] started operations are incomplete.
-    pub(crate) fn throttle(&self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+    pub(crate) fn throttle(&mut self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+        if in_flight() <= MAX_IN_FLIGHT {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let r = self.throttle_wait(in_flight);
+        self.blocked += t0.elapsed();
+        r
+    }
+
+    fn throttle_wait(&self, in_flight: &dyn Fn() -> u64) -> Result<()> {
         let deadline = Instant::now() + self.bound();
         let mut pause = Duration::from_micros(5);
         while in_flight() > MAX_IN_FLIGHT {
@@ -399,7 +474,8 @@ impl CommQueue {
                 });
             }
             std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            // Short naps: the queue drains about one batch per nap, so a long one leaves it idle.
+            pause = (pause * 2).min(Duration::from_micros(50));
         }
         Ok(())
     }
@@ -451,16 +527,7 @@ impl CommQueue {
             Path::Host { q, sig, .. } => {
                 let (sig, bound, world_rank) = (sig.clone(), self.timeout + SLACK, self.world_rank);
                 q.submit(move || {
-                    let deadline = Instant::now() + bound;
-                    let mut d = sig.done.lock().unwrap_or_else(|p| p.into_inner());
-                    while *d < epoch && Instant::now() < deadline {
-                        d = sig
-                            .moved
-                            .wait_timeout(d, deadline.saturating_duration_since(Instant::now()))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                    if *d < epoch {
+                    if !sig.wait_done(epoch, bound) {
                         // Never hold the queue forever; keep the error for `synchronize`.
                         let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
                         sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
@@ -480,6 +547,13 @@ impl CommQueue {
     /// Waits on the host (bounded) until the queue ran everything submitted to it and every
     /// started operation completed; returns the first error among them.
     pub fn synchronize(&mut self) -> Result<()> {
+        let t0 = Instant::now();
+        let r = self.synchronize_inner();
+        self.blocked += t0.elapsed();
+        r
+    }
+
+    fn synchronize_inner(&mut self) -> Result<()> {
         let bound = self.bound();
         match &mut self.path {
             Path::Host { q, .. } => q.synchronize(bound)?,
