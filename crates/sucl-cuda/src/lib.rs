@@ -11,7 +11,9 @@
 #![warn(missing_docs)]
 
 mod device;
+mod signal;
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
+pub use signal::{StreamSignal, SIGNAL_FAILED};
 
 use cudarc::driver::{CudaContext, CudaStream};
 

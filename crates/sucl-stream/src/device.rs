@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use sucl_cuda::cudarc::driver::sys as cu;
 use sucl_cuda::cudarc::driver::{CudaContext, CudaStream};
+use sucl_cuda::StreamSignal;
 use sucl_runtime::cuda::{Buffer, DeviceElement, Event, Queue};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
 
@@ -174,10 +175,9 @@ impl Coll {
     }
 }
 
-/// Pinned, device-mapped host memory (not write-combined: the CPU reads it).
+/// Pinned host memory: a staging slot (not write-combined: the CPU reads it).
 struct Pinned {
     host: *mut u8,
-    dev: u64,
     bytes: usize,
     ctx: Arc<CudaContext>,
 }
@@ -192,25 +192,9 @@ impl Pinned {
     fn new(ctx: &Arc<CudaContext>, bytes: usize, rank: usize) -> Result<Pinned> {
         ctx.bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: allocating; the pointer is checked before use.
-        check(unsafe { cu::cuMemHostAlloc(&mut p, bytes.max(8), flags) }, rank, "allocating pinned host memory")?;
-        let mut dev: cu::CUdeviceptr = 0;
-        // SAFETY: `p` was just allocated with DEVICEMAP in the current context.
-        let r = check(unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }, rank, "mapping pinned memory for the device");
-        let me = Pinned { host: p as *mut u8, dev, bytes, ctx: ctx.clone() };
-        r?;
-        // SAFETY: fresh allocation of at least 8 bytes; zeroed so the counters start at 0.
-        unsafe { std::ptr::write_bytes(me.host, 0, bytes.max(8)) };
-        Ok(me)
-    }
-
-    /// The 64-bit word at byte `offset`, as an atomic the CPU may load and store.
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset + 8 <= self.bytes && offset.is_multiple_of(8));
-        // SAFETY: in bounds, 8-aligned (the allocation is page-aligned), valid while `self`
-        // lives; the device only writes it with 64-bit stream memory operations.
-        unsafe { AtomicU64::from_ptr(self.host.add(offset) as *mut u64) }
+        check(unsafe { cu::cuMemHostAlloc(&mut p, bytes.max(8), cu::CU_MEMHOSTALLOC_PORTABLE) }, rank, "allocating pinned host memory")?;
+        Ok(Pinned { host: p as *mut u8, bytes, ctx: ctx.clone() })
     }
 }
 
@@ -231,21 +215,14 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
     }
 }
 
-/// Byte offsets of the two counters (separate 128-byte lines).
-const TRIGGER: usize = 0;
-const DONE: usize = 128;
-
-/// The counters of a staged queue. Leaked on purpose (256 bytes of pinned memory per staged
-/// queue for the life of the process): the progress thread may hold the channel a little longer
-/// than the queue, and it must never be the one to free CUDA memory (it makes no CUDA call).
-struct Flags(Pinned);
-
-impl Signal for &'static Flags {
+/// The trigger and completion counters of a staged queue (see `sucl_cuda::StreamSignal`,
+/// shared with the runtime's staged collectives).
+impl Signal for &'static StreamSignal {
     fn triggered(&self) -> u64 {
-        self.0.word(TRIGGER).load(Ordering::Acquire)
+        StreamSignal::triggered(self)
     }
     fn complete(&self, epoch: u64) {
-        self.0.word(DONE).fetch_max(epoch, Ordering::AcqRel);
+        StreamSignal::complete(self, epoch)
     }
     fn polled(&self) -> bool {
         true
@@ -312,13 +289,11 @@ enum Mode {
     },
     Staged {
         ch: Arc<Channel>,
-        flags: &'static Flags,
+        signal: &'static StreamSignal,
         pending: Vec<StagedOp>,
         awaiting: Vec<AwaitingUpload>,
         /// Slots not in use, with the event after their last upload.
         pool: Vec<(Arc<Pinned>, Option<Arc<Event>>)>,
-        /// Stream memory operations failed once: use host functions.
-        host_functions: bool,
         /// The epoch the last stream wait covered.
         waited: u64,
         /// Handles of buffers whose uploads were enqueued, released once their event completed.
@@ -353,10 +328,10 @@ impl CommQueue {
             let tracker = Arc::new(Tracker::new(queue.clone()));
             Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, failed: None }
         } else {
-            let flags: &'static Flags = Box::leak(Box::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?)));
-            let ch = Channel::new(comm, Box::new(flags));
+            let signal = StreamSignal::leak(queue.device())?;
+            let ch = Channel::new(comm, Box::new(signal));
             engine().register(ch.clone());
-            Mode::Staged { ch, flags, pending: vec![], awaiting: vec![], pool: vec![], host_functions: false, waited: 0, held: vec![] }
+            Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: vec![], waited: 0, held: vec![] }
         };
         let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
         Ok(CommQueue::with_path(Path::Device(Box::new(path)), rank, size, world_rank, timeout))
@@ -698,7 +673,7 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                 }
             }
         }
-        Mode::Staged { ch, flags, pending, awaiting, host_functions, pool, .. } => {
+        Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
             d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
             let ops = std::mem::take(pending);
             let mut uploads = vec![];
@@ -728,7 +703,7 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
             pool.extend(sent_slots.into_iter().map(|s| (s, None)));
             ch.submit(Batch { epoch, ops: batch });
             awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
-            write_trigger(flags, cs, epoch, host_functions, rank)
+            signal.trigger_on(&stream, epoch)
         }
         Mode::Closed => Err(Error::Config("the queue was closed".into())),
     }
@@ -776,49 +751,6 @@ fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>
     Ok((states, keeps))
 }
 
-/// Stores `epoch` into the trigger in stream order: a stream memory operation, or a host
-/// function where those fail.
-fn write_trigger(flags: &'static Flags, cs: cu::CUstream, epoch: u64, host_functions: &mut bool, rank: usize) -> Result<()> {
-    if !*host_functions {
-        let addr = flags.0.dev + TRIGGER as u64;
-        // SAFETY: `addr` is the device mapping of the pinned trigger word, alive with `flags`
-        // (the channel and the queue hold it until the stream is synchronized at close).
-        let rc =
-            unsafe { cu::cuStreamWriteValue64_v2(cs, addr, epoch, cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) };
-        if rc == cu::CUresult::CUDA_SUCCESS {
-            return Ok(());
-        }
-        tracing::warn!(rank, ?rc, "stream memory operations failed; triggering with host functions");
-        *host_functions = true;
-    }
-    let data = Box::into_raw(Box::new((flags, epoch, Duration::ZERO)));
-    // SAFETY: `store_trigger` takes the box back exactly once, when the stream runs it.
-    let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(store_trigger), data as *mut std::ffi::c_void) };
-    if rc != cu::CUresult::CUDA_SUCCESS {
-        // SAFETY: the launch failed, so the callback will never run: reclaim the box.
-        drop(unsafe { Box::from_raw(data) });
-    }
-    check(rc, rank, "enqueueing the trigger")
-}
-
-type HostFnData = (&'static Flags, u64, Duration);
-
-unsafe extern "C" fn store_trigger(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `write_trigger` leaked for this call.
-    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
-    b.0 .0.word(TRIGGER).fetch_max(b.1, Ordering::AcqRel);
-}
-
-unsafe extern "C" fn await_done(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `wait` leaked for this call.
-    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
-    let deadline = Instant::now() + b.2;
-    // Bounded: the engine stores the counter on success, failure and timeout alike.
-    while b.0 .0.word(DONE).load(Ordering::Acquire) < b.1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(5));
-    }
-}
-
 /// Holds later work on the stream until every operation started up to `epoch` completed, then
 /// uploads the received data (see [`CommQueue::wait`]).
 pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
@@ -826,7 +758,7 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     let d = device_of(cq);
     let rank = d.rank;
     let cs = d.queue.stream().cu_stream();
-    let Mode::Staged { flags, awaiting, host_functions, waited, held, .. } = &mut d.mode else {
+    let Mode::Staged { signal, awaiting, waited, held, .. } = &mut d.mode else {
         // NCCL: stream order already holds later work behind the group.
         return Ok(());
     };
@@ -834,28 +766,7 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
         return Ok(());
     }
     d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
-    let mut waited_ok = false;
-    if !*host_functions {
-        let addr = flags.0.dev + DONE as u64;
-        // SAFETY: the device mapping of the pinned completion word, alive with `flags`.
-        let rc = unsafe { cu::cuStreamWaitValue64_v2(cs, addr, epoch, cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32) };
-        if rc == cu::CUresult::CUDA_SUCCESS {
-            waited_ok = true;
-        } else {
-            tracing::warn!(rank, ?rc, "stream memory operations failed; waiting with host functions");
-            *host_functions = true;
-        }
-    }
-    if !waited_ok {
-        let data = Box::into_raw(Box::new((*flags, epoch, bound)));
-        // SAFETY: `await_done` takes the box back exactly once.
-        let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(await_done), data as *mut std::ffi::c_void) };
-        if rc != cu::CUresult::CUDA_SUCCESS {
-            // SAFETY: never launched: reclaim.
-            drop(unsafe { Box::from_raw(data) });
-        }
-        check(rc, rank, "enqueueing the stream wait")?;
-    }
+    signal.wait_on(d.queue.stream(), epoch, bound)?;
     *waited = epoch;
     let mut slots = vec![];
     let mut keeps: Vec<Box<dyn Send>> = vec![];
