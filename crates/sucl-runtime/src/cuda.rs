@@ -3,7 +3,9 @@
 //! A call whose buffers are device [`Buffer`]s runs on the device backends: NCCL, enqueued on
 //! the queue of the buffer it writes with no host synchronization, or the staged path (device →
 //! pinned host → the communicator's host backend → device, pipelined in chunks), chosen per op
-//! and size like host calls. The communicator sets up its device side (one GPU, the NCCL
+//! and size like host calls. Staged collectives are stream-ordered too: the stream triggers a
+//! progress thread per chunk and waits for it (the `staged` module), so the call returns
+//! once enqueued; their errors surface at [`Communicator::synchronize`] and later calls. The communicator sets up its device side (one GPU, the NCCL
 //! communicator) at its first device collective, or at [`Communicator::attach_device`].
 //! [`Communicator::synchronize`] waits for a queue while watching NCCL for asynchronous errors.
 
@@ -548,7 +550,7 @@ impl DeviceComm {
     /// Device → pinned host → the communicator's host backend → device, in chunks: chunk k is
     /// the same column range of every row of the buffers, an independent host collective of
     /// its own. Stream-ordered and returning once enqueued: per chunk the caller's stream runs
-    /// the downloads into a pinned slot and triggers the progress thread (see [`crate::staged`]),
+    /// the downloads into a pinned slot and triggers the progress thread (see `crate::staged`),
     /// which runs the chunk's host collective; the stream waits for its completion, then runs
     /// the uploads. Chunk k+1's download and trigger are enqueued before chunk k's wait, so the
     /// host collective of one chunk overlaps the copies of its neighbours; two slots alternate,
