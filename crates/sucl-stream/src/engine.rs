@@ -101,8 +101,10 @@ impl Channel {
         let timeout = comm.config().host.timeout;
         let backoff = comm.config().host.backoff;
         Arc::new(Channel {
-            spin: backoff.spin,
-            yield_for: backoff.yield_for,
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
             signal,

@@ -156,8 +156,10 @@ impl CommQueue {
             sleepers: AtomicU32::new(0),
             sleep: Mutex::new(()),
             moved: Condvar::new(),
-            spin: backoff.spin,
-            yield_for: backoff.yield_for,
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
         });
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
