@@ -567,7 +567,7 @@ impl DeviceComm {
             // Collective, like the call itself: every rank reaches its first staged collective
             // at the same point of its sequence.
             let dup = comm.split(Some(0), comm.rank() as i64)?.ok_or_else(|| Error::Config("duplicating the communicator".into()))?;
-            self.progress = Some(StagedProgress::start(dup, StreamSignal::leak(&self.dev)?)?);
+            self.progress = Some(StagedProgress::start(dup)?);
         }
         let rank = self.dev.rank();
         let ck = move |during: &str, rc: cu::CUresult| -> Result<()> {
@@ -580,8 +580,8 @@ impl DeviceComm {
         if let Some(e) = progress.error() {
             return Err(e);
         }
-        let (signal, bound) = (progress.signal(), progress.bound());
         let stream = q.stream();
+        let (index, bound) = (progress.stream_index(&self.dev, stream)?, progress.bound());
         let s = stream.cu_stream();
         // Earlier staged work on another stream (or a point-to-point staging) may still use
         // the slots: this stream waits for it, the CPU does not.
@@ -625,7 +625,7 @@ impl DeviceComm {
             })
         };
         let mut epochs = Vec::with_capacity(chunks);
-        let wait_and_upload = |k: usize, epoch: u64| -> Result<()> {
+        let wait_and_upload = |k: usize, (signal, epoch): (&'static StreamSignal, u64)| -> Result<()> {
             signal.wait_on(stream, epoch, bound)?;
             let w = width(k);
             if rw.recv > 0 && w > 0 {
@@ -639,9 +639,9 @@ impl DeviceComm {
         };
         for k in 0..chunks {
             ck("device to host", download(k))?;
-            let epoch = progress.submit(job(k));
+            let (signal, epoch) = progress.submit(index, job(k));
             signal.trigger_on(stream, epoch)?;
-            epochs.push(epoch);
+            epochs.push((signal, epoch));
             if k > 0 {
                 wait_and_upload(k - 1, epochs[k - 1])?;
             }

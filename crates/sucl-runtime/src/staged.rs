@@ -10,7 +10,10 @@
 //!
 //! The thread owns a private duplicate of the communicator (made once, collectively, at the
 //! first staged collective), so the program's own host calls never race it; all ranks issue
-//! their device collectives in the same order, and the thread runs them in that order.
+//! their device collectives in the same order, and the thread runs them in that order. Each
+//! stream gets its own signal (a trigger word must be written by one stream only, in epoch
+//! order); a chunk waits for its own stream's trigger, and chunks run strictly in the order
+//! they were handed over, so a stream's trigger never waits on a later chunk.
 //!
 //! A failed chunk (a lost peer, a timeout: the host collective is bounded like any other)
 //! stores [`SIGNAL_FAILED`], which releases every stream waiting on this signal (the uploads
@@ -24,20 +27,23 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use sucl_cuda::{StreamSignal, SIGNAL_FAILED};
+use sucl_cuda::cudarc::driver::CudaStream;
+use sucl_cuda::{Device, StreamSignal, SIGNAL_FAILED};
 
 /// One chunk's host collective, run on the thread's communicator. It may capture only plain
 /// data (addresses, sizes): it is dropped on the progress thread, which frees no CUDA memory.
 pub(crate) type Job = Box<dyn FnOnce(&Communicator) -> Result<()> + Send>;
 
 struct Shared {
-    jobs: Mutex<VecDeque<(u64, Job)>>,
+    /// Chunks in the order they were handed over, each with its stream's signal and epoch.
+    jobs: Mutex<VecDeque<(&'static StreamSignal, u64, Job)>>,
+    /// Every signal handed out, to release all their streams on a failure.
+    signals: Mutex<Vec<&'static StreamSignal>>,
     failed: Mutex<Option<Error>>,
     has_failed: AtomicBool,
     closed: AtomicBool,
     /// The thread returned (its communicator is gone).
     finished: AtomicBool,
-    signal: &'static StreamSignal,
     spin: Duration,
     yield_for: Duration,
 }
@@ -46,24 +52,25 @@ struct Shared {
 pub(crate) struct StagedProgress {
     shared: Arc<Shared>,
     thread: std::thread::Thread,
-    /// The last epoch handed out.
-    issued: u64,
+    /// Per stream used (by its handle): its signal and the last epoch handed out on it. A
+    /// signal is never freed (see [`StreamSignal`]): 256 bytes per stream ever used.
+    streams: Vec<(usize, &'static StreamSignal, u64)>,
     rank: usize,
     timeout: Duration,
 }
 
 impl StagedProgress {
-    /// Starts the thread, which takes `comm` (a duplicate made for it) and watches `signal`.
-    pub(crate) fn start(comm: Communicator, signal: &'static StreamSignal) -> Result<StagedProgress> {
+    /// Starts the thread, which takes `comm` (a duplicate made for it).
+    pub(crate) fn start(comm: Communicator) -> Result<StagedProgress> {
         let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let (timeout, backoff) = (comm.config().host.timeout, comm.config().host.backoff);
         let shared = Arc::new(Shared {
             jobs: Mutex::default(),
+            signals: Mutex::default(),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             finished: AtomicBool::new(false),
-            signal,
             spin: backoff.spin,
             yield_for: backoff.yield_for,
         });
@@ -75,12 +82,24 @@ impl StagedProgress {
                 sh.finished.store(true, Ordering::Release);
             })
             .map_err(|e| Error::io(rank, "starting the staged progress thread", e))?;
-        Ok(StagedProgress { shared, thread: handle.thread().clone(), issued: 0, rank, timeout })
+        Ok(StagedProgress { shared, thread: handle.thread().clone(), streams: vec![], rank, timeout })
     }
 
-    /// The counters the streams trigger and wait on.
-    pub(crate) fn signal(&self) -> &'static StreamSignal {
-        self.shared.signal
+    /// The signal of `stream` (made on `dev` at its first use), as an index for [`submit`].
+    ///
+    /// [`submit`]: StagedProgress::submit
+    pub(crate) fn stream_index(&mut self, dev: &Device, stream: &CudaStream) -> Result<usize> {
+        let key = stream.cu_stream() as usize;
+        if let Some(i) = self.streams.iter().position(|s| s.0 == key) {
+            return Ok(i);
+        }
+        let signal = StreamSignal::leak(dev)?;
+        self.shared.signals.lock().unwrap_or_else(|p| p.into_inner()).push(signal);
+        if self.shared.has_failed.load(Ordering::Acquire) {
+            signal.complete(SIGNAL_FAILED);
+        }
+        self.streams.push((key, signal, 0));
+        Ok(self.streams.len() - 1)
     }
 
     /// How long a host-function wait may hold a stream (the thread fails a chunk first).
@@ -96,13 +115,16 @@ impl StagedProgress {
         self.shared.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(copy_error)
     }
 
-    /// Hands `job` to the thread under a new epoch, which the caller then triggers on its
-    /// stream (after the chunk's downloads) and waits for (before its uploads).
-    pub(crate) fn submit(&mut self, job: Job) -> u64 {
-        self.issued += 1;
-        self.shared.jobs.lock().unwrap_or_else(|p| p.into_inner()).push_back((self.issued, job));
+    /// Hands `job` to the thread under the next epoch of stream `index`, which the caller
+    /// then triggers on that stream (after the chunk's downloads) and waits for (before its
+    /// uploads) through the signal returned.
+    pub(crate) fn submit(&mut self, index: usize, job: Job) -> (&'static StreamSignal, u64) {
+        let s = &mut self.streams[index];
+        s.2 += 1;
+        let (signal, epoch) = (s.1, s.2);
+        self.shared.jobs.lock().unwrap_or_else(|p| p.into_inner()).push_back((signal, epoch, job));
         self.thread.unpark();
-        self.issued
+        (signal, epoch)
     }
 }
 
@@ -129,8 +151,8 @@ fn run(sh: &Shared, comm: Communicator) {
     let mut rounds = 0u32;
     let mut idle = Duration::ZERO;
     loop {
-        let front = sh.jobs.lock().unwrap_or_else(|p| p.into_inner()).front().map(|(e, _)| *e);
-        let Some(epoch) = front else {
+        let front = sh.jobs.lock().unwrap_or_else(|p| p.into_inner()).front().map(|(s, e, _)| (*s, *e));
+        let Some((signal, epoch)) = front else {
             if sh.closed.load(Ordering::Acquire) {
                 return;
             }
@@ -138,15 +160,15 @@ fn run(sh: &Shared, comm: Communicator) {
             std::thread::park_timeout(Duration::from_millis(20));
             continue;
         };
-        if sh.signal.triggered() >= epoch {
-            let job = sh.jobs.lock().unwrap_or_else(|p| p.into_inner()).pop_front().map(|(_, j)| j);
+        if signal.triggered() >= epoch {
+            let job = sh.jobs.lock().unwrap_or_else(|p| p.into_inner()).pop_front().map(|(_, _, j)| j);
             idle_since = None;
             let Some(job) = job else { continue };
             if sh.has_failed.load(Ordering::Acquire) {
                 continue;
             }
             match job(&comm) {
-                Ok(()) => sh.signal.complete(epoch),
+                Ok(()) => signal.complete(epoch),
                 Err(e) => {
                     // The job is broken (as when NCCL loses a peer): every bounded wait of
                     // this process that is still waiting fails too, not just later calls.
@@ -183,7 +205,7 @@ fn run(sh: &Shared, comm: Communicator) {
     }
 }
 
-/// Keeps the first error and releases every stream waiting on the signal.
+/// Keeps the first error and releases every stream waiting on a signal of this thread.
 fn fail(sh: &Shared, e: Error, rank: usize) {
     tracing::error!(rank, error = %e, "a staged collective failed; releasing every stream waiting on it");
     let mut f = sh.failed.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,7 +214,9 @@ fn fail(sh: &Shared, e: Error, rank: usize) {
     }
     sh.has_failed.store(true, Ordering::Release);
     drop(f);
-    sh.signal.complete(SIGNAL_FAILED);
+    for s in sh.signals.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        s.complete(SIGNAL_FAILED);
+    }
 }
 
 /// A copy of an error (its `io::Error` source is not `Clone`), to report one failure on every
