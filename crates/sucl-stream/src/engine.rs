@@ -170,9 +170,17 @@ impl Channel {
         self.signal.complete(FAILED_DONE);
     }
 
-    /// One round of progress. Returns whether anything happened.
-    fn progress(&self) -> bool {
-        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+    /// One round of progress. Returns whether anything happened. Whoever calls it does the
+    /// work: the engine thread, or a host queue's task that would otherwise wait for the engine
+    /// (see [`Channel::drive`]); a round another thread is already doing is skipped, so the
+    /// engine never blocks behind a queue's task. With `collectives` false, a batch holding a
+    /// collective is left for the engine (it runs to completion where it is started).
+    pub(crate) fn progress(&self, collectives: bool) -> bool {
+        let mut active = match self.active.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         let Some(comm) = comm_guard.as_ref() else { return false };
         if let Some(a) = active.as_mut() {
@@ -200,7 +208,11 @@ impl Channel {
         let batch = {
             let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
             match q.front() {
-                Some(b) if b.epoch <= self.signal.triggered() => q.pop_front(),
+                Some(b)
+                    if b.epoch <= self.signal.triggered() && (collectives || !b.ops.iter().any(|o| matches!(o.work, Work::Coll(_)))) =>
+                {
+                    q.pop_front()
+                }
                 _ => None,
             }
         };
@@ -375,7 +387,7 @@ fn run() {
         let mut poll = false;
         let mut inflight = false;
         for ch in &chans {
-            moved |= ch.progress();
+            moved |= ch.progress(true);
             poll |= ch.needs_poll();
             inflight |= !ch.idle();
         }

@@ -47,13 +47,19 @@ pub(crate) struct HostSignal {
 }
 
 impl HostSignal {
-    /// Holds the calling task (bounded by `bound`) until batch `epoch` completed.
-    fn wait_done(&self, epoch: u64, bound: Duration) -> bool {
+    /// Holds the calling task (bounded by `bound`) until batch `epoch` completed. While it
+    /// polls, it drives the channel's progress itself (the baseline's thread would be testing
+    /// its requests at this point too), so the completion does not wait for the engine thread
+    /// to be scheduled.
+    fn wait_done(&self, epoch: u64, bound: Duration, ch: &Channel) -> bool {
         let start = Instant::now();
         let (mut rounds, mut spent) = (0u32, Duration::ZERO);
         loop {
             if self.done.load(Ordering::Acquire) >= epoch {
                 return true;
+            }
+            if ch.progress(true) {
+                continue;
             }
             rounds = rounds.wrapping_add(1);
             if rounds % 32 == 1 {
@@ -500,9 +506,13 @@ impl CommQueue {
             Path::Host { ch, q, sig } => {
                 let ops = std::mem::take(&mut self.pending);
                 ch.submit(Batch { epoch, ops });
-                let sig = sig.clone();
+                let (sig, ch) = (sig.clone(), ch.clone());
                 q.submit(move || {
                     sig.trigger.store(epoch, Ordering::Release);
+                    // Post the batch's sends and receives from this task at once (a batch with
+                    // a collective is left to the engine, so the tasks behind this one are not
+                    // held while it runs); the engine picks up whatever this does not.
+                    ch.progress(false);
                     engine().wake();
                 });
             }
@@ -526,10 +536,10 @@ impl CommQueue {
             return Ok(());
         }
         match &mut self.path {
-            Path::Host { q, sig, .. } => {
-                let (sig, bound, world_rank) = (sig.clone(), self.timeout + SLACK, self.world_rank);
+            Path::Host { q, sig, ch } => {
+                let (sig, ch, bound, world_rank) = (sig.clone(), ch.clone(), self.timeout + SLACK, self.world_rank);
                 q.submit(move || {
-                    if !sig.wait_done(epoch, bound) {
+                    if !sig.wait_done(epoch, bound, &ch) {
                         // Never hold the queue forever; keep the error for `synchronize`.
                         let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
                         sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
