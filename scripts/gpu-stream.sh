@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
-# Stream-triggered queues on the GPU machine, in one call: the GPU checks over nccl and staged
-# (kernel → start ordering, wait → kernel ordering, host returns while the stream is busy, 1000
-# start/wait pairs without a host sync, a killed peer releases the stream with an error), then
-# the benchmarks (trigger round trip; 26 send/recv pairs through the queue vs the same NCCL
-# group called directly) and Faces on the host ranks of that machine.
+# Stream-triggered communication on the GPU machine (2 GPUs), in one call:
+#  1. the GPU checks of CommQueue over nccl and staged (kernel → start ordering, wait → kernel
+#     ordering, host returns while the stream is busy, 1000 start/wait pairs without a host sync,
+#     a killed peer releases the stream with an error);
+#  2. the GPU test binary of sucl-stream (tests/gpu.rs: ordinary staged collectives ordered with
+#     kernels on the stream, returning once enqueued, a lost peer releasing the stream with an
+#     error naming it), with SUCL_REQUIRE_GPU=1 so that nothing skips;
+#  3. the benchmarks: trigger round trip; 26 send/recv pairs through the queue against the same
+#     NCCL group called directly (same communicator, stream and buffers, alternated rounds);
+#     Faces on the 2 GPUs (baseline over NCCL; stream-triggered over nccl and staged) and on 2,
+#     4 and 8 host ranks, each with the host time blocked per share;
+#  4. stream.jsonl (every JSON result line) and stream.svg (the plot) from them.
 # Fails — never skips — when no GPU, fewer than 2 GPUs, NCCL missing, or any check fails.
-# usage: BIN=target/release/sucl ST=target/release/examples/st_gpu FACES=target/release/examples/faces \
-#        OUT=bench/results/stream scripts/gpu-stream.sh
-# build first (here): cargo build --release -p sucl-cli -p sucl-stream --examples
+#
+# build first (here): scripts/gpu-stream-build.sh (stripped binaries into devbin/), then on the
+# GPU machine:
+#   BIN=devbin/sucl ST=devbin/st_gpu FACES=devbin/faces PLOT=devbin/stream_plot \
+#     ST_TEST=devbin/stream_gpu_tests OUT=bench/results/stream scripts/gpu-stream.sh
+# (BIN, ST, FACES, PLOT default to target/release/{sucl,examples/st_gpu,examples/faces,
+# examples/stream_plot}; ST_TEST defaults to the target/release/deps/gpu-* binary that lists
+# sucl-stream's GPU tests.)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 BIN=${BIN:-target/release/sucl}
 ST=${ST:-target/release/examples/st_gpu}
 FACES=${FACES:-target/release/examples/faces}
+PLOT=${PLOT:-target/release/examples/stream_plot}
+if [ -z "${ST_TEST:-}" ]; then
+  # sucl-cli has a tests/gpu.rs too: take the binary that lists this crate's tests.
+  for t in $(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$'); do
+    if [ -x "$t" ] && "$t" --list 2>/dev/null | grep -q a_staged_collective_returns_once_enqueued; then ST_TEST=$t; break; fi
+  done
+fi
+ST_TEST=${ST_TEST:-}
 OUT=${OUT:-bench/results/stream}
 mkdir -p "$OUT"
 status=0
@@ -48,6 +68,16 @@ for t in nccl staged; do
 done
 grep -h "st-gpu\|FAILED\|panicked" "$LOG"
 [ "$status" -eq 0 ] || { echo "gpu-stream: checks failed; no benchmarks" >&2; exit 1; }
+# Ordinary staged device collectives: stream order, return once enqueued, lost peer. A failure
+# here fails the run but does not keep the benchmarks below from running.
+if [ -n "$ST_TEST" ] && [ -x "$ST_TEST" ]; then
+  echo "== sucl-stream GPU tests: SUCL_REQUIRE_GPU=1 $ST_TEST --skip gpu_tests_skipped_no_gpu" >>"$LOG"
+  SUCL_REQUIRE_GPU=1 timeout 600 "$ST_TEST" --skip gpu_tests_skipped_no_gpu --test-threads=1 >>"$LOG" 2>&1 || fail "sucl-stream GPU tests failed"
+  grep -q "test result: ok. 3 passed" "$LOG" || fail "sucl-stream GPU tests: not all 3 passed"
+else
+  fail "the sucl-stream GPU test binary is missing (cargo test --release -p sucl-stream --test gpu --no-run; ST_TEST=path)"
+fi
+grep -h "^test \|test result" "$LOG"
 BENCH="$OUT/gpu-bench.txt"
 : >"$BENCH"
 for t in nccl staged; do
@@ -74,5 +104,12 @@ if [ -x "$FACES" ]; then
   done
 fi
 cat "$BENCH"
+# Every JSON result line (without the launcher's rank prefix), and the plot.
+sed -n 's/^\(\[[0-9]*\] \)\{0,1\}\({"bench".*\)$/\2/p' "$BENCH" >"$OUT/stream.jsonl"
+if [ -x "$PLOT" ]; then
+  "$PLOT" "$OUT/stream.svg" "$OUT/stream.jsonl" || fail "plotting failed"
+else
+  fail "$PLOT missing (cargo build --release -p sucl-stream --examples)"
+fi
 echo "gpu-stream: exit $status"
 exit $status

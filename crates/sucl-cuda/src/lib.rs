@@ -12,8 +12,10 @@
 
 mod device;
 pub mod ipc;
+mod signal;
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
 pub use ipc::{IpcBackend, IpcOptions};
+pub use signal::{StreamSignal, SIGNAL_FAILED};
 
 use cudarc::driver::{CudaContext, CudaStream};
 

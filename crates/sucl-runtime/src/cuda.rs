@@ -3,17 +3,21 @@
 //! A call whose buffers are device [`Buffer`]s runs on the device backends: NCCL, enqueued on
 //! the queue of the buffer it writes with no host synchronization, or the staged path (device →
 //! pinned host → the communicator's host backend → device, pipelined in chunks), chosen per op
-//! and size like host calls. The communicator sets up its device side (one GPU, the NCCL
+//! and size like host calls. Staged collectives are stream-ordered too: the stream triggers a
+//! progress thread per chunk and waits for it (the `staged` module), so the call returns
+//! once enqueued; their errors surface at [`Communicator::synchronize`] and later calls. The communicator sets up its device side (one GPU, the NCCL
 //! communicator) at its first device collective, or at [`Communicator::attach_device`].
 //! [`Communicator::synchronize`] waits for a queue while watching NCCL for asynchronous errors.
 
 use crate::buf::{Mem, MemMut};
 use crate::select::Selector;
+use crate::staged::StagedProgress;
 use crate::{Communicator, Error, Result};
 use std::cell::RefMut;
+use std::sync::Arc;
 use sucl_core::backend::{CollDesc, CollOp};
 use sucl_cuda::cudarc::driver::sys as cu;
-use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, IpcBackend, IpcOptions, NcclBackend};
+use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, IpcBackend, IpcOptions, NcclBackend, StreamSignal};
 
 pub use sucl_cuda::ipc::peer_access_report;
 pub use sucl_cuda::{
@@ -23,17 +27,16 @@ pub use sucl_cuda::{
 /// Bytes of one stage (all rows of one chunk) on the staged path.
 const STAGE_BYTES: usize = 4 << 20;
 
-/// One pinned staging area and the upload that last read it.
+/// One pinned staging area and an event after the last stream work that used it.
 struct Slot {
     mem: PinnedBuffer<u8>,
-    uploaded: Option<Event>,
+    uploaded: Option<Arc<Event>>,
 }
 
 /// A communicator's device side: its GPU, NCCL (when every rank can load it) and the staged
-/// path's upload queue and pinned slots.
+/// path's pinned slots and progress thread.
 pub(crate) struct DeviceComm {
     dev: Device,
-    upload: Queue,
     nccl: Option<NcclBackend>,
     /// Peer memory, when every rank's GPU can reach every other's.
     ipc: Option<IpcBackend>,
@@ -44,6 +47,20 @@ pub(crate) struct DeviceComm {
     selector: Selector,
     /// One byte the NCCL barrier reduces.
     scratch: Option<Buffer<u8>>,
+    /// The staged collectives' progress thread, started at the first one.
+    progress: Option<StagedProgress>,
+}
+
+impl Drop for DeviceComm {
+    /// Pinned slots are freed only after the stream work that uses them ran (bounded; on a
+    /// timeout they are leaked rather than freed under a copy). The progress thread ends first.
+    fn drop(&mut self) {
+        let stuck = self.slots.iter().any(|s| s.uploaded.as_ref().is_some_and(|e| e.synchronize().is_err()));
+        if stuck {
+            std::mem::forget(std::mem::take(&mut self.slots));
+        }
+        self.progress.take();
+    }
 }
 
 /// Test-only fault hook for `scripts/gpu-check.sh`: with `SUCL_TEST_NCCL_INIT_FAULT=R:exit`,
@@ -149,7 +166,7 @@ impl Communicator {
         names.extend(ipc.is_some().then_some("ipc"));
         names.push("staged");
         let selector = Selector::new(&self.ctx.policy.for_devices(), &names, self.size);
-        Ok(DeviceComm { dev: dev.clone(), upload: dev.queue()?, nccl, ipc, ipc_why, slots: vec![], selector, scratch: None })
+        Ok(DeviceComm { dev: dev.clone(), nccl, ipc, ipc_why, slots: vec![], selector, scratch: None, progress: None })
     }
 
     /// Sets up the peer-memory backend (collective): every rank takes part, even one whose
@@ -201,6 +218,8 @@ impl Communicator {
     /// Waits (bounded) until everything enqueued on `queue` ran, failing — on every rank — when
     /// NCCL reports an asynchronous error, a rank is lost or the timeout passes (NCCL is then
     /// aborted so that no kernel stays hung).
+    /// A staged collective that failed on its progress thread (its stream was released) is
+    /// reported here too.
     pub fn synchronize(&self, queue: &Queue) -> Result<()> {
         let mut guard = self.device.borrow_mut();
         let Some(d) = guard.as_mut() else { return queue.synchronize() };
@@ -212,7 +231,11 @@ impl Communicator {
             None if ipc.is_ok() => queue.synchronize(),
             None => Ok(()),
         };
-        ipc.and(rest)
+        ipc.and(rest)?;
+        match d.progress.as_ref().and_then(|p| p.error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Orders every rank on `queue`: work enqueued after it starts once every rank reached it.
@@ -587,9 +610,12 @@ impl DeviceComm {
 
     /// Device → pinned host → the communicator's host backend → device, in chunks: chunk k is
     /// the same column range of every row of the buffers, an independent host collective of
-    /// its own. Downloads run on the buffer's queue and uploads on a second queue, so chunk k's
-    /// upload, chunk k+1's download and the host collective overlap; events keep a slot from
-    /// being refilled while an upload still reads it.
+    /// its own. Stream-ordered and returning once enqueued: per chunk the caller's stream runs
+    /// the downloads into a pinned slot and triggers the progress thread (see `crate::staged`),
+    /// which runs the chunk's host collective; the stream waits for its completion, then runs
+    /// the uploads. Chunk k+1's download and trigger are enqueued before chunk k's wait, so the
+    /// host collective of one chunk overlaps the copies of its neighbours; two slots alternate,
+    /// reused in stream order. The host blocks only to grow the slots (once per larger size).
     fn staged(&mut self, comm: &Communicator, d: &CollDesc, send: Option<u64>, recv: u64, q: &Queue) -> Result<()> {
         let (n, r, es) = (comm.size(), comm.rank(), d.dtype.size());
         let rw = rows(d, n, r);
@@ -597,22 +623,44 @@ impl DeviceComm {
         let chunks = d.count.div_ceil(per).max(1);
         let pitch = d.count * es;
         let width = |k: usize| (d.count - (k * per).min(d.count)).min(per) * es;
-        let w0 = width(0);
-        self.ensure_slots((rw.send + rw.recv) * w0)?;
-        // Uploads must not overtake work enqueued before this call (a kernel still reading the
-        // receive buffer on a rank that downloads nothing).
-        self.upload.wait_for(&q.record()?)?;
-        let s = q.stream().cu_stream();
-        // What this rank downloads per chunk: (device address of row 0, rows, into the receive
-        // area at row).
+        self.ensure_slots((rw.send + rw.recv) * width(0))?;
+        if self.progress.is_none() {
+            // Collective, like the call itself: every rank reaches its first staged collective
+            // at the same point of its sequence.
+            let dup = comm.split(Some(0), comm.rank() as i64)?.ok_or_else(|| Error::Config("duplicating the communicator".into()))?;
+            self.progress = Some(StagedProgress::start(dup)?);
+        }
+        let rank = self.dev.rank();
+        let ck = move |during: &str, rc: cu::CUresult| -> Result<()> {
+            if rc == cu::CUresult::CUDA_SUCCESS {
+                return Ok(());
+            }
+            Err(Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {rc:?}") })
+        };
+        let progress = self.progress.as_mut().expect("started above");
+        if let Some(e) = progress.error() {
+            return Err(e);
+        }
+        let stream = q.stream();
+        let (index, bound) = (progress.stream_index(&self.dev, stream)?, progress.bound());
+        let s = stream.cu_stream();
+        // Earlier staged work on another stream (or a point-to-point staging) may still use
+        // the slots: this stream waits for it, the CPU does not.
+        let mut bases = [0usize; 2];
+        for (b, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(ev) = &slot.uploaded {
+                q.wait_for(ev)?;
+            }
+            bases[b] = slot.mem.as_mut_slice()?.as_mut_ptr() as usize;
+        }
         let src_in_place = send.unwrap_or(recv);
-        let download = |this: &mut DeviceComm, k: usize, b: usize| -> Result<()> {
-            let w = width(k);
-            let off = (k * per * es) as u64;
-            let base = this.slots[b].mem.as_mut_slice()?.as_mut_ptr();
+        let in_place = rw.in_place_row.is_some() || d.op == CollOp::Broadcast;
+        let download = |k: usize| -> cu::CUresult {
+            let (w, off, base) = (width(k), (k * per * es) as u64, bases[k % 2] as *mut u8);
             // SAFETY: every row lies inside the caller's (validated) buffers; the slot holds
-            // (send rows + recv rows) × w0 ≥ that many × w bytes.
-            let rc = unsafe {
+            // (send rows + recv rows) × width(0) ≥ that many × w bytes, and stream order puts
+            // this copy after the last upload that read the slot.
+            unsafe {
                 if let Some(row) = rw.in_place_row {
                     let src = if d.op == CollOp::AllGather { send.unwrap_or(recv + (r * pitch) as u64) } else { src_in_place };
                     copy_rows(true, src + off, pitch, base.add(rw.send * w + row * w), w, 1, s)
@@ -621,42 +669,50 @@ impl DeviceComm {
                 } else {
                     cu::CUresult::CUDA_SUCCESS
                 }
-            };
-            this.cuda_err("device to host", rc)
+            }
         };
-        self.slot_free(0)?;
-        download(self, 0, 0)?;
-        for k in 0..chunks {
-            let b = k % 2;
-            q.synchronize()?;
-            if k + 1 < chunks {
-                let nb = (k + 1) % 2;
-                if let Some(ev) = &self.slots[nb].uploaded {
-                    q.wait_for(ev)?;
-                }
-                download(self, k + 1, nb)?;
-            }
-            self.slot_free(b)?;
-            let w = width(k);
+        let job = |k: usize| -> crate::staged::Job {
+            let (w, base) = (width(k), bases[k % 2]);
             let cd = CollDesc { count: w / es, ..*d };
-            let area = &mut self.slots[b].mem.as_mut_slice()?[..(rw.send + rw.recv) * w];
-            let (sa, ra) = area.split_at_mut(rw.send * w);
-            match (rw.in_place_row.is_some() || d.op == CollOp::Broadcast, rw.send > 0) {
-                (true, _) => comm.coll(cd, None, ra)?,
-                (false, true) => comm.coll(cd, Some(sa), ra)?,
-                (false, false) => comm.coll(cd, None, ra)?,
-            }
+            let (sw, rwb, with_send) = (rw.send * w, rw.recv * w, !in_place && rw.send > 0);
+            Box::new(move |c: &Communicator| {
+                // SAFETY: the slot is pinned memory of at least sw + rwb bytes that outlives
+                // the stream work using it (DeviceComm frees slots only after their last
+                // event); between this chunk's trigger (after its downloads) and its
+                // completion (before its uploads) nothing else touches it.
+                let area = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, sw + rwb) };
+                let (sa, ra) = area.split_at_mut(sw);
+                c.coll(cd, if with_send { Some(sa) } else { None }, ra)
+            })
+        };
+        let mut epochs = Vec::with_capacity(chunks);
+        let wait_and_upload = |k: usize, (signal, epoch): (&'static StreamSignal, u64)| -> Result<()> {
+            signal.wait_on(stream, epoch, bound)?;
+            let w = width(k);
             if rw.recv > 0 && w > 0 {
-                let p = ra.as_mut_ptr();
-                // SAFETY: the receive rows lie inside the caller's receive buffer.
-                let rc = unsafe { copy_rows(false, recv + (k * per * es) as u64, pitch, p, w, rw.recv, self.upload.stream().cu_stream()) };
-                self.cuda_err("host to device", rc)?;
-                self.slots[b].uploaded = Some(self.upload.record()?);
+                let p = (bases[k % 2] + rw.send * w) as *mut u8;
+                // SAFETY: the receive rows lie inside the caller's receive buffer; the slot
+                // stays allocated until the event recorded after this call completed.
+                let rc = unsafe { copy_rows(false, recv + (k * per * es) as u64, pitch, p, w, rw.recv, s) };
+                ck("host to device", rc)?;
+            }
+            Ok(())
+        };
+        for k in 0..chunks {
+            ck("device to host", download(k))?;
+            let (signal, epoch) = progress.submit(index, job(k));
+            signal.trigger_on(stream, epoch)?;
+            epochs.push((signal, epoch));
+            if k > 0 {
+                wait_and_upload(k - 1, epochs[k - 1])?;
             }
         }
-        // Later work on the caller's queue (kernels reading the result) waits for the uploads;
-        // the CPU does not.
-        q.wait_for(&self.upload.record()?)
+        wait_and_upload(chunks - 1, epochs[chunks - 1])?;
+        let after = Arc::new(q.record()?);
+        for slot in &mut self.slots {
+            slot.uploaded = Some(after.clone());
+        }
+        Ok(())
     }
 }
 

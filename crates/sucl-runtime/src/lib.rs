@@ -26,6 +26,8 @@ pub mod cuda;
 mod fault;
 mod nonblocking;
 pub mod select;
+#[cfg(feature = "cuda")]
+mod staged;
 mod unscoped;
 
 pub use buf::{Buf, BufMut, Mem, MemMut};

@@ -87,6 +87,8 @@ fn run() -> sucl_runtime::Result<()> {
     comm.all_reduce_in_place(&mut worst, ReduceOp::Max)?;
     let b = stats(base.per_step)?;
     let t = stats(st.per_step)?;
+    let bb = stats(base.blocked)?;
+    let tb = stats(st.blocked)?;
     let mut most = [peers as u64];
     comm.all_reduce_in_place(&mut most, ReduceOp::Max)?;
     if comm.rank() == 0 {
@@ -104,6 +106,19 @@ fn run() -> sucl_runtime::Result<()> {
         println!("faces: baseline  time per share avg {:.3} us, min {:.3}, max {:.3}", b.0 * 1e6, b.1 * 1e6, b.2 * 1e6);
         println!("faces: triggered time per share avg {:.3} us, min {:.3}, max {:.3}", t.0 * 1e6, t.1 * 1e6, t.2 * 1e6);
         println!("faces: triggered / baseline (max over ranks) = {:.3}", t.2 / b.2);
+        println!("faces: host time blocked per share (avg over ranks): baseline {:.3} us, triggered {:.3} us", bb.0 * 1e6, tb.0 * 1e6);
+        // One JSON line for scripts/stream_plot.py.
+        println!(
+            "{{\"bench\":\"faces\",\"on\":\"{}\",\"transport\":\"{}\",\"input\":\"{s}\",\"ranks\":{},\"baseline_us\":{:.3},\"triggered_us\":{:.3},\"baseline_blocked_us\":{:.3},\"triggered_blocked_us\":{:.3},\"max_rel_diff\":{:e}}}",
+            if gpu.is_some() { "gpu" } else { "host" },
+            gpu.map_or("host".to_string(), |t| format!("{t:?}").to_lowercase()),
+            comm.size(),
+            b.2 * 1e6,
+            t.2 * 1e6,
+            bb.0 * 1e6,
+            tb.0 * 1e6,
+            worst[0]
+        );
     }
     if worst[0] >= 1e-15 {
         std::process::exit(2);

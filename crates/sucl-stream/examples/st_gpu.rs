@@ -190,6 +190,30 @@ fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
     Ok(())
 }
 
+/// One timed round of `batches` batches: (wall µs per batch after a host synchronize, host µs
+/// per batch spent in the issuing calls).
+fn timed(
+    batches: usize,
+    mut issue: impl FnMut() -> sucl_runtime::Result<()>,
+    sync: impl FnOnce() -> sucl_runtime::Result<()>,
+) -> sucl_runtime::Result<(f64, f64)> {
+    let t0 = Instant::now();
+    let mut issuing = std::time::Duration::ZERO;
+    for _ in 0..batches {
+        let t = Instant::now();
+        issue()?;
+        issuing += t.elapsed();
+    }
+    sync()?;
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / batches as f64;
+    Ok((per(t0.elapsed()), per(issuing)))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> sucl_runtime::Result<()> {
     let iters = 1000;
     // Trigger round trip: empty batches, each start → progress thread → completion → stream.
@@ -220,28 +244,7 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
         .collect();
     let sends: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
     let recvs: Vec<DeviceBuf<f64>> = sizes.iter().map(|&n| q.alloc::<f64>(n).map(DeviceBuf::new)).collect::<Result<_, _>>()?;
-    let (warm, timed) = (20, 200);
-    let mut st = 0.0;
-    for pass in 0..2 {
-        let t0 = Instant::now();
-        for _ in 0..if pass == 0 { warm } else { timed } {
-            for (i, (s, r)) in sends.iter().zip(&recvs).enumerate() {
-                cq.enqueue_send(s, peer, i as u32)?;
-                cq.enqueue_recv(r, peer, i as u32)?;
-            }
-            cq.start()?;
-            cq.wait()?;
-        }
-        cq.synchronize()?;
-        st = t0.elapsed().as_secs_f64() * 1e6 / timed as f64;
-    }
-    let staged = cq.transport() == Some(Transport::Staged);
-    let comm = cq.close()?;
-    println!("st-gpu: bench {t}: 26 send/recv pairs through the queue: {st:.2} us per batch (rank {rank})");
-    if staged {
-        return Ok(());
-    }
-    // The same group called directly (one NCCL group per batch, no queue).
+    // The direct group: the same buffers' addresses, taken once.
     let ptr = |b: &DeviceBuf<f64>, write: bool| -> u64 {
         use sucl_cuda::{DeviceMemory, DeviceMemoryMut};
         let mut g = b.lock();
@@ -253,19 +256,66 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
     };
     let s_list: Vec<(u64, usize, usize)> = sends.iter().map(|b| (ptr(b, false), b.len() * 8, peer)).collect();
     let r_list: Vec<(u64, usize, usize)> = recvs.iter().map(|b| (ptr(b, true), b.len() * 8, peer)).collect();
-    let mut direct = 0.0;
-    for pass in 0..2 {
-        let t0 = Instant::now();
-        for _ in 0..if pass == 0 { warm } else { timed } {
-            // SAFETY: the buffers live (held by `sends`/`recvs`) until the stream is synchronized.
-            unsafe { comm.nccl_group_p2p(&s_list, &r_list, q)? };
+    let (rounds, warm, batches) = (5, 20, 200);
+    let (mut st, mut st_issue, mut direct, mut direct_issue) = (vec![], vec![], vec![], vec![]);
+    let nccl = cq.transport() == Some(Transport::Nccl);
+    // Rounds alternate the queue and the direct group on the same communicator, stream and
+    // buffers, so drift of the machine hits both alike.
+    for round in 0..=rounds {
+        let n = if round == 0 { warm } else { batches };
+        let (w, i) = timed(
+            n,
+            || {
+                for (i, (s, r)) in sends.iter().zip(&recvs).enumerate() {
+                    cq.enqueue_send(s, peer, i as u32)?;
+                    cq.enqueue_recv(r, peer, i as u32)?;
+                }
+                cq.start()?;
+                cq.wait()
+            },
+            || Ok(()),
+        )?;
+        let (w, i) = {
+            let t1 = Instant::now();
+            cq.synchronize()?;
+            (w + t1.elapsed().as_secs_f64() * 1e6 / n as f64, i)
+        };
+        if round > 0 {
+            st.push(w);
+            st_issue.push(i);
         }
-        comm.synchronize(q)?;
-        direct = t0.elapsed().as_secs_f64() * 1e6 / timed as f64;
+        if nccl {
+            let comm = cq.nccl_communicator().expect("nccl queue");
+            let (w, i) = timed(
+                n,
+                // SAFETY: the buffers live (held by `sends`/`recvs`) until the stream is
+                // synchronized right after.
+                || unsafe { comm.nccl_group_p2p(&s_list, &r_list, q) },
+                || comm.synchronize(q),
+            )?;
+            if round > 0 {
+                direct.push(w);
+                direct_issue.push(i);
+            }
+        }
     }
+    let (st_m, st_i) = (median(&mut st), median(&mut st_issue));
     println!(
-        "st-gpu: bench {t}: the same NCCL group called directly: {direct:.2} us per batch; queue - direct = {:.2} us (rank {rank})",
-        st - direct
+        "st-gpu: bench {t}: 26 send/recv pairs through the queue: {st_m:.2} us per batch, host issue {st_i:.2} us (median of {rounds} rounds of {batches}; rank {rank})"
     );
+    let mut json = format!(
+        "{{\"bench\":\"st_batch\",\"transport\":\"{t}\",\"rank\":{rank},\"trigger_rtt_us\":{rt:.3},\"queue_us\":{st_m:.3},\"queue_issue_us\":{st_i:.3}"
+    );
+    if nccl {
+        let (d_m, d_i) = (median(&mut direct), median(&mut direct_issue));
+        println!(
+            "st-gpu: bench {t}: the same NCCL group called directly (same communicator: the queue's NCCL point-to-point one; same stream; same buffers; rounds alternated): {d_m:.2} us per batch, host issue {d_i:.2} us; queue - direct = {:.2} us per batch, host issue {:.2} us (rank {rank})",
+            st_m - d_m,
+            st_i - d_i
+        );
+        json += &format!(",\"direct_us\":{d_m:.3},\"direct_issue_us\":{d_i:.3}");
+    }
+    println!("{json}}}");
+    cq.close()?;
     Ok(())
 }

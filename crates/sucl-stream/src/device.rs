@@ -18,14 +18,15 @@
 
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::queue::{CommQueue, Lent, Path, QueueBuffer};
-use crate::request::{DevicePoll, OpState, Request};
+use crate::request::{DevicePoll, OpState, Request, What};
 use crate::{clone_error, PROC_NULL};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use sucl_cuda::cudarc::driver::sys as cu;
-use sucl_cuda::cudarc::driver::CudaContext;
+use sucl_cuda::cudarc::driver::{CudaContext, CudaStream};
+use sucl_cuda::StreamSignal;
 use sucl_runtime::cuda::{Buffer, DeviceElement, Event, Queue};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
 
@@ -45,6 +46,12 @@ pub enum Transport {
 /// handle until the operation completed, so the memory cannot be freed under a transfer).
 /// Kernels reach it through [`DeviceBuf::lock`]; the stream orders them with the queue's
 /// transfers.
+///
+/// The queue takes the buffer's device address once, when the `DeviceBuf` is made (the stream
+/// then waits for earlier work on the buffer, as cudarc tracks it), and uses it in its stream's
+/// order from then on: no event is waited for or recorded per operation, so an enqueue costs
+/// what the NCCL call itself costs. Work on *other* streams that touches the buffer must be
+/// ordered with the queue explicitly ([`CommQueue::wait_on`], events).
 pub struct DeviceBuf<T: Element> {
     inner: Arc<dyn Holder<T>>,
     len: usize,
@@ -58,14 +65,19 @@ impl<T: Element> Clone for DeviceBuf<T> {
 
 impl<T: DeviceElement> DeviceBuf<T> {
     /// Shares `buf`.
-    pub fn new(buf: Buffer<T>) -> Self {
+    pub fn new(mut buf: Buffer<T>) -> Self {
+        use sucl_cuda::DeviceMemoryMut;
         let len = buf.len();
-        DeviceBuf { inner: Arc::new(Held(Mutex::new(buf))), len }
+        let stream = buf.queue().stream().clone();
+        // The guard records this (notional) write on the stream as it drops here: later users
+        // on other streams that cudarc orders wait for everything before it.
+        let addr = DeviceMemoryMut::write_ptr(&mut buf, &stream).0;
+        DeviceBuf { inner: Arc::new(Held { buf: Mutex::new(buf), addr, stream }), len }
     }
 
     /// The buffer, for launching kernels on it or copying it back.
     pub fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
-        held::<T>(&*self.inner).0.lock().unwrap_or_else(|p| p.into_inner())
+        held::<T>(&*self.inner).buf.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -94,15 +106,19 @@ impl<T: Element> QueueBuffer<T> for DeviceBuf<T> {
 /// What the queue needs of a device buffer whatever its element type.
 trait Holder<T: Element>: Send + Sync {
     fn as_any(&self) -> &dyn Any;
-    /// Its queue.
-    fn queue(&self) -> Queue;
-    /// Its device address, ordered for use on its stream.
-    fn address(&self, write: bool) -> u64;
+    /// The stream of its queue.
+    fn stream(&self) -> &Arc<CudaStream>;
+    /// Its device address (0 when empty), valid for use in its stream's order.
+    fn address(&self) -> u64;
     /// A collective over NCCL into this buffer (`send` None: in place).
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()>;
 }
 
-struct Held<T: DeviceElement>(Mutex<Buffer<T>>);
+struct Held<T: DeviceElement> {
+    buf: Mutex<Buffer<T>>,
+    addr: u64,
+    stream: Arc<CudaStream>,
+}
 
 fn held<T: DeviceElement>(h: &dyn Holder<T>) -> &Held<T> {
     h.as_any().downcast_ref::<Held<T>>().expect("a DeviceBuf holds a Buffer of its element type")
@@ -113,25 +129,17 @@ impl<T: DeviceElement> Holder<T> for Held<T> {
         self
     }
 
-    fn queue(&self) -> Queue {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).queue().clone()
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
-    fn address(&self, write: bool) -> u64 {
-        use sucl_cuda::{DeviceMemory, DeviceMemoryMut};
-        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let q = b.queue().clone();
-        let s = q.stream();
-        if write {
-            DeviceMemoryMut::write_ptr(&mut *b, s).0
-        } else {
-            DeviceMemory::read_ptr(&*b, s).0
-        }
+    fn address(&self) -> u64 {
+        self.addr
     }
 
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
-        let mut r = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let s = send.map(|s| held::<T>(s).0.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut r = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        let s = send.map(|s| held::<T>(s).buf.lock().unwrap_or_else(|p| p.into_inner()));
         match (c, s) {
             (Coll::AllReduce(op), Some(s)) => comm.all_reduce(&*s, &mut *r, op),
             (Coll::AllReduce(op), None) => comm.all_reduce_in_place(&mut *r, op),
@@ -167,10 +175,9 @@ impl Coll {
     }
 }
 
-/// Pinned, device-mapped host memory (not write-combined: the CPU reads it).
+/// Pinned host memory: a staging slot (not write-combined: the CPU reads it).
 struct Pinned {
     host: *mut u8,
-    dev: u64,
     bytes: usize,
     ctx: Arc<CudaContext>,
 }
@@ -185,25 +192,9 @@ impl Pinned {
     fn new(ctx: &Arc<CudaContext>, bytes: usize, rank: usize) -> Result<Pinned> {
         ctx.bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: allocating; the pointer is checked before use.
-        check(unsafe { cu::cuMemHostAlloc(&mut p, bytes.max(8), flags) }, rank, "allocating pinned host memory")?;
-        let mut dev: cu::CUdeviceptr = 0;
-        // SAFETY: `p` was just allocated with DEVICEMAP in the current context.
-        let r = check(unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }, rank, "mapping pinned memory for the device");
-        let me = Pinned { host: p as *mut u8, dev, bytes, ctx: ctx.clone() };
-        r?;
-        // SAFETY: fresh allocation of at least 8 bytes; zeroed so the counters start at 0.
-        unsafe { std::ptr::write_bytes(me.host, 0, bytes.max(8)) };
-        Ok(me)
-    }
-
-    /// The 64-bit word at byte `offset`, as an atomic the CPU may load and store.
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset + 8 <= self.bytes && offset.is_multiple_of(8));
-        // SAFETY: in bounds, 8-aligned (the allocation is page-aligned), valid while `self`
-        // lives; the device only writes it with 64-bit stream memory operations.
-        unsafe { AtomicU64::from_ptr(self.host.add(offset) as *mut u64) }
+        check(unsafe { cu::cuMemHostAlloc(&mut p, bytes.max(8), cu::CU_MEMHOSTALLOC_PORTABLE) }, rank, "allocating pinned host memory")?;
+        Ok(Pinned { host: p as *mut u8, bytes, ctx: ctx.clone() })
     }
 }
 
@@ -224,21 +215,14 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
     }
 }
 
-/// Byte offsets of the two counters (separate 128-byte lines).
-const TRIGGER: usize = 0;
-const DONE: usize = 128;
-
-/// The counters of a staged queue. Leaked on purpose (256 bytes of pinned memory per staged
-/// queue for the life of the process): the progress thread may hold the channel a little longer
-/// than the queue, and it must never be the one to free CUDA memory (it makes no CUDA call).
-struct Flags(Pinned);
-
-impl Signal for &'static Flags {
+/// The trigger and completion counters of a staged queue (see `sucl_cuda::StreamSignal`,
+/// shared with the runtime's staged collectives).
+impl Signal for &'static StreamSignal {
     fn triggered(&self) -> u64 {
-        self.0.word(TRIGGER).load(Ordering::Acquire)
+        StreamSignal::triggered(self)
     }
     fn complete(&self, epoch: u64) {
-        self.0.word(DONE).fetch_max(epoch, Ordering::AcqRel);
+        StreamSignal::complete(self, epoch)
     }
     fn polled(&self) -> bool {
         true
@@ -297,19 +281,19 @@ enum Mode {
     Nccl {
         comm: Box<Communicator>,
         pending: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
-        /// Handles of started operations, released once their event completed.
-        held: HeldHandles,
+        /// Handles of started operations by start epoch, released once the tracker saw it
+        /// complete.
+        held: Vec<(u64, Vec<Box<dyn Send>>)>,
+        tracker: Arc<Tracker>,
         failed: Option<Error>,
     },
     Staged {
         ch: Arc<Channel>,
-        flags: &'static Flags,
+        signal: &'static StreamSignal,
         pending: Vec<StagedOp>,
         awaiting: Vec<AwaitingUpload>,
         /// Slots not in use, with the event after their last upload.
         pool: Vec<(Arc<Pinned>, Option<Arc<Event>>)>,
-        /// Stream memory operations failed once: use host functions.
-        host_functions: bool,
         /// The epoch the last stream wait covered.
         waited: u64,
         /// Handles of buffers whose uploads were enqueued, released once their event completed.
@@ -341,12 +325,13 @@ impl CommQueue {
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
-            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], failed: None }
+            let tracker = Arc::new(Tracker::new(queue.clone()));
+            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, failed: None }
         } else {
-            let flags: &'static Flags = Box::leak(Box::new(Flags(Pinned::new(queue.device().context(), 256, world_rank)?)));
-            let ch = Channel::new(comm, Box::new(flags));
+            let signal = StreamSignal::leak(queue.device())?;
+            let ch = Channel::new(comm, Box::new(signal));
             engine().register(ch.clone());
-            Mode::Staged { ch, flags, pending: vec![], awaiting: vec![], pool: vec![], host_functions: false, waited: 0, held: vec![] }
+            Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: vec![], waited: 0, held: vec![] }
         };
         let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
         Ok(CommQueue::with_path(Path::Device(Box::new(path)), rank, size, world_rank, timeout))
@@ -359,6 +344,19 @@ impl CommQueue {
                 Mode::Nccl { .. } => Some(Transport::Nccl),
                 Mode::Staged { .. } => Some(Transport::Staged),
                 Mode::Closed => None,
+            },
+            Path::Host { .. } => None,
+        }
+    }
+
+    /// The communicator a queue on the NCCL path issues its groups on (`None` otherwise), for
+    /// comparing the queue with NCCL called directly on the same communicator and stream.
+    /// Calls on it are ordered with the queue's groups only by the stream they are issued on.
+    pub fn nccl_communicator(&self) -> Option<&Communicator> {
+        match &self.path {
+            Path::Device(d) => match &d.mode {
+                Mode::Nccl { comm, .. } => Some(comm),
+                _ => None,
             },
             Path::Host { .. } => None,
         }
@@ -399,8 +397,7 @@ fn device_of(cq: &mut CommQueue) -> &mut DevicePath {
 
 fn check_queue<T: Element>(cq: &CommQueue, b: &DeviceBuf<T>) -> Result<()> {
     let Path::Device(d) = &cq.path else { unreachable!("device queue") };
-    let bq = b.inner.queue();
-    if !Arc::ptr_eq(bq.stream(), d.queue.stream()) {
+    if !Arc::ptr_eq(b.inner.stream(), d.queue.stream()) {
         return Err(cq.invalid("buffer", "belongs to another queue than the one this CommQueue is bound to"));
     }
     Ok(())
@@ -434,10 +431,13 @@ impl DevicePath {
 
     pub(crate) fn synchronize(&mut self) -> Result<()> {
         let r = match &mut self.mode {
-            Mode::Nccl { comm, held, failed, .. } => {
+            Mode::Nccl { comm, held, failed, tracker, .. } => {
                 let r = comm.synchronize(&self.queue);
-                if let Err(e) = &r {
-                    failed.get_or_insert(clone_error(e));
+                match &r {
+                    Err(e) => {
+                        failed.get_or_insert(clone_error(e));
+                    }
+                    Ok(()) => tracker.synchronized(),
                 }
                 held.clear();
                 r
@@ -470,30 +470,77 @@ impl DevicePath {
     }
 }
 
-/// An event after an NCCL group: the operations in it are complete once it is.
-struct EventPoll(Arc<Event>);
+/// Completion of the NCCL path's starts, learned from events recorded only when someone asks
+/// (a request's test or wait, releasing held buffers, synchronize) — a start records none, so
+/// it issues exactly what a direct NCCL group issues. One event recorded after start `e` was
+/// issued covers every start up to `e` (stream order), so it serves every request of them.
+struct Tracker {
+    queue: Queue,
+    /// The last start whose group was issued on the stream.
+    issued: AtomicU64,
+    /// Every start up to this one completed.
+    completed: AtomicU64,
+    /// The newest event recorded, with the last start issued before it was.
+    latest: Mutex<Option<(u64, Event)>>,
+}
 
-impl DevicePoll for EventPoll {
-    fn poll(&self) -> Result<bool> {
-        Ok(self.0.is_complete())
+impl Tracker {
+    fn new(queue: Queue) -> Tracker {
+        Tracker { queue, issued: AtomicU64::new(0), completed: AtomicU64::new(0), latest: Mutex::new(None) }
+    }
+
+    /// Whether every start up to `epoch` (already issued) completed; records an event if none
+    /// recorded so far covers `epoch`.
+    fn done_up_to(&self, epoch: u64) -> Result<bool> {
+        if self.completed.load(Ordering::Acquire) >= epoch {
+            return Ok(true);
+        }
+        let mut g = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_none_or(|(covers, _)| *covers < epoch) {
+            // Read before recording: the event then follows every group issued up to `covers`.
+            let covers = self.issued.load(Ordering::Acquire);
+            *g = Some((covers, self.queue.record()?));
+        }
+        let (covers, ev) = g.as_ref().expect("set above");
+        if ev.is_complete() {
+            self.completed.fetch_max(*covers, Ordering::AcqRel);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// After a host synchronize of the stream: everything issued completed.
+    fn synchronized(&self) {
+        self.completed.fetch_max(self.issued.load(Ordering::Acquire), Ordering::AcqRel);
     }
 }
+
+/// The completion of one NCCL-path start, for its requests.
+struct Mark {
+    tracker: Arc<Tracker>,
+    epoch: u64,
+}
+
+impl DevicePoll for Mark {
+    fn poll(&self) -> Result<bool> {
+        self.tracker.done_up_to(self.epoch)
+    }
+}
+
+/// Held handles beyond which a start releases those of completed starts.
+const HELD_CHECK: usize = 64;
 
 /// Enqueues a send or receive of a device buffer.
 pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
     check_queue(cq, b)?;
     let es = std::mem::size_of::<T>();
     let bytes = b.len() * es;
-    let what = format!(
-        "{} rank {} (tag {tag})",
-        if send { "send to" } else { "receive from" },
-        if peer == PROC_NULL { "PROC_NULL".to_string() } else { peer.to_string() }
-    );
+    let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
     let (state, req) = cq.new_request(es, what);
     let keep: Box<dyn Send> = Box::new(b.clone());
     let d = device_of(cq);
     if matches!(d.mode, Mode::Nccl { .. }) {
-        let addr = if peer == PROC_NULL { 0 } else { b.inner.address(!send) };
+        let addr = if peer == PROC_NULL { 0 } else { b.inner.address() };
         let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
         if let Mode::Nccl { pending, .. } = &mut d.mode {
             pending.push((op, state, keep));
@@ -504,7 +551,7 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
         StagedOp { downloads: vec![], uploads: vec![], op: Op { work: Work::Null, state, keep: None, exact: None }, hold: keep }
     } else {
         let slot = d.slot(bytes)?;
-        let copy = Copy { dev: b.inner.address(!send), slot: slot.clone(), bytes };
+        let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
         let mem = Box::new(SlotLend(slot, bytes));
         if send {
             StagedOp {
@@ -540,7 +587,7 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
     }
     let es = std::mem::size_of::<T>();
     let (sb, rb) = (send.len() * es, recv.len() * es);
-    let (state, req) = cq.new_request(es, c.name().to_string());
+    let (state, req) = cq.new_request(es, What::Coll(c.name()));
     let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
     let d = device_of(cq);
     if let Mode::Nccl { pending, .. } = &mut d.mode {
@@ -552,10 +599,10 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
     let rslot = d.slot(rb)?;
     let sslot = if in_place { None } else { Some(d.slot(sb)?) };
     let download = match &sslot {
-        Some(ss) => Copy { dev: send.inner.address(false), slot: ss.clone(), bytes: sb },
-        None => Copy { dev: recv.inner.address(false), slot: rslot.clone(), bytes: rb },
+        Some(ss) => Copy { dev: send.inner.address(), slot: ss.clone(), bytes: sb },
+        None => Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb },
     };
-    let upload = Copy { dev: recv.inner.address(true), slot: rslot.clone(), bytes: rb };
+    let upload = Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb };
     let (slen, rlen) = (send.len(), recv.len());
     let work = Work::Coll(Box::new(move |comm: &Communicator, _deadline| {
         // SAFETY: the slots are pinned host memory of at least these sizes, kept alive by this
@@ -598,17 +645,26 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     let stream = d.queue.stream().clone();
     let cs = stream.cu_stream();
     match &mut d.mode {
-        Mode::Nccl { comm, pending, held, failed } => {
-            held.retain(|(e, _)| !e.is_complete());
+        Mode::Nccl { comm, pending, held, tracker, failed } => {
             let ops = std::mem::take(pending);
             match issue_nccl(comm, &d.queue, ops) {
                 Ok((states, keeps)) => {
-                    let ev = Arc::new(d.queue.record()?);
-                    let poll: Arc<dyn DevicePoll> = Arc::new(EventPoll(ev.clone()));
-                    for (s, bytes) in states {
-                        s.complete_on_device(poll.clone(), bytes);
+                    tracker.issued.store(epoch, Ordering::Release);
+                    if !states.is_empty() {
+                        let poll: Arc<dyn DevicePoll> = Arc::new(Mark { tracker: tracker.clone(), epoch });
+                        for (s, bytes) in states {
+                            s.complete_on_device(poll.clone(), bytes);
+                        }
                     }
-                    held.push((ev, keeps));
+                    if !keeps.is_empty() {
+                        held.push((epoch, keeps));
+                    }
+                    if held.len() >= HELD_CHECK {
+                        // The oldest start's event is usually recorded already (one query).
+                        tracker.done_up_to(held[0].0)?;
+                        let done = tracker.completed.load(Ordering::Acquire);
+                        held.retain(|(e, _)| *e > done);
+                    }
                     Ok(())
                 }
                 Err(e) => {
@@ -617,7 +673,7 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                 }
             }
         }
-        Mode::Staged { ch, flags, pending, awaiting, host_functions, pool, .. } => {
+        Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
             d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
             let ops = std::mem::take(pending);
             let mut uploads = vec![];
@@ -647,7 +703,7 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
             pool.extend(sent_slots.into_iter().map(|s| (s, None)));
             ch.submit(Batch { epoch, ops: batch });
             awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
-            write_trigger(flags, cs, epoch, host_functions, rank)
+            signal.trigger_on(&stream, epoch)
         }
         Mode::Closed => Err(Error::Config("the queue was closed".into())),
     }
@@ -695,49 +751,6 @@ fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>
     Ok((states, keeps))
 }
 
-/// Stores `epoch` into the trigger in stream order: a stream memory operation, or a host
-/// function where those fail.
-fn write_trigger(flags: &'static Flags, cs: cu::CUstream, epoch: u64, host_functions: &mut bool, rank: usize) -> Result<()> {
-    if !*host_functions {
-        let addr = flags.0.dev + TRIGGER as u64;
-        // SAFETY: `addr` is the device mapping of the pinned trigger word, alive with `flags`
-        // (the channel and the queue hold it until the stream is synchronized at close).
-        let rc =
-            unsafe { cu::cuStreamWriteValue64_v2(cs, addr, epoch, cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) };
-        if rc == cu::CUresult::CUDA_SUCCESS {
-            return Ok(());
-        }
-        tracing::warn!(rank, ?rc, "stream memory operations failed; triggering with host functions");
-        *host_functions = true;
-    }
-    let data = Box::into_raw(Box::new((flags, epoch, Duration::ZERO)));
-    // SAFETY: `store_trigger` takes the box back exactly once, when the stream runs it.
-    let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(store_trigger), data as *mut std::ffi::c_void) };
-    if rc != cu::CUresult::CUDA_SUCCESS {
-        // SAFETY: the launch failed, so the callback will never run: reclaim the box.
-        drop(unsafe { Box::from_raw(data) });
-    }
-    check(rc, rank, "enqueueing the trigger")
-}
-
-type HostFnData = (&'static Flags, u64, Duration);
-
-unsafe extern "C" fn store_trigger(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `write_trigger` leaked for this call.
-    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
-    b.0 .0.word(TRIGGER).fetch_max(b.1, Ordering::AcqRel);
-}
-
-unsafe extern "C" fn await_done(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `wait` leaked for this call.
-    let b = unsafe { Box::from_raw(data as *mut HostFnData) };
-    let deadline = Instant::now() + b.2;
-    // Bounded: the engine stores the counter on success, failure and timeout alike.
-    while b.0 .0.word(DONE).load(Ordering::Acquire) < b.1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(5));
-    }
-}
-
 /// Holds later work on the stream until every operation started up to `epoch` completed, then
 /// uploads the received data (see [`CommQueue::wait`]).
 pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
@@ -745,7 +758,7 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     let d = device_of(cq);
     let rank = d.rank;
     let cs = d.queue.stream().cu_stream();
-    let Mode::Staged { flags, awaiting, host_functions, waited, held, .. } = &mut d.mode else {
+    let Mode::Staged { signal, awaiting, waited, held, .. } = &mut d.mode else {
         // NCCL: stream order already holds later work behind the group.
         return Ok(());
     };
@@ -753,28 +766,7 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
         return Ok(());
     }
     d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
-    let mut waited_ok = false;
-    if !*host_functions {
-        let addr = flags.0.dev + DONE as u64;
-        // SAFETY: the device mapping of the pinned completion word, alive with `flags`.
-        let rc = unsafe { cu::cuStreamWaitValue64_v2(cs, addr, epoch, cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32) };
-        if rc == cu::CUresult::CUDA_SUCCESS {
-            waited_ok = true;
-        } else {
-            tracing::warn!(rank, ?rc, "stream memory operations failed; waiting with host functions");
-            *host_functions = true;
-        }
-    }
-    if !waited_ok {
-        let data = Box::into_raw(Box::new((*flags, epoch, bound)));
-        // SAFETY: `await_done` takes the box back exactly once.
-        let rc = unsafe { cu::cuLaunchHostFunc(cs, Some(await_done), data as *mut std::ffi::c_void) };
-        if rc != cu::CUresult::CUDA_SUCCESS {
-            // SAFETY: never launched: reclaim.
-            drop(unsafe { Box::from_raw(data) });
-        }
-        check(rc, rank, "enqueueing the stream wait")?;
-    }
+    signal.wait_on(d.queue.stream(), epoch, bound)?;
     *waited = epoch;
     let mut slots = vec![];
     let mut keeps: Vec<Box<dyn Send>> = vec![];

@@ -90,13 +90,21 @@ pub(crate) struct Channel {
     pub(crate) closed: AtomicBool,
     pub(crate) rank: usize,
     pub(crate) timeout: Duration,
+    /// The communicator's backoff: how long the engine spins, then yields, before it naps.
+    spin: Duration,
+    yield_for: Duration,
 }
 
 impl Channel {
     pub(crate) fn new(comm: Communicator, signal: Box<dyn Signal>) -> Arc<Channel> {
         let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let timeout = comm.config().host.timeout;
+        let backoff = comm.config().host.backoff;
         Arc::new(Channel {
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
             signal,
@@ -162,15 +170,24 @@ impl Channel {
         self.signal.complete(FAILED_DONE);
     }
 
-    /// One round of progress. Returns whether anything happened.
-    fn progress(&self) -> bool {
-        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+    /// One round of progress. Returns whether anything happened. Whoever calls it does the
+    /// work: the engine thread, or a host queue's task that would otherwise wait for the engine
+    /// (see [`Channel::drive`]); a round another thread is already doing is skipped, so the
+    /// engine never blocks behind a queue's task. With `collectives` false, a batch holding a
+    /// collective is left for the engine (it runs to completion where it is started).
+    pub(crate) fn progress(&self, collectives: bool) -> bool {
+        let mut active = match self.active.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         let Some(comm) = comm_guard.as_ref() else { return false };
         if let Some(a) = active.as_mut() {
             return match test_batch(comm, a) {
                 Ok(false) if Instant::now() > a.deadline => {
-                    let what = a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.clone());
+                    let what =
+                        a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.to_string());
                     let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
                     self.fail(e, active.take(), Some(comm));
                     true
@@ -191,7 +208,11 @@ impl Channel {
         let batch = {
             let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
             match q.front() {
-                Some(b) if b.epoch <= self.signal.triggered() => q.pop_front(),
+                Some(b)
+                    if b.epoch <= self.signal.triggered() && (collectives || !b.ops.iter().any(|o| matches!(o.work, Work::Coll(_)))) =>
+                {
+                    q.pop_front()
+                }
                 _ => None,
             }
         };
@@ -348,18 +369,25 @@ fn run() {
     };
     let mut chans: Vec<Arc<Channel>> = vec![];
     let mut seen = u64::MAX;
+    let (mut spin, mut yield_for) = (Duration::ZERO, Duration::ZERO);
     let mut idle_rounds = 0u32;
+    let mut idle_since = Instant::now();
+    let mut idle = Duration::ZERO;
     loop {
         let g = eng.generation.load(Ordering::Acquire);
         if g != seen {
             chans = eng.channels.lock().unwrap_or_else(|p| p.into_inner()).clone();
             seen = g;
+            // The most patient backoff among the queues served (none spins on an
+            // oversubscribed host, where every spin takes a core from a rank).
+            spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
+            yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
         }
         let mut moved = false;
         let mut poll = false;
         let mut inflight = false;
         for ch in &chans {
-            moved |= ch.progress();
+            moved |= ch.progress(true);
             poll |= ch.needs_poll();
             inflight |= !ch.idle();
         }
@@ -372,15 +400,24 @@ fn run() {
             idle_rounds = 0;
             continue;
         }
+        if idle_rounds == 0 {
+            idle_since = Instant::now();
+            idle = Duration::ZERO;
+        }
         idle_rounds = idle_rounds.saturating_add(1);
         if inflight || poll {
-            // Operations in flight or triggers a device may write: poll, backing off to short
-            // sleeps so that an idle wait does not hold a core.
-            // While a device may store a trigger any moment, keep polling without sleeping
-            // for a while (a nap would add its length to the trigger's round trip).
-            if idle_rounds < 64 {
+            // Operations in flight, or a batch whose trigger is near: the program's next step
+            // usually follows within microseconds, and a nap (or a wake-up from one) would add
+            // its length to the step. So spin, then yield, for the communicator's backoff
+            // (longer while a device may store a trigger any moment), and only then nap.
+            // Reading the clock costs more than a spin round on some virtual machines.
+            if idle_rounds % 32 == 1 {
+                idle = idle_since.elapsed();
+            }
+            let patience = if poll { yield_for.max(Duration::from_millis(2)) } else { yield_for };
+            if idle < spin {
                 std::hint::spin_loop();
-            } else if idle_rounds < if poll { 20_000 } else { 256 } {
+            } else if idle < spin + patience {
                 std::thread::yield_now();
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));

@@ -18,7 +18,7 @@
 //! of 1/1024, so every sum is exact and the relative difference must be below 1e-15.
 
 use crate::{CommQueue, HostQueue, SharedBuf, PROC_NULL};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result};
 
 /// The benchmark's input (`lx ly lz mx my mz n nk nj ni`, as the public Faces reads it).
@@ -389,6 +389,9 @@ pub struct Outcome {
     pub per_step: f64,
     /// Largest relative difference from the reference over every pass.
     pub max_diff: f64,
+    /// Mean seconds per share that the program's thread spent blocked on communication or on
+    /// the device over the timed passes (waits, synchronizations, throttled starts).
+    pub blocked: f64,
 }
 
 /// The baseline: pack, (host: nothing to sync), isend/irecv, interior, wait all, unpack.
@@ -397,12 +400,13 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, tag: u32) -> Result<Outcome> 
     let mut sends: Vec<Vec<f64>> = lens.iter().map(|&l| vec![0.0; l]).collect();
     let mut recvs: Vec<Vec<f64>> = lens.iter().map(|&l| vec![0.0; l]).collect();
     let mut u = vec![0.0; g.points()];
-    let (mut timed, mut steps, mut worst) = (0.0, 0usize, 0.0f64);
+    let (mut timed, mut steps, mut worst, mut blocked) = (0.0, 0usize, 0.0f64, 0.0);
     for _k in 0..g.inp.nk {
         for j in 0..=g.inp.nj {
             g.init(&mut u);
             comm.barrier()?;
             let t0 = Instant::now();
+            let mut waited = Duration::ZERO;
             for _ in 0..g.inp.ni {
                 for (d, s) in sends.iter_mut().enumerate() {
                     if g.peers[d] != PROC_NULL {
@@ -422,11 +426,13 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, tag: u32) -> Result<Outcome> 
                         }
                     }
                     g.interior(&mut u);
+                    let tw = Instant::now();
                     for (_, r) in rq {
                         r.wait()?;
                     }
-                    Ok(())
-                })?;
+                    Ok(tw)
+                })
+                .map(|tw| waited += tw.elapsed())?;
                 for (d, r) in recvs.iter().enumerate() {
                     if g.peers[d] != PROC_NULL {
                         g.unpack(&mut u, d, r);
@@ -435,12 +441,14 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, tag: u32) -> Result<Outcome> 
             }
             if j > 0 {
                 timed += t0.elapsed().as_secs_f64();
+                blocked += waited.as_secs_f64();
                 steps += g.inp.ni;
             }
             worst = worst.max(max_rel_diff(&u, &g.reference(g.inp.ni)));
         }
     }
-    Ok(Outcome { per_step: timed / steps.max(1) as f64, max_diff: worst })
+    let per = steps.max(1) as f64;
+    Ok(Outcome { per_step: timed / per, max_diff: worst, blocked: blocked / per })
 }
 
 /// The stream-triggered variant on a host queue: pack, enqueue the receives and sends, start,
@@ -455,12 +463,13 @@ pub fn run_triggered(comm: Communicator, g: &Grid, tag: u32) -> Result<(Outcome,
     // A second communicator for the barriers, so that they never wait behind queued work.
     let ctl = comm.split(Some(0), comm.rank() as i64)?.ok_or_else(|| Error::Config("faces: split".into()))?;
     let mut cq = CommQueue::on_host(comm, &q)?;
-    let (mut timed, mut steps, mut worst) = (0.0, 0usize, 0.0f64);
+    let (mut timed, mut steps, mut worst, mut blocked) = (0.0, 0usize, 0.0f64, 0.0);
     for _k in 0..g.inp.nk {
         for j in 0..=g.inp.nj {
             g.init(&mut u.write());
             ctl.barrier()?;
             let t0 = Instant::now();
+            let b0 = cq.host_blocked();
             for _ in 0..g.inp.ni {
                 let (gr, uu, ss) = (grid.clone(), u.clone(), sends.clone());
                 q.submit(move || {
@@ -494,6 +503,7 @@ pub fn run_triggered(comm: Communicator, g: &Grid, tag: u32) -> Result<(Outcome,
             cq.synchronize()?;
             if j > 0 {
                 timed += t0.elapsed().as_secs_f64();
+                blocked += (cq.host_blocked() - b0).as_secs_f64();
                 steps += g.inp.ni;
             }
             worst = worst.max(max_rel_diff(&u.read(), &g.reference(g.inp.ni)));
@@ -501,5 +511,6 @@ pub fn run_triggered(comm: Communicator, g: &Grid, tag: u32) -> Result<(Outcome,
     }
     drop(ctl);
     let comm = cq.close()?;
-    Ok((Outcome { per_step: timed / steps.max(1) as f64, max_diff: worst }, comm))
+    let per = steps.max(1) as f64;
+    Ok((Outcome { per_step: timed / per, max_diff: worst, blocked: blocked / per }, comm))
 }

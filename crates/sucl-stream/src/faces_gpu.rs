@@ -11,7 +11,7 @@
 use crate::device::{DeviceBuf, Transport};
 use crate::faces::{max_rel_diff, Grid, Outcome, DIRS};
 use crate::{CommQueue, PROC_NULL};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use sucl_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use sucl_runtime::cuda::{Buffer, Kernel, Queue};
 use sucl_runtime::{Communicator, Result};
@@ -163,31 +163,40 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, q: &Queue) -> Result<Outcome>
     let dev = Dev::new(g, q, comm.rank())?;
     let (sends, recvs) = (addrs(&dev.sends, &g.peers, q, false), addrs(&dev.recvs, &g.peers, q, true));
     let inp = g.input();
-    let (mut timed, mut steps, mut worst) = (0.0, 0usize, 0.0f64);
+    let (mut timed, mut steps, mut worst, mut blocked) = (0.0, 0usize, 0.0f64, 0.0);
     for _k in 0..inp.nk {
         for j in 0..=inp.nj {
             dev.init(g)?;
             comm.synchronize(q)?;
             comm.barrier()?;
             let t0 = Instant::now();
+            let mut waited = Duration::ZERO;
+            let mut sync = || -> Result<()> {
+                let t = Instant::now();
+                comm.synchronize(q)?;
+                waited += t.elapsed();
+                Ok(())
+            };
             for _ in 0..inp.ni {
                 dev.pack(g, q)?;
-                comm.synchronize(q)?;
+                sync()?;
                 // SAFETY: the buffers live in `dev` until the stream is synchronized below.
                 unsafe { comm.nccl_group_p2p(&sends, &recvs, q)? };
                 dev.interior(q)?;
-                comm.synchronize(q)?;
+                sync()?;
                 dev.unpack(g, q)?;
             }
-            comm.synchronize(q)?;
+            sync()?;
             if j > 0 {
                 timed += t0.elapsed().as_secs_f64();
+                blocked += waited.as_secs_f64();
                 steps += inp.ni;
             }
             worst = worst.max(dev.check(g)?);
         }
     }
-    Ok(Outcome { per_step: timed / steps.max(1) as f64, max_diff: worst })
+    let per = steps.max(1) as f64;
+    Ok(Outcome { per_step: timed / per, max_diff: worst, blocked: blocked / per })
 }
 
 /// The stream-triggered variant over `transport`.
@@ -196,13 +205,14 @@ pub fn run_triggered(comm: Communicator, g: &Grid, q: &Queue, transport: Transpo
     let ctl = comm.split(Some(0), comm.rank() as i64)?.ok_or_else(|| sucl_runtime::Error::Config("faces: split".into()))?;
     let mut cq = CommQueue::on_stream(comm, q, transport)?;
     let inp = g.input();
-    let (mut timed, mut steps, mut worst) = (0.0, 0usize, 0.0f64);
+    let (mut timed, mut steps, mut worst, mut blocked) = (0.0, 0usize, 0.0f64, 0.0);
     for _k in 0..inp.nk {
         for j in 0..=inp.nj {
             dev.init(g)?;
             cq.synchronize()?;
             ctl.barrier()?;
             let t0 = Instant::now();
+            let b0 = cq.host_blocked();
             for _ in 0..inp.ni {
                 dev.pack(g, q)?;
                 for (r, &p) in dev.recvs.iter().zip(&g.peers) {
@@ -219,6 +229,7 @@ pub fn run_triggered(comm: Communicator, g: &Grid, q: &Queue, transport: Transpo
             cq.synchronize()?;
             if j > 0 {
                 timed += t0.elapsed().as_secs_f64();
+                blocked += (cq.host_blocked() - b0).as_secs_f64();
                 steps += inp.ni;
             }
             worst = worst.max(dev.check(g)?);
@@ -226,5 +237,6 @@ pub fn run_triggered(comm: Communicator, g: &Grid, q: &Queue, transport: Transpo
     }
     drop(ctl);
     let comm = cq.close()?;
-    Ok((Outcome { per_step: timed / steps.max(1) as f64, max_diff: worst }, comm))
+    let per = steps.max(1) as f64;
+    Ok((Outcome { per_step: timed / per, max_diff: worst, blocked: blocked / per }, comm))
 }

@@ -3,7 +3,7 @@
 //! at once.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Error, Result};
@@ -12,7 +12,11 @@ type Task = Box<dyn FnOnce() + Send>;
 
 struct State {
     submitted: AtomicU64,
-    finished: Mutex<u64>,
+    finished: AtomicU64,
+    /// Threads blocked in `synchronize` (counted under `sleep`): the worker notifies `ran` only
+    /// when there are any, not after every task.
+    sleepers: AtomicU32,
+    sleep: Mutex<()>,
     ran: Condvar,
     panicked: AtomicBool,
 }
@@ -37,7 +41,9 @@ impl HostQueue {
         let (tx, rx) = mpsc::channel::<Task>();
         let state = Arc::new(State {
             submitted: AtomicU64::new(0),
-            finished: Mutex::new(0),
+            finished: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+            sleep: Mutex::new(()),
             ran: Condvar::new(),
             panicked: AtomicBool::new(false),
         });
@@ -49,8 +55,12 @@ impl HostQueue {
                     if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
                         st.panicked.store(true, Ordering::Release);
                     }
-                    *st.finished.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                    st.ran.notify_all();
+                    st.finished.fetch_add(1, Ordering::SeqCst);
+                    // A sleeper counts itself before it checks `finished` (both SeqCst).
+                    if st.sleepers.load(Ordering::SeqCst) > 0 {
+                        let _g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        st.ran.notify_all();
+                    }
                 }
             })
             .expect("spawning a host queue worker");
@@ -68,7 +78,7 @@ impl HostQueue {
 
     /// Tasks submitted and not yet finished.
     pub fn pending(&self) -> u64 {
-        let done = *self.state.finished.lock().unwrap_or_else(|p| p.into_inner());
+        let done = self.state.finished.load(Ordering::Acquire);
         self.state.submitted.load(Ordering::Acquire).saturating_sub(done)
     }
 
@@ -77,17 +87,26 @@ impl HostQueue {
     pub fn synchronize(&self, bound: Duration) -> Result<()> {
         let target = self.state.submitted.load(Ordering::Acquire);
         let deadline = Instant::now() + bound;
-        let mut done = self.state.finished.lock().unwrap_or_else(|p| p.into_inner());
-        while *done < target {
+        let st = &self.state;
+        let mut g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        st.sleepers.fetch_add(1, Ordering::SeqCst);
+        let mut late = None;
+        loop {
+            let done = st.finished.load(Ordering::SeqCst);
+            if done >= target {
+                break;
+            }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout {
-                    rank: 0,
-                    op: format!("host queue synchronize ({} tasks pending)", target - *done),
-                    after: bound,
-                });
+                late = Some(target - done);
+                break;
             }
-            done = self.state.ran.wait_timeout(done, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            g = st.ran.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        st.sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        if let Some(pending) = late {
+            return Err(Error::Timeout { rank: 0, op: format!("host queue synchronize ({pending} tasks pending)"), after: bound });
         }
         if self.state.panicked.load(Ordering::Acquire) {
             return Err(Error::Config("a task on the host queue panicked".into()));

@@ -75,6 +75,9 @@ pub const ANY_TAG: u32 = u32::MAX;
 /// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
 pub const MAX_IN_FLIGHT: u64 = 500;
 
+/// Longest busy-poll of the progress engine and of a host queue's wait before they yield.
+pub(crate) const SHORT_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
+
 /// A copy of an error (sucl's error type keeps an `io::Error` source, which is not `Clone`), so
 /// that one failure can be reported on every request it affects.
 pub(crate) fn clone_error(e: &Error) -> Error {

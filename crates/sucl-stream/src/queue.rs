@@ -1,9 +1,9 @@
 //! [`CommQueue`]: the queue front end shared by every path, and the host-queue path.
 
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{OpState, Request};
+use crate::request::{OpState, Request, What};
 use crate::{clone_error, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
@@ -30,14 +30,62 @@ impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
     }
 }
 
-/// The counters of a host queue: plain atomics, with a condition variable for the queue's
-/// wait tasks.
+/// The counters of a host queue: plain atomics. The queue's wait task spins, then yields (as
+/// the communicator's backoff says: not at all on an oversubscribed host), then blocks on a
+/// condition variable that the engine notifies only when a task sleeps on it.
 pub(crate) struct HostSignal {
     /// A wait task that ran out of time (the engine should have failed the batch first).
     stalled: Mutex<Option<Error>>,
     trigger: AtomicU64,
-    done: Mutex<u64>,
+    done: AtomicU64,
+    /// Wait tasks blocked on `moved` (counted under `sleep`).
+    sleepers: AtomicU32,
+    sleep: Mutex<()>,
     moved: Condvar,
+    spin: Duration,
+    yield_for: Duration,
+}
+
+impl HostSignal {
+    /// Holds the calling task (bounded by `bound`) until batch `epoch` completed. While it
+    /// polls, it drives the channel's progress itself (the baseline's thread would be testing
+    /// its requests at this point too), so the completion does not wait for the engine thread
+    /// to be scheduled.
+    fn wait_done(&self, epoch: u64, bound: Duration, ch: &Channel) -> bool {
+        let start = Instant::now();
+        let (mut rounds, mut spent) = (0u32, Duration::ZERO);
+        loop {
+            if self.done.load(Ordering::Acquire) >= epoch {
+                return true;
+            }
+            if ch.progress(true) {
+                continue;
+            }
+            rounds = rounds.wrapping_add(1);
+            if rounds % 32 == 1 {
+                spent = start.elapsed();
+            }
+            if spent < self.spin {
+                std::hint::spin_loop();
+            } else if spent < self.spin + self.yield_for {
+                std::thread::yield_now();
+            } else {
+                break;
+            }
+        }
+        let deadline = start + bound;
+        let mut g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.done.load(Ordering::SeqCst) < epoch {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self.moved.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.done.load(Ordering::Acquire) >= epoch
+    }
 }
 
 impl Signal for Arc<HostSignal> {
@@ -45,10 +93,13 @@ impl Signal for Arc<HostSignal> {
         self.trigger.load(Ordering::Acquire)
     }
     fn complete(&self, epoch: u64) {
-        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        *d = (*d).max(epoch);
-        drop(d);
-        self.moved.notify_all();
+        self.done.fetch_max(epoch, Ordering::SeqCst);
+        // A sleeper counts itself before it checks `done` (both SeqCst), so it either sees this
+        // store or is seen here; taking the lock makes sure it is inside its wait.
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+            self.moved.notify_all();
+        }
     }
     fn polled(&self) -> bool {
         false
@@ -78,6 +129,11 @@ pub struct CommQueue {
     pub(crate) outstanding: Vec<Request>,
     /// Requests of operations enqueued since the last start.
     pub(crate) unstarted: Vec<Request>,
+    /// Host time this queue's calls spent blocked (throttled starts, synchronize).
+    blocked: Duration,
+    /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
+    /// that a start does not poll every request in flight.
+    prune_at: usize,
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) world_rank: usize,
@@ -90,13 +146,27 @@ pub struct CommQueue {
 /// seen.
 const SLACK: Duration = Duration::from_secs(2);
 
+/// Fewest outstanding requests at which a start prunes the completed ones.
+const PRUNE_MIN: usize = 256;
+
 impl CommQueue {
     /// Binds `comm` to the host queue `queue`. The queue takes the communicator (its progress
     /// thread drives it); [`close`](CommQueue::close) gives it back. Ordinary sends and receives
     /// of the same communicator on other ranks match this queue's operations. Local.
     pub fn on_host(comm: Communicator, queue: &HostQueue) -> Result<CommQueue> {
-        let sig =
-            Arc::new(HostSignal { stalled: Mutex::new(None), trigger: AtomicU64::new(0), done: Mutex::new(0), moved: Condvar::new() });
+        let backoff = comm.config().host.backoff;
+        let sig = Arc::new(HostSignal {
+            stalled: Mutex::new(None),
+            trigger: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            sleepers: AtomicU32::new(0),
+            sleep: Mutex::new(()),
+            moved: Condvar::new(),
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
+        });
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let ch = Channel::new(comm, Box::new(sig.clone()));
@@ -111,6 +181,8 @@ impl CommQueue {
             started: 0,
             outstanding: vec![],
             unstarted: vec![],
+            prune_at: PRUNE_MIN,
+            blocked: Duration::ZERO,
             rank,
             size,
             world_rank,
@@ -193,7 +265,7 @@ impl CommQueue {
         }
     }
 
-    pub(crate) fn new_request(&mut self, elem: usize, what: String) -> (Arc<OpState>, Request) {
+    pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
         let state = OpState::new(elem, what, self.world_rank);
         let req = Request { state: state.clone(), bound: self.bound() };
         self.unstarted.push(req.clone());
@@ -210,7 +282,7 @@ impl CommQueue {
         self.check_peer_tag(peer, tag, "send")?;
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let what = format!("send to rank {} (tag {tag})", peer_name(peer));
+                let what = What::Send { peer, tag };
                 let work = if peer == PROC_NULL { Work::Null } else { Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
@@ -230,7 +302,7 @@ impl CommQueue {
         self.check_peer_tag(peer, tag, "receive")?;
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let what = format!("receive from rank {} (tag {tag})", peer_name(peer));
+                let what = What::Recv { peer, tag };
                 let work = if peer == PROC_NULL { Work::Null } else { Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
@@ -243,7 +315,7 @@ impl CommQueue {
         }
     }
 
-    fn push_host(&mut self, work: Work, elem: usize, what: String) -> Request {
+    fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
         let (state, req) = self.new_request(elem, what);
         self.pending.push(Op { work, state, keep: None, exact: None });
         req
@@ -253,7 +325,7 @@ impl CommQueue {
     /// buffers' contents once the batch is triggered.
     fn enqueue_host_coll<T: Element>(
         &mut self,
-        name: &str,
+        name: &'static str,
         send: Option<&SharedBuf<T>>,
         recv: &SharedBuf<T>,
         f: impl FnOnce(&Communicator, Option<&[T]>, &mut [T]) -> Result<()> + Send + 'static,
@@ -267,7 +339,7 @@ impl CommQueue {
             f(comm, s.as_deref(), &mut r)?;
             Ok(r.len() * std::mem::size_of::<T>())
         }));
-        Ok(self.push_host(work, std::mem::size_of::<T>(), name.to_string()))
+        Ok(self.push_host(work, std::mem::size_of::<T>(), What::Coll(name)))
     }
 
     /// Enqueues `recv = reduce(op, every rank's send)`; `send` may be `recv` (in place).
@@ -378,8 +450,26 @@ impl CommQueue {
         }
     }
 
+    /// Host time the calling thread spent blocked in this queue's calls so far: in starts held
+    /// back by the cap on operations in flight and in [`synchronize`](CommQueue::synchronize)
+    /// (benchmarks report it: the point of a stream-triggered queue is that the host does not
+    /// wait at every exchange).
+    pub fn host_blocked(&self) -> Duration {
+        self.blocked
+    }
+
     /// Blocks (bounded) while more than [`MAX_IN_FLIGHT`] started operations are incomplete.
-    pub(crate) fn throttle(&self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+    pub(crate) fn throttle(&mut self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+        if in_flight() <= MAX_IN_FLIGHT {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let r = self.throttle_wait(in_flight);
+        self.blocked += t0.elapsed();
+        r
+    }
+
+    fn throttle_wait(&self, in_flight: &dyn Fn() -> u64) -> Result<()> {
         let deadline = Instant::now() + self.bound();
         let mut pause = Duration::from_micros(5);
         while in_flight() > MAX_IN_FLIGHT {
@@ -392,7 +482,8 @@ impl CommQueue {
                 });
             }
             std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            // Short naps: the queue drains about one batch per nap, so a long one leaves it idle.
+            pause = (pause * 2).min(Duration::from_micros(50));
         }
         Ok(())
     }
@@ -402,7 +493,10 @@ impl CommQueue {
     /// while more than [`MAX_IN_FLIGHT`] operations are in flight).
     pub fn start(&mut self) -> Result<()> {
         self.check_open()?;
-        self.prune();
+        if self.outstanding.len() >= self.prune_at {
+            self.prune();
+            self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
+        }
         let epoch = self.started + 1;
         if let Path::Host { ch, .. } = &self.path {
             let ch = ch.clone();
@@ -412,9 +506,13 @@ impl CommQueue {
             Path::Host { ch, q, sig } => {
                 let ops = std::mem::take(&mut self.pending);
                 ch.submit(Batch { epoch, ops });
-                let sig = sig.clone();
+                let (sig, ch) = (sig.clone(), ch.clone());
                 q.submit(move || {
                     sig.trigger.store(epoch, Ordering::Release);
+                    // Post the batch's sends and receives from this task at once (a batch with
+                    // a collective is left to the engine, so the tasks behind this one are not
+                    // held while it runs); the engine picks up whatever this does not.
+                    ch.progress(false);
                     engine().wake();
                 });
             }
@@ -438,19 +536,10 @@ impl CommQueue {
             return Ok(());
         }
         match &mut self.path {
-            Path::Host { q, sig, .. } => {
-                let (sig, bound, world_rank) = (sig.clone(), self.timeout + SLACK, self.world_rank);
+            Path::Host { q, sig, ch } => {
+                let (sig, ch, bound, world_rank) = (sig.clone(), ch.clone(), self.timeout + SLACK, self.world_rank);
                 q.submit(move || {
-                    let deadline = Instant::now() + bound;
-                    let mut d = sig.done.lock().unwrap_or_else(|p| p.into_inner());
-                    while *d < epoch && Instant::now() < deadline {
-                        d = sig
-                            .moved
-                            .wait_timeout(d, deadline.saturating_duration_since(Instant::now()))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                    if *d < epoch {
+                    if !sig.wait_done(epoch, bound, &ch) {
                         // Never hold the queue forever; keep the error for `synchronize`.
                         let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
                         sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
@@ -470,6 +559,13 @@ impl CommQueue {
     /// Waits on the host (bounded) until the queue ran everything submitted to it and every
     /// started operation completed; returns the first error among them.
     pub fn synchronize(&mut self) -> Result<()> {
+        let t0 = Instant::now();
+        let r = self.synchronize_inner();
+        self.blocked += t0.elapsed();
+        r
+    }
+
+    fn synchronize_inner(&mut self) -> Result<()> {
         let bound = self.bound();
         match &mut self.path {
             Path::Host { q, .. } => q.synchronize(bound)?,
@@ -563,14 +659,6 @@ impl Drop for CommQueue {
         if let Err(e) = self.shut_down() {
             tracing::error!(rank = self.world_rank, error = %e, "stream-triggered queue dropped with operations in flight");
         }
-    }
-}
-
-fn peer_name(peer: usize) -> String {
-    if peer == PROC_NULL {
-        "PROC_NULL".into()
-    } else {
-        peer.to_string()
     }
 }
 

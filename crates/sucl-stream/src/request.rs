@@ -1,6 +1,7 @@
 //! Host-side completion of stream-triggered operations.
 
 use crate::clone_error;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Error, Result};
@@ -11,14 +12,41 @@ pub(crate) trait DevicePoll: Send + Sync {
     fn poll(&self) -> Result<bool>;
 }
 
+/// What an operation is, formatted only when an error or a debug print needs it (no string is
+/// built per enqueued operation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum What {
+    /// A send to a peer (`PROC_NULL` included) with a tag.
+    Send { peer: usize, tag: u32 },
+    /// A receive from a peer with a tag.
+    Recv { peer: usize, tag: u32 },
+    /// A collective, by name.
+    Coll(&'static str),
+}
+
+impl std::fmt::Display for What {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let peer = |p: usize| if p == crate::PROC_NULL { "PROC_NULL".to_string() } else { p.to_string() };
+        match *self {
+            What::Send { peer: p, tag } => write!(f, "send to rank {} (tag {tag})", peer(p)),
+            What::Recv { peer: p, tag } => write!(f, "receive from rank {} (tag {tag})", peer(p)),
+            What::Coll(name) => f.write_str(name),
+        }
+    }
+}
+
 /// What the engine and the requests share about one operation.
 pub(crate) struct OpState {
     result: Mutex<Option<Result<usize>>>,
     done: Condvar,
+    /// Threads blocked on `done`, counted under `result`'s lock: completing notifies only when
+    /// there are any (a notify is a system call even with no waiter, and the engine completes
+    /// every operation of a batch).
+    waiters: AtomicU32,
     /// Bytes per element, to report element counts.
     elem: usize,
     /// "send to rank 3 (tag 7)", for errors.
-    pub(crate) what: String,
+    pub(crate) what: What,
     /// The rank that saw it (world rank).
     pub(crate) rank: usize,
     /// Set when the device, not the engine, completes the operation: the poll and the bytes.
@@ -26,8 +54,16 @@ pub(crate) struct OpState {
 }
 
 impl OpState {
-    pub(crate) fn new(elem: usize, what: String, rank: usize) -> Arc<OpState> {
-        Arc::new(OpState { result: Mutex::new(None), done: Condvar::new(), elem: elem.max(1), what, rank, device: OnceLock::new() })
+    pub(crate) fn new(elem: usize, what: What, rank: usize) -> Arc<OpState> {
+        Arc::new(OpState {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+            waiters: AtomicU32::new(0),
+            elem: elem.max(1),
+            what,
+            rank,
+            device: OnceLock::new(),
+        })
     }
 
     /// Records the outcome (the first one wins) and wakes every waiter.
@@ -37,13 +73,26 @@ impl OpState {
             *g = Some(r);
         }
         drop(g);
-        self.done.notify_all();
+        self.wake();
+    }
+
+    /// Wakes blocked waiters, if any. A waiter counts itself under the result's lock before it
+    /// checks the result and blocks, and the outcome is stored under that lock before this
+    /// reads the count, so a waiter either sees the outcome or is counted here.
+    fn wake(&self) {
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            let _g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+            self.done.notify_all();
+        }
     }
 
     /// Hands completion to the device: the operation is done (with `bytes`) once `poll` says so.
     pub(crate) fn complete_on_device(&self, poll: Arc<dyn DevicePoll>, bytes: usize) {
+        // Under the result's lock, like an outcome: a waiter that saw no poll is then counted.
+        let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         let _ = self.device.set((poll, bytes));
-        self.done.notify_all();
+        drop(g);
+        self.wake();
     }
 
     /// Asks the device, if it completes this operation.
@@ -93,7 +142,9 @@ impl OpState {
                 });
             }
             let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
+            self.waiters.fetch_add(1, Ordering::AcqRel);
             g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
+            self.waiters.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -125,7 +176,7 @@ impl Request {
     }
 
     /// What the operation is, e.g. `receive from rank 1 (tag 5)`.
-    pub fn describe(&self) -> &str {
-        &self.state.what
+    pub fn describe(&self) -> String {
+        self.state.what.to_string()
     }
 }

@@ -13,6 +13,9 @@ use sucl_runtime::{Element, Error, Result};
 struct Access {
     readers: usize,
     writer: bool,
+    /// Threads blocked in `acquire`: a release wakes them only if there are any (a condition
+    /// variable's notify is a system call even with no one waiting).
+    waiting: usize,
 }
 
 struct Inner<T> {
@@ -104,7 +107,9 @@ impl<T: Element> SharedBuf<T> {
             if now >= deadline {
                 return Err(Error::Timeout { rank: 0, op: "waiting for access to a shared buffer".into(), after: ACCESS_BOUND });
             }
+            a.waiting += 1;
             a = self.inner.freed.wait_timeout(a, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            a.waiting -= 1;
         }
     }
 
@@ -115,8 +120,11 @@ impl<T: Element> SharedBuf<T> {
         } else {
             a.readers -= 1;
         }
+        let wake = a.waiting > 0;
         drop(a);
-        self.inner.freed.notify_all();
+        if wake {
+            self.inner.freed.notify_all();
+        }
     }
 
     pub(crate) fn try_read(&self, deadline: Instant) -> Result<ReadGuard<T>> {
