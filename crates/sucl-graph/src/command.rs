@@ -103,8 +103,9 @@ pub fn chunk_of(task: &Task, ranks: usize, rank: usize) -> Chunk {
         Target::Distributed(hint) => {
             let (rows, cols) = grid(hint, global, ranks);
             let (i, j) = (rank / cols, rank % cols);
-            let (lo0, hi0) = slab(global[0], rows, i);
-            let (lo1, hi1) = slab(global[1], cols, j);
+            let g = task.granularity;
+            let (lo0, hi0) = slab(global[0], rows, i, g[0]);
+            let (lo1, hi1) = slab(global[1], cols, j, g[1]);
             let mut offset = [0; MAX_DIMS];
             let mut range = global;
             offset[0] = lo0;
@@ -129,9 +130,13 @@ fn grid(hint: SplitHint, global: Index, ranks: usize) -> (usize, usize) {
     (ranks / cols.max(1), cols.max(1))
 }
 
-/// Part `i` of `parts` of `[0, len)`; parts differ by at most one cell.
-fn slab(len: usize, parts: usize, i: usize) -> (usize, usize) {
-    (i * len / parts, (i + 1) * len / parts)
+/// Part `i` of `parts` of `[0, len)`, boundaries on multiples of `granularity` (the last part
+/// ends at `len`); parts differ by at most one granule.
+fn slab(len: usize, parts: usize, i: usize, granularity: usize) -> (usize, usize) {
+    let g = granularity.max(1);
+    let units = len.div_ceil(g);
+    let at = |k: usize| (k * units / parts * g).min(len);
+    (at(i), at(i + 1))
 }
 
 struct BufferView {
@@ -467,19 +472,21 @@ pub struct RankGraph {
 pub struct Scheduler {
     graph: TaskGraph,
     generators: Vec<CommandGraphGenerator>,
+    /// Every task made so far, kept for dumps (horizons drop old tasks from the graph).
+    recorded: Option<Vec<Task>>,
 }
 
 impl Scheduler {
     /// Generates the command graphs of all `ranks` ranks (a simulation, for tests and dumps).
     pub fn simulate(ranks: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = (0..ranks.max(1)).map(|r| CommandGraphGenerator::new(ranks, r)).collect::<Result<_, _>>()?;
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators })
+        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: Some(Vec::new()) })
     }
 
     /// Generates only `rank`'s command graph (what a real rank does).
     pub fn for_rank(ranks: usize, rank: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = vec![CommandGraphGenerator::new(ranks, rank)?];
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators })
+        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: None })
     }
 
     /// The task graph.
@@ -506,8 +513,29 @@ impl Scheduler {
         Ok(id)
     }
 
+    /// Keeps (or stops keeping) a copy of every task for dumps; on by default in simulations,
+    /// off for a single rank (where it costs memory in long loops).
+    pub fn record_tasks(&mut self, on: bool) {
+        if on != self.recorded.is_some() {
+            self.recorded = on.then(Vec::new);
+        }
+    }
+
+    /// Every task made while recording was on, in order (see [`Scheduler::record_tasks`]).
+    pub fn recorded_tasks(&self) -> &[Task] {
+        self.recorded.as_deref().unwrap_or(&[])
+    }
+
+    /// The number of simulated ranks.
+    pub fn ranks(&self) -> usize {
+        self.generators.first().map_or(1, |g| g.ranks)
+    }
+
     fn flush(&mut self) -> Result<(), GraphError> {
         for id in self.graph.take_new_tasks() {
+            if let (Some(rec), Some(t)) = (self.recorded.as_mut(), self.graph.task(id)) {
+                rec.push(t.clone());
+            }
             for g in &mut self.generators {
                 g.process(&self.graph, id)?;
             }
@@ -525,10 +553,9 @@ impl Scheduler {
         self.generators.iter().map(|g| RankGraph { rank: g.rank, commands: g.commands.clone() }).collect()
     }
 
-    /// The generated command graphs as JSON: per rank, every command with id, kind, task,
-    /// buffer, region, peers (targets or sources with their regions), chunk, accesses and
-    /// dependencies.
+    /// The task graph and the generated command graphs as JSON (the format of
+    /// `sucl graph --json`, described in [`crate::dump`]).
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(&self.rank_graphs()).expect("command graphs serialize")
+        crate::dump::to_json(self)
     }
 }

@@ -46,6 +46,16 @@ pub enum GraphError {
         /// The cells both write.
         region: Vec<GridBox>,
     },
+    /// A kernel or host task failed (panicked) on this rank.
+    #[error("rank {rank}: task '{task}' failed: {message}")]
+    Kernel {
+        /// The rank it failed on.
+        rank: usize,
+        /// The task's name.
+        task: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A communication error of the executor.
     #[error(transparent)]
     Comm(#[from] sucl_runtime::Error),
@@ -55,6 +65,7 @@ pub mod command;
 pub use command::{
     chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
 };
-pub mod executor;
+pub mod dump;
+pub mod queue;
 
-pub use executor::{HostBuffer, HostKernel, HostQueue};
+pub use queue::{mappers, Buffer, Ctx, DistrQueue, Handler, QueueOptions, ReadAcc, ReadView, WriteAcc, WriteView};
