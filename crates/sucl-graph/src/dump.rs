@@ -178,7 +178,15 @@ pub fn to_dot(s: &Scheduler) -> String {
     let mut out = String::from("digraph sucl_graph {\n  compound=true; node [shape=box, fontname=monospace];\n");
     let _ = writeln!(out, "  subgraph cluster_tasks {{ label=\"task graph\";");
     for t in s.recorded_tasks() {
-        let _ = writeln!(out, "    t{} [label=\"T{} {:?} '{}'\\n{}\"];", t.id.0, t.id.0, t.kind, t.name.replace('"', "'"), target_name(t.target));
+        let _ = writeln!(
+            out,
+            "    t{} [label=\"T{} {:?} '{}'\\n{}\"];",
+            t.id.0,
+            t.id.0,
+            t.kind,
+            t.name.replace('"', "'"),
+            target_name(t.target)
+        );
         for d in &t.deps {
             let _ = writeln!(out, "    t{} -> t{} [label=\"{:?}\"];", d.task.0, t.id.0, d.kind);
         }

@@ -105,6 +105,12 @@ impl<T, const D: usize> Clone for Buffer<T, D> {
 }
 impl<T, const D: usize> Copy for Buffer<T, D> {}
 
+impl<T, const D: usize> std::fmt::Debug for Buffer<T, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({}, {:?} of {})", self.id.0, self.extent, std::any::type_name::<T>())
+    }
+}
+
 impl<T, const D: usize> Buffer<T, D> {
     /// The buffer's id in the task graph.
     pub fn id(&self) -> BufferId {
@@ -304,7 +310,12 @@ fn linear(extent: Index, p: Index) -> usize {
 }
 
 fn check<const D: usize>(allowed: &GridBox, p: Index, idx: [usize; D], what: &str) {
-    assert!(allowed.contains_point(p), "kernel {what} cell {idx:?} outside the cells its accessor declared ({:?}..{:?})", allowed.min, allowed.max);
+    assert!(
+        allowed.contains_point(p),
+        "kernel {what} cell {idx:?} outside the cells its accessor declared ({:?}..{:?})",
+        allowed.min,
+        allowed.max
+    );
 }
 
 /// A kernel's view of a read accessor.
@@ -476,9 +487,12 @@ impl QueueOptions {
     /// machine's cores divided among the local ranks, at least 1), dump from `SUCL_GRAPH_DUMP`.
     pub fn from_env(comm: &Communicator) -> Result<QueueOptions, GraphError> {
         let threads = match std::env::var("SUCL_GRAPH_THREADS") {
-            Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                GraphError::InvalidArgument(format!("SUCL_GRAPH_THREADS={v:?}: want a positive number of threads"))
-            })?,
+            Ok(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| GraphError::InvalidArgument(format!("SUCL_GRAPH_THREADS={v:?}: want a positive number of threads")))?,
             Err(_) => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 (cores / local_ranks(comm)).max(1)
@@ -550,9 +564,10 @@ impl<'c> DistrQueue<'c> {
         if D == 0 || D > MAX_DIMS || extent.contains(&0) {
             return Err(GraphError::InvalidArgument(format!("a buffer has 1 to 3 non-zero dimensions, got {extent:?}")));
         }
-        let cells: usize = extent.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).ok_or_else(|| {
-            GraphError::InvalidArgument(format!("buffer extent {extent:?} overflows the address space"))
-        })?;
+        let cells: usize = extent
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .ok_or_else(|| GraphError::InvalidArgument(format!("buffer extent {extent:?} overflows the address space")))?;
         let host_initialized = data.is_some();
         let data = match data {
             Some(d) if d.len() != cells => {
@@ -573,7 +588,14 @@ impl<'c> DistrQueue<'c> {
     /// and one action ([`Handler::parallel_for`], [`Handler::master_task`],
     /// [`Handler::collective_task`]). Returns the task's id.
     pub fn submit<'k>(&mut self, group: impl FnOnce(&mut Handler<'k>)) -> Result<TaskId, GraphError> {
-        let mut h = Handler { accessors: Vec::new(), split: SplitHint::Split1D, granularity: vec![1], name: String::new(), action: None, error: None };
+        let mut h = Handler {
+            accessors: Vec::new(),
+            split: SplitHint::Split1D,
+            granularity: vec![1],
+            name: String::new(),
+            action: None,
+            error: None,
+        };
         group(&mut h);
         if let Some(e) = h.error {
             return Err(e);
@@ -714,7 +736,9 @@ impl<'c> DistrQueue<'c> {
             }
             let mut result = catch(name, rank, || kernel(&pieces[0], &contexts[0].0));
             for h in handles {
-                let r = h.join().unwrap_or_else(|_| Err(GraphError::Kernel { rank, task: name.to_string(), message: "worker thread died".into() }));
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(GraphError::Kernel { rank, task: name.to_string(), message: "worker thread died".into() }));
                 result = result.and(r);
             }
             result

@@ -385,7 +385,14 @@ impl TaskGraph {
     fn barrier(&mut self, kind: TaskKind, name: &str) -> TaskId {
         let id = self.allocate();
         let deps = self.front.iter().map(|&t| TaskDep { task: t, kind: DepKind::Order }).collect();
-        let spec = TaskSpec { kind, target: Target::Collective, range: [1; MAX_DIMS], accessors: Vec::new(), name: name.into(), granularity: [1; MAX_DIMS] };
+        let spec = TaskSpec {
+            kind,
+            target: Target::Collective,
+            range: [1; MAX_DIMS],
+            accessors: Vec::new(),
+            name: name.into(),
+            granularity: [1; MAX_DIMS],
+        };
         self.insert(id, spec, deps);
         id
     }

@@ -209,3 +209,25 @@ fn horizons_and_epochs_appear_on_every_rank_and_json_lists_commands() {
     assert_eq!(push["dependencies"][0]["command"], 0);
     assert_eq!(push["dependencies"][0]["kind"], "true");
 }
+
+#[test]
+fn granularity_puts_chunk_boundaries_on_multiples() {
+    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let a = s.create_buffer(&[16, 10], false).unwrap();
+    s.submit(TaskSpec::parallel_for("g", &[16, 10]).granularity(&[4, 1]).access(a, OneToOne, DiscardWrite)).unwrap();
+    let chunks: Vec<_> = (0..3).map(|r| s.commands(r).unwrap()[0].chunk.unwrap()).collect();
+    assert_eq!(
+        chunks,
+        vec![GridBox::new([0, 0, 0], [4, 10, 1]), GridBox::new([4, 0, 0], [8, 10, 1]), GridBox::new([8, 0, 0], [16, 10, 1])]
+    );
+    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let a = s.create_buffer(&[6], false).unwrap();
+    s.submit(TaskSpec::parallel_for("coarse", &[6]).granularity(&[4]).access(a, OneToOne, DiscardWrite)).unwrap();
+    let got: Vec<_> = (0..4).map(|r| s.commands(r).unwrap().first().and_then(|c| c.chunk)).collect();
+    assert_eq!(
+        got,
+        vec![None, Some(GridBox::new([0, 0, 0], [4, 1, 1])), None, Some(GridBox::new([4, 0, 0], [6, 1, 1]))],
+        "two granules for four ranks"
+    );
+    assert!(s.submit(TaskSpec::parallel_for("bad", &[6]).granularity(&[0])).is_err());
+}

@@ -101,7 +101,12 @@ fn start(n: usize, rank_test: &str, timeout_s: &str, threads: usize) -> Vec<Reap
                     .env("MASTER_ADDR", "127.0.0.1")
                     .env("MASTER_PORT", port.to_string());
             }
-            cmd.env("SUCL_TIMEOUT", timeout_s).env("SUCL_GRAPH_THREADS", threads.to_string()).env_remove("SUCL_GRAPH_DUMP").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.env("SUCL_TIMEOUT", timeout_s)
+                .env("SUCL_GRAPH_THREADS", threads.to_string())
+                .env_remove("SUCL_GRAPH_DUMP")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             Reaped(cmd.spawn().expect("start a rank (this test binary again)"))
         })
         .collect();
