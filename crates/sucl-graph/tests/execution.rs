@@ -88,6 +88,11 @@ fn wait(c: &mut Reaped, limit: Duration, what: &str) -> (bool, String) {
 
 /// Starts `n` ranks running the ignored test `rank_test` of this binary.
 fn start(n: usize, rank_test: &str, timeout_s: &str, threads: usize) -> Vec<Reaped> {
+    start_with(n, rank_test, timeout_s, threads, None)
+}
+
+/// [`start`], with `SUCL_GRAPH_DUMP` set to `dump` if given.
+fn start_with(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: Option<&std::path::Path>) -> Vec<Reaped> {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ranks: Vec<Reaped> = (0..n)
         .map(|r| {
@@ -101,9 +106,12 @@ fn start(n: usize, rank_test: &str, timeout_s: &str, threads: usize) -> Vec<Reap
                     .env("MASTER_ADDR", "127.0.0.1")
                     .env("MASTER_PORT", port.to_string());
             }
+            match dump {
+                Some(d) => cmd.env("SUCL_GRAPH_DUMP", d),
+                None => cmd.env_remove("SUCL_GRAPH_DUMP"),
+            };
             cmd.env("SUCL_TIMEOUT", timeout_s)
                 .env("SUCL_GRAPH_THREADS", threads.to_string())
-                .env_remove("SUCL_GRAPH_DUMP")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -130,4 +138,30 @@ fn a_lost_rank_is_an_error_not_a_hang() {
     let (_, _) = wait(&mut ranks[1], Duration::from_secs(30), "rank 1");
     let (ok, err) = wait(&mut ranks[0], Duration::from_secs(30), "rank 0 after losing rank 1");
     assert!(!ok && err.contains("LOST-PEER-ERROR"), "rank 0 must fail with an error: {err}");
+}
+
+#[test]
+fn sucl_graph_dump_writes_every_ranks_graph_from_a_running_program() {
+    let dir = std::env::temp_dir().join(format!("sucl-graph-exec-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut ranks = start_with(2, "graph_programs_rank", "20", 1, Some(&dir));
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let (ok, err) = wait(c, Duration::from_secs(60), &format!("rank {r}"));
+        assert!(ok, "rank {r} failed: {err}");
+    }
+    let read = |r: usize| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join(format!("rank-{r}.json"))).unwrap_or_else(|e| panic!("rank {r}'s dump: {e}"));
+        serde_json::from_str(&text).unwrap()
+    };
+    let (zero, one) = (read(0), read(1));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(zero["tasks"], one["tasks"], "every rank builds the same task graph");
+    assert_eq!(zero["tasks"][0]["name"], "task0");
+    for (r, v) in [(0, &zero), (1, &one)] {
+        let cmds = v["command_graphs"][0]["commands"].as_array().unwrap();
+        assert_eq!(v["command_graphs"][0]["rank"], r);
+        let peer = 1 - r;
+        assert!(cmds.iter().any(|c| c["kind"] == "push" && c["targets"][0]["rank"] == peer), "rank {r} pushes to {peer}");
+        assert!(cmds.iter().any(|c| c["kind"] == "await_push" && c["sources"][0]["rank"] == peer), "rank {r} awaits {peer}");
+    }
 }
