@@ -67,5 +67,6 @@ pub use command::{
 };
 pub mod dump;
 pub mod queue;
+pub mod scenario;
 
 pub use queue::{mappers, Buffer, Ctx, DistrQueue, Handler, QueueOptions, ReadAcc, ReadView, WriteAcc, WriteView};
