@@ -144,6 +144,8 @@ struct BufferView {
     owner: RegionMap<Option<usize>>,
     /// Per rank, the cells it holds an up-to-date copy of.
     fresh: Vec<Region>,
+    /// The cells some task (or host data) wrote: the cells that have an owner.
+    written: Region,
     /// On this rank: the last command that produced each cell.
     local_writer: RegionMap<Option<CommandId>>,
     /// On this rank: commands that read cells since they were last produced.
@@ -210,7 +212,8 @@ impl CommandGraphGenerator {
             let owner = if info.host_initialized { Some(0) } else { None };
             self.buffers.push(BufferView {
                 owner: RegionMap::new(info.extent, owner),
-                fresh: vec![everywhere; self.ranks],
+                fresh: vec![everywhere.clone(); self.ranks],
+                written: everywhere,
                 local_writer: RegionMap::new(info.extent, None),
                 local_readers: Vec::new(),
             });
@@ -245,13 +248,27 @@ impl CommandGraphGenerator {
         self.execution(task, &regions);
         for (&buffer, per_rank) in &regions {
             let view = &mut self.buffers[buffer.0];
+            // Writes of one task never overlap between ranks (checked), so every rank's copy
+            // loses all the task's writes and gains its own: O(ranks) region operations.
+            let mut written = Region::empty();
+            let mut owners = Vec::new();
             for (s, (_, writes)) in per_rank.iter().enumerate() {
-                if writes.is_empty() {
-                    continue;
+                if !writes.is_empty() {
+                    owners.push((writes.clone(), Some(s)));
+                    written = written.union(writes);
                 }
-                view.owner.update(writes, Some(s));
-                for (t, fresh) in view.fresh.iter_mut().enumerate() {
-                    *fresh = if t == s { fresh.union(writes) } else { fresh.difference(writes) };
+            }
+            view.owner.update_many(&owners);
+            if written.is_empty() {
+                continue;
+            }
+            view.written = view.written.union(&written);
+            for (fresh, (_, writes)) in view.fresh.iter_mut().zip(per_rank) {
+                if fresh.intersects(&written) {
+                    *fresh = fresh.difference(&written);
+                }
+                if !writes.is_empty() {
+                    *fresh = fresh.union(writes);
                 }
             }
         }
@@ -262,24 +279,37 @@ impl CommandGraphGenerator {
     fn transfers(&mut self, task: TaskId, buffer: BufferId, per_rank: &[(Region, Region)]) {
         let me = self.rank;
         let view = &mut self.buffers[buffer.0];
-        // (source, destination) -> cells, the same on every rank.
-        let mut moves: BTreeMap<(usize, usize), Region> = BTreeMap::new();
+        // Every rank s receives the cells it reads, lacks and some rank wrote (the same on
+        // every rank). This rank needs the full matrix only for its own row and column: what
+        // it sends (cells it owns that others lack) and where its own cells come from, so a
+        // task costs O(ranks) region operations, not O(ranks²).
+        let mut targets = Vec::new();
+        let mut sources: BTreeMap<usize, Region> = BTreeMap::new();
         for (s, (reads, _)) in per_rank.iter().enumerate() {
+            if reads.is_empty() {
+                continue;
+            }
             let missing = reads.difference(&view.fresh[s]);
-            for (b, owner) in view.owner.query(&missing) {
-                if let Some(o) = owner {
-                    let r = moves.entry((o, s)).or_default();
-                    *r = r.union(&Region::from_box(b));
+            if missing.is_empty() {
+                continue;
+            }
+            if s == me {
+                for (b, owner) in view.owner.query(&missing) {
+                    if let Some(o) = owner {
+                        let r = sources.entry(o).or_default();
+                        *r = r.union(&Region::from_box(b));
+                    }
+                }
+            } else {
+                let mine = view.owner.region_where(&missing, |o| *o == Some(me));
+                if !mine.is_empty() {
+                    targets.push(PeerRegion { rank: s, region: mine });
                 }
             }
+            let received = missing.intersection(&view.written);
+            view.fresh[s] = view.fresh[s].union(&received);
         }
-        for (&(_, s), r) in &moves {
-            view.fresh[s] = view.fresh[s].union(r);
-        }
-        let targets: Vec<PeerRegion> =
-            moves.iter().filter(|((o, _), _)| *o == me).map(|(&(_, s), r)| PeerRegion { rank: s, region: r.clone() }).collect();
-        let sources: Vec<PeerRegion> =
-            moves.iter().filter(|((_, s), _)| *s == me).map(|(&(o, _), r)| PeerRegion { rank: o, region: r.clone() }).collect();
+        let sources: Vec<PeerRegion> = sources.into_iter().map(|(rank, region)| PeerRegion { rank, region }).collect();
         if !targets.is_empty() {
             let region = union_of(&targets);
             let deps = self.true_deps(buffer, &region);
@@ -428,19 +458,25 @@ impl CommandGraphGenerator {
 
 fn check_overlapping_writes(task: &Task, regions: &ChunkRegions) -> Result<(), GraphError> {
     for (&buffer, per_rank) in regions {
-        for s in 0..per_rank.len() {
-            for t in s + 1..per_rank.len() {
-                let both = per_rank[s].1.intersection(&per_rank[t].1);
-                if !both.is_empty() {
-                    return Err(GraphError::OverlappingWrites {
-                        task: task.id.0,
-                        name: task.name.clone(),
-                        buffer: buffer.0,
-                        ranks: (s, t),
-                        region: both.boxes().to_vec(),
-                    });
-                }
+        // One sweep against the union so far (O(ranks)); the pairwise search runs only to name
+        // the two ranks once a clash is known.
+        let mut so_far = Region::empty();
+        for (t, (_, writes)) in per_rank.iter().enumerate() {
+            if writes.is_empty() {
+                continue;
             }
+            if so_far.intersects(writes) {
+                let s = (0..t).find(|&s| per_rank[s].1.intersects(writes)).expect("an earlier rank writes the clash");
+                let both = per_rank[s].1.intersection(writes);
+                return Err(GraphError::OverlappingWrites {
+                    task: task.id.0,
+                    name: task.name.clone(),
+                    buffer: buffer.0,
+                    ranks: (s, t),
+                    region: both.boxes().to_vec(),
+                });
+            }
+            so_far = so_far.union(writes);
         }
     }
     Ok(())
