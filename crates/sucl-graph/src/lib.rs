@@ -9,8 +9,16 @@
 //! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
 //! pattern and replace pushes with a collective.
 //!
+//! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
+//! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures
+//! on worker threads), a master or collective host task, or a fence. [`Scheduler`] alone
+//! builds the graphs without running anything (simulated ranks: tests, benchmarks and
+//! `sucl graph`, which reads [`scenario`] files); [`dump`] prints them as text, JSON or dot,
+//! and `SUCL_GRAPH_DUMP=dir` writes each rank's graphs from a running program.
+//!
 //! Layers: this crate depends on `sucl-runtime`'s public API only (for the executor); the graph
-//! modules themselves are pure and need no communicator.
+//! modules themselves are pure and need no communicator. Host ranks only so far: GPU ranks
+//! (CUDA kernels compiled at run time, device buffers) are not implemented yet.
 
 #![warn(missing_docs)]
 
