@@ -272,7 +272,10 @@ fn main() -> Result<(), GraphError> {
     let (mut best_graph, mut best_hand) = (f64::INFINITY, f64::INFINITY);
     // Rounds alternate which version goes first (the first after a barrier measures slower on
     // a busy machine); the best round of each counts.
-    let mut round = |r: usize, graph: &mut dyn FnMut() -> Result<(), GraphError>, hand: &mut dyn FnMut() -> Result<(), GraphError>| -> Result<(), GraphError> {
+    let mut round = |r: usize,
+                     graph: &mut dyn FnMut() -> Result<(), GraphError>,
+                     hand: &mut dyn FnMut() -> Result<(), GraphError>|
+     -> Result<(), GraphError> {
         let time = |f: &mut dyn FnMut() -> Result<(), GraphError>| -> Result<f64, GraphError> {
             comm.barrier()?;
             let t = Instant::now();

@@ -79,6 +79,14 @@ pub mod mappers {
         RangeMapper::Neighborhood(h)
     }
 
+    /// The chunk widened by `halo[d]` cells along one axis at a time (a cross: the shape of a
+    /// stencil without diagonals).
+    pub fn neighborhood_axes(halo: &[usize]) -> RangeMapper {
+        let mut h = [0; MAX_DIMS];
+        h[..halo.len().min(MAX_DIMS)].copy_from_slice(&halo[..halo.len().min(MAX_DIMS)]);
+        RangeMapper::NeighborhoodAxes(h)
+    }
+
     /// The chunk, extended to the whole buffer along dimension `dim`.
     pub fn slice(dim: usize) -> RangeMapper {
         RangeMapper::Slice(dim)
@@ -270,8 +278,10 @@ impl<'k> Handler<'k> {
 struct Slot {
     ptr: *mut u8,
     extent: Index,
-    /// The cells the piece may touch (the bounding box of its mapped region).
+    /// The cells the piece may touch: the bounding box of its mapped region, and the region's
+    /// boxes when it has several (a cross-shaped halo leaves out the corners).
     allowed: GridBox,
+    exact: Option<Vec<GridBox>>,
     /// No other accessor of the task writes this buffer (a read slot may hand out the whole
     /// buffer as a slice; a write slot may hand out `&mut` slices).
     sole: bool,
@@ -289,14 +299,28 @@ impl<'a> Ctx<'a> {
     /// Opens a read accessor.
     pub fn read<T: Element, const D: usize>(&self, a: &ReadAcc<T, D>) -> ReadView<'_, T, D> {
         let s = &self.slots[a.slot];
-        ReadView { ptr: s.ptr as *const T, extent: s.extent, allowed: s.allowed, sole: s.sole, _data: PhantomData }
+        ReadView {
+            ptr: s.ptr as *const T,
+            extent: s.extent,
+            allowed: s.allowed,
+            exact: s.exact.as_deref(),
+            sole: s.sole,
+            _data: PhantomData,
+        }
     }
 
     /// Opens a write accessor (once per piece: a second view of the same accessor panics).
     pub fn write<T: Element, const D: usize>(&self, a: &WriteAcc<T, D>) -> WriteView<'_, T, D> {
         let s = &self.slots[a.slot];
         assert!(!s.taken.replace(true), "a kernel opened the same write accessor twice");
-        WriteView { ptr: s.ptr as *mut T, extent: s.extent, allowed: s.allowed, sole: s.sole, _data: PhantomData }
+        WriteView {
+            ptr: s.ptr as *mut T,
+            extent: s.extent,
+            allowed: s.allowed,
+            exact: s.exact.as_deref(),
+            sole: s.sole,
+            _data: PhantomData,
+        }
     }
 
     /// The communicator, in a collective host task (None elsewhere).
@@ -309,13 +333,10 @@ fn linear(extent: Index, p: Index) -> usize {
     (p[0] * extent[1] + p[1]) * extent[2] + p[2]
 }
 
-fn check<const D: usize>(allowed: &GridBox, p: Index, idx: [usize; D], what: &str) {
-    assert!(
-        allowed.contains_point(p),
-        "kernel {what} cell {idx:?} outside the cells its accessor declared ({:?}..{:?})",
-        allowed.min,
-        allowed.max
-    );
+#[inline]
+fn check<const D: usize>(allowed: &GridBox, exact: Option<&[GridBox]>, p: Index, idx: [usize; D], what: &str) {
+    let inside = allowed.contains_point(p) && exact.is_none_or(|boxes| boxes.iter().any(|b| b.contains_point(p)));
+    assert!(inside, "kernel {what} cell {idx:?} outside the cells its accessor declared (within {:?}..{:?})", allowed.min, allowed.max);
 }
 
 /// A kernel's view of a read accessor.
@@ -323,6 +344,7 @@ pub struct ReadView<'a, T, const D: usize> {
     ptr: *const T,
     extent: Index,
     allowed: GridBox,
+    exact: Option<&'a [GridBox]>,
     sole: bool,
     _data: PhantomData<&'a [T]>,
 }
@@ -332,7 +354,7 @@ impl<T: Element, const D: usize> ReadView<'_, T, D> {
     #[inline]
     pub fn get(&self, idx: [usize; D]) -> T {
         let p = pad(idx, 0);
-        check(&self.allowed, p, idx, "read");
+        check(&self.allowed, self.exact, p, idx, "read");
         // SAFETY: `p` lies in the buffer (the allowed box is clipped to its extent) and in the
         // cells this piece declared; no other piece writes them while this one runs (the
         // executor cuts a chunk into pieces only when their accesses are disjoint), and this
@@ -349,8 +371,16 @@ impl<T: Element, const D: usize> ReadView<'_, T, D> {
         if len > 0 {
             let mut last = p;
             last[D - 1] += len - 1;
-            check(&self.allowed, p, idx, "read");
-            check(&self.allowed, last, idx, "read (slice end)");
+            check(&self.allowed, self.exact, p, idx, "read");
+            check(&self.allowed, self.exact, last, idx, "read (slice end)");
+            if self.exact.is_some() {
+                // A region of several boxes may leave gaps inside a row: check every cell.
+                for k in 1..len {
+                    let mut q = p;
+                    q[D - 1] += k;
+                    check(&self.allowed, self.exact, q, idx, "read (inside a slice)");
+                }
+            }
         }
         // SAFETY: the cells lie in the buffer and the allowed box; the buffer is not written by
         // any piece of this task (sole), so a shared slice for the view's lifetime is sound.
@@ -372,6 +402,7 @@ pub struct WriteView<'a, T, const D: usize> {
     ptr: *mut T,
     extent: Index,
     allowed: GridBox,
+    exact: Option<&'a [GridBox]>,
     sole: bool,
     _data: PhantomData<&'a mut [T]>,
 }
@@ -381,7 +412,7 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
     #[inline]
     pub fn get(&self, idx: [usize; D]) -> T {
         let p = pad(idx, 0);
-        check(&self.allowed, p, idx, "read");
+        check(&self.allowed, self.exact, p, idx, "read");
         // SAFETY: as in ReadView::get: in the buffer, in this piece's declared cells, which no
         // other piece touches; `&self` excludes a live slice from slice_mut.
         unsafe { *self.ptr.add(linear(self.extent, p)) }
@@ -391,7 +422,7 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
     #[inline]
     pub fn set(&mut self, idx: [usize; D], v: T) {
         let p = pad(idx, 0);
-        check(&self.allowed, p, idx, "wrote");
+        check(&self.allowed, self.exact, p, idx, "wrote");
         // SAFETY: as in get; `&mut self` excludes any live slice of this view.
         unsafe { *self.ptr.add(linear(self.extent, p)) = v }
     }
@@ -405,8 +436,16 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
         if len > 0 {
             let mut last = p;
             last[D - 1] += len - 1;
-            check(&self.allowed, p, idx, "wrote");
-            check(&self.allowed, last, idx, "wrote (slice end)");
+            check(&self.allowed, self.exact, p, idx, "wrote");
+            check(&self.allowed, self.exact, last, idx, "wrote (slice end)");
+            if self.exact.is_some() {
+                // A region of several boxes may leave gaps inside a row: check every cell.
+                for k in 1..len {
+                    let mut q = p;
+                    q[D - 1] += k;
+                    check(&self.allowed, self.exact, q, idx, "wrote (inside a slice)");
+                }
+            }
         }
         // SAFETY: the cells lie in the buffer and this piece's declared box, which no other
         // piece reads or writes (disjoint pieces) and no other view of this thread can reach
@@ -756,11 +795,13 @@ impl<'c> DistrQueue<'c> {
             .iter()
             .map(|a| {
                 let extent = extents[a.buffer.0];
-                let allowed = a.mapper.map(chunk, extent).bounding_box();
+                let region = a.mapper.map(chunk, extent);
+                let allowed = region.bounding_box();
+                let exact = (region.boxes().len() > 1).then(|| region.boxes().to_vec());
                 let writers = accessors.iter().filter(|o| o.buffer == a.buffer && o.mode.writes()).count();
                 let others = accessors.iter().filter(|o| o.buffer == a.buffer).count();
                 let sole = if a.mode.writes() { others == 1 } else { writers == 0 };
-                Slot { ptr: self.stores[a.buffer.0].data_ptr(), extent, allowed, sole, taken: Cell::new(false) }
+                Slot { ptr: self.stores[a.buffer.0].data_ptr(), extent, allowed, exact, sole, taken: Cell::new(false) }
             })
             .collect();
         Ctx { slots, comm, _data: PhantomData }

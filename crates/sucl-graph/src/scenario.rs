@@ -29,7 +29,8 @@
 //! ```
 //!
 //! Modes: read, write, read_write, discard_write, discard_read_write. Mappers: `"one_to_one"`,
-//! `"all"`, `{ neighborhood = [h0, h1, h2] }`, `{ slice = d }`, `{ transposed = [a, b] }`,
+//! `"all"`, `{ neighborhood = [h0, h1, h2] }` (bounding box, with diagonals),
+//! `{ neighborhood_axes = [h0, h1, h2] }` (a cross), `{ slice = d }`, `{ transposed = [a, b] }`,
 //! `{ fixed = { min = [...], max = [...] } }`. Missing dimensions of a box are 0..1.
 
 use crate::command::Scheduler;
@@ -138,9 +139,12 @@ pub enum MapperDecl {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MapperTable {
-    /// Halo per dimension.
+    /// Halo per dimension (bounding box: with diagonals).
     #[serde(default)]
     pub neighborhood: Option<Vec<usize>>,
+    /// Halo per dimension, one axis at a time (a cross: no diagonals).
+    #[serde(default)]
+    pub neighborhood_axes: Option<Vec<usize>>,
     /// The dimension taken whole.
     #[serde(default)]
     pub slice: Option<usize>,
@@ -192,9 +196,18 @@ impl MapperDecl {
             MapperDecl::Name(n) if n == "all" => Ok(RangeMapper::All),
             MapperDecl::Name(n) => Err(bad(format!("{what}: unknown mapper \"{n}\" (one_to_one, all, or a table)"))),
             MapperDecl::Table(t) => {
-                let set = [t.neighborhood.is_some(), t.slice.is_some(), t.transposed.is_some(), t.fixed.is_some()];
+                let set =
+                    [t.neighborhood.is_some(), t.neighborhood_axes.is_some(), t.slice.is_some(), t.transposed.is_some(), t.fixed.is_some()];
                 if set.iter().filter(|&&x| x).count() != 1 {
-                    return Err(bad(format!("{what}: a mapper table has exactly one of neighborhood, slice, transposed, fixed")));
+                    return Err(bad(format!(
+                        "{what}: a mapper table has exactly one of neighborhood, neighborhood_axes, slice, transposed, fixed"
+                    )));
+                }
+                if let Some(h) = &t.neighborhood_axes {
+                    dims(h, &format!("{what}: neighborhood_axes"))?;
+                    let mut halo = [0; MAX_DIMS];
+                    halo[..h.len()].copy_from_slice(h);
+                    return Ok(RangeMapper::NeighborhoodAxes(halo));
                 }
                 if let Some(h) = &t.neighborhood {
                     dims(h, &format!("{what}: neighborhood"))?;

@@ -146,3 +146,34 @@ fn the_dump_lists_tasks_and_this_ranks_commands() {
     assert_eq!(v["command_graphs"][0]["commands"][0]["kind"], "execution");
     assert_eq!(v["command_graphs"][0]["commands"][1]["dependencies"][0]["command"], 0);
 }
+
+#[test]
+fn a_region_of_several_boxes_does_not_allow_the_gap_between_them() {
+    use sucl_graph::{MapperMeta, RangeMapper, Region};
+    let comm = sucl_runtime::init().unwrap();
+    let mut q = DistrQueue::with_options(&comm, queue_opts(1, None)).unwrap();
+    let a = q.buffer_from::<f32, 1>([6], vec![1.0; 6]).unwrap();
+    let b = q.buffer::<f32, 1>([1]).unwrap();
+    let ends = || {
+        RangeMapper::custom(
+            |_, _| Region::from_boxes([GridBox::new([0, 0, 0], [2, 1, 1]), GridBox::new([4, 0, 0], [6, 1, 1])]),
+            MapperMeta::UNKNOWN,
+        )
+    };
+    let read = |q: &mut DistrQueue<'_>, cells: &'static [usize], as_slice: bool| {
+        q.submit(|cgh| {
+            let a = cgh.read(&a, ends());
+            let b = cgh.discard_write(&b, all());
+            cgh.master_task([1], move |_, k| {
+                let (a, mut b) = (k.read(&a), k.write(&b));
+                let v: f32 = if as_slice { a.slice([cells[0]], cells.len()).iter().sum() } else { cells.iter().map(|&i| a.get([i])).sum() };
+                b.set([0], v);
+            })
+        })
+    };
+    read(&mut q, &[0, 1, 4, 5], false).unwrap();
+    let e = read(&mut q, &[3], false).unwrap_err();
+    assert!(e.to_string().contains("cell [3] outside the cells its accessor declared"), "{e}");
+    let e = read(&mut q, &[1, 2, 3, 4], true).unwrap_err();
+    assert!(e.to_string().contains("inside a slice"), "{e}");
+}
