@@ -282,7 +282,7 @@ fn main() -> Result<(), GraphError> {
             f()?;
             Ok(max_over_ranks(&comm, t.elapsed().as_secs_f64()) / steps as f64)
         };
-        let (tg, th) = if r % 2 == 0 {
+        let (tg, th) = if r.is_multiple_of(2) {
             let tg = time(graph)?;
             (tg, time(hand)?)
         } else {

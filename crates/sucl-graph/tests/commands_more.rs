@@ -11,8 +11,11 @@ fn r1(lo: usize, hi: usize) -> Region {
     Region::from_box(GridBox::new([lo, 0, 0], [hi, 1, 1]))
 }
 
-/// (kind, task, buffer, peers) of every transfer of `rank`.
-fn transfers(s: &Scheduler, rank: usize) -> Vec<(CommandKind, usize, usize, Vec<(usize, Region)>)> {
+/// (kind, task, buffer, peers as (rank, region)) of a transfer.
+type Transfer = (CommandKind, usize, usize, Vec<(usize, Region)>);
+
+/// Every transfer of `rank`.
+fn transfers(s: &Scheduler, rank: usize) -> Vec<Transfer> {
     s.commands(rank)
         .unwrap()
         .iter()
