@@ -32,6 +32,9 @@ pub fn run(path: &str, nodes: usize, format: Format) -> i32 {
         Format::Json => dump::to_json(&scheduler) + "\n",
         Format::Dot => dump::to_dot(&scheduler),
     };
-    print!("{out}");
-    0
+    // A reader that stops early (`| head`) is not an error.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => crate::fail(format!("writing the graph: {e}")),
+        _ => 0,
+    }
 }
