@@ -4,6 +4,7 @@ mod bench;
 mod check;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod graph;
 mod info;
 mod launcher;
 mod ops;
@@ -58,6 +59,20 @@ enum Cmd {
         /// Only rows of this op.
         #[arg(long)]
         op: Option<String>,
+    },
+    /// Print the task graph and every rank's command graph of a scenario file (no kernels run).
+    Graph {
+        /// The scenario (TOML: buffers, tasks with ranges, split hints and accessors).
+        scenario: String,
+        /// Ranks to generate command graphs for.
+        #[arg(long)]
+        nodes: usize,
+        /// Print JSON (per rank every command with id, kind, task, buffer, regions, peers, deps).
+        #[arg(long, conflicts_with = "dot")]
+        json: bool,
+        /// Print Graphviz dot.
+        #[arg(long)]
+        dot: bool,
     },
     /// Show devices, backends, the configuration in force and the launch environment.
     Info {
@@ -549,6 +564,16 @@ fn main() {
         Cmd::Check(c) => check_main(c),
         Cmd::Tune(t) => tune_main(t),
         Cmd::Plot { input, out, op } => plot_main(&input, &out, op.as_deref()),
+        Cmd::Graph { scenario, nodes, json, dot } => {
+            let format = if json {
+                graph::Format::Json
+            } else if dot {
+                graph::Format::Dot
+            } else {
+                graph::Format::Text
+            };
+            graph::run(&scenario, nodes, format)
+        }
         Cmd::Info { config } => {
             if let Some(c) = config {
                 std::env::set_var("SUCL_CONFIG", c);

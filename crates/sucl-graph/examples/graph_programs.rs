@@ -1,12 +1,12 @@
-// Small task-graph programs run on host ranks; rank 0 prints every result exactly, so runs on
-// different rank counts can be compared byte for byte.
+// Task-graph programs on host ranks, written with the DistrQueue API; rank 0 prints every
+// result exactly, so runs on different rank counts can be compared byte for byte.
 //
 // `target/debug/sucl run -n 3 -- target/debug/examples/graph_programs`
 //
 // (Plain comments: tests/execution.rs includes this file as a module and runs `run()` in its
 // own re-executed ranks, so the test never runs a stale example binary.)
 
-use sucl_graph::{AccessMode::*, GraphError, GridBox, HostQueue, RangeMapper::*, SplitHint, TaskSpec};
+use sucl_graph::{mappers::*, DistrQueue, GraphError, SplitHint};
 
 fn main() {
     if let Err(e) = run() {
@@ -15,7 +15,7 @@ fn main() {
     }
 }
 
-fn print(comm: &sucl_runtime::Communicator, name: &str, v: &[f64]) {
+fn print<T: std::fmt::Debug>(comm: &sucl_runtime::Communicator, name: &str, v: &[T]) {
     if comm.rank() == 0 {
         let cells: Vec<String> = v.iter().map(|x| format!("{x:?}")).collect();
         println!("{name}: {}", cells.join(" "));
@@ -24,85 +24,233 @@ fn print(comm: &sucl_runtime::Communicator, name: &str, v: &[f64]) {
 
 pub fn run() -> Result<(), GraphError> {
     let comm = sucl_runtime::init()?;
-    let mut q: HostQueue<f64> = HostQueue::new(&comm, 4)?;
+    let mut q = DistrQueue::new(&comm)?;
+    stencil_1d(&mut q)?;
+    all_and_host_tasks(&mut q)?;
+    stencil_2d(&mut q)?;
+    transpose(&mut q)?;
+    nbody(&mut q)?;
+    q.sync()?;
+    Ok(())
+}
 
-    // A 1D three-point stencil, ping-ponging between two buffers (halo exchange every step).
+/// A 1D three-point stencil, ping-ponging between two buffers (a halo exchange every step).
+fn stencil_1d(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
     const N: usize = 32;
     let init: Vec<f64> = (0..N).map(|i| (i * i % 7) as f64).collect();
-    let mut u = q.create_buffer(&[N], Some(init))?;
-    let mut v = q.create_buffer(&[N], None)?;
+    let mut u = q.buffer_from::<f64, 1>([N], init)?;
+    let mut v = q.buffer::<f64, 1>([N])?;
     for _ in 0..5 {
-        let (src, dst) = (u, v);
-        let spec = TaskSpec::parallel_for("stencil", &[N]).access(src, Neighborhood([1, 0, 0]), Read).access(dst, OneToOne, DiscardWrite);
-        q.submit(spec, &mut |c, b| {
-            for i in c.offset[0]..c.offset[0] + c.range[0] {
-                let at = |j: usize| b[src.0].data[j.min(N - 1)];
-                let left = at(i.saturating_sub(1));
-                b[dst.0].data[i] = (left + at(i) + at(i + 1)) / 3.0;
-            }
+        q.submit(|cgh| {
+            let src = cgh.read(&u, neighborhood(&[1]));
+            let dst = cgh.discard_write(&v, one_to_one());
+            cgh.parallel_for([N], move |c, k| {
+                let (src, mut dst) = (k.read(&src), k.write(&dst));
+                for i in c.offset[0]..c.offset[0] + c.range[0] {
+                    let at = |j: usize| src.get([j.min(N - 1)]);
+                    dst.set([i], (at(i.saturating_sub(1)) + at(i) + at(i + 1)) / 3.0);
+                }
+            })
         })?;
         std::mem::swap(&mut u, &mut v);
     }
-    print(&comm, "stencil", &q.fence(u, GridBox::full([N, 1, 1]))?);
+    let r = q.fence_all(&u)?;
+    print(q.comm(), "stencil", &r);
+    Ok(())
+}
 
-    // Every rank reads all of a buffer that was written in slabs.
-    let a = q.create_buffer(&[16], None)?;
-    let s = q.create_buffer(&[16], None)?;
-    q.submit(TaskSpec::parallel_for("squares", &[16]).access(a, OneToOne, DiscardWrite), &mut |c, b| {
-        for i in c.offset[0]..c.offset[0] + c.range[0] {
-            b[a.0].data[i] = (i * i) as f64 + 0.5;
-        }
+/// Every rank reads all of a buffer written in slabs; a master task and a collective host task.
+fn all_and_host_tasks(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
+    let a = q.buffer::<f64, 1>([16])?;
+    let s = q.buffer::<f64, 1>([16])?;
+    q.submit(|cgh| {
+        let a = cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([16], move |c, k| {
+            let mut a = k.write(&a);
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                a.set([i], (i * i) as f64 + 0.5);
+            }
+        })
     })?;
-    let spec = TaskSpec::parallel_for("sum_all", &[16]).access(a, All, Read).access(s, OneToOne, DiscardWrite);
-    q.submit(spec, &mut |c, b| {
-        let total: f64 = b[a.0].data.iter().sum();
-        for i in c.offset[0]..c.offset[0] + c.range[0] {
-            b[s.0].data[i] = total / (i + 1) as f64;
-        }
+    q.submit(|cgh| {
+        let all_a = cgh.read(&a, all());
+        let s = cgh.discard_write(&s, one_to_one());
+        cgh.parallel_for([16], move |c, k| {
+            let (a, mut s) = (k.read(&all_a), k.write(&s));
+            let total: f64 = a.as_slice().iter().sum();
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                s.set([i], total / (i + 1) as f64);
+            }
+        })
     })?;
-    print(&comm, "all", &q.fence(s, GridBox::full([16, 1, 1]))?);
+    print(q.comm(), "all", &q.fence_all(&s)?);
 
-    // The master rank produces, everyone updates its slab in place.
-    let m = q.create_buffer(&[10], None)?;
-    q.submit(TaskSpec::master_host_task("load", &[10]).access(m, OneToOne, DiscardWrite), &mut |_, b| {
-        for (i, x) in b[m.0].data.iter_mut().enumerate() {
-            *x = 7.0 * i as f64 - 3.25;
-        }
+    // The master rank produces; every rank updates its slab in place.
+    let m = q.buffer::<f64, 1>([10])?;
+    q.submit(|cgh| {
+        let w = cgh.discard_write(&m, all());
+        cgh.master_task([1], move |_, k| {
+            let mut m = k.write(&w);
+            for (i, x) in m.slice_mut([0], 10).iter_mut().enumerate() {
+                *x = 7.0 * i as f64 - 3.25;
+            }
+        })
     })?;
-    q.submit(TaskSpec::parallel_for("scale", &[10]).access(m, OneToOne, ReadWrite), &mut |c, b| {
-        for i in c.offset[0]..c.offset[0] + c.range[0] {
-            b[m.0].data[i] *= 1.5;
-        }
+    q.submit(|cgh| {
+        let m = cgh.read_write(&m, one_to_one());
+        cgh.parallel_for([10], move |c, k| {
+            let mut m = k.write(&m);
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                let x = m.get([i]);
+                m.set([i], x * 1.5);
+            }
+        })
     })?;
-    print(&comm, "master", &q.fence(m, GridBox::full([10, 1, 1]))?);
+    // A collective host task sees the whole buffer on every rank and checks agreement.
+    q.submit(|cgh| {
+        let m = cgh.read(&m, all());
+        cgh.collective_task(move |_, k| {
+            let comm = k.comm().expect("a collective host task has the communicator");
+            let sum: f64 = k.read(&m).slice([0], 10).iter().sum();
+            let (mut lo, mut hi) = ([sum], [sum]);
+            comm.all_reduce_in_place(&mut lo, sucl_runtime::ReduceOp::Min).unwrap();
+            comm.all_reduce_in_place(&mut hi, sucl_runtime::ReduceOp::Max).unwrap();
+            assert_eq!(lo, hi, "ranks disagree on the collective task's input");
+            if comm.rank() == 0 {
+                println!("collective: {sum:?}");
+            }
+        })
+    })?;
+    print(q.comm(), "master", &q.fence_all(&m)?);
+    Ok(())
+}
 
-    // A 2D transpose with a 2D split: t[i][j] = x[j][i].
+/// A 2D Jacobi stencil (with diagonals) on a 2D split.
+fn stencil_2d(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
+    const N: usize = 24;
+    const M: usize = 17;
+    let init: Vec<f32> = (0..N * M).map(|i| ((i * 37) % 11) as f32 * 0.25).collect();
+    let mut u = q.buffer_from::<f32, 2>([N, M], init)?;
+    let mut v = q.buffer::<f32, 2>([N, M])?;
+    for _ in 0..4 {
+        q.submit(|cgh| {
+            let src = cgh.read(&u, neighborhood(&[1, 1]));
+            let dst = cgh.discard_write(&v, one_to_one());
+            cgh.split(SplitHint::Split2D);
+            cgh.parallel_for([N, M], move |c, k| {
+                let (src, mut dst) = (k.read(&src), k.write(&dst));
+                for i in c.offset[0]..c.offset[0] + c.range[0] {
+                    for j in c.offset[1]..c.offset[1] + c.range[1] {
+                        let mut acc = 0.0f32;
+                        for di in 0..3 {
+                            for dj in 0..3 {
+                                let (x, y) = ((i + di).saturating_sub(1).min(N - 1), (j + dj).saturating_sub(1).min(M - 1));
+                                acc += src.get([x, y]) * if di == 1 && dj == 1 { 0.5 } else { 0.0625 };
+                            }
+                        }
+                        dst.set([i, j], acc);
+                    }
+                }
+            })
+        })?;
+        std::mem::swap(&mut u, &mut v);
+    }
+    print(q.comm(), "stencil2d", &q.fence_all(&u)?);
+    Ok(())
+}
+
+/// t[i][j] = x[j][i] on a 2D split.
+fn transpose(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
     let (rows, cols) = (6, 4);
-    let x = q.create_buffer(&[rows, cols], None)?;
-    let t = q.create_buffer(&[cols, rows], None)?;
-    let fill = TaskSpec::parallel_for("fill", &[rows, cols]).split(SplitHint::Split2D).access(x, OneToOne, DiscardWrite);
-    q.submit(fill, &mut |c, b| {
-        for i in c.offset[0]..c.offset[0] + c.range[0] {
-            for j in c.offset[1]..c.offset[1] + c.range[1] {
-                let o = b[x.0].offset([i, j, 0]);
-                b[x.0].data[o] = (i * 10 + j) as f64;
+    let x = q.buffer::<f64, 2>([rows, cols])?;
+    let t = q.buffer::<f64, 2>([cols, rows])?;
+    q.submit(|cgh| {
+        let x = cgh.discard_write(&x, one_to_one());
+        cgh.split(SplitHint::Split2D);
+        cgh.parallel_for([rows, cols], move |c, k| {
+            let mut x = k.write(&x);
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in c.offset[1]..c.offset[1] + c.range[1] {
+                    x.set([i, j], (i * 10 + j) as f64);
+                }
             }
-        }
+        })
     })?;
-    let tr = TaskSpec::parallel_for("transpose", &[cols, rows]).split(SplitHint::Split2D).access(x, Transposed(0, 1), Read).access(
-        t,
-        OneToOne,
-        DiscardWrite,
-    );
-    q.submit(tr, &mut |c, b| {
-        for i in c.offset[0]..c.offset[0] + c.range[0] {
-            for j in c.offset[1]..c.offset[1] + c.range[1] {
-                let from = b[x.0].data[b[x.0].offset([j, i, 0])];
-                let o = b[t.0].offset([i, j, 0]);
-                b[t.0].data[o] = from;
+    q.submit(|cgh| {
+        let x = cgh.read(&x, transposed(0, 1));
+        let t = cgh.discard_write(&t, one_to_one());
+        cgh.split(SplitHint::Split2D);
+        cgh.parallel_for([cols, rows], move |c, k| {
+            let (x, mut t) = (k.read(&x), k.write(&t));
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in c.offset[1]..c.offset[1] + c.range[1] {
+                    t.set([i, j], x.get([j, i]));
+                }
             }
-        }
+        })
     })?;
-    print(&comm, "transpose", &q.fence(t, GridBox::full([cols, rows, 1]))?);
+    print(q.comm(), "transpose", &q.fence_all(&t)?);
+    Ok(())
+}
+
+/// Direct N-body (f64): every body feels every other; velocities then positions each step.
+fn nbody(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
+    const N: usize = 40;
+    let pos0: Vec<f64> = (0..N * 3).map(|i| ((i * 7919) % 101) as f64 / 10.0).collect();
+    let pos = q.buffer_from::<f64, 2>([N, 3], pos0)?;
+    let vel = q.buffer_from::<f64, 2>([N, 3], vec![0.0; N * 3])?;
+    for _ in 0..3 {
+        nbody_step(q, pos, vel, N, 0.01)?;
+    }
+    print(q.comm(), "nbody", &q.fence_all(&pos)?);
+    Ok(())
+}
+
+/// One direct N-body step over `n` bodies (shared with the benchmark).
+pub fn nbody_step(
+    q: &mut DistrQueue<'_>,
+    pos: sucl_graph::Buffer<f64, 2>,
+    vel: sucl_graph::Buffer<f64, 2>,
+    n: usize,
+    dt: f64,
+) -> Result<(), GraphError> {
+    q.submit(|cgh| {
+        let p = cgh.read(&pos, all());
+        let v = cgh.read_write(&vel, slice(1));
+        cgh.parallel_for([n], move |c, k| {
+            let (p, mut v) = (k.read(&p), k.write(&v));
+            let all = p.as_slice();
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                let me = [all[3 * i], all[3 * i + 1], all[3 * i + 2]];
+                let mut acc = [0.0f64; 3];
+                for j in 0..n {
+                    let d = [all[3 * j] - me[0], all[3 * j + 1] - me[1], all[3 * j + 2] - me[2]];
+                    let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + 1e-3;
+                    let inv = 1.0 / (r2 * r2.sqrt());
+                    for a in 0..3 {
+                        acc[a] += d[a] * inv;
+                    }
+                }
+                let row = v.slice_mut([i, 0], 3);
+                for a in 0..3 {
+                    row[a] += acc[a] * dt;
+                }
+            }
+        })
+    })?;
+    q.submit(|cgh| {
+        let p = cgh.read_write(&pos, slice(1));
+        let v = cgh.read(&vel, slice(1));
+        cgh.parallel_for([n], move |c, k| {
+            let (mut p, v) = (k.write(&p), k.read(&v));
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                let vi = v.slice([i, 0], 3);
+                let row = p.slice_mut([i, 0], 3);
+                for a in 0..3 {
+                    row[a] += vi[a] * dt;
+                }
+            }
+        })
+    })?;
     Ok(())
 }

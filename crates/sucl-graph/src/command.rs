@@ -103,8 +103,9 @@ pub fn chunk_of(task: &Task, ranks: usize, rank: usize) -> Chunk {
         Target::Distributed(hint) => {
             let (rows, cols) = grid(hint, global, ranks);
             let (i, j) = (rank / cols, rank % cols);
-            let (lo0, hi0) = slab(global[0], rows, i);
-            let (lo1, hi1) = slab(global[1], cols, j);
+            let g = task.granularity;
+            let (lo0, hi0) = slab(global[0], rows, i, g[0]);
+            let (lo1, hi1) = slab(global[1], cols, j, g[1]);
             let mut offset = [0; MAX_DIMS];
             let mut range = global;
             offset[0] = lo0;
@@ -129,9 +130,13 @@ fn grid(hint: SplitHint, global: Index, ranks: usize) -> (usize, usize) {
     (ranks / cols.max(1), cols.max(1))
 }
 
-/// Part `i` of `parts` of `[0, len)`; parts differ by at most one cell.
-fn slab(len: usize, parts: usize, i: usize) -> (usize, usize) {
-    (i * len / parts, (i + 1) * len / parts)
+/// Part `i` of `parts` of `[0, len)`, boundaries on multiples of `granularity` (the last part
+/// ends at `len`); parts differ by at most one granule.
+fn slab(len: usize, parts: usize, i: usize, granularity: usize) -> (usize, usize) {
+    let g = granularity.max(1);
+    let units = len.div_ceil(g);
+    let at = |k: usize| (k * units / parts * g).min(len);
+    (at(i), at(i + 1))
 }
 
 struct BufferView {
@@ -139,6 +144,8 @@ struct BufferView {
     owner: RegionMap<Option<usize>>,
     /// Per rank, the cells it holds an up-to-date copy of.
     fresh: Vec<Region>,
+    /// The cells some task (or host data) wrote: the cells that have an owner.
+    written: Region,
     /// On this rank: the last command that produced each cell.
     local_writer: RegionMap<Option<CommandId>>,
     /// On this rank: commands that read cells since they were last produced.
@@ -205,7 +212,8 @@ impl CommandGraphGenerator {
             let owner = if info.host_initialized { Some(0) } else { None };
             self.buffers.push(BufferView {
                 owner: RegionMap::new(info.extent, owner),
-                fresh: vec![everywhere; self.ranks],
+                fresh: vec![everywhere.clone(); self.ranks],
+                written: everywhere,
                 local_writer: RegionMap::new(info.extent, None),
                 local_readers: Vec::new(),
             });
@@ -240,13 +248,27 @@ impl CommandGraphGenerator {
         self.execution(task, &regions);
         for (&buffer, per_rank) in &regions {
             let view = &mut self.buffers[buffer.0];
+            // Writes of one task never overlap between ranks (checked), so every rank's copy
+            // loses all the task's writes and gains its own: O(ranks) region operations.
+            let mut written = Region::empty();
+            let mut owners = Vec::new();
             for (s, (_, writes)) in per_rank.iter().enumerate() {
-                if writes.is_empty() {
-                    continue;
+                if !writes.is_empty() {
+                    owners.push((writes.clone(), Some(s)));
+                    written = written.union(writes);
                 }
-                view.owner.update(writes, Some(s));
-                for (t, fresh) in view.fresh.iter_mut().enumerate() {
-                    *fresh = if t == s { fresh.union(writes) } else { fresh.difference(writes) };
+            }
+            view.owner.update_many(&owners);
+            if written.is_empty() {
+                continue;
+            }
+            view.written = view.written.union(&written);
+            for (fresh, (_, writes)) in view.fresh.iter_mut().zip(per_rank) {
+                if fresh.intersects(&written) {
+                    *fresh = fresh.difference(&written);
+                }
+                if !writes.is_empty() {
+                    *fresh = fresh.union(writes);
                 }
             }
         }
@@ -257,24 +279,37 @@ impl CommandGraphGenerator {
     fn transfers(&mut self, task: TaskId, buffer: BufferId, per_rank: &[(Region, Region)]) {
         let me = self.rank;
         let view = &mut self.buffers[buffer.0];
-        // (source, destination) -> cells, the same on every rank.
-        let mut moves: BTreeMap<(usize, usize), Region> = BTreeMap::new();
+        // Every rank s receives the cells it reads, lacks and some rank wrote (the same on
+        // every rank). This rank needs the full matrix only for its own row and column: what
+        // it sends (cells it owns that others lack) and where its own cells come from, so a
+        // task costs O(ranks) region operations, not O(ranks²).
+        let mut targets = Vec::new();
+        let mut sources: BTreeMap<usize, Region> = BTreeMap::new();
         for (s, (reads, _)) in per_rank.iter().enumerate() {
+            if reads.is_empty() {
+                continue;
+            }
             let missing = reads.difference(&view.fresh[s]);
-            for (b, owner) in view.owner.query(&missing) {
-                if let Some(o) = owner {
-                    let r = moves.entry((o, s)).or_default();
-                    *r = r.union(&Region::from_box(b));
+            if missing.is_empty() {
+                continue;
+            }
+            if s == me {
+                for (b, owner) in view.owner.query(&missing) {
+                    if let Some(o) = owner {
+                        let r = sources.entry(o).or_default();
+                        *r = r.union(&Region::from_box(b));
+                    }
+                }
+            } else {
+                let mine = view.owner.region_where(&missing, |o| *o == Some(me));
+                if !mine.is_empty() {
+                    targets.push(PeerRegion { rank: s, region: mine });
                 }
             }
+            let received = missing.intersection(&view.written);
+            view.fresh[s] = view.fresh[s].union(&received);
         }
-        for (&(_, s), r) in &moves {
-            view.fresh[s] = view.fresh[s].union(r);
-        }
-        let targets: Vec<PeerRegion> =
-            moves.iter().filter(|((o, _), _)| *o == me).map(|(&(_, s), r)| PeerRegion { rank: s, region: r.clone() }).collect();
-        let sources: Vec<PeerRegion> =
-            moves.iter().filter(|((_, s), _)| *s == me).map(|(&(o, _), r)| PeerRegion { rank: o, region: r.clone() }).collect();
+        let sources: Vec<PeerRegion> = sources.into_iter().map(|(rank, region)| PeerRegion { rank, region }).collect();
         if !targets.is_empty() {
             let region = union_of(&targets);
             let deps = self.true_deps(buffer, &region);
@@ -423,19 +458,25 @@ impl CommandGraphGenerator {
 
 fn check_overlapping_writes(task: &Task, regions: &ChunkRegions) -> Result<(), GraphError> {
     for (&buffer, per_rank) in regions {
-        for s in 0..per_rank.len() {
-            for t in s + 1..per_rank.len() {
-                let both = per_rank[s].1.intersection(&per_rank[t].1);
-                if !both.is_empty() {
-                    return Err(GraphError::OverlappingWrites {
-                        task: task.id.0,
-                        name: task.name.clone(),
-                        buffer: buffer.0,
-                        ranks: (s, t),
-                        region: both.boxes().to_vec(),
-                    });
-                }
+        // One sweep against the union so far (O(ranks)); the pairwise search runs only to name
+        // the two ranks once a clash is known.
+        let mut so_far = Region::empty();
+        for (t, (_, writes)) in per_rank.iter().enumerate() {
+            if writes.is_empty() {
+                continue;
             }
+            if so_far.intersects(writes) {
+                let s = (0..t).find(|&s| per_rank[s].1.intersects(writes)).expect("an earlier rank writes the clash");
+                let both = per_rank[s].1.intersection(writes);
+                return Err(GraphError::OverlappingWrites {
+                    task: task.id.0,
+                    name: task.name.clone(),
+                    buffer: buffer.0,
+                    ranks: (s, t),
+                    region: both.boxes().to_vec(),
+                });
+            }
+            so_far = so_far.union(writes);
         }
     }
     Ok(())
@@ -467,19 +508,21 @@ pub struct RankGraph {
 pub struct Scheduler {
     graph: TaskGraph,
     generators: Vec<CommandGraphGenerator>,
+    /// Every task made so far, kept for dumps (horizons drop old tasks from the graph).
+    recorded: Option<Vec<Task>>,
 }
 
 impl Scheduler {
     /// Generates the command graphs of all `ranks` ranks (a simulation, for tests and dumps).
     pub fn simulate(ranks: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = (0..ranks.max(1)).map(|r| CommandGraphGenerator::new(ranks, r)).collect::<Result<_, _>>()?;
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators })
+        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: Some(Vec::new()) })
     }
 
     /// Generates only `rank`'s command graph (what a real rank does).
     pub fn for_rank(ranks: usize, rank: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = vec![CommandGraphGenerator::new(ranks, rank)?];
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators })
+        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: None })
     }
 
     /// The task graph.
@@ -506,8 +549,29 @@ impl Scheduler {
         Ok(id)
     }
 
+    /// Keeps (or stops keeping) a copy of every task for dumps; on by default in simulations,
+    /// off for a single rank (where it costs memory in long loops).
+    pub fn record_tasks(&mut self, on: bool) {
+        if on != self.recorded.is_some() {
+            self.recorded = on.then(Vec::new);
+        }
+    }
+
+    /// Every task made while recording was on, in order (see [`Scheduler::record_tasks`]).
+    pub fn recorded_tasks(&self) -> &[Task] {
+        self.recorded.as_deref().unwrap_or(&[])
+    }
+
+    /// The number of simulated ranks.
+    pub fn ranks(&self) -> usize {
+        self.generators.first().map_or(1, |g| g.ranks)
+    }
+
     fn flush(&mut self) -> Result<(), GraphError> {
         for id in self.graph.take_new_tasks() {
+            if let (Some(rec), Some(t)) = (self.recorded.as_mut(), self.graph.task(id)) {
+                rec.push(t.clone());
+            }
             for g in &mut self.generators {
                 g.process(&self.graph, id)?;
             }
@@ -525,10 +589,9 @@ impl Scheduler {
         self.generators.iter().map(|g| RankGraph { rank: g.rank, commands: g.commands.clone() }).collect()
     }
 
-    /// The generated command graphs as JSON: per rank, every command with id, kind, task,
-    /// buffer, region, peers (targets or sources with their regions), chunk, accesses and
-    /// dependencies.
+    /// The task graph and the generated command graphs as JSON (the format of
+    /// `sucl graph --json`, described in [`crate::dump`]).
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(&self.rank_graphs()).expect("command graphs serialize")
+        crate::dump::to_json(self)
     }
 }

@@ -302,17 +302,67 @@ impl<T: Clone + PartialEq> RegionMap<T> {
             return;
         }
         let mut entries = Vec::with_capacity(self.entries.len() + region.boxes().len());
+        let bounds = region.bounding_box();
         for (b, v) in self.entries.drain(..) {
+            if !b.intersects(&bounds) {
+                entries.push((b, v));
+                continue;
+            }
             for rest in Region::from_box(b).difference(region).boxes {
                 entries.push((rest, v.clone()));
             }
         }
+        // Cut boxes are pieces of boxes that could not merge before, so only boxes next to
+        // the new value can merge now: try those (O(entries) per new box, not O(entries²)).
+        let first_new = entries.len();
         let clipped = region.intersection(&Region::from_box(GridBox::full(self.extent)));
         for b in clipped.boxes {
             entries.push((b, value.clone()));
         }
         self.entries = entries;
-        self.merge_equal_neighbours();
+        self.merge_from(first_new);
+    }
+
+    /// Sets several disjoint regions at once, each to its value: one pass over the map instead
+    /// of one per region (a task's writes on every rank).
+    pub fn update_many(&mut self, writes: &[(Region, T)]) {
+        let all = writes.iter().fold(Region::empty(), |acc, (r, _)| acc.union(r));
+        if all.is_empty() {
+            return;
+        }
+        let bounds = all.bounding_box();
+        let mut entries = Vec::with_capacity(self.entries.len() + writes.len());
+        for (b, v) in self.entries.drain(..) {
+            if !b.intersects(&bounds) {
+                entries.push((b, v));
+                continue;
+            }
+            for rest in Region::from_box(b).difference(&all).boxes {
+                entries.push((rest, v.clone()));
+            }
+        }
+        let first_new = entries.len();
+        let full = Region::from_box(GridBox::full(self.extent));
+        for (r, v) in writes {
+            for b in r.intersection(&full).boxes {
+                entries.push((b, v.clone()));
+            }
+        }
+        self.entries = entries;
+        self.merge_from(first_new);
+    }
+
+    /// Merges each entry at or after `first` with equal-valued neighbours (greedily, each
+    /// against every other entry), so the map stays small without an all-pairs pass.
+    fn merge_from(&mut self, first: usize) {
+        let pending = self.entries.split_off(first);
+        for (mut b, v) in pending {
+            while let Some(j) = self.entries.iter().position(|(o, w)| *w == v && b.merged(o).is_some()) {
+                let (o, _) = self.entries.swap_remove(j);
+                b = b.merged(&o).expect("checked");
+            }
+            self.entries.push((b, v));
+        }
     }
 
     /// The values over `region`: disjoint boxes covering `region ∩ extent`, each with its value.
@@ -331,7 +381,16 @@ impl<T: Clone + PartialEq> RegionMap<T> {
 
     /// The cells of `region` whose value satisfies `pred`.
     pub fn region_where(&self, region: &Region, pred: impl Fn(&T) -> bool) -> Region {
-        Region::normalized(self.query(region).into_iter().filter(|(_, v)| pred(v)).map(|(b, _)| b).collect())
+        let mut boxes = Vec::new();
+        for (b, _) in self.entries.iter().filter(|(_, v)| pred(v)) {
+            for q in region.boxes() {
+                let c = b.intersection(q);
+                if !c.is_empty() {
+                    boxes.push(c);
+                }
+            }
+        }
+        Region::normalized(boxes)
     }
 
     /// Applies `f` to every stored value (e.g. to redirect old task ids to a horizon).

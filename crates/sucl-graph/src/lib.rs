@@ -9,8 +9,16 @@
 //! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
 //! pattern and replace pushes with a collective.
 //!
+//! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
+//! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures
+//! on worker threads), a master or collective host task, or a fence. [`Scheduler`] alone
+//! builds the graphs without running anything (simulated ranks: tests, benchmarks and
+//! `sucl graph`, which reads [`scenario`] files); [`dump`] prints them as text, JSON or dot,
+//! and `SUCL_GRAPH_DUMP=dir` writes each rank's graphs from a running program.
+//!
 //! Layers: this crate depends on `sucl-runtime`'s public API only (for the executor); the graph
-//! modules themselves are pure and need no communicator.
+//! modules themselves are pure and need no communicator. Host ranks only so far: GPU ranks
+//! (CUDA kernels compiled at run time, device buffers) are not implemented yet.
 
 #![warn(missing_docs)]
 
@@ -46,6 +54,16 @@ pub enum GraphError {
         /// The cells both write.
         region: Vec<GridBox>,
     },
+    /// A kernel or host task failed (panicked) on this rank.
+    #[error("rank {rank}: task '{task}' failed: {message}")]
+    Kernel {
+        /// The rank it failed on.
+        rank: usize,
+        /// The task's name.
+        task: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A communication error of the executor.
     #[error(transparent)]
     Comm(#[from] sucl_runtime::Error),
@@ -55,6 +73,8 @@ pub mod command;
 pub use command::{
     chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
 };
-pub mod executor;
+pub mod dump;
+pub mod queue;
+pub mod scenario;
 
-pub use executor::{HostBuffer, HostKernel, HostQueue};
+pub use queue::{mappers, Buffer, Ctx, DistrQueue, Handler, QueueOptions, ReadAcc, ReadView, WriteAcc, WriteView};

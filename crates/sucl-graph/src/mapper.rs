@@ -76,6 +76,8 @@ pub enum RangeMapper {
     Fixed(GridBox),
     /// The chunk widened by `h[d]` cells on each side along dimension `d` (bounding box).
     Neighborhood(Index),
+    /// The chunk widened along one axis at a time (a cross: no diagonal neighbours).
+    NeighborhoodAxes(Index),
     /// The chunk, but the whole of dimension `d`.
     Slice(usize),
     /// The chunk with dimensions `a` and `b` swapped.
@@ -91,6 +93,7 @@ impl fmt::Debug for RangeMapper {
             RangeMapper::All => write!(f, "all"),
             RangeMapper::Fixed(b) => write!(f, "fixed({:?}..{:?})", b.min, b.max),
             RangeMapper::Neighborhood(h) => write!(f, "neighborhood({h:?})"),
+            RangeMapper::NeighborhoodAxes(h) => write!(f, "neighborhood_axes({h:?})"),
             RangeMapper::Slice(d) => write!(f, "slice({d})"),
             RangeMapper::Transposed(a, b) => write!(f, "transposed({a}, {b})"),
             RangeMapper::Custom(_, m) => write!(f, "custom({m:?})"),
@@ -122,6 +125,16 @@ impl RangeMapper {
                 }
                 b
             }
+            RangeMapper::NeighborhoodAxes(h) => {
+                let c = chunk.as_box();
+                let arms = (0..MAX_DIMS).map(|d| {
+                    let mut b = c;
+                    b.min[d] = b.min[d].saturating_sub(h[d]);
+                    b.max[d] += h[d];
+                    b.intersection(&full)
+                });
+                return Region::from_boxes(arms.chain(std::iter::once(c.intersection(&full))));
+            }
             RangeMapper::Slice(d) => {
                 let mut b = chunk.as_box();
                 b.min[*d] = 0;
@@ -149,7 +162,7 @@ impl RangeMapper {
             RangeMapper::All | RangeMapper::Fixed(_) => {
                 MapperMeta { constant: true, non_overlapping: false, dims: [DimMapping::Constant; MAX_DIMS] }
             }
-            RangeMapper::Neighborhood(h) => {
+            RangeMapper::Neighborhood(h) | RangeMapper::NeighborhoodAxes(h) => {
                 let mut dims = identity;
                 for d in 0..MAX_DIMS {
                     if h[d] != 0 {

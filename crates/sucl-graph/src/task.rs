@@ -150,6 +150,8 @@ pub struct TaskSpec {
     pub accessors: Vec<Accessor>,
     /// A name for dumps and errors.
     pub name: String,
+    /// Chunk boundaries of a split fall on multiples of this, per dimension (1: anywhere).
+    pub granularity: Index,
 }
 
 impl TaskSpec {
@@ -183,7 +185,7 @@ impl TaskSpec {
         if range.len() > MAX_DIMS || range.is_empty() {
             r = [0; MAX_DIMS];
         }
-        TaskSpec { kind, target, range: r, accessors: Vec::new(), name: name.to_string() }
+        TaskSpec { kind, target, range: r, accessors: Vec::new(), name: name.to_string(), granularity: [1; MAX_DIMS] }
     }
 
     /// Sets the split hint of a distributed task.
@@ -191,6 +193,20 @@ impl TaskSpec {
         if let Target::Distributed(_) = self.target {
             self.target = Target::Distributed(hint);
         }
+        self
+    }
+
+    /// Makes every chunk boundary of a split fall on a multiple of `g[d]` along dimension `d`
+    /// (e.g. a kernel that works on tiles or vectors). Missing dimensions are 1.
+    pub fn granularity(mut self, g: &[usize]) -> Self {
+        let mut full = [1; MAX_DIMS];
+        for (d, &x) in g.iter().take(MAX_DIMS).enumerate() {
+            full[d] = x;
+        }
+        if g.len() > MAX_DIMS || g.is_empty() {
+            full = [0; MAX_DIMS];
+        }
+        self.granularity = full;
         self
     }
 
@@ -218,6 +234,8 @@ pub struct Task {
     pub deps: Vec<TaskDep>,
     /// Its name.
     pub name: String,
+    /// Chunk boundaries fall on multiples of this per dimension.
+    pub granularity: Index,
 }
 
 /// A diagnostic that does not stop the program.
@@ -298,6 +316,21 @@ impl TaskGraph {
         self.tasks.values()
     }
 
+    /// The id the next task will get.
+    pub fn next_task_id(&self) -> TaskId {
+        TaskId(self.next_id)
+    }
+
+    /// The number of ranks the graph is built for.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Every buffer, in order of creation.
+    pub fn buffers(&self) -> impl Iterator<Item = &BufferInfo> {
+        self.buffers.iter().map(|b| &b.info)
+    }
+
     /// How many tasks the graph holds now.
     pub fn live_tasks(&self) -> usize {
         self.tasks.len()
@@ -352,7 +385,14 @@ impl TaskGraph {
     fn barrier(&mut self, kind: TaskKind, name: &str) -> TaskId {
         let id = self.allocate();
         let deps = self.front.iter().map(|&t| TaskDep { task: t, kind: DepKind::Order }).collect();
-        let spec = TaskSpec { kind, target: Target::Collective, range: [1; MAX_DIMS], accessors: Vec::new(), name: name.into() };
+        let spec = TaskSpec {
+            kind,
+            target: Target::Collective,
+            range: [1; MAX_DIMS],
+            accessors: Vec::new(),
+            name: name.into(),
+            granularity: [1; MAX_DIMS],
+        };
         self.insert(id, spec, deps);
         id
     }
@@ -387,13 +427,25 @@ impl TaskGraph {
         }
         self.front.insert(id);
         self.new_tasks.push(id);
-        let task = Task { id, kind: spec.kind, target: spec.target, range: spec.range, accessors: spec.accessors, deps, name: spec.name };
+        let task = Task {
+            id,
+            kind: spec.kind,
+            target: spec.target,
+            range: spec.range,
+            accessors: spec.accessors,
+            deps,
+            name: spec.name,
+            granularity: spec.granularity,
+        };
         self.tasks.insert(id, task);
     }
 
     fn validate(&self, spec: &TaskSpec) -> Result<(), GraphError> {
         if spec.range.contains(&0) {
             return Err(GraphError::InvalidArgument(format!("task '{}': a range has 1 to 3 non-zero dimensions", spec.name)));
+        }
+        if spec.granularity.contains(&0) {
+            return Err(GraphError::InvalidArgument(format!("task '{}': a granularity has 1 to 3 non-zero dimensions", spec.name)));
         }
         for a in &spec.accessors {
             if self.buffer(a.buffer).is_none() {

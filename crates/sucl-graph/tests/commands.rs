@@ -194,13 +194,40 @@ fn horizons_and_epochs_appear_on_every_rank_and_json_lists_commands() {
     assert_eq!(deps(&s, 0, 4), vec![(1, DepKind::Order), (3, DepKind::Order)], "the horizon waits for the front");
     assert_eq!(deps(&s, 0, 6), vec![(5, DepKind::True)], "the epoch stands for older producers");
     let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
-    let push = &json[1]["commands"][1];
-    assert_eq!(json[1]["rank"], 1);
+    let push = &json["command_graphs"][1]["commands"][1];
+    assert_eq!(json["command_graphs"][1]["rank"], 1);
     assert_eq!(push["kind"], "push");
     assert_eq!(push["task"], 1);
     assert_eq!(push["buffer"], 0);
-    assert_eq!(push["peers"][0]["rank"], 0);
-    assert_eq!(push["peers"][0]["region"][0]["min"][0], 2);
+    assert_eq!(push["targets"][0]["rank"], 0);
+    assert_eq!(push["targets"][0]["region"][0]["min"][0], 2);
+    let await_push = &json["command_graphs"][0]["commands"][2];
+    assert_eq!(await_push["kind"], "await_push");
+    assert_eq!(await_push["sources"][0]["rank"], 1);
+    assert_eq!(json["tasks"][1]["dependencies"][0]["task"], 0);
+    assert_eq!(json["tasks"][1]["dependencies"][0]["kind"], "true");
     assert_eq!(push["dependencies"][0]["command"], 0);
     assert_eq!(push["dependencies"][0]["kind"], "true");
+}
+
+#[test]
+fn granularity_puts_chunk_boundaries_on_multiples() {
+    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let a = s.create_buffer(&[16, 10], false).unwrap();
+    s.submit(TaskSpec::parallel_for("g", &[16, 10]).granularity(&[4, 1]).access(a, OneToOne, DiscardWrite)).unwrap();
+    let chunks: Vec<_> = (0..3).map(|r| s.commands(r).unwrap()[0].chunk.unwrap()).collect();
+    assert_eq!(
+        chunks,
+        vec![GridBox::new([0, 0, 0], [4, 10, 1]), GridBox::new([4, 0, 0], [8, 10, 1]), GridBox::new([8, 0, 0], [16, 10, 1])]
+    );
+    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let a = s.create_buffer(&[6], false).unwrap();
+    s.submit(TaskSpec::parallel_for("coarse", &[6]).granularity(&[4]).access(a, OneToOne, DiscardWrite)).unwrap();
+    let got: Vec<_> = (0..4).map(|r| s.commands(r).unwrap().first().and_then(|c| c.chunk)).collect();
+    assert_eq!(
+        got,
+        vec![None, Some(GridBox::new([0, 0, 0], [4, 1, 1])), None, Some(GridBox::new([4, 0, 0], [6, 1, 1]))],
+        "two granules for four ranks"
+    );
+    assert!(s.submit(TaskSpec::parallel_for("bad", &[6]).granularity(&[0])).is_err());
 }

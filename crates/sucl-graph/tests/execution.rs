@@ -1,5 +1,7 @@
-//! The example programs on 1, 2, 3 and 4 real host ranks (separate processes meeting through
-//! the torchrun-style environment) print bit-identical results to one rank.
+//! The example programs (1D and 2D stencils, all-reads, master and collective host tasks, a
+//! matrix transpose, a direct N-body) on 1, 2, 3 and 4 real host ranks (separate processes
+//! meeting through the torchrun-style environment), with one or several worker threads per
+//! rank, print bit-identical results to one rank with one thread.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -31,24 +33,34 @@ fn graph_programs_rank() {
 #[test]
 #[ignore = "a rank of a_lost_rank_is_an_error_not_a_hang, started by it"]
 fn lost_peer_rank() {
-    use sucl_graph::{AccessMode::*, HostQueue, RangeMapper::*, TaskSpec};
+    use sucl_graph::{mappers::*, DistrQueue};
     let comm = sucl_runtime::init().unwrap();
     if comm.rank() == 1 {
         std::process::exit(0);
     }
-    let mut q: HostQueue<f64> = HostQueue::new(&comm, 0).unwrap();
-    let a = q.create_buffer(&[8], None).unwrap();
-    q.submit(TaskSpec::parallel_for("w", &[8]).access(a, OneToOne, DiscardWrite), &mut |_, _| {}).unwrap();
-    let err = q.submit(TaskSpec::parallel_for("r", &[8]).access(a, All, Read), &mut |_, _| {}).unwrap_err();
+    let mut q = DistrQueue::new(&comm).unwrap();
+    let a = q.buffer::<f64, 1>([8]).unwrap();
+    q.submit(|cgh| {
+        cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([8], |_, _| {})
+    })
+    .unwrap();
+    let err = q
+        .submit(|cgh| {
+            cgh.read(&a, all());
+            cgh.parallel_for([8], |_, _| {})
+        })
+        .unwrap_err();
     eprintln!("LOST-PEER-ERROR: {err}");
     std::process::exit(7);
 }
 
-const PROGRAMS: [&str; 4] = ["stencil:", "all:", "master:", "transpose:"];
+const PROGRAMS: [&str; 7] = ["stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"];
 
-/// Runs the example on `n` ranks; rank 0's stdout. Panics on a failure or after 60 s.
-fn run(n: usize) -> String {
-    let mut ranks = start(n, "graph_programs_rank", "20");
+/// Runs the example on `n` ranks with `threads` worker threads each; rank 0's stdout. Panics
+/// on a failure or after 60 s.
+fn run(n: usize, threads: usize) -> String {
+    let mut ranks = start(n, "graph_programs_rank", "20", threads);
     for (r, c) in ranks.iter_mut().enumerate() {
         let (ok, err) = wait(c, Duration::from_secs(60), &format!("{n} ranks: rank {r}"));
         assert!(ok, "{n} ranks: rank {r} failed: {err}");
@@ -75,7 +87,12 @@ fn wait(c: &mut Reaped, limit: Duration, what: &str) -> (bool, String) {
 }
 
 /// Starts `n` ranks running the ignored test `rank_test` of this binary.
-fn start(n: usize, rank_test: &str, timeout_s: &str) -> Vec<Reaped> {
+fn start(n: usize, rank_test: &str, timeout_s: &str, threads: usize) -> Vec<Reaped> {
+    start_with(n, rank_test, timeout_s, threads, None)
+}
+
+/// [`start`], with `SUCL_GRAPH_DUMP` set to `dump` if given.
+fn start_with(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: Option<&std::path::Path>) -> Vec<Reaped> {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ranks: Vec<Reaped> = (0..n)
         .map(|r| {
@@ -89,7 +106,15 @@ fn start(n: usize, rank_test: &str, timeout_s: &str) -> Vec<Reaped> {
                     .env("MASTER_ADDR", "127.0.0.1")
                     .env("MASTER_PORT", port.to_string());
             }
-            cmd.env("SUCL_TIMEOUT", timeout_s).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            match dump {
+                Some(d) => cmd.env("SUCL_GRAPH_DUMP", d),
+                None => cmd.env_remove("SUCL_GRAPH_DUMP"),
+            };
+            cmd.env("SUCL_TIMEOUT", timeout_s)
+                .env("SUCL_GRAPH_THREADS", threads.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             Reaped(cmd.spawn().expect("start a rank (this test binary again)"))
         })
         .collect();
@@ -98,18 +123,45 @@ fn start(n: usize, rank_test: &str, timeout_s: &str) -> Vec<Reaped> {
 
 #[test]
 fn programs_give_identical_results_on_1_to_4_ranks() {
-    let one = run(1);
-    assert_eq!(one.lines().count(), 4, "four programs: {one}");
+    let one = run(1, 1);
+    assert_eq!(one.lines().count(), PROGRAMS.len(), "every program prints: {one}");
     assert!(one.contains("transpose: 0.0 10.0 20.0 30.0 40.0 50.0 1.0 11.0"), "{one}");
+    assert_eq!(run(1, 3), one, "1 rank, 3 threads against 1 thread");
     for n in 2..=4 {
-        assert_eq!(run(n), one, "{n} ranks against 1");
+        assert_eq!(run(n, 2), one, "{n} ranks against 1");
     }
 }
 
 #[test]
 fn a_lost_rank_is_an_error_not_a_hang() {
-    let mut ranks = start(2, "lost_peer_rank", "3");
+    let mut ranks = start(2, "lost_peer_rank", "3", 1);
     let (_, _) = wait(&mut ranks[1], Duration::from_secs(30), "rank 1");
     let (ok, err) = wait(&mut ranks[0], Duration::from_secs(30), "rank 0 after losing rank 1");
     assert!(!ok && err.contains("LOST-PEER-ERROR"), "rank 0 must fail with an error: {err}");
+}
+
+#[test]
+fn sucl_graph_dump_writes_every_ranks_graph_from_a_running_program() {
+    let dir = std::env::temp_dir().join(format!("sucl-graph-exec-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut ranks = start_with(2, "graph_programs_rank", "20", 1, Some(&dir));
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let (ok, err) = wait(c, Duration::from_secs(60), &format!("rank {r}"));
+        assert!(ok, "rank {r} failed: {err}");
+    }
+    let read = |r: usize| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join(format!("rank-{r}.json"))).unwrap_or_else(|e| panic!("rank {r}'s dump: {e}"));
+        serde_json::from_str(&text).unwrap()
+    };
+    let (zero, one) = (read(0), read(1));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(zero["tasks"], one["tasks"], "every rank builds the same task graph");
+    assert_eq!(zero["tasks"][0]["name"], "task0");
+    for (r, v) in [(0, &zero), (1, &one)] {
+        let cmds = v["command_graphs"][0]["commands"].as_array().unwrap();
+        assert_eq!(v["command_graphs"][0]["rank"], r);
+        let peer = 1 - r;
+        assert!(cmds.iter().any(|c| c["kind"] == "push" && c["targets"][0]["rank"] == peer), "rank {r} pushes to {peer}");
+        assert!(cmds.iter().any(|c| c["kind"] == "await_push" && c["sources"][0]["rank"] == peer), "rank {r} awaits {peer}");
+    }
 }

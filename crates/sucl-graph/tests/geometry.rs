@@ -96,4 +96,33 @@ proptest! {
         }
         prop_assert_eq!(covered, SIDE * SIDE * SIDE);
     }
+
+    #[test]
+    fn update_many_matches_updates_one_by_one(
+        before in prop::collection::vec((arb_region(), 0u8..4), 0..4),
+        batch in prop::collection::vec((arb_region(), 4u8..8), 1..5),
+    ) {
+        let extent = [SIDE, SIDE, SIDE];
+        let mut one = RegionMap::new(extent, 255u8);
+        for (r, v) in &before {
+            one.update(r, *v);
+        }
+        let mut many = one.clone();
+        // A task's writes are disjoint: make the batch so.
+        let mut taken = Region::empty();
+        let mut disjoint_batch = Vec::new();
+        for (r, v) in &batch {
+            let r = r.difference(&taken);
+            taken = taken.union(&r);
+            disjoint_batch.push((r, *v));
+        }
+        for (r, v) in &disjoint_batch {
+            one.update(r, *v);
+        }
+        many.update_many(&disjoint_batch);
+        let whole = Region::from_box(GridBox::full(extent));
+        for v in 0u8..8 {
+            prop_assert_eq!(one.region_where(&whole, |x| *x == v), many.region_where(&whole, |x| *x == v), "value {}", v);
+        }
+    }
 }
