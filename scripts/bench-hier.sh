@@ -7,8 +7,10 @@ cd "$(dirname "$0")/.."
 S=$(realpath "${1:-target/release/sucl}")
 HOSTS=${HOSTS:-2}; PER=${PER:-2}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-100}; OP=${OP:-all_reduce}
 MINB=${MINB:-8}; MAXB=${MAXB:-16777216}
-N=$((HOSTS * PER)); W=/tmp/hierbench; rm -rf $W; mkdir -p $W
+N=$((HOSTS * PER)); W=${W:-/tmp/hierbench}
+[ -n "${SUMMARY_ONLY:-}" ] || { rm -rf "$W"; mkdir -p "$W"; }
 for round in $(seq 1 "$ROUNDS"); do
+  [ -n "${SUMMARY_ONLY:-}" ] && break
   for be in tcp hier; do
     echo "round $round/$ROUNDS: $be" >&2
     timeout 600 "$S" run -n "$N" -- sh -c "SUCL_HOSTNAME=host\$((SUCL_RANK / $PER)) exec $S bench $OP --backend $be --min-bytes $MINB --max-bytes $MAXB --iters $ITERS --warmup 10 --json" \
@@ -21,6 +23,7 @@ W, rounds, H, L, op = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], s
 def load(p):
     d = {}
     for l in open(p):
+        l = l.split("] ", 1)[1] if l.startswith("[") else l  # the launcher's rank prefix
         if l.startswith("{"):
             o = json.loads(l); d[o["bytes"]] = (o["time_us"], o["busbw_gbps"], o.get("wrong"))
     return d

@@ -10,6 +10,13 @@ use std::time::Duration;
 /// Starts `hosts × per_host` ranks directly (torchrun's variables, rank 0 hosting the store);
 /// rank r lives on host `host_of(r)`. Each runs `sucl check ARGS` with `--backend hier`.
 fn grid(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, args: &[&str], timeout_s: &str) -> Vec<Reaped> {
+    let mut full = vec!["check", "--backend", "hier"];
+    full.extend_from_slice(args);
+    grid_run(hosts, per_host, host_of, &full, timeout_s)
+}
+
+/// [`grid`] running `sucl ARGS`.
+fn grid_run(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, args: &[&str], timeout_s: &str) -> Vec<Reaped> {
     let n = hosts * per_host;
     let port = free_port().to_string();
     (0..n)
@@ -17,8 +24,7 @@ fn grid(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, args: &
             let h = host_of(r);
             let local = (0..r).filter(|&q| host_of(q) == h).count();
             let mut cmd = sucl();
-            cmd.args(["check", "--backend", "hier"])
-                .args(args)
+            cmd.args(args)
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", n.to_string())
                 .env("LOCAL_RANK", local.to_string())
@@ -96,4 +102,22 @@ fn forcing_hier_on_one_host_says_why() {
     let out = finish(spawn(cmd), Duration::from_secs(60), "hier on one host");
     assert!(!out.status.success());
     assert!(out.stderr.contains("needs ranks on at least two hosts"), "{}", out.stderr);
+}
+
+/// `sucl tune` on a grid of posed hosts measures hier beside tcp, like any other choice, and
+/// the table it writes names whichever won.
+#[test]
+fn tune_measures_hier_like_any_backend() {
+    let path = std::env::temp_dir().join(format!("sucl-tune-hier-{}.toml", std::process::id()));
+    let p = path.to_str().unwrap();
+    let args = ["tune", "--ops", "all_reduce", "--max-bytes", "64K", "--factor", "64", "--iters", "3", "--rounds", "1", "--out", p];
+    let outs: Vec<_> = grid_run(2, 2, |r| r / 2, &args, "60").into_iter().map(|c| finish(c, Duration::from_secs(120), "tune")).collect();
+    let table = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
+    for (r, out) in outs.iter().enumerate() {
+        assert!(out.status.success(), "rank {r}: {}\n{}", out.stdout, out.stderr);
+    }
+    let header = outs[0].stdout.lines().find(|l| l.trim_start().starts_with("bytes")).unwrap_or_default();
+    assert!(header.contains("tcp") && header.contains("hier"), "tune must measure hier beside tcp: {}", outs[0].stdout);
+    assert!(table.contains("[[tuning]]") && table.contains("ranks = [4, 4]"), "{table}");
 }

@@ -96,10 +96,10 @@ fn exchange(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8
             }
             reqs.push(unsafe { e.post_send(peer, tag, meta, base.add(mine.start + p.start), p.len())? });
         }
-        for i in 0..reqs.len() {
-            if reqs[i] != DONE {
-                e.wait(reqs[i])?;
-                reqs[i] = DONE;
+        for q in reqs.iter_mut() {
+            if *q != DONE {
+                e.wait(*q)?;
+                *q = DONE;
             }
         }
         Ok(())

@@ -175,20 +175,27 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
             Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone(), &env.job_secret)?)
         }
     };
-    let host = host_identity();
-    let hosts = match &store {
-        None => vec![host],
+    // Each rank publishes its host identity and the machine it really runs on: the identity
+    // decides who shares memory, the machine how many processes share its cores.
+    let me = format!("{}\n{}", host_identity(), sucl_core::bootstrap::hostname());
+    let published = match &store {
+        None => vec![me],
         Some(s) => {
-            s.set(&format!("world/host/{}", env.rank), host.as_bytes())?;
+            s.set(&format!("world/host/{}", env.rank), me.as_bytes())?;
             (0..env.size)
                 .map(|r| s.get(&format!("world/host/{r}")).map(|v| String::from_utf8_lossy(&v).into_owned()))
                 .collect::<Result<Vec<_>>>()?
         }
     };
+    let split = |v: &String| -> (String, String) {
+        let (id, machine) = v.split_once('\n').unwrap_or((v, v));
+        (id.to_string(), machine.to_string())
+    };
+    let (hosts, machines): (Vec<String>, Vec<String>) = published.iter().map(split).unzip();
     let (rank, size, local_rank) = (env.rank, env.size, env.local_rank);
     let mut cfg = cfg;
     if !cfg.backoff_set {
-        let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
+        let here = machines.iter().filter(|m| **m == machines[rank]).count();
         cfg.host.backoff = sucl_core::wait::Backoff::for_local_ranks(here);
     }
     let store_ref = store.as_ref().expect("a store");
