@@ -16,7 +16,7 @@ def sucl(p):
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"# sucl before/after vs {ver}: all_reduce f32 sum, {R} ranks, {os.cpu_count()} CPUs ({cpu})\n")
 print(f"Median of {rounds} rounds (each round: MPI, before, after); time = mean over iterations, max over ranks.\n")
-for be in ("shm", "tcp"):
+for be in os.environ.get("BACKENDS", "shm tcp").split():
     m = [mpi(f"{W}/mpi-{be}-{r}.txt") for r in range(1, rounds + 1)]
     b = [sucl(f"{W}/before-{be}-{r}.jsonl") for r in range(1, rounds + 1)]
     a = [sucl(f"{W}/after-{be}-{r}.jsonl") for r in range(1, rounds + 1)]

@@ -1,6 +1,8 @@
 //! `sucl info`: what this machine, build and environment offer, and where settings came from.
 
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use sucl::config::Config;
+use sucl_core::bootstrap::{interface_addrs, Network};
 
 fn meminfo_gib() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -32,6 +34,9 @@ pub fn run() -> i32 {
     for (name, r) in sucl::backend_report(&env) {
         match (name, r) {
             ("shm", _) => println!("  shm   available (ranks on one host)"),
+            ("hier", _) => {
+                println!("  hier  available for collectives where ranks span hosts, the same number (≥ 2) on each: shm inside, tcp between")
+            }
             ("mpi", Ok(())) => println!("  mpi   available ({})", sucl::mpi_version().unwrap_or_default()),
             (n, Ok(())) => println!("  {n:<5} available"),
             (n, Err(why)) => println!("  {n:<5} unavailable: {why}"),
@@ -53,7 +58,104 @@ pub fn run() -> i32 {
     if let Some(a) = &env.store_addr {
         println!("  rendezvous store {a} ({})", if env.rank0_hosts_store { "hosted by rank 0" } else { "hosted by the launcher" });
     }
-    i32::from(cfg.is_err()) * 2
+    println!("  host identity {} ({})", sucl::host_identity(), host_identity_source());
+    println!("network:");
+    let net_ok = match Network::from_env() {
+        Ok(net) => {
+            for line in network_lines(&env, &net, &interface_addrs()) {
+                println!("  {line}");
+            }
+            true
+        }
+        Err(e) => {
+            println!("  error: {e}");
+            false
+        }
+    };
+    i32::from(cfg.is_err() || !net_ok) * 2
+}
+
+fn host_identity_source() -> &'static str {
+    if std::env::var("SUCL_HOSTNAME").is_ok_and(|h| !h.trim().is_empty()) {
+        "SUCL_HOSTNAME: ranks with the same name share memory"
+    } else {
+        "the hostname; SUCL_HOSTNAME overrides it"
+    }
+}
+
+/// The local address this host's packets to `addr` (`host:port`) leave from (no packet is sent).
+fn route_to(addr: &str) -> Option<IpAddr> {
+    let target = addr.to_socket_addrs().ok()?.next()?;
+    let any: SocketAddr = if target.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect(target).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+/// Names the interface holding `ip`, as `name ip` (or just the address).
+fn with_interface(ip: IpAddr, ifs: &[(String, IpAddr)]) -> String {
+    match ifs.iter().find(|(_, a)| *a == ip) {
+        Some((name, _)) => format!("{name} {ip}"),
+        None => ip.to_string(),
+    }
+}
+
+/// What the store and the tcp endpoints bind and advertise, and why (the same rules as
+/// `sucl_core::bootstrap` and the tcp backend follow).
+pub fn network_lines(env: &sucl::LaunchEnv, net: &Network, ifs: &[(String, IpAddr)]) -> Vec<String> {
+    let chosen = || {
+        net.interface.as_ref().map(|(name, ip)| {
+            let spec = std::env::var("SUCL_SOCKET_IFNAME").unwrap_or_default();
+            format!("{name} {ip}, chosen by SUCL_SOCKET_IFNAME={spec:?}")
+        })
+    };
+    let ports = match net.ports {
+        Some((lo, hi)) => format!("ports {lo}-{hi} (SUCL_PORT_RANGE)"),
+        None => "any free port (SUCL_PORT_RANGE unset)".to_string(),
+    };
+    let mut out = vec![];
+    let store = match (&env.agent_store, &env.store_addr) {
+        (Some(agent), _) => {
+            let why = chosen().unwrap_or_else(|| {
+                if agent.one_host {
+                    "127.0.0.1, all ranks on one host".to_string()
+                } else {
+                    match route_to(&agent.addr) {
+                        Some(ip) if !ip.is_loopback() => {
+                            format!("{}, the address this host reaches the agent store from", with_interface(ip, ifs))
+                        }
+                        _ => "this host's first non-loopback address (the agent store is reached over loopback)".to_string(),
+                    }
+                }
+            });
+            format!("store: torchrun's agent store at {} introduces sucl's store, which rank 0 starts on {why}; {ports}", agent.addr)
+        }
+        (None, None) => "store: none (not a launched job): a world of one starts a private store on 127.0.0.1".to_string(),
+        (None, Some(addr)) if env.rank0_hosts_store => match sucl_core::bootstrap::store_bind_addrs(addr) {
+            Ok(bind) => {
+                let bind: Vec<String> = bind.iter().map(|a| a.to_string()).collect();
+                format!(
+                    "store: {addr} from the launch environment, hosted by rank 0, which listens on {} (the first that binds)",
+                    bind.join(", ")
+                )
+            }
+            Err(e) => format!("store: {addr}: {e}"),
+        },
+        (None, Some(addr)) => format!("store: {addr}, hosted by the launcher"),
+    };
+    out.push(store);
+    let tcp = match chosen() {
+        Some(c) => c,
+        None => match env.store_addr.as_deref().or(env.agent_store.as_ref().map(|a| a.addr.as_str())) {
+            Some(addr) => match route_to(addr) {
+                Some(ip) => format!("{}, the address this host reaches the store from", with_interface(ip, ifs)),
+                None => format!("the address this host reaches the store at {addr} from (no route found now)"),
+            },
+            None => "lo 127.0.0.1, the private store's loopback (a world of one)".to_string(),
+        },
+    };
+    out.push(format!("tcp endpoints: {tcp}; {ports}"));
+    out
 }
 
 #[cfg(feature = "cuda")]

@@ -82,6 +82,19 @@ fn root_disagreement_without_checking_is_reported_by_the_next_call_tcp() {
     }
 }
 
+/// Without the checking mode, 2 ranks over tcp that disagree on a large all_reduce's count (the
+/// pair algorithm of tcp_pair.rs) both get Mismatch at once, and the communicator stays
+/// poisoned: the ready frame that opens the call carries the descriptor.
+#[test]
+fn large_all_reduce_count_disagreement_on_two_ranks_tcp() {
+    let ranks = run(2, "tcp", false, &["count-large", "all_reduce"]);
+    for (r, steps) in ranks.iter().enumerate() {
+        assert_eq!(steps.len(), 2, "rank {r}: {steps:?}");
+        assert!(steps[0].contains("ERR Mismatch") && steps[0].contains("count"), "rank {r}: {steps:?}");
+        assert!(steps[1].contains("ERR Mismatch"), "rank {r}: the communicator must stay poisoned: {steps:?}");
+    }
+}
+
 /// Without the checking mode, a broadcast or scatter whose ranks disagree on the root leaves
 /// messages behind; the next collective must never receive them (correct data or an error).
 #[test]

@@ -55,13 +55,17 @@ fn small_arena_forces_many_chunks() {
 
 #[test]
 fn tcp_small_pieces_and_thresholds() {
-    let mut cmd = sucl();
-    cmd.args(["check", "--ranks", "4", "--backend", "tcp", "--dtypes", "f64,i8", "--sizes", "0,3,777,100003"])
-        .env("SUCL_TCP_SMALL_BYTES", "0")
-        .env("SUCL_TCP_PIECE_BYTES", "1K")
-        .env("SUCL_TIMEOUT", "120");
-    let out = finish(spawn(cmd), Duration::from_secs(300), "tcp piece check");
-    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+    // 2 ranks: the pair all_reduce (tcp_pair.rs) with hundreds of pieces per half, odd halves;
+    // 4 ranks: the generic rings and chains.
+    for ranks in ["2", "4"] {
+        let mut cmd = sucl();
+        cmd.args(["check", "--ranks", ranks, "--backend", "tcp", "--dtypes", "f64,i8", "--sizes", "0,2,3,777,100003"])
+            .env("SUCL_TCP_SMALL_BYTES", "0")
+            .env("SUCL_TCP_PIECE_BYTES", "1K")
+            .env("SUCL_TIMEOUT", "120");
+        let out = finish(spawn(cmd), Duration::from_secs(300), "tcp piece check");
+        assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{ranks} ranks: {}\n{}", out.stdout, out.stderr);
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@
 pub mod shm;
 mod shm_sync;
 pub mod tcp;
+mod tcp_pair;
 
 use std::time::Duration;
 use sucl_core::algorithms::AlgoConfig;

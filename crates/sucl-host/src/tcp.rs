@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sucl_core::algorithms::{self, AlgoConfig};
-use sucl_core::backend::{Backend, CollDesc};
+use sucl_core::backend::{Backend, CollDesc, CollOp};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wire::{Header, Kind, HEADER_LEN};
@@ -209,6 +209,9 @@ impl Backend for TcpBackend {
     sucl_core::delegate_p2p_to_engine!(engine);
 
     fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        if desc.op == CollOp::AllReduce && crate::tcp_pair::serves(self.engine.size(), &self.algo, desc) {
+            return crate::tcp_pair::all_reduce(&mut self.engine, &self.algo, desc, send, recv);
+        }
         algorithms::run(&mut self.engine, &self.algo, desc, send, recv)
     }
 }

@@ -35,8 +35,9 @@ use sucl_core::store::StoreClient;
 use sucl_core::{CollOp, Error, Result};
 use sucl_host::HostConfig;
 
-/// Names of the backends this build knows.
-pub const KNOWN_BACKENDS: [&str; 3] = ["shm", "tcp", "mpi"];
+/// Names of the backends this build knows. `hier` composes shm inside each host with tcp between
+/// hosts (the `hier` module); it carries collectives only.
+pub const KNOWN_BACKENDS: [&str; 4] = ["shm", "tcp", "mpi", "hier"];
 
 /// Names of the device-memory backends (tuning rules and `[platforms.cuda]` may name them).
 pub const DEVICE_BACKENDS: [&str; 3] = ["nccl", "ipc", "staged"];
@@ -440,11 +441,11 @@ impl Config {
     fn apply_env(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
         let bad = |k: &str, v: &str, want: &str| Error::Config(format!("environment variable {k}={v:?}: expected {want}"));
         if let Some(v) = get("SUCL_BACKEND") {
-            self.backend = BackendChoice::parse(&v).ok_or_else(|| bad("SUCL_BACKEND", &v, "auto, shm, tcp or mpi"))?;
+            self.backend = BackendChoice::parse(&v).ok_or_else(|| bad("SUCL_BACKEND", &v, "auto, shm, tcp, mpi or hier"))?;
             self.record("backend", "env SUCL_BACKEND");
         }
         if let Some(v) = get("SUCL_DEFAULT_BACKEND") {
-            if !KNOWN_BACKENDS.contains(&v.as_str()) {
+            if !KNOWN_BACKENDS.contains(&v.as_str()) || v == "hier" {
                 return Err(bad("SUCL_DEFAULT_BACKEND", &v, "tcp or mpi"));
             }
             self.default_backend = v;

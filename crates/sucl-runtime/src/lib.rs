@@ -24,6 +24,7 @@ pub mod config;
 pub mod cuda;
 #[cfg(feature = "fault-hook")]
 mod fault;
+mod hier;
 mod nonblocking;
 pub mod select;
 #[cfg(feature = "cuda")]
@@ -176,20 +177,27 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
             Some(StoreClient::connect(addr, env.rank, server_rank, timeout, abort.clone(), &env.job_secret)?)
         }
     };
-    let host = sucl_core::bootstrap::hostname();
-    let hosts = match &store {
-        None => vec![host],
+    // Each rank publishes its host identity and the machine it really runs on: the identity
+    // decides who shares memory, the machine how many processes share its cores.
+    let me = format!("{}\n{}", host_identity(), sucl_core::bootstrap::hostname());
+    let published = match &store {
+        None => vec![me],
         Some(s) => {
-            s.set(&format!("world/host/{}", env.rank), host.as_bytes())?;
+            s.set(&format!("world/host/{}", env.rank), me.as_bytes())?;
             (0..env.size)
                 .map(|r| s.get(&format!("world/host/{r}")).map(|v| String::from_utf8_lossy(&v).into_owned()))
                 .collect::<Result<Vec<_>>>()?
         }
     };
+    let split = |v: &String| -> (String, String) {
+        let (id, machine) = v.split_once('\n').unwrap_or((v, v));
+        (id.to_string(), machine.to_string())
+    };
+    let (hosts, machines): (Vec<String>, Vec<String>) = published.iter().map(split).unzip();
     let (rank, size, local_rank) = (env.rank, env.size, env.local_rank);
     let mut cfg = cfg;
     if !cfg.backoff_set {
-        let here = hosts.iter().filter(|h| **h == hosts[rank]).count();
+        let here = machines.iter().filter(|m| **m == machines[rank]).count();
         cfg.host.backoff = sucl_core::wait::Backoff::for_local_ranks(here);
     }
     let store_ref = store.as_ref().expect("a store");
@@ -245,6 +253,12 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
     Ok(Communicator::member(rank, local_rank, world_ranks, backends, selector, ctx, "world".into()))
 }
 
+/// The name that says which ranks share a host: `SUCL_HOSTNAME` when set (tests and benchmarks
+/// run several "hosts" on one machine with it), else the machine's hostname.
+pub fn host_identity() -> String {
+    std::env::var("SUCL_HOSTNAME").ok().filter(|h| !h.trim().is_empty()).unwrap_or_else(sucl_core::bootstrap::hostname)
+}
+
 /// Rank 0's checking mode, for every rank (one rank checking alone would wait for the others).
 fn agree_on_checking(store: &StoreClient, rank: usize, mine: bool) -> Result<bool> {
     if rank == 0 {
@@ -263,7 +277,7 @@ fn agree_on_checking(store: &StoreClient, rank: usize, mine: bool) -> Result<boo
 /// per communicator).
 fn backend_loadable(name: &str, env: &LaunchEnv) -> std::result::Result<(), String> {
     match name {
-        "shm" | "tcp" => Ok(()),
+        "shm" | "tcp" | "hier" => Ok(()),
         "mpi" => mpi_loadable(env),
         other => Err(format!("unknown backend `{other}`")),
     }
@@ -313,12 +327,24 @@ fn make_backends(
 ) -> Result<(Vec<Box<dyn Backend>>, select::Selector)> {
     let wr = world_ranks[rank];
     let one_host = world_ranks.iter().all(|&w| ctx.hosts[w] == ctx.hosts[world_ranks[0]]);
-    let usable = |name: &str| (name != "shm" || one_host) && world_ranks.iter().all(|&w| ctx.avail[w].iter().any(|a| a == name));
+    let layout = hier::Layout::of(&world_ranks.iter().map(|&w| ctx.hosts[w].as_str()).collect::<Vec<_>>());
+    let everyone_has = |name: &str| world_ranks.iter().all(|&w| ctx.avail[w].iter().any(|a| a == name));
+    let usable = |name: &str| match name {
+        "shm" => one_host && everyone_has("shm"),
+        // Composes shm inside hosts and tcp between them: needs both, and a grid of hosts.
+        "hier" => layout.is_some() && everyone_has("shm") && everyone_has("tcp"),
+        _ => everyone_has(name),
+    };
     let policy = &ctx.policy;
-    if let Some(f) = &policy.forced {
+    // Forcing hier asks for it wherever it applies: a sub-communicator that is no grid of hosts
+    // (a split down to one rank per host, say) takes the other backends; the world must be one.
+    let forced = policy.forced.as_ref().filter(|f| !(f.as_str() == select::HIER && layout.is_none() && prefix != "world"));
+    if let Some(f) = forced {
         if !usable(f) {
             let why = if f == "shm" && !one_host {
                 "the ranks are on more than one host".to_string()
+            } else if f == "hier" && layout.is_none() {
+                "it needs ranks on at least two hosts, the same number (at least two) on each".to_string()
             } else {
                 let missing: Vec<usize> = world_ranks.iter().copied().filter(|&w| !ctx.avail[w].iter().any(|a| a == f)).collect();
                 format!("ranks {missing:?} cannot use it (not allowed by their configuration or not loadable there)")
@@ -328,7 +354,7 @@ fn make_backends(
     }
     let mut names: Vec<&'static str> = vec![];
     for &n in config::KNOWN_BACKENDS.iter() {
-        let wanted = match &policy.forced {
+        let wanted = match forced {
             Some(f) => f == n || policy.default == n,
             None => true,
         };
@@ -345,10 +371,24 @@ fn make_backends(
     }
     let mut backends: Vec<Box<dyn Backend>> = vec![];
     for &n in &names {
-        backends.push(make_backend(ctx, prefix, rank, world_ranks, n)?);
+        backends.push(match (n, &layout) {
+            ("hier", Some(layout)) => make_hier(ctx, prefix, rank, world_ranks, layout.clone())?,
+            _ => make_backend(ctx, prefix, rank, world_ranks, n)?,
+        });
     }
     let selector = select::Selector::new(policy, &names, world_ranks.len());
     Ok((backends, selector))
+}
+
+/// The hierarchical backend: shm among this host's ranks, tcp among the ranks of this local
+/// index on every host (see the `hier` module).
+fn make_hier(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize], layout: hier::Layout) -> Result<Box<dyn Backend>> {
+    let (h, l) = layout.pos[rank];
+    let here: Vec<usize> = layout.at[h].iter().map(|&r| world_ranks[r]).collect();
+    let across: Vec<usize> = layout.at.iter().map(|g| world_ranks[g[l]]).collect();
+    let local = make_backend(ctx, &format!("{prefix}/hier/host{h}"), l, &here, "shm")?;
+    let cross = make_backend(ctx, &format!("{prefix}/hier/index{l}"), h, &across, "tcp")?;
+    Ok(Box::new(hier::Hier::new(rank, world_ranks[rank], layout, local, cross)))
 }
 
 fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize], name: &str) -> Result<Box<dyn Backend>> {
@@ -492,7 +532,7 @@ impl Communicator {
     }
 
     fn p2p_index(&self) -> usize {
-        self.pinned.get().unwrap_or_else(|| self.selector.p2p())
+        self.selector.p2p_with(self.pinned.get())
     }
 
     /// The launch environment detected at [`init`].

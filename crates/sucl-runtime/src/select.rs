@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use sucl_core::backend::CollDesc;
 use sucl_core::CollOp;
 
+/// The hierarchical choice's name (shm inside hosts, tcp between them; collectives only).
+pub const HIER: &str = "hier";
+
 /// The selection rules of a job (rank 0's, exchanged at init).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
@@ -95,6 +98,8 @@ pub(crate) struct Selector {
     threshold: i64,
     rules: Vec<IndexedRule>,
     size: usize,
+    /// The hierarchical choice, if loaded: it serves collectives only.
+    hier: Option<usize>,
 }
 
 impl Selector {
@@ -110,14 +115,18 @@ impl Selector {
                 Some(IndexedRule { op: r.op.as_deref().and_then(CollOp::parse), ranks: r.ranks, bytes: r.bytes, backend: idx(&r.backend)? })
             })
             .collect();
+        let hier = idx(HIER);
         Selector {
             names: names.to_vec(),
             forced: policy.forced.as_deref().and_then(idx),
             default,
-            preferred: idx(&policy.preferred).unwrap_or(default),
+            // A preferred backend that cannot serve these ranks (shm across hosts) gives way to
+            // the hierarchical one where the ranks form a grid of hosts.
+            preferred: idx(&policy.preferred).or(hier).unwrap_or(default),
             threshold: policy.threshold,
             rules,
             size,
+            hier,
         }
     }
 
@@ -139,9 +148,16 @@ impl Selector {
         }
     }
 
-    /// The backend of point-to-point calls (fixed, since sender and receiver sizes may differ).
-    pub fn p2p(&self) -> usize {
-        self.forced.unwrap_or(self.preferred)
+    /// The backend of point-to-point calls (fixed, since sender and receiver sizes may differ) while `pinned` (if any) is pinned: the pinned or
+    /// forced one, else the preferred one, except that a collectives-only choice (`hier`) hands
+    /// point-to-point to the default backend.
+    pub fn p2p_with(&self, pinned: Option<usize>) -> usize {
+        let i = pinned.or(self.forced).unwrap_or(self.preferred);
+        if Some(i) == self.hier {
+            self.default
+        } else {
+            i
+        }
     }
 
     /// The universal fallback.
@@ -199,6 +215,28 @@ mod tests {
         let s4 = Selector::new(&policy(0, rules), &names, 4);
         assert_eq!(names[s4.pick(CollOp::Gather, 5)], "tcp");
         assert_eq!(s4.label(), "auto");
+    }
+
+    #[test]
+    fn hier_takes_over_from_an_unusable_preferred_backend_but_never_point_to_point() {
+        // Ranks on several hosts: shm is not loaded, so the preferred choice falls to hier.
+        let names = ["tcp", "hier"];
+        let s = Selector::new(&policy(0, vec![]), &names, 4);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 1 << 20)], "hier");
+        assert_eq!(names[s.pick(CollOp::Broadcast, 8)], "hier");
+        assert_eq!(names[s.p2p_with(None)], "tcp", "hier carries no point-to-point");
+        assert_eq!(names[s.p2p_with(Some(1))], "tcp", "not even when pinned");
+        assert_eq!(names[s.p2p_with(Some(0))], "tcp");
+        // Below the threshold the default; a rule may still name either.
+        let rules = vec![Rule { op: Some("all_reduce".into()), ranks: (4, 4), bytes: (0, 1024), backend: "tcp".into() }];
+        let s = Selector::new(&policy(64, rules), &names, 4);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 100)], "tcp");
+        assert_eq!(names[s.pick(CollOp::AllGather, 10)], "tcp", "below the threshold");
+        assert_eq!(names[s.pick(CollOp::AllGather, 64)], "hier");
+        // One host: shm stays preferred even if hier were loaded.
+        let names = ["shm", "tcp", "hier"];
+        let s = Selector::new(&policy(0, vec![]), &names, 4);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 1 << 20)], "shm");
     }
 
     #[test]

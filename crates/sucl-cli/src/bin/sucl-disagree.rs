@@ -8,6 +8,8 @@
 //! - `count OP`: OP with root 0 and `4 + rank % 2` elements per rank, then a barrier.
 //! - `leftover OP`: OP (broadcast or scatter) with root `rank % 2`, its result ignored, then the
 //!   same OP with root 0 on every rank, whose data is checked.
+//! - `count-large all_reduce`: a 2-rank-tcp-pair-sized all_reduce (100 000 f32) with one more
+//!   element on odd ranks, then a barrier.
 //! - `sendrecv-bad-peer`: sendrecv to rank `size` while receiving from itself, then a barrier.
 
 use std::time::Instant;
@@ -75,6 +77,13 @@ fn main() {
         }
         Some("count") => {
             step(r, op, || rooted(&comm, op, 0, 4 + r % 2, 100.0).map(|_| None));
+            step(r, "barrier-after", || comm.barrier().map(|_| None));
+        }
+        Some("count-large") => {
+            step(r, op, || {
+                let mut v = vec![1.0f32; 100_000 + r % 2];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).map(|_| None)
+            });
             step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         Some("leftover") => {
