@@ -21,10 +21,12 @@ pub mod client;
 mod cuda;
 pub mod daemon;
 pub mod kernels;
+pub mod transport;
 pub mod wire;
 
 pub use auth::Token;
-pub use client::{ClientOptions, Remote, RemoteBuffer, RemoteDevice, RemoteError, RemoteEvent, RemoteQueue};
+pub use client::{ClientOptions, Mesh, Remote, RemoteBuffer, RemoteDevice, RemoteError, RemoteEvent, RemoteQueue};
 pub use daemon::{Daemon, DaemonConfig, Limits};
+pub use transport::{Tls, TlsIdentity};
 pub use kernels::{KernelCall, KernelRegistry};
 pub use wire::{Arg, DeviceKind};

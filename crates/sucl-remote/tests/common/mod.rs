@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use sucl_remote::auth::{random, Nonces};
 use sucl_remote::wire::{self, Frame};
+use sucl_remote::transport::{self, parse_pin, Link, Pin, Tls};
 use sucl_remote::{ClientOptions, Token};
 
 /// A `sucld` process on loopback with an ephemeral port; killed and reaped when dropped.
@@ -18,6 +19,8 @@ pub struct Sucld {
     pub child: Child,
     pub addr: String,
     pub token: Token,
+    /// The pin of its TLS certificate (`None`: started with `--no-tls`).
+    pub pin: Option<Pin>,
 }
 
 impl Sucld {
@@ -25,6 +28,7 @@ impl Sucld {
         let token = Token::generate();
         let mut child = Command::new(env!("CARGO_BIN_EXE_sucld"))
             .args(["--listen", "127.0.0.1:0", "--print-address", "--log", "warn"])
+            .args(if extra.contains(&"--no-tls") { &[][..] } else { &["--tls-ephemeral"][..] })
             .args(extra)
             .env("SUCLD_TOKEN", token.to_hex())
             .env_remove("SUCLD_LOG")
@@ -32,21 +36,32 @@ impl Sucld {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning sucld");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("reading sucld's address");
-        let addr = match line.trim().strip_prefix("listening on ") {
-            Some(a) => a.to_string(),
-            None => {
+        let (mut line, mut tls) = (String::new(), String::new());
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).expect("reading sucld's address");
+        out.read_line(&mut tls).expect("reading sucld's TLS pin");
+        let (addr, pin) = match (line.trim().strip_prefix("listening on "), tls.trim()) {
+            (Some(a), "tls off") => (a.to_string(), None),
+            (Some(a), t) if t.starts_with("tls pin ") => (a.to_string(), Some(parse_pin(&t[8..]).unwrap())),
+            _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("sucld did not start: {line:?}");
+                panic!("sucld did not start: {line:?} {tls:?}");
             }
         };
-        Sucld { child, addr, token }
+        Sucld { child, addr, token, pin }
+    }
+
+    pub fn tls(&self) -> Tls {
+        match self.pin {
+            Some(p) => Tls::Pinned(vec![p]),
+            None => Tls::Off,
+        }
     }
 
     pub fn options(&self) -> ClientOptions {
         let mut o = ClientOptions::new(self.token.clone());
+        o.tls = self.tls();
         o.call_timeout = Duration::from_secs(20);
         o.reconnect_window = Duration::from_secs(10);
         o
@@ -150,10 +165,16 @@ fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
     }
 }
 
-/// Connects and exchanges hello/welcome by hand; returns the stream and the nonces.
-pub fn raw_greet(addr: &str) -> (TcpStream, Nonces) {
-    let mut s = TcpStream::connect(addr).unwrap();
+/// Connects (TLS as `tls` says) without speaking yet.
+pub fn raw_connect(addr: &str, tls: &Tls) -> Link {
+    let s = transport::connect(addr, tls, Duration::from_secs(10)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Connects and exchanges hello/welcome by hand; returns the stream and the nonces.
+pub fn raw_greet(addr: &str, tls: &Tls) -> (Link, Nonces) {
+    let mut s = raw_connect(addr, tls);
     let client: [u8; 16] = random();
     let hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: client };
     s.write_all(&hello.encode()).unwrap();
@@ -164,7 +185,7 @@ pub fn raw_greet(addr: &str) -> (TcpStream, Nonces) {
 }
 
 /// The next frame, or `None` once the server closed the connection.
-pub fn read(s: &mut TcpStream) -> Option<Frame> {
+pub fn read(s: &mut impl Read) -> Option<Frame> {
     let mut buf = Vec::new();
     wire::read_frame(s, &mut buf, 1 << 20).ok()
 }
