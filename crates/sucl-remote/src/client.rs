@@ -398,6 +398,12 @@ impl Remote {
         }
     }
 
+    /// Sends one protocol command and waits for its answer (low level: the typed API above
+    /// covers every command; this is for tools and tests that speak the protocol directly).
+    pub fn call_raw(&self, cmd: Command) -> Result<Outcome> {
+        self.call(cmd, "a raw command")
+    }
+
     /// A no-op round trip (a latency probe).
     pub fn nop(&self) -> Result<()> {
         self.call(Command::Nop, "nop").map(|_| ())
@@ -545,6 +551,17 @@ impl Conn {
             }
             st.broken = Some(why);
             self.changed.notify_all();
+            drop(st);
+            // Re-attach now rather than at the next call on this server: another server may be
+            // waiting (for a migration's bytes, for an event) on commands this one has not
+            // received yet.
+            let me = self.clone();
+            let _ = std::thread::Builder::new().name("sucl-remote-reattach".into()).spawn(move || {
+                let mut st = me.lock();
+                if st.generation == generation && st.broken.is_some() && st.dead.is_none() {
+                    me.reattach(&mut st);
+                }
+            });
             return;
         }
     }
@@ -873,7 +890,7 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
     /// many bytes of this buffer are meaningful: reads ([`RemoteBuffer::read_content`]),
     /// copies and migrations then move only those; a migration into a buffer that has one sets
     /// it to the bytes received. `None` clears it.
-    pub fn set_content_size(&mut self, size: Option<&RemoteBuffer<u64>>) -> Result<()> {
+    pub fn set_content_size<S: bytemuck::Pod>(&mut self, size: Option<&RemoteBuffer<S>>) -> Result<()> {
         let size_buffer = match size {
             Some(b) if !b.remote().same(self.remote()) => return Err(RemoteError::Invalid("the size buffer lives on another server".into())),
             Some(b) => b.id,

@@ -27,9 +27,9 @@ use crate::wire::{
     SessionStats, HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME, VERSION,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -250,6 +250,8 @@ struct Session {
     remote: Mutex<RemoteState>,
     remote_cv: Condvar,
     closed: AtomicBool,
+    /// Frames received over peer links.
+    peer_frames: AtomicU64,
 }
 
 impl Session {
@@ -591,6 +593,7 @@ fn open_session(shared: &Arc<Shared>, conn: &mut Link, out: &mut Vec<u8>, nonces
         remote: Mutex::new(RemoteState::default()),
         remote_cv: Condvar::new(),
         closed: AtomicBool::new(false),
+        peer_frames: AtomicU64::new(0),
     });
     let (sh, se) = (shared.clone(), s.clone());
     std::thread::Builder::new().name("sucld-exec".into()).spawn(move || executor_loop(&sh, &se))?;
@@ -772,6 +775,7 @@ fn peer_out(shared: &Arc<Shared>, s: &Arc<Session>, r: &mut RemoteState, to: u32
                 Ok((link, max_frame)) => {
                     lock(&o2.q).max_frame = max_frame;
                     o2.cv.notify_all();
+                    watch_link(&se, to, &spec.address, link.clone());
                     peer_send_loop(&o2, link)
                 }
                 Err(e) => e,
@@ -790,6 +794,28 @@ fn peer_out(shared: &Arc<Shared>, s: &Arc<Session>, r: &mut RemoteState, to: u32
         .map_err(|e| e.to_string())?;
     r.outs.insert(to, out.clone());
     Ok(out)
+}
+
+/// The receiving end of an outgoing link sends nothing back: a read that returns means the
+/// peer closed or died, which must fail this session's waits on it at once (not after the
+/// peer timeout), even while nothing is being sent.
+fn watch_link(s: &Arc<Session>, to: u32, address: &str, mut link: Link) {
+    let (s, address) = (s.clone(), address.to_string());
+    let spawned = std::thread::Builder::new().name("sucld-peer-watch".into()).spawn(move || {
+        let mut b = [0u8; 64];
+        let why = match link.read(&mut b) {
+            Ok(0) => "the peer closed the link".to_string(),
+            Ok(_) => "the peer sent data on an outgoing link".to_string(),
+            Err(e) => e.to_string(),
+        };
+        link.shutdown();
+        if !s.closed.load(Ordering::SeqCst) {
+            mark_lost(&s, to, format!("peer server {address} (mesh member {to}): {why}"));
+        }
+    });
+    if let Err(e) = spawned {
+        warn!("cannot watch a peer link: {e}");
+    }
 }
 
 fn mark_lost(s: &Session, peer: u32, why: String) {
@@ -939,13 +965,14 @@ fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64) {
 fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, max_frame: u32) -> io::Result<()> {
     let mut reader = BufReader::with_capacity(1 << 16, conn.clone());
     let mut buf = Vec::new();
-    let addr = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let addr = lock(&s.remote).mesh.as_ref().and_then(|m| m.peers.get(&from)).map(|p| p.address.clone()).unwrap_or_default();
     let limit = shared.cfg.limits.max_bytes;
     let result = loop {
         let f = match read_frame(&mut reader, &mut buf, max_frame) {
             Ok(f) => f,
             Err(e) => break Err(io::Error::other(e.to_string())),
         };
+        s.peer_frames.fetch_add(1, Ordering::Relaxed);
         match f {
             Frame::PeerSubscribe { event } => {
                 let done = {
@@ -1076,6 +1103,9 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
         Command::MigrateIn { buffer: id, offset, len, peer, transfer } => {
             lock(&s.objects).stats.executed += 1;
             check_peer(s, peer)?;
+            // A link to the source, though nothing goes out on it: its watcher fails this wait
+            // at once if the source dies.
+            peer_out(shared, s, &mut lock(&s.remote), peer).map_err(|e| failed(code::PEER, e))?;
             let data = wait_remote(shared, s, peer, &format!("receiving transfer {transfer} from mesh member {peer}"), |r| {
                 let complete = r.inbox.get(&(peer, transfer)).is_some_and(|i| i.data.len() as u64 == i.total);
                 complete.then(|| Ok(r.inbox.remove(&(peer, transfer)).expect("seen").data))
@@ -1204,7 +1234,7 @@ fn run(shared: &Arc<Shared>, s: &Arc<Session>, o: &mut Objects, cmd: Command) ->
     match cmd {
         Command::Nop => Ok(Outcome::Done),
         Command::Devices => Ok(Outcome::Devices(shared.devices.iter().map(Served::info).collect())),
-        Command::Stats => Ok(Outcome::Stats(o.stats)),
+        Command::Stats => Ok(Outcome::Stats(SessionStats { peer_frames: s.peer_frames.load(Ordering::Relaxed), ..o.stats })),
         Command::CreateQueue { queue, device: d } => {
             device(shared, d)?;
             if o.queues.contains_key(&queue) {

@@ -146,6 +146,8 @@ pub struct SessionStats {
     pub bytes_in_use: u64,
     /// Buffers the session holds.
     pub buffers: u32,
+    /// Frames this session received over peer links (notices, subscriptions, data pieces).
+    pub peer_frames: u64,
 }
 
 /// A command from a client, executed in sequence-number order on the client's session.
@@ -700,6 +702,7 @@ impl Outcome {
                 e.u64(s.launches);
                 e.u64(s.bytes_in_use);
                 e.u32(s.buffers);
+                e.u64(s.peer_frames);
             }
             Outcome::Failed { code, message } => {
                 e.u8(4);
@@ -987,6 +990,7 @@ fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
             launches: d.u64("launches")?,
             bytes_in_use: d.u64("bytes in use")?,
             buffers: d.u32("buffers")?,
+            peer_frames: d.u64("peer frames")?,
         }),
         4 => Outcome::Failed { code: d.u16("error code")?, message: d.str("error message", 4096)? },
         t => return Err(WireError::UnknownTag { what: "outcome", tag: t }),

@@ -85,6 +85,8 @@ impl Drop for Sucld {
 pub struct FaultProxy {
     pub addr: String,
     pub cuts: Arc<AtomicU64>,
+    /// Bytes forwarded, both directions.
+    pub bytes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     enabled: Arc<AtomicBool>,
 }
@@ -103,8 +105,9 @@ impl FaultProxy {
     pub fn start(target: &str, mean_bytes: u64, seed: u64) -> FaultProxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let (cuts, stop, enabled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
-        let (target, c2, s2, e2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone());
+        let (cuts, stop, enabled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(mean_bytes > 0)));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let (target, c2, s2, e2, b2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone(), bytes.clone());
         let rng = Arc::new(Mutex::new(Rng(seed | 1)));
         std::thread::spawn(move || {
             for client in l.incoming() {
@@ -115,10 +118,15 @@ impl FaultProxy {
                 let Ok(server) = TcpStream::connect(&target) else { continue };
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
-                pump_pair(client, server, budget, c2.clone());
+                pump_pair(client, server, budget, c2.clone(), b2.clone());
             }
         });
-        FaultProxy { addr, cuts, stop, enabled }
+        FaultProxy { addr, cuts, bytes, stop, enabled }
+    }
+
+    /// A proxy that cuts nothing and only counts the bytes it forwards.
+    pub fn counting(target: &str) -> FaultProxy {
+        FaultProxy::start(target, 0, 1)
     }
 
     /// Stops cutting new connections.
@@ -134,11 +142,11 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
+fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>, bytes: Arc<AtomicU64>) {
     let left = Arc::new(AtomicU64::new(budget));
     let cut = Arc::new(AtomicBool::new(false));
     for (from, to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
-        let (left, cut, cuts) = (left.clone(), cut.clone(), cuts.clone());
+        let (left, cut, cuts, bytes) = (left.clone(), cut.clone(), cuts.clone(), bytes.clone());
         std::thread::spawn(move || {
             let (mut from, mut to) = (from, to);
             let mut buf = [0u8; 4096];
@@ -149,6 +157,7 @@ fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
                 };
                 let have = left.fetch_sub((n as u64).min(left.load(Ordering::SeqCst)), Ordering::SeqCst);
                 let pass = (n as u64).min(have) as usize;
+                bytes.fetch_add(pass as u64, Ordering::Relaxed);
                 if to.write_all(&buf[..pass]).is_err() {
                     break;
                 }
