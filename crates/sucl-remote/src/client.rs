@@ -946,6 +946,23 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
         self.remote().post(Command::MigrateIn { buffer: self.id, offset: 0, len, peer: src_index, transfer })
     }
 
+    /// Moves elements `src_offset..src_offset + n` of `src` (a buffer of another server of
+    /// the same mesh) to elements `offset..offset + n` of this one, server to server, as
+    /// [`RemoteBuffer::migrate_from`] does for whole buffers (a halo exchange, for instance).
+    pub fn migrate_range_from(&mut self, offset: usize, src: &RemoteBuffer<T>, src_offset: usize, n: usize) -> Result<()> {
+        self.check(offset, n)?;
+        src.check(src_offset, n)?;
+        let size = std::mem::size_of::<T>() as u64;
+        let (len, at, src_at) = (n as u64 * size, offset as u64 * size, src_offset as u64 * size);
+        if src.remote().same(self.remote()) {
+            return self.remote().post(Command::Copy { src: src.id, src_offset: src_at, dst: self.id, dst_offset: at, len });
+        }
+        let (src_index, dst_index) = same_mesh(src.remote(), self.remote())?;
+        let transfer = next_transfer();
+        src.remote().post(Command::MigrateOut { buffer: src.id, offset: src_at, len, peer: dst_index, transfer })?;
+        self.remote().post(Command::MigrateIn { buffer: self.id, offset: at, len, peer: src_index, transfer })
+    }
+
     /// Reads elements `offset..offset + n`.
     pub fn read(&self, offset: usize, n: usize) -> Result<Vec<T>> {
         self.check(offset, n)?;
