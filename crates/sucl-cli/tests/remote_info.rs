@@ -24,7 +24,8 @@ fn sucl_info_lists_remote_devices_with_server_state_and_latency() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     for i in 0..2 {
-        let line = text.lines().find(|l| l.contains(&format!("remote {addr} #{i}:"))).unwrap_or_else(|| panic!("no line for device {i}:\n{text}"));
+        let line =
+            text.lines().find(|l| l.contains(&format!("remote {addr} #{i}:"))).unwrap_or_else(|| panic!("no line for device {i}:\n{text}"));
         assert!(line.contains(&format!("Host host{i}")) && line.contains("state up, latency"), "{line}");
     }
     let line = text.lines().find(|l| l.contains(&format!("remote {dead}:"))).unwrap_or_else(|| panic!("no line for {dead}:\n{text}"));

@@ -411,7 +411,7 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
     md.push_str("| daemons | time ms | MLUP/s | speedup vs 1 daemon | vs local | #wrong |\n|---:|---:|---:|---:|---:|---:|\n");
     let mut one = 0.0;
     for d in 1..=4usize {
-        if nz % d != 0 {
+        if !nz.is_multiple_of(d) {
             continue;
         }
         let nzl = nz / d;
@@ -440,18 +440,15 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
         }
         let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
         let dt = t.elapsed().as_secs_f64();
-        let wrong =
-            result.iter().enumerate().map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x != y).count()).sum::<usize>();
+        let wrong = result
+            .iter()
+            .enumerate()
+            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x != y).count())
+            .sum::<usize>();
         if d == 1 {
             one = dt;
         }
-        md.push_str(&format!(
-            "| {d} | {:.1} | {:.0} | {:.2}× | {:.2}× | {wrong} |\n",
-            dt * 1e3,
-            cells / dt / 1e6,
-            one / dt,
-            local / dt
-        ));
+        md.push_str(&format!("| {d} | {:.1} | {:.0} | {:.2}× | {:.2}× | {wrong} |\n", dt * 1e3, cells / dt / 1e6, one / dt, local / dt));
     }
 }
 

@@ -139,7 +139,9 @@ impl ClientOptions {
             return Ok(self);
         }
         let split = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
-        let pins = std::env::var("SUCL_REMOTE_TLS_PIN").map(|s| split(&s)).unwrap_or_else(|_| config.map(|c| c.tls_pins.clone()).unwrap_or_default());
+        let pins = std::env::var("SUCL_REMOTE_TLS_PIN")
+            .map(|s| split(&s))
+            .unwrap_or_else(|_| config.map(|c| c.tls_pins.clone()).unwrap_or_default());
         let certs = std::env::var("SUCL_REMOTE_TLS_CERT")
             .map(|s| split(&s).into_iter().map(PathBuf::from).collect())
             .unwrap_or_else(|_| config.map(|c| c.tls_certs.clone()).unwrap_or_default());
@@ -892,7 +894,9 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
     /// it to the bytes received. `None` clears it.
     pub fn set_content_size<S: bytemuck::Pod>(&mut self, size: Option<&RemoteBuffer<S>>) -> Result<()> {
         let size_buffer = match size {
-            Some(b) if !b.remote().same(self.remote()) => return Err(RemoteError::Invalid("the size buffer lives on another server".into())),
+            Some(b) if !b.remote().same(self.remote()) => {
+                return Err(RemoteError::Invalid("the size buffer lives on another server".into()))
+            }
             Some(b) => b.id,
             None => 0,
         };
@@ -919,8 +923,11 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
                 other => return Err(self.remote().unexpected("reading a buffer", other)),
             }
         }
-        if bytes.len() % size != 0 {
-            return Err(RemoteError::Invalid(format!("the content size ({} bytes) is not a whole number of {size}-byte elements", bytes.len())));
+        if !bytes.len().is_multiple_of(size) {
+            return Err(RemoteError::Invalid(format!(
+                "the content size ({} bytes) is not a whole number of {size}-byte elements",
+                bytes.len()
+            )));
         }
         let mut out = vec![T::zeroed(); bytes.len() / size];
         bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
@@ -1023,7 +1030,11 @@ fn next_transfer() -> u64 {
 fn same_mesh(a: &Remote, b: &Remote) -> Result<(u32, u32)> {
     match (a.mesh(), b.mesh()) {
         (Some((ma, ia)), Some((mb, ib))) if ma == mb => Ok((ia, ib)),
-        _ => Err(RemoteError::Invalid(format!("servers {} and {} are not members of one mesh (make one with Mesh::new)", a.server(), b.server()))),
+        _ => Err(RemoteError::Invalid(format!(
+            "servers {} and {} are not members of one mesh (make one with Mesh::new)",
+            a.server(),
+            b.server()
+        ))),
     }
 }
 

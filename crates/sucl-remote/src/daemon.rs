@@ -23,8 +23,8 @@ use crate::auth::{random, MeshKey, Nonces, SessionSecret, Token};
 use crate::kernels::{HostMem, KernelCall, KernelRegistry};
 use crate::transport::{self, Link, Pin, Tls, TlsIdentity};
 use crate::wire::{
-    self, code, feature, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, PeerSpec, ReadError,
-    SessionStats, HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME, VERSION,
+    self, code, feature, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, PeerSpec, ReadError, SessionStats,
+    HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME, VERSION,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, BufReader, Read, Write};
@@ -695,7 +695,7 @@ fn forget_replies(st: &mut SessionState, upto: u64) {
 fn would_block(s: &Session, cmd: &Command) -> bool {
     let r = lock(&s.remote);
     match cmd {
-        Command::MigrateIn { peer, transfer, .. } => !r.inbox.get(&(*peer, *transfer)).is_some_and(|i| i.data.len() as u64 == i.total),
+        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.data.len() as u64 != i.total),
         Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
         _ => false,
     }
@@ -836,7 +836,8 @@ fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey,
             l.set_read_timeout(Some(left.max(Duration::from_millis(1)))).map_err(|e| (true, e.to_string()))?;
             let (mut buf, mut out) = (Vec::new(), Vec::new());
             let client: [u8; 16] = random();
-            let hello = Frame::Hello { min_version: VERSION, max_version: VERSION, features: 0, max_frame: shared.cfg.max_frame, nonce: client };
+            let hello =
+                Frame::Hello { min_version: VERSION, max_version: VERSION, features: 0, max_frame: shared.cfg.max_frame, nonce: client };
             write_frame(&mut l, &mut out, &hello).map_err(|e| (true, e.to_string()))?;
             let (max_frame, server) = match read_frame(&mut l, &mut buf, HANDSHAKE_MAX_FRAME) {
                 Ok(Frame::Welcome { max_frame, nonce, .. }) => (max_frame, nonce),
@@ -994,7 +995,9 @@ fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, m
             Frame::PeerData { transfer, total, offset, data } => {
                 let mut r = lock(&s.remote);
                 if total > limit {
-                    break Err(io::Error::other(format!("transfer {transfer} of {total} bytes exceeds the session's memory limit {limit}")));
+                    break Err(io::Error::other(format!(
+                        "transfer {transfer} of {total} bytes exceeds the session's memory limit {limit}"
+                    )));
                 }
                 let inc = r.inbox.entry((from, transfer)).or_insert_with(|| Incoming { data: Vec::new(), total });
                 if inc.total != total || offset != inc.data.len() as u64 || offset + data.len() as u64 > total {
@@ -1048,7 +1051,6 @@ fn wait_remote<T>(
     }
 }
 
-
 pub(crate) fn failed(code: u16, message: impl Into<String>) -> Outcome {
     Outcome::Failed { code, message: message.into() }
 }
@@ -1096,7 +1098,9 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
                     .map_err(|e| failed(code::PEER, format!("waiting for event {event} of mesh member {peer}: {e}")))?;
             }
             wait_remote(shared, s, peer, &format!("waiting for event {event} of mesh member {peer}"), |r| {
-                r.remote_done.get(&(peer, event)).map(|ok| if *ok { Ok(()) } else { Err(format!("event {event} of mesh member {peer} failed")) })
+                r.remote_done
+                    .get(&(peer, event))
+                    .map(|ok| if *ok { Ok(()) } else { Err(format!("event {event} of mesh member {peer} failed")) })
             })?;
             Ok(Outcome::Done)
         }
@@ -1112,7 +1116,10 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
             })?;
             let mut o = lock(&s.objects);
             if data.len() as u64 > len {
-                return Err(failed(code::INVALID, format!("transfer {transfer} brought {} bytes, more than the {len} expected", data.len())));
+                return Err(failed(
+                    code::INVALID,
+                    format!("transfer {transfer} brought {} bytes, more than the {len} expected", data.len()),
+                ));
             }
             let b = buffer(&mut o, id)?;
             let r = span("migration destination", offset, data.len() as u64, b.mem.len())?;
@@ -1161,7 +1168,14 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
     }
 }
 
-fn join_mesh(shared: &Arc<Shared>, s: &Arc<Session>, mesh: [u8; 16], key: [u8; 32], index: u32, peers: Vec<PeerSpec>) -> Result<Outcome, Outcome> {
+fn join_mesh(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    mesh: [u8; 16],
+    key: [u8; 32],
+    index: u32,
+    peers: Vec<PeerSpec>,
+) -> Result<Outcome, Outcome> {
     let mut map = HashMap::new();
     for p in peers {
         if p.index == index {

@@ -226,7 +226,7 @@ impl KernelRegistry {
 /// can check a remote run against the same arithmetic run locally.
 pub fn jacobi3d(out: &mut [f64], inp: &[f64], nx: usize, ny: usize) -> Result<(), String> {
     let plane = nx.checked_mul(ny).filter(|p| *p > 0).ok_or("nx and ny must be positive")?;
-    if out.len() != inp.len() || out.len() % plane != 0 || out.len() / plane < 3 {
+    if out.len() != inp.len() || !out.len().is_multiple_of(plane) || out.len() / plane < 3 {
         return Err(format!("out ({}) and in ({}) must be the same whole number (≥ 3) of {nx}×{ny} planes", out.len(), inp.len()));
     }
     let nz = out.len() / plane - 2;

@@ -172,7 +172,7 @@ impl rustls::client::danger::ServerCertVerifier for PinVerifier {
         _now: UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         let pin = pin_of(end_entity);
-        if self.pins.iter().any(|p| *p == pin) {
+        if self.pins.contains(&pin) {
             Ok(rustls::client::danger::ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::General(format!("the server's certificate (sha256 {}) is not pinned", pin_hex(&pin))))
@@ -445,10 +445,7 @@ impl Write for Link {
 /// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says.
 pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
     use std::net::ToSocketAddrs;
-    let a = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address"))?;
+    let a = addr.to_socket_addrs()?.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address"))?;
     let s = TcpStream::connect_timeout(&a, timeout.max(Duration::from_millis(1)))?;
     s.set_nodelay(true)?;
     match tls {

@@ -1044,7 +1044,12 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
                 t => return Err(WireError::UnknownTag { what: "notice state", tag: t }),
             },
         },
-        22 => Frame::PeerData { transfer: d.u64("transfer")?, total: d.u64("total")?, offset: d.u64("offset")?, data: d.bytes("peer data", usize::MAX)? },
+        22 => Frame::PeerData {
+            transfer: d.u64("transfer")?,
+            total: d.u64("total")?,
+            offset: d.u64("offset")?,
+            data: d.bytes("peer data", usize::MAX)?,
+        },
         t => return Err(WireError::UnknownTag { what: "frame", tag: t }),
     };
     if d.left() != 0 {

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use sucl_remote::auth::{random, Nonces};
-use sucl_remote::wire::{self, Frame};
 use sucl_remote::transport::{self, parse_pin, Link, Pin, Tls};
+use sucl_remote::wire::{self, Frame};
 use sucl_remote::{ClientOptions, Token};
 
 /// A `sucld` process on loopback with an ephemeral port; killed and reaped when dropped.
@@ -105,7 +105,8 @@ impl FaultProxy {
     pub fn start(target: &str, mean_bytes: u64, seed: u64) -> FaultProxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let (cuts, stop, enabled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(mean_bytes > 0)));
+        let (cuts, stop, enabled) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(mean_bytes > 0)));
         let bytes = Arc::new(AtomicU64::new(0));
         let (target, c2, s2, e2, b2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone(), bytes.clone());
         let rng = Arc::new(Mutex::new(Rng(seed | 1)));
