@@ -345,12 +345,13 @@ fn a_session_whose_client_never_returns_is_freed_after_the_window() {
     let daemon = sucl_remote::Daemon::start(cfg).unwrap();
     let mut o = ClientOptions::new(token).pin(daemon.tls_pin().unwrap());
     o.reconnect_window = Duration::from_millis(200);
-    let r = Remote::connect(&daemon.local_addr().to_string(), o).unwrap();
+    let proxy = FaultProxy::counting(&daemon.local_addr().to_string());
+    let r = Remote::connect(&proxy.addr, o).unwrap();
     let q = r.devices().unwrap()[0].queue().unwrap();
     let b = q.alloc::<u8>(1 << 20).unwrap();
     assert_eq!(daemon.session_count(), 1);
     // Cut the connection and keep the client from re-attaching until the window has passed.
-    r.drop_connection();
+    proxy.sever();
     let t0 = std::time::Instant::now();
     while daemon.session_count() != 0 {
         assert!(t0.elapsed() < Duration::from_secs(20), "the session was never freed");

@@ -89,6 +89,8 @@ pub struct FaultProxy {
     pub bytes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     enabled: Arc<AtomicBool>,
+    severed: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 struct Rng(u64);
@@ -108,7 +110,9 @@ impl FaultProxy {
         let (cuts, stop, enabled) =
             (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(mean_bytes > 0)));
         let bytes = Arc::new(AtomicU64::new(0));
+        let (severed, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
         let (target, c2, s2, e2, b2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone(), bytes.clone());
+        let (sv2, l2) = (severed.clone(), live.clone());
         let rng = Arc::new(Mutex::new(Rng(seed | 1)));
         std::thread::spawn(move || {
             for client in l.incoming() {
@@ -116,13 +120,25 @@ impl FaultProxy {
                     return;
                 }
                 let Ok(client) = client else { continue };
+                if sv2.load(Ordering::SeqCst) {
+                    continue; // dropped: the client cannot get through
+                }
                 let Ok(server) = TcpStream::connect(&target) else { continue };
+                l2.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
                 pump_pair(client, server, budget, c2.clone(), b2.clone());
             }
         });
-        FaultProxy { addr, cuts, bytes, stop, enabled }
+        FaultProxy { addr, cuts, bytes, stop, enabled, severed, live }
+    }
+
+    /// Cuts every connection and drops every new one (the network between is gone).
+    pub fn sever(&self) {
+        self.severed.store(true, Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
     }
 
     /// A proxy that cuts nothing and only counts the bytes it forwards.
