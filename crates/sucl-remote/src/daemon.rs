@@ -409,9 +409,15 @@ fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
         let s = shared.clone();
         let spawned = std::thread::Builder::new().name("sucld-conn".into()).spawn(move || {
             let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            let closer = conn.try_clone();
             match serve(&s, conn) {
                 Ok(()) => debug!(%peer, "connection closed"),
                 Err(e) => info!(%peer, "connection ended: {e}"),
+            }
+            // Other handles on the socket (the daemon keeps one to close it at shutdown) must
+            // not keep it open: the other side learns at once that it ended.
+            if let Ok(c) = closer {
+                let _ = c.shutdown(Shutdown::Both);
             }
         });
         if let Err(e) = spawned {
