@@ -44,6 +44,8 @@ start_daemon all
 SUCL_REMOTE=$ADDR_all SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_all "$CHECK" | tee "$OUT/check.txt" || status=1
 grep -q "NVRTC kernel, events: OK" "$OUT/check.txt" || status=1
 "$BENCH" --only latency,reconnect --iters 20000 --out "$OUT/noop_latency.md" || status=1
+# The whole host benchmark (in-process daemons on host devices), on an idle machine.
+"$BENCH" --out "$OUT/host_loopback.md" || status=1
 
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$ngpu" -ge 2 ]; then
