@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Remote CUDA devices on a GPU machine: starts `sucld --cuda` on loopback, runs the
-# remote_cuda_check example against it (upload, fill, copy, an NVRTC kernel compiled on the
-# server, events, on every GPU), then the loopback latency benchmark. Fails if the daemon cannot
-# open a GPU or any check fails.
+# Remote CUDA devices on a GPU machine.
+#  1. starts `sucld --cuda` on loopback (TLS, a fresh certificate) and runs the
+#     remote_cuda_check example against it (upload, fill, copy, an NVRTC kernel compiled on the
+#     server, events, on every GPU), then the loopback latency and reconnect benchmark;
+#  2. with 2+ GPUs: one daemon per GPU (CUDA_VISIBLE_DEVICES=0 and =1), made one mesh by the
+#     benchmark, which migrates 64 MiB GPU0 → GPU1 server to server vs through the client
+#     (client links paced at 1 Gbit/s), checking the bytes.
+# Fails if a daemon cannot open a GPU or any check fails.
 # usage: [OUT=dir] scripts/remote-gpu-check.sh   (builds what it needs in release)
 #        SUCLD=path CHECK=path BENCH=path scripts/remote-gpu-check.sh   (prebuilt binaries, no cargo)
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-bench/results/remote/gpu}
 mkdir -p "$OUT"
 if [ -z "${SUCLD:-}" ]; then
@@ -15,15 +20,41 @@ SUCLD=${SUCLD:-target/release/sucld}
 CHECK=${CHECK:-target/release/examples/remote_cuda_check}
 BENCH=${BENCH:-target/release/examples/remote_bench}
 TMP=$(mktemp -d)
-trap 'kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; rm -rf "$TMP"' EXIT
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$TMP"' EXIT
 "$SUCLD" --gen-token "$TMP/token" >/dev/null || exit 1
-"$SUCLD" --cuda --listen 127.0.0.1:0 --print-address --token-file "$TMP/token" >"$TMP/addr" 2>"$OUT/sucld.log" &
-PID=$!
-for _ in $(seq 100); do grep -q "listening on" "$TMP/addr" && break; sleep 0.1; done
-ADDR=$(sed -n 's/^listening on //p' "$TMP/addr")
-[ -n "$ADDR" ] || { echo "remote-gpu-check: sucld --cuda did not start:" >&2; cat "$OUT/sucld.log" >&2; exit 1; }
+
+# start_daemon NAME [env...]: starts sucld --cuda; sets ADDR_NAME and PIN_NAME.
+start_daemon() {
+  local name=$1; shift
+  env "$@" "$SUCLD" --cuda --listen 127.0.0.1:0 --print-address --tls-ephemeral --token-file "$TMP/token" \
+    >"$TMP/$name.addr" 2>"$OUT/sucld-$name.log" &
+  PIDS+=($!)
+  for _ in $(seq 100); do grep -q "^tls " "$TMP/$name.addr" && break; sleep 0.1; done
+  local addr pin
+  addr=$(sed -n 's/^listening on //p' "$TMP/$name.addr")
+  pin=$(sed -n 's/^tls pin //p' "$TMP/$name.addr")
+  [ -n "$addr" ] && [ -n "$pin" ] || { echo "remote-gpu-check: sucld --cuda ($name) did not start:" >&2; cat "$OUT/sucld-$name.log" >&2; exit 1; }
+  printf -v "ADDR_$name" %s "$addr"
+  printf -v "PIN_$name" %s "$pin"
+}
+
 status=0
-SUCL_REMOTE=$ADDR SUCL_REMOTE_TOKEN_FILE=$TMP/token "$CHECK" | tee "$OUT/check.txt" || status=1
+start_daemon all
+SUCL_REMOTE=$ADDR_all SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_all "$CHECK" | tee "$OUT/check.txt" || status=1
 grep -q "NVRTC kernel, events: OK" "$OUT/check.txt" || status=1
-"$BENCH" --iters 20000 --out "$OUT/noop_latency.md" || status=1
+"$BENCH" --only latency,reconnect --iters 20000 --out "$OUT/noop_latency.md" || status=1
+# The whole host benchmark (in-process daemons on host devices), on an idle machine.
+"$BENCH" --out "$OUT/host_loopback.md" || status=1
+
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ngpu" -ge 2 ]; then
+  start_daemon g0 CUDA_VISIBLE_DEVICES=0
+  start_daemon g1 CUDA_VISIBLE_DEVICES=1
+  SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_g0,$PIN_g1 \
+    "$BENCH" --only migrate --servers "$ADDR_g0,$ADDR_g1" --out "$OUT/migrate_2gpu.md" || status=1
+  grep -q "Cuda → Cuda" "$OUT/migrate_2gpu.md" || { echo "remote-gpu-check: the migration did not run GPU to GPU" >&2; status=1; }
+else
+  echo "remote-gpu-check: $ngpu GPU(s): skipping the two-daemon migration" >&2
+fi
 exit $status

@@ -30,6 +30,7 @@ pub fn run() -> i32 {
         meminfo_gib().map(|g| format!("{g:.1} GiB")).unwrap_or_else(|| "unknown".into())
     );
     cuda_devices();
+    remote_devices();
     println!("backends:");
     for (name, r) in sucl::backend_report(&env) {
         match (name, r) {
@@ -156,6 +157,54 @@ pub fn network_lines(env: &sucl::LaunchEnv, net: &Network, ifs: &[(String, IpAdd
     };
     out.push(format!("tcp endpoints: {tcp}; {ports}"));
     out
+}
+
+/// Remote devices: every server named by `SUCL_REMOTE` or the config's `[[remote]]` tables,
+/// with its state, its measured round-trip latency and its devices.
+fn remote_devices() {
+    let config = std::env::var("SUCL_CONFIG").ok().map(std::path::PathBuf::from);
+    let servers = match sucl_remote::client::servers(None, config.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return println!("  remote: {e}"),
+    };
+    if servers.is_empty() {
+        return;
+    }
+    let opts = match sucl_remote::ClientOptions::from_env(config.as_deref()) {
+        Ok(mut o) => {
+            o.call_timeout = std::time::Duration::from_secs(3);
+            o.reconnect_window = std::time::Duration::from_secs(1);
+            o
+        }
+        Err(e) => return println!("  remote: {} server(s) named, but {e}", servers.len()),
+    };
+    for server in servers {
+        let probe = || -> Result<(f64, Vec<sucl_remote::RemoteDevice>), sucl_remote::RemoteError> {
+            let r = sucl_remote::Remote::connect(&server, opts.clone())?;
+            let mut t: Vec<f64> = (0..7)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    r.nop().map(|_| t0.elapsed().as_secs_f64() * 1e6)
+                })
+                .collect::<Result<_, _>>()?;
+            t.sort_by(f64::total_cmp);
+            Ok((t[t.len() / 2], r.devices()?))
+        };
+        match probe() {
+            Ok((us, devs)) => {
+                for d in devs {
+                    println!(
+                        "  remote {server} #{}: {:?} {}, {:.1} GiB; state up, latency {us:.0} µs",
+                        d.index(),
+                        d.kind(),
+                        d.name(),
+                        d.total_memory() as f64 / (1u64 << 30) as f64
+                    );
+                }
+            }
+            Err(e) => println!("  remote {server}: state unreachable: {e}"),
+        }
+    }
 }
 
 #[cfg(feature = "cuda")]

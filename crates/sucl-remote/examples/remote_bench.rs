@@ -1,24 +1,38 @@
-//! Latency of remote devices on loopback, side by side with a raw TCP round trip measured in the
-//! same run (a benchmark, not a test):
+//! Remote devices on loopback, each figure side by side with its baseline measured in the same
+//! run (a benchmark, not a test):
 //!
 //! ```sh
-//! cargo run --release -p sucl-remote --example remote_bench -- [--iters 20000] [--out FILE.md]
+//! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi]
+//!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--servers A,B] [--out FILE.md]
 //! ```
 //!
-//! - raw TCP: a 22-byte message and a 14-byte answer (the sizes of a no-op command frame and its
-//!   reply) between two threads over one `TCP_NODELAY` loopback connection;
-//! - `nop`: one no-op command sent to an in-process `sucld` (the same daemon library the binary
-//!   runs) and its reply awaited;
-//! - `launch noop + synchronize`: a kernel launch (sent without waiting) and a queue
-//!   synchronize, i.e. two commands in one round trip;
-//! - reconnect: the connection is cut, then a no-op command re-attaches the session and runs.
+//! `--servers A,B` runs the migration between two running `sucld`s instead (e.g. one per GPU;
+//! the token and pins come from the environment as for any client; each moves its first CUDA
+//! device's buffer if it has one).
 //!
-//! Each row reports the median, p99 and mean in microseconds.
+//! Daemons run in this process (the same library `sucld` runs; every byte still crosses real
+//! loopback TCP, TLS unless a row says plain).
+//!
+//! - **latency**: raw TCP round trip (a no-op command's and reply's sizes) vs a no-op command
+//!   (enqueue + wait) over TLS and over plain TCP, and a kernel launch + synchronize;
+//!   median, p99, mean.
+//! - **reconnect**: the connection is cut, then a no-op re-attaches and runs (median of 100).
+//! - **migrate**: 64 MiB from daemon A to daemon B, the client's links throttled to 1 Gbit/s
+//!   per direction by a pacing proxy: server to server (TLS and plain) vs through the client
+//!   (read from A, write to B); and S2S vs a raw TCP stream between two threads.
+//! - **chain**: kernel on A → migrate to B → kernel on B → read, with 5 ms added to the
+//!   client's round trip by a delay proxy: submitted at once with the servers ordering it
+//!   among themselves, vs the client waiting for each step.
+//! - **jacobi**: a 7-point Jacobi 3D stencil split in z over 1–4 daemons, halo planes migrated
+//!   S2S every step, the whole run submitted at once; checked cell by cell against the same
+//!   kernel run locally (`#wrong`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use sucl_remote::{ClientOptions, Daemon, DaemonConfig, Remote, Token};
+use sucl_remote::kernels::jacobi3d;
+use sucl_remote::{Arg, ClientOptions, Daemon, DaemonConfig, Mesh, Remote, RemoteBuffer, Tls, Token};
 
 fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort();
@@ -29,9 +43,9 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     (median, p99, mean)
 }
 
-fn time(iters: usize, mut f: impl FnMut()) -> Vec<Duration> {
-    for _ in 0..iters / 10 {
-        f(); // warm-up
+fn time(iters: usize, warmup: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    for _ in 0..warmup {
+        f();
     }
     (0..iters)
         .map(|_| {
@@ -42,7 +56,7 @@ fn time(iters: usize, mut f: impl FnMut()) -> Vec<Duration> {
         .collect()
 }
 
-fn raw_tcp(iters: usize) -> Vec<Duration> {
+fn raw_tcp_rtt(iters: usize) -> Vec<Duration> {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let total = iters + iters / 10;
@@ -58,7 +72,7 @@ fn raw_tcp(iters: usize) -> Vec<Duration> {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_nodelay(true).unwrap();
     let (req, mut reply) = ([0u8; 22], [0u8; 14]);
-    let v = time(iters, || {
+    let v = time(iters, iters / 10, || {
         c.write_all(&req).unwrap();
         c.read_exact(&mut reply).unwrap();
     });
@@ -66,45 +80,405 @@ fn raw_tcp(iters: usize) -> Vec<Duration> {
     v
 }
 
+/// Seconds to stream `bytes` between two threads over one loopback TCP connection.
+fn raw_tcp_stream(bytes: usize) -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < bytes {
+            got += s.read(&mut buf).unwrap();
+        }
+        s.write_all(&[1]).unwrap();
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let data = vec![7u8; bytes];
+    let t = Instant::now();
+    c.write_all(&data).unwrap();
+    c.read_exact(&mut [0u8; 1]).unwrap();
+    let dt = t.elapsed().as_secs_f64();
+    rx.join().unwrap();
+    dt
+}
+
+struct Served {
+    daemon: Daemon,
+    token: Token,
+}
+
+impl Served {
+    fn start(tls: bool) -> Served {
+        let token = Token::generate();
+        let mut cfg = DaemonConfig::new(token.clone());
+        if !tls {
+            cfg.tls = None;
+        }
+        Served { daemon: Daemon::start(cfg).expect("starting a daemon"), token }
+    }
+    fn addr(&self) -> String {
+        self.daemon.local_addr().to_string()
+    }
+    fn options(&self) -> ClientOptions {
+        let mut o = ClientOptions::new(self.token.clone());
+        o.tls = match self.daemon.tls_pin() {
+            Some(p) => Tls::Pinned(vec![p]),
+            None => Tls::Off,
+        };
+        o
+    }
+    /// A session, reached at `via` (a proxy) or directly; peers reach it directly.
+    fn connect(&self, via: Option<&str>) -> Remote {
+        let r = Remote::connect(via.unwrap_or(&self.addr()), self.options()).expect("connecting");
+        r.set_peer_address(&self.addr());
+        r
+    }
+}
+
+/// What a proxy does to each direction of the bytes it forwards.
+#[derive(Clone)]
+enum Shape {
+    /// Holds each piece back this long (one way).
+    Delay(Duration),
+    /// Paces the bytes at this rate (bytes/s), shared by all connections in one direction
+    /// (a client's NIC).
+    Throttle { rate: f64, up: Arc<Mutex<Instant>>, down: Arc<Mutex<Instant>> },
+}
+
+/// A TCP proxy to `target` shaping its traffic; runs until the process ends.
+fn proxy(target: String, shape: Shape) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { continue };
+            let Ok(s) = TcpStream::connect(&target) else { continue };
+            let _ = (c.set_nodelay(true), s.set_nodelay(true));
+            for (from, to, upward) in [(c.try_clone().unwrap(), s.try_clone().unwrap(), true), (s, c, false)] {
+                let shape = shape.clone();
+                std::thread::spawn(move || pump(from, to, shape, upward));
+            }
+        }
+    });
+    addr
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, shape: Shape, upward: bool) {
+    match shape {
+        Shape::Delay(d) => {
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            let mut to2 = to.try_clone().unwrap();
+            let writer = std::thread::spawn(move || {
+                for (due, bytes) in rx {
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    if to2.write_all(&bytes).is_err() {
+                        break;
+                    }
+                }
+                let _ = to2.shutdown(std::net::Shutdown::Both);
+            });
+            let mut buf = vec![0u8; 1 << 16];
+            while let Ok(n) = from.read(&mut buf) {
+                if n == 0 || tx.send((Instant::now() + d, buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+            drop(tx);
+            let _ = writer.join();
+        }
+        Shape::Throttle { rate, up, down } => {
+            let clock = if upward { up } else { down };
+            let mut buf = vec![0u8; 1 << 16];
+            while let Ok(n) = from.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                // The link is busy until `free`; this piece leaves when it has been serialized.
+                let done = {
+                    let mut free = clock.lock().unwrap();
+                    let start = (*free).max(Instant::now());
+                    *free = start + Duration::from_secs_f64(n as f64 / rate);
+                    *free
+                };
+                let now = Instant::now();
+                if done > now {
+                    std::thread::sleep(done - now);
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+fn latency(md: &mut String, iters: usize) {
+    let (tls, plain) = (Served::start(true), Served::start(false));
+    let (rt, rp) = (tls.connect(None), plain.connect(None));
+    let q = rt.devices().unwrap()[0].queue().unwrap();
+    let mut rows = vec![("raw TCP round trip (22 B → 14 B)", stats(raw_tcp_rtt(iters)))];
+    rows.push(("nop command, TLS (enqueue + wait)", stats(time(iters, iters / 10, || rt.nop().unwrap()))));
+    rows.push(("nop command, plain TCP", stats(time(iters, iters / 10, || rp.nop().unwrap()))));
+    rows.push((
+        "launch noop + synchronize, TLS",
+        stats(time(iters, iters / 10, || {
+            q.launch("noop", &[], 0).unwrap();
+            q.synchronize().unwrap();
+        })),
+    ));
+    let raw = rows[0].1 .0;
+    md.push_str(&format!("\n## No-op latency ({iters} iterations each, after {} warm-up)\n\n", iters / 10));
+    md.push_str("| what | median µs | p99 µs | mean µs | median − raw TCP µs |\n|---|---:|---:|---:|---:|\n");
+    for (name, (median, p99, mean)) in rows {
+        md.push_str(&format!("| {name} | {median:.1} | {p99:.1} | {mean:.1} | {:+.1} |\n", median - raw));
+    }
+}
+
+fn reconnect(md: &mut String, n: usize) {
+    md.push_str(&format!("\n## Reconnect (connection cut → re-attached → a no-op runs), {n} times\n\n"));
+    md.push_str("| link | median µs | p99 µs | mean µs |\n|---|---:|---:|---:|\n");
+    for tls in [true, false] {
+        let d = Served::start(tls);
+        let r = d.connect(None);
+        let v = time(n, 5, || {
+            r.drop_connection();
+            r.nop().unwrap();
+        });
+        let (m, p, a) = stats(v);
+        md.push_str(&format!("| {} | {m:.1} | {p:.1} | {a:.1} |\n", if tls { "TLS" } else { "plain TCP" }));
+    }
+}
+
+fn median_secs(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The first CUDA device of a server, else its first device (a queue on it).
+fn pick_queue(r: &Remote) -> sucl_remote::RemoteQueue {
+    let devs = r.devices().unwrap();
+    let d = devs.iter().find(|d| d.kind() == sucl_remote::DeviceKind::Cuda).unwrap_or(&devs[0]);
+    d.queue().unwrap()
+}
+
+/// `external`: two running daemons (`--servers A,B`; token and pins from the environment as
+/// for any client) instead of two in this process.
+fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>) {
+    let bytes = mib << 20;
+    let n = bytes / 8;
+    let gbit = 1e9 / 8.0;
+    md.push_str(&format!(
+        "\n## Migration of {mib} MiB from daemon A to daemon B (median of {reps}; client links paced at 1 Gbit/s per direction)\n\n"
+    ));
+    md.push_str("| path | device | time ms | GB/s | vs via client | vs raw TCP stream |\n|---|---|---:|---:|---:|---:|\n");
+    let raw = median_secs((0..reps).map(|_| raw_tcp_stream(bytes)).collect());
+    let mut rows = Vec::new();
+    let mut via_client = 0.0;
+    let modes: &[bool] = if external.is_some() { &[true] } else { &[true, false] };
+    for &tls in modes {
+        let served: Vec<Served> = if external.is_some() { Vec::new() } else { vec![Served::start(tls), Served::start(tls)] };
+        let targets: Vec<(String, ClientOptions)> = match external {
+            Some(list) => {
+                let o = ClientOptions::from_env(None).expect("SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN for --servers");
+                list.iter().map(|a| (a.clone(), o.clone())).collect()
+            }
+            None => served.iter().map(|s| (s.addr(), s.options())).collect(),
+        };
+        let now = Instant::now();
+        let shape = Shape::Throttle { rate: gbit, up: Arc::new(Mutex::new(now)), down: Arc::new(Mutex::new(now)) };
+        let rs: Vec<Remote> = targets
+            .iter()
+            .map(|(addr, o)| {
+                let r = Remote::connect(&proxy(addr.clone(), shape.clone()), o.clone()).expect("connecting");
+                r.set_peer_address(addr);
+                r
+            })
+            .collect();
+        let (ra, rb) = (&rs[0], &rs[1]);
+        let _mesh = Mesh::new(&rs).unwrap();
+        let (qa, qb) = (pick_queue(ra), pick_queue(rb));
+        let device = format!("{:?} → {:?}", qa.device().kind(), qb.device().kind());
+        let src: Vec<u64> = (0..n as u64).collect();
+        let xa = qa.upload(&src).unwrap();
+        let mut xb = qb.alloc::<u64>(n).unwrap();
+        qa.synchronize().unwrap();
+        let mut s2s = Vec::new();
+        for _ in 0..reps + 1 {
+            let t = Instant::now();
+            xb.migrate_from(&xa).unwrap();
+            qb.synchronize().unwrap();
+            s2s.push(t.elapsed().as_secs_f64());
+        }
+        s2s.remove(0); // warm-up (opens the peer link)
+        assert!(xb.read(n - 4, 4).unwrap() == src[n - 4..], "the migrated bytes are wrong");
+        let label = if tls { "TLS" } else { "plain TCP" };
+        rows.push((format!("server to server, {label}"), device.clone(), median_secs(s2s)));
+        if tls {
+            let mut via = Vec::new();
+            for _ in 0..reps.min(3) {
+                let t = Instant::now();
+                let host = xa.to_vec().unwrap();
+                xb.copy_from_host(&host).unwrap();
+                qb.synchronize().unwrap();
+                via.push(t.elapsed().as_secs_f64());
+            }
+            via_client = median_secs(via);
+            rows.push((format!("via the client (read A, write B), {label}"), device, via_client));
+        }
+    }
+    rows.push(("raw TCP stream between two threads (no proxy)".into(), "host".into(), raw));
+    for (name, device, t) in rows {
+        md.push_str(&format!(
+            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× |\n",
+            t * 1e3,
+            bytes as f64 / t / 1e9,
+            via_client / t,
+            raw / t
+        ));
+    }
+}
+
+fn chain(md: &mut String, reps: usize) {
+    let (a, b) = (Served::start(true), Served::start(true));
+    let delay = Shape::Delay(Duration::from_micros(2500)); // +5 ms per client round trip
+    let (pa, pb) = (proxy(a.addr(), delay.clone()), proxy(b.addr(), delay));
+    let (ra, rb) = (a.connect(Some(&pa)), b.connect(Some(&pb)));
+    let _mesh = Mesh::new(&[ra.clone(), rb.clone()]).unwrap();
+    let (qa, qb) = (ra.devices().unwrap()[0].queue().unwrap(), rb.devices().unwrap()[0].queue().unwrap());
+    let xa = qa.upload(&vec![0u64; 1024]).unwrap();
+    let mut xb = qb.alloc::<u64>(1024).unwrap();
+    qa.synchronize().unwrap();
+    qb.synchronize().unwrap();
+    let rtt = time(reps, 2, || ra.nop().unwrap());
+    let mut expect = 0u64;
+    let at_once = time(reps, 2, || {
+        qa.launch("increment_u64", &[xa.arg()], 0).unwrap();
+        xb.migrate_from(&xa).unwrap();
+        qb.launch("increment_u64", &[xb.arg()], 0).unwrap();
+        let v = xb.read(0, 1).unwrap();
+        assert!(v[0] > 0);
+    });
+    let stepwise = time(reps, 2, || {
+        qa.launch("increment_u64", &[xa.arg()], 0).unwrap();
+        qa.synchronize().unwrap();
+        xb.migrate_from(&xa).unwrap();
+        qb.synchronize().unwrap();
+        qb.launch("increment_u64", &[xb.arg()], 0).unwrap();
+        qb.synchronize().unwrap();
+        let v = xb.read(0, 1).unwrap();
+        assert!(v[0] > 0);
+    });
+    expect += (2 * (reps + 2)) as u64;
+    let last = xb.read(0, 1).unwrap()[0];
+    assert_eq!(last, expect + 1, "the chain computed something else");
+    let (r, c, s) = (stats(rtt).0 / 1e3, stats(at_once).0 / 1e3, stats(stepwise).0 / 1e3);
+    md.push_str(&format!("\n## Dependent chain across two daemons, 5 ms added to the client's round trip (median of {reps})\n\n"));
+    md.push_str("kernel on A → migrate A→B → kernel on B → read on B\n\n| how | time ms | client round trips |\n|---|---:|---:|\n");
+    md.push_str(&format!("| client round trip (nop through the delay proxy) | {r:.2} | 1 |\n"));
+    md.push_str(&format!("| decentralized: submitted at once, servers order it (S2S data, notices) | {c:.2} | {:.2} |\n", c / r));
+    md.push_str(&format!("| client-driven: the client waits for each step | {s:.2} | {:.2} |\n", s / r));
+}
+
+fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
+    let ny = nx;
+    let plane = nx * ny;
+    let init = |g: usize| ((g % plane % nx) * 7 + (g % plane / nx) * 13 + (g / plane) * 31) as f64 % 97.0;
+    // The local reference: the whole domain, NZ interior planes plus two fixed boundary planes.
+    let mut a: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
+    let mut b = a.clone();
+    let t = Instant::now();
+    for _ in 0..steps {
+        jacobi3d(&mut b, &a, nx, ny).unwrap();
+        std::mem::swap(&mut a, &mut b);
+    }
+    let local = t.elapsed().as_secs_f64();
+    let cells = (nx * ny * nz * steps) as f64;
+    md.push_str(&format!(
+        "\n## Jacobi 3D (7-point, f64), {nx}×{ny}×{nz}, {steps} steps, split in z over 1–4 daemons; halos migrated S2S every step\n\n"
+    ));
+    md.push_str(&format!(
+        "Local run (one thread, same kernel): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores.\n\n",
+        local * 1e3,
+        cells / local / 1e6,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    ));
+    md.push_str("| daemons | time ms | MLUP/s | speedup vs 1 daemon | vs local | #wrong |\n|---:|---:|---:|---:|---:|---:|\n");
+    let mut one = 0.0;
+    for d in 1..=4usize {
+        if !nz.is_multiple_of(d) {
+            continue;
+        }
+        let nzl = nz / d;
+        let servers: Vec<Served> = (0..d).map(|_| Served::start(true)).collect();
+        let rs: Vec<Remote> = servers.iter().map(|s| s.connect(None)).collect();
+        let _mesh = Mesh::new(&rs).unwrap();
+        let qs: Vec<_> = rs.iter().map(|r| r.devices().unwrap()[0].queue().unwrap()).collect();
+        // Block k holds global planes k·nzl ..= (k+1)·nzl + 1 (its interior and two halos).
+        let block = |k: usize| -> Vec<f64> { (k * nzl * plane..((k + 1) * nzl + 2) * plane).map(init).collect() };
+        let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
+        let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
+        qs.iter().for_each(|q| q.synchronize().unwrap());
+        let t = Instant::now();
+        for _ in 0..steps {
+            for k in 0..d {
+                let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
+                qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
+            }
+            for k in 0..d.saturating_sub(1) {
+                let (lo, hi) = outs.split_at_mut(k + 1);
+                // k's top interior plane → k+1's bottom halo; k+1's bottom interior → k's top halo.
+                hi[0].migrate_range_from(0, &lo[k], nzl * plane, plane).unwrap();
+                lo[k].migrate_range_from((nzl + 1) * plane, &hi[0], plane, plane).unwrap();
+            }
+            std::mem::swap(&mut ins, &mut outs);
+        }
+        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
+        let dt = t.elapsed().as_secs_f64();
+        let wrong = result
+            .iter()
+            .enumerate()
+            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x != y).count())
+            .sum::<usize>();
+        if d == 1 {
+            one = dt;
+        }
+        md.push_str(&format!("| {d} | {:.1} | {:.0} | {:.2}× | {:.2}× | {wrong} |\n", dt * 1e3, cells / dt / 1e6, one / dt, local / dt));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let iters: usize = opt("--iters").map(|s| s.parse().expect("--iters N")).unwrap_or(20_000);
-    let token = Token::generate();
-    let daemon = Daemon::start(DaemonConfig::new(token.clone())).expect("starting the daemon");
-    let remote = Remote::connect(&daemon.local_addr().to_string(), ClientOptions::new(token)).expect("connecting");
-    let queue = remote.devices().unwrap()[0].queue().unwrap();
-
-    let mut rows = Vec::new();
-    rows.push(("raw TCP round trip (22 B → 14 B)", stats(raw_tcp(iters))));
-    rows.push(("nop command (enqueue + wait)", stats(time(iters, || remote.nop().unwrap()))));
-    rows.push((
-        "launch noop + synchronize",
-        stats(time(iters, || {
-            queue.launch("noop", &[], 0).unwrap();
-            queue.synchronize().unwrap();
-        })),
-    ));
-    let reconnects = (iters / 100).clamp(20, 500);
-    rows.push((
-        "reconnect (cut, re-attach, nop)",
-        stats(time(reconnects, || {
-            remote.drop_connection();
-            remote.nop().unwrap();
-        })),
-    ));
-
-    let raw_median = rows[0].1 .0;
-    let mut md = String::new();
-    md.push_str("| what | iterations | median µs | p99 µs | mean µs | median − raw TCP µs |\n|---|---:|---:|---:|---:|---:|\n");
-    for (i, (name, (median, p99, mean))) in rows.iter().enumerate() {
-        let n = if i == 3 { reconnects } else { iters };
-        md.push_str(&format!("| {name} | {n} | {median:.1} | {p99:.1} | {mean:.1} | {:+.1} |\n", median - raw_median));
+    let num = |name: &str, default: usize| opt(name).map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N"))).unwrap_or(default);
+    let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi".into());
+    let on = |s: &str| only.split(',').any(|x| x == s);
+    let mut md = format!("# sucl remote devices on loopback\n\nCommand: `{}`\n", args.join(" "));
+    if on("latency") {
+        latency(&mut md, num("--iters", 20_000));
+        eprint!("{md}");
+    }
+    if on("reconnect") {
+        reconnect(&mut md, num("--reconnects", 100));
+    }
+    if on("migrate") {
+        let external: Option<Vec<String>> = opt("--servers").map(|s| s.split(',').map(String::from).collect());
+        migrate(&mut md, num("--migrate-mib", 64), num("--migrate-reps", 5), external.as_deref());
+    }
+    if on("chain") {
+        chain(&mut md, num("--chain-reps", 20));
+    }
+    if on("jacobi") {
+        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30));
     }
     print!("{md}");
     if let Some(path) = opt("--out") {
         std::fs::write(&path, &md).expect("writing the results");
         eprintln!("wrote {path}");
     }
-    daemon.shutdown();
 }

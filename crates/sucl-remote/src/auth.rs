@@ -1,6 +1,6 @@
-//! Authentication: HMAC-SHA256 challenge-response over fresh nonces (no TLS: the bytes that
-//! follow the handshake are neither encrypted nor integrity-protected — run it on a trusted
-//! network or inside a tunnel).
+//! Authentication: HMAC-SHA256 challenge-response over fresh nonces, inside TLS
+//! ([`crate::transport`]; TLS authenticates the server by its pinned certificate, this the
+//! client by its token).
 //!
 //! - The daemon and its clients share a **token** (32 random bytes, kept in a file).
 //! - Every connection starts with two fresh 128-bit nonces, the client's (in the hello) and the
@@ -12,6 +12,9 @@
 //! - **Attach** (after a lost connection): the client proves it holds the session's secret
 //!   (`HMAC(secret, "attach" ‖ id ‖ sn ‖ cn ‖ last reply)`); the connection is bound to that
 //!   session from then on. Requests carry no session field at all.
+//! - **Peer links** (server to server, for one client's mesh): the client hands every member a
+//!   random 32-byte [`MeshKey`]; a link opens with `HMAC(key, "peer-open" ‖ mesh ‖ from ‖ to ‖
+//!   sn ‖ cn)` and the receiver proves it holds the key as well.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -157,6 +160,29 @@ impl SessionSecret {
     /// Checks the server's attach proof.
     pub fn check_attached(&self, n: &Nonces, last_received: u64, tag: &Tag) -> bool {
         verify(&self.0, &[b"sucl-attached", &n.client, &n.server, &last_received.to_le_bytes()], tag)
+    }
+}
+
+/// The credential a client hands every member of a peer mesh: a peer link proves it holds it.
+#[derive(Clone)]
+pub struct MeshKey(pub [u8; 32]);
+
+impl MeshKey {
+    /// The proof in [`crate::wire::Frame::PeerOpen`] (bound to the link's nonces).
+    pub fn open_proof(&self, n: &Nonces, mesh: &[u8; 16], from: u32, to: u32) -> Tag {
+        mac(&self.0, &[b"sucl-peer-open", mesh, &from.to_le_bytes(), &to.to_le_bytes(), &n.server, &n.client])
+    }
+    /// Checks an open proof.
+    pub fn check_open(&self, n: &Nonces, mesh: &[u8; 16], from: u32, to: u32, tag: &Tag) -> bool {
+        verify(&self.0, &[b"sucl-peer-open", mesh, &from.to_le_bytes(), &to.to_le_bytes(), &n.server, &n.client], tag)
+    }
+    /// The answer in [`crate::wire::Frame::PeerOpened`].
+    pub fn opened_proof(&self, n: &Nonces, mesh: &[u8; 16]) -> Tag {
+        mac(&self.0, &[b"sucl-peer-opened", mesh, &n.client, &n.server])
+    }
+    /// Checks the answer.
+    pub fn check_opened(&self, n: &Nonces, mesh: &[u8; 16], tag: &Tag) -> bool {
+        verify(&self.0, &[b"sucl-peer-opened", mesh, &n.client, &n.server], tag)
     }
 }
 

@@ -10,14 +10,14 @@
 //! learns the last number the server received, and re-sends exactly the ones after it.
 
 use crate::auth::{random, Nonces, SessionSecret, Token};
+use crate::transport::{self, Link, Pin, Tls};
 use crate::wire::{
-    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, ReadError, SessionStats, HANDSHAKE_MAX_FRAME,
-    VERSION,
+    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, PeerSpec, ReadError, SessionStats,
+    HANDSHAKE_MAX_FRAME, VERSION,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, Write};
 use std::marker::PhantomData;
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -102,34 +102,75 @@ pub struct ClientOptions {
     pub call_timeout: Duration,
     /// The largest frame this client accepts.
     pub max_frame: u32,
+    /// TLS (on by default: the servers' certificate pins must be set) or plain TCP.
+    pub tls: Tls,
 }
 
 impl ClientOptions {
-    /// Default timings (60 s window and call timeout) with `token`.
+    /// Default timings (60 s window and call timeout) with `token`, TLS trusting no server
+    /// yet (add pins with [`ClientOptions::pin`]).
     pub fn new(token: Token) -> ClientOptions {
         ClientOptions {
             token,
             reconnect_window: Duration::from_secs(60),
             call_timeout: Duration::from_secs(60),
             max_frame: wire::DEFAULT_MAX_FRAME,
+            tls: Tls::Pinned(Vec::new()),
         }
+    }
+
+    /// Also trusts the server certificate with this SHA-256 pin (turns TLS on if it was off).
+    pub fn pin(mut self, pin: Pin) -> ClientOptions {
+        match &mut self.tls {
+            Tls::Pinned(v) => v.push(pin),
+            Tls::Off => self.tls = Tls::Pinned(vec![pin]),
+        }
+        self
+    }
+
+    /// TLS settings from the environment or the config: `SUCL_REMOTE_TLS=off` (plain TCP),
+    /// `SUCL_REMOTE_TLS_PIN` (comma-separated SHA-256 pins), `SUCL_REMOTE_TLS_CERT`
+    /// (comma-separated PEM certificate files to trust), else `remote_tls`, `remote_tls_pins`
+    /// and `remote_tls_certs` in the config file.
+    fn tls_from_env(mut self, config: Option<&RemoteConfig>) -> Result<ClientOptions> {
+        let off = std::env::var("SUCL_REMOTE_TLS").map(|v| v == "off" || v == "0" || v == "false").ok();
+        if off.or(config.and_then(|c| c.tls.map(|on| !on))) == Some(true) {
+            self.tls = Tls::Off;
+            return Ok(self);
+        }
+        let split = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect::<Vec<_>>();
+        let pins = std::env::var("SUCL_REMOTE_TLS_PIN")
+            .map(|s| split(&s))
+            .unwrap_or_else(|_| config.map(|c| c.tls_pins.clone()).unwrap_or_default());
+        let certs = std::env::var("SUCL_REMOTE_TLS_CERT")
+            .map(|s| split(&s).into_iter().map(PathBuf::from).collect())
+            .unwrap_or_else(|_| config.map(|c| c.tls_certs.clone()).unwrap_or_default());
+        for p in pins {
+            self = self.pin(transport::parse_pin(&p).map_err(RemoteError::Invalid)?);
+        }
+        for c in certs {
+            self = self.pin(transport::pin_of_pem_file(&c).map_err(RemoteError::Invalid)?);
+        }
+        Ok(self)
     }
 
     /// The token from `SUCL_REMOTE_TOKEN` (64 hex digits) or the file `SUCL_REMOTE_TOKEN_FILE`
     /// names, else from `token_file` in the config file, if one is given.
+    /// Also the TLS settings (see `tls_from_env`).
     pub fn from_env(config: Option<&Path>) -> Result<ClientOptions> {
-        if let Ok(hex) = std::env::var("SUCL_REMOTE_TOKEN") {
-            return Token::from_hex(&hex).map(ClientOptions::new).map_err(|e| RemoteError::Invalid(format!("SUCL_REMOTE_TOKEN: {e}")));
-        }
-        if let Ok(path) = std::env::var("SUCL_REMOTE_TOKEN_FILE") {
-            return Token::read(Path::new(&path)).map(ClientOptions::new).map_err(RemoteError::Invalid);
-        }
-        if let Some(c) = config {
-            if let Some(path) = RemoteConfig::read(c)?.token_file {
-                return Token::read(&path).map(ClientOptions::new).map_err(RemoteError::Invalid);
-            }
-        }
-        Err(RemoteError::Invalid("no token: set SUCL_REMOTE_TOKEN or SUCL_REMOTE_TOKEN_FILE, or name token_file in the config".into()))
+        let cfg = config.map(RemoteConfig::read).transpose()?;
+        let token = if let Ok(hex) = std::env::var("SUCL_REMOTE_TOKEN") {
+            Token::from_hex(&hex).map_err(|e| RemoteError::Invalid(format!("SUCL_REMOTE_TOKEN: {e}")))?
+        } else if let Ok(path) = std::env::var("SUCL_REMOTE_TOKEN_FILE") {
+            Token::read(Path::new(&path)).map_err(RemoteError::Invalid)?
+        } else if let Some(path) = cfg.as_ref().and_then(|c| c.token_file.clone()) {
+            Token::read(&path).map_err(RemoteError::Invalid)?
+        } else {
+            return Err(RemoteError::Invalid(
+                "no token: set SUCL_REMOTE_TOKEN or SUCL_REMOTE_TOKEN_FILE, or name remote_token_file in the config".into(),
+            ));
+        };
+        ClientOptions::new(token).tls_from_env(cfg.as_ref())
     }
 }
 
@@ -142,6 +183,15 @@ pub struct RemoteConfig {
     /// `remote_token_file = "path"`.
     #[serde(default, rename = "remote_token_file")]
     pub token_file: Option<PathBuf>,
+    /// `remote_tls = false` turns TLS off (only with daemons started with `--no-tls`).
+    #[serde(default, rename = "remote_tls")]
+    pub tls: Option<bool>,
+    /// `remote_tls_pins = ["64 hex digits", ...]`: server certificates to trust.
+    #[serde(default, rename = "remote_tls_pins")]
+    pub tls_pins: Vec<String>,
+    /// `remote_tls_certs = ["cert.pem", ...]`: server certificates to trust.
+    #[serde(default, rename = "remote_tls_certs")]
+    pub tls_certs: Vec<PathBuf>,
 }
 
 /// One `[[remote]]` table.
@@ -185,7 +235,11 @@ struct SessionKeys {
 
 struct State {
     keys: SessionKeys,
-    writer: Option<TcpStream>,
+    writer: Option<Link>,
+    /// The pin of the certificate the server presented (all zero: plain TCP).
+    pin: Pin,
+    /// This server's mesh and index in it.
+    mesh: Option<([u8; 16], u32)>,
     /// Bumped on every new connection; a reader thread of an older one changes nothing.
     generation: u64,
     /// Why the current connection broke (`None` while it works).
@@ -207,6 +261,8 @@ struct State {
 
 struct Conn {
     server: String,
+    /// Where the server's peers reach it.
+    peer_address: Mutex<String>,
     opts: ClientOptions,
     state: Mutex<State>,
     changed: Condvar,
@@ -228,12 +284,9 @@ fn refused_or_protocol(server: &str, f: Frame) -> RemoteError {
 }
 
 /// Connects and runs the hello/welcome exchange; returns the stream, nonces and frame limit.
-fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(TcpStream, Nonces, u32)> {
+fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(Link, Nonces, u32)> {
     let connect_err = |why: String| RemoteError::Connect { server: server.into(), why };
-    let addrs: Vec<_> = server.to_socket_addrs().map_err(|e| connect_err(e.to_string()))?.collect();
-    let addr = addrs.first().ok_or_else(|| connect_err("the name resolves to no address".into()))?;
-    let mut s = TcpStream::connect_timeout(addr, timeout.max(Duration::from_millis(1))).map_err(|e| connect_err(e.to_string()))?;
-    s.set_nodelay(true).map_err(|e| connect_err(e.to_string()))?;
+    let mut s = transport::connect(server, &opts.tls, timeout).map_err(|e| connect_err(e.to_string()))?;
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).map_err(|e| connect_err(e.to_string()))?;
     let client: [u8; 16] = random();
     let mut out = Vec::new();
@@ -257,7 +310,7 @@ fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(TcpSt
     }
 }
 
-fn read_handshake(server: &str, s: &mut TcpStream) -> Result<Frame> {
+fn read_handshake(server: &str, s: &mut Link) -> Result<Frame> {
     let mut buf = Vec::new();
     read_frame(s, &mut buf, HANDSHAKE_MAX_FRAME).map_err(|e| match e {
         ReadError::Io(e) => RemoteError::Connect { server: server.into(), why: format!("during the handshake: {e}") },
@@ -285,12 +338,16 @@ impl Remote {
             other => return Err(refused_or_protocol(server, other)),
         };
         let keys = SessionKeys { id, secret: opts.token.session_secret(&nonces, &id), max_frame, max_inflight };
+        let pin = s.peer_pin().unwrap_or([0; 32]);
         let conn = Arc::new(Conn {
             server: server.into(),
+            peer_address: Mutex::new(server.into()),
             opts,
             state: Mutex::new(State {
                 keys,
                 writer: None,
+                pin,
+                mesh: None,
                 generation: 0,
                 broken: None,
                 dead: None,
@@ -343,6 +400,12 @@ impl Remote {
         }
     }
 
+    /// Sends one protocol command and waits for its answer (low level: the typed API above
+    /// covers every command; this is for tools and tests that speak the protocol directly).
+    pub fn call_raw(&self, cmd: Command) -> Result<Outcome> {
+        self.call(cmd, "a raw command")
+    }
+
     /// A no-op round trip (a latency probe).
     pub fn nop(&self) -> Result<()> {
         self.call(Command::Nop, "nop").map(|_| ())
@@ -359,8 +422,33 @@ impl Remote {
     /// Cuts the current connection (as a network fault would); the next call re-attaches.
     pub fn drop_connection(&self) {
         if let Some(w) = &self.conn.lock().writer {
-            let _ = w.shutdown(Shutdown::Both);
+            w.shutdown();
         }
+    }
+
+    /// The SHA-256 pin of the certificate the server presented (`None`: plain TCP).
+    pub fn tls_pin(&self) -> Option<Pin> {
+        let p = self.conn.lock().pin;
+        (p != [0; 32]).then_some(p)
+    }
+
+    /// Where the server's peers reach it (by default the address this client uses); set it
+    /// before [`Mesh::new`] when servers see each other at other addresses.
+    pub fn set_peer_address(&self, address: &str) {
+        *self.conn.peer_address.lock().unwrap_or_else(|p| p.into_inner()) = address.into();
+    }
+
+    fn peer_address(&self) -> String {
+        self.conn.peer_address.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn mesh(&self) -> Option<([u8; 16], u32)> {
+        self.conn.lock().mesh
+    }
+
+    /// Whether two handles are the same session.
+    pub fn same(&self, other: &Remote) -> bool {
+        Arc::ptr_eq(&self.conn, &other.conn)
     }
 
     fn unexpected(&self, what: &str, o: Outcome) -> RemoteError {
@@ -403,7 +491,7 @@ impl Conn {
     }
 
     /// Makes `s` the connection: starts its reader and re-sends every unanswered command.
-    fn install(self: &Arc<Self>, st: &mut State, s: TcpStream) -> std::result::Result<(), String> {
+    fn install(self: &Arc<Self>, st: &mut State, s: Link) -> std::result::Result<(), String> {
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
         st.generation += 1;
         let (generation, me, reader) = (st.generation, self.clone(), s.try_clone().map_err(|e| e.to_string())?);
@@ -422,7 +510,7 @@ impl Conn {
         Ok(())
     }
 
-    fn read_loop(self: Arc<Self>, s: TcpStream, generation: u64, max_frame: u32) {
+    fn read_loop(self: Arc<Self>, s: Link, generation: u64, max_frame: u32) {
         let mut r = BufReader::with_capacity(1 << 16, s);
         let mut buf = Vec::new();
         loop {
@@ -461,10 +549,21 @@ impl Conn {
                 Err(e) => e.to_string(),
             };
             if let Some(w) = st.writer.take() {
-                let _ = w.shutdown(Shutdown::Both);
+                w.shutdown();
             }
             st.broken = Some(why);
             self.changed.notify_all();
+            drop(st);
+            // Re-attach now rather than at the next call on this server: another server may be
+            // waiting (for a migration's bytes, for an event) on commands this one has not
+            // received yet.
+            let me = self.clone();
+            let _ = std::thread::Builder::new().name("sucl-remote-reattach".into()).spawn(move || {
+                let mut st = me.lock();
+                if st.generation == generation && st.broken.is_some() && st.dead.is_none() {
+                    me.reattach(&mut st);
+                }
+            });
             return;
         }
     }
@@ -492,7 +591,7 @@ impl Conn {
                 // The reader sees the same break; the command is re-sent on re-attach.
                 st.broken.get_or_insert_with(|| format!("sending: {e}"));
                 if let Some(w) = st.writer.take() {
-                    let _ = w.shutdown(Shutdown::Both);
+                    w.shutdown();
                 }
             }
         }
@@ -721,12 +820,15 @@ impl RemoteQueue {
         Ok(RemoteEvent { remote: self.remote().clone(), id })
     }
 
-    /// Makes later work on this queue wait for `event` (same server).
+    /// Makes later work on this queue wait for `event`. An event of another server of the same
+    /// [`Mesh`] is waited for on this server, which learns of its completion from that server
+    /// directly (the client is not involved): the call returns at once.
     pub fn wait_for(&self, event: &RemoteEvent) -> Result<()> {
-        if !Arc::ptr_eq(&event.remote.conn, &self.remote().conn) {
-            return Err(RemoteError::Invalid("an event of another server (waits across servers are not implemented)".into()));
+        if event.remote.same(self.remote()) {
+            return self.remote().post(Command::WaitEvent { queue: self.id, event: event.id });
         }
-        self.remote().post(Command::WaitEvent { queue: self.id, event: event.id })
+        let (peer, _) = same_mesh(&event.remote, self.remote())?;
+        self.remote().post(Command::WaitRemote { peer, event: event.id })
     }
 
     /// Waits until everything enqueued so far has run; reports any earlier failure.
@@ -786,6 +888,88 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
         Ok(())
     }
 
+    /// Names `size` (a one-element `u64` buffer of the same server and device) as holding how
+    /// many bytes of this buffer are meaningful: reads ([`RemoteBuffer::read_content`]),
+    /// copies and migrations then move only those; a migration into a buffer that has one sets
+    /// it to the bytes received. `None` clears it.
+    pub fn set_content_size<S: bytemuck::Pod>(&mut self, size: Option<&RemoteBuffer<S>>) -> Result<()> {
+        let size_buffer = match size {
+            Some(b) if !b.remote().same(self.remote()) => {
+                return Err(RemoteError::Invalid("the size buffer lives on another server".into()))
+            }
+            Some(b) => b.id,
+            None => 0,
+        };
+        self.remote().post(Command::SetContentSize { buffer: self.id, size_buffer })
+    }
+
+    /// The meaningful elements (as the content size says; all of them without one).
+    pub fn read_content(&self) -> Result<Vec<T>> {
+        let size = std::mem::size_of::<T>();
+        let total = self.len * size;
+        let chunk = self.remote().room() - wire::READ_REPLY_OVERHEAD - 4;
+        let mut bytes = Vec::new();
+        while bytes.len() < total {
+            let take = chunk.min(total - bytes.len());
+            let cmd = Command::Read { buffer: self.id, offset: bytes.len() as u64, len: take as u64 };
+            match self.remote().call(cmd, "reading a buffer")? {
+                Outcome::Data(d) if d.len() <= take => {
+                    let short = d.len() < take;
+                    bytes.extend_from_slice(&d);
+                    if short {
+                        break;
+                    }
+                }
+                other => return Err(self.remote().unexpected("reading a buffer", other)),
+            }
+        }
+        if !bytes.len().is_multiple_of(size) {
+            return Err(RemoteError::Invalid(format!(
+                "the content size ({} bytes) is not a whole number of {size}-byte elements",
+                bytes.len()
+            )));
+        }
+        let mut out = vec![T::zeroed(); bytes.len() / size];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
+
+    /// Moves all of `src` (a buffer of another server of the same [`Mesh`], same length) into
+    /// this one: the source server sends the bytes straight to this buffer's server (only the
+    /// meaningful ones if `src` has a content size), which then answers the client. Returns
+    /// once both commands are sent; later work on this buffer's server runs after the bytes
+    /// arrived, and work on the source's server before the migration is what it sends.
+    pub fn migrate_from(&mut self, src: &RemoteBuffer<T>) -> Result<()> {
+        if src.len != self.len {
+            return Err(RemoteError::Invalid(format!("migrating {} elements into a buffer of {}", src.len, self.len)));
+        }
+        let len = (self.len * std::mem::size_of::<T>()) as u64;
+        if src.remote().same(self.remote()) {
+            return self.remote().post(Command::Copy { src: src.id, src_offset: 0, dst: self.id, dst_offset: 0, len });
+        }
+        let (src_index, dst_index) = same_mesh(src.remote(), self.remote())?;
+        let transfer = next_transfer();
+        src.remote().post(Command::MigrateOut { buffer: src.id, offset: 0, len, peer: dst_index, transfer })?;
+        self.remote().post(Command::MigrateIn { buffer: self.id, offset: 0, len, peer: src_index, transfer })
+    }
+
+    /// Moves elements `src_offset..src_offset + n` of `src` (a buffer of another server of
+    /// the same mesh) to elements `offset..offset + n` of this one, server to server, as
+    /// [`RemoteBuffer::migrate_from`] does for whole buffers (a halo exchange, for instance).
+    pub fn migrate_range_from(&mut self, offset: usize, src: &RemoteBuffer<T>, src_offset: usize, n: usize) -> Result<()> {
+        self.check(offset, n)?;
+        src.check(src_offset, n)?;
+        let size = std::mem::size_of::<T>() as u64;
+        let (len, at, src_at) = (n as u64 * size, offset as u64 * size, src_offset as u64 * size);
+        if src.remote().same(self.remote()) {
+            return self.remote().post(Command::Copy { src: src.id, src_offset: src_at, dst: self.id, dst_offset: at, len });
+        }
+        let (src_index, dst_index) = same_mesh(src.remote(), self.remote())?;
+        let transfer = next_transfer();
+        src.remote().post(Command::MigrateOut { buffer: src.id, offset: src_at, len, peer: dst_index, transfer })?;
+        self.remote().post(Command::MigrateIn { buffer: self.id, offset: at, len, peer: src_index, transfer })
+    }
+
     /// Reads elements `offset..offset + n`.
     pub fn read(&self, offset: usize, n: usize) -> Result<Vec<T>> {
         self.check(offset, n)?;
@@ -834,5 +1018,66 @@ impl<T: bytemuck::Pod> RemoteBuffer<T> {
 impl<T: bytemuck::Pod> Drop for RemoteBuffer<T> {
     fn drop(&mut self) {
         let _ = self.remote().post(Command::Free { buffer: self.id });
+    }
+}
+
+fn next_transfer() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The mesh indices of `a` and `b`, which must be members of one mesh.
+fn same_mesh(a: &Remote, b: &Remote) -> Result<(u32, u32)> {
+    match (a.mesh(), b.mesh()) {
+        (Some((ma, ia)), Some((mb, ib))) if ma == mb => Ok((ia, ib)),
+        _ => Err(RemoteError::Invalid(format!(
+            "servers {} and {} are not members of one mesh (make one with Mesh::new)",
+            a.server(),
+            b.server()
+        ))),
+    }
+}
+
+/// Servers of one client made a peer mesh: each can send buffers to the others directly
+/// ([`RemoteBuffer::migrate_from`]) and wait for their events ([`RemoteQueue::wait_for`]),
+/// learning of completions from each other, not through the client.
+///
+/// The client hands every member a fresh random key; peer links prove they hold it (and are
+/// TLS, trusting the certificate each member presented to this client).
+pub struct Mesh {
+    members: Vec<Remote>,
+}
+
+impl Mesh {
+    /// Makes `members` (sessions on different servers) one mesh; waits until each has joined.
+    pub fn new(members: &[Remote]) -> Result<Mesh> {
+        if members.len() > wire::MAX_PEERS {
+            return Err(RemoteError::Invalid(format!("{} members; a mesh has at most {}", members.len(), wire::MAX_PEERS)));
+        }
+        for (i, a) in members.iter().enumerate() {
+            if a.mesh().is_some() {
+                return Err(RemoteError::Invalid(format!("server {} is already in a mesh", a.server())));
+            }
+            if members[..i].iter().any(|b| b.same(a)) {
+                return Err(RemoteError::Invalid(format!("server {} is listed twice", a.server())));
+            }
+        }
+        let (mesh, key): ([u8; 16], [u8; 32]) = (random(), random());
+        let specs: Vec<PeerSpec> = members
+            .iter()
+            .enumerate()
+            .map(|(i, r)| PeerSpec { index: i as u32, address: r.peer_address(), pin: r.conn.lock().pin })
+            .collect();
+        for (i, r) in members.iter().enumerate() {
+            let peers = specs.iter().filter(|p| p.index != i as u32).cloned().collect();
+            r.call(Command::JoinMesh { mesh, key, index: i as u32, peers }, "joining a mesh")?;
+            r.conn.lock().mesh = Some((mesh, i as u32));
+        }
+        Ok(Mesh { members: members.to_vec() })
+    }
+
+    /// Its members, in index order.
+    pub fn members(&self) -> &[Remote] {
+        &self.members
     }
 }

@@ -6,18 +6,31 @@
 //! connection for the reconnect window: its buffers, queues and events stay, and so do the
 //! replies the client has not acknowledged. Commands of a session run in sequence-number order,
 //! each exactly once: a command whose number the session already received is not run again.
+//! The connection's thread runs commands as they arrive; a command that must wait for a peer
+//! (a migration's bytes, a remote event) is handed to the session's executor thread, and the
+//! commands after it queue behind it.
+//!
+//! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
+//! indices, addresses, certificate pins and a key the client hands every member). Members open
+//! links to each other on first use (TLS, then a proof that they hold the key), one outgoing
+//! link per member and direction, each with its own sending thread. Over them go the bytes of
+//! migrations ([`Command::MigrateOut`] on the source, [`Command::MigrateIn`] on the
+//! destination, which answers the client) and completion notices: a member that reaches
+//! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
+//! it — when the event completes, without the client.
 
-use crate::auth::{random, Nonces, SessionSecret, Token};
+use crate::auth::{random, MeshKey, Nonces, SessionSecret, Token};
 use crate::kernels::{HostMem, KernelCall, KernelRegistry};
+use crate::transport::{self, Link, Pin, Tls, TlsIdentity};
 use crate::wire::{
-    self, code, feature, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, ReadError, SessionStats,
+    self, code, feature, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, PeerSpec, ReadError, SessionStats,
     HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME, VERSION,
 };
-use std::collections::{HashMap, VecDeque};
-use std::io::{self, BufReader};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -66,11 +79,15 @@ pub struct DaemonConfig {
     pub kernels: KernelRegistry,
     /// How long a new connection may take to complete its handshake.
     pub handshake_timeout: Duration,
+    /// The TLS identity clients and peers see (`None`: plain TCP).
+    pub tls: Option<TlsIdentity>,
+    /// How long a command waits for a peer (a migration's bytes, a remote event, a link).
+    pub peer_timeout: Duration,
 }
 
 impl DaemonConfig {
     /// Loopback, any free port, one host device, the built-in kernels, default limits, a 60 s
-    /// reconnect window.
+    /// reconnect window, TLS with a fresh self-signed certificate, a 30 s peer timeout.
     pub fn new(token: Token) -> DaemonConfig {
         DaemonConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -83,6 +100,8 @@ impl DaemonConfig {
             host_memory: 1 << 34,
             kernels: KernelRegistry::with_builtins(),
             handshake_timeout: Duration::from_secs(5),
+            tls: Some(TlsIdentity::generate().expect("generating a TLS certificate")),
+            peer_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -127,6 +146,8 @@ impl Mem {
 struct Buf {
     device: u32,
     mem: Mem,
+    /// The buffer holding how many of this one's bytes are meaningful (content size).
+    content: Option<u64>,
 }
 
 /// The objects of one session and its counters.
@@ -142,41 +163,125 @@ struct Objects {
 }
 
 enum Ev {
-    /// Host queues run each command before answering it, so their events are complete when
-    /// recorded.
+    /// Commands of a session run in order, so a host event is complete when recorded.
     Done,
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaEv),
 }
 
-/// Where a session's replay state lives: guarded together with the objects, so that receiving a
-/// command, running it and retaining its reply is one step.
+/// Receipt and replay state: guarded together, so that receiving a command, queueing it and
+/// retaining its reply each happen in one step.
 struct SessionState {
     last_received: u64,
+    /// Received commands not yet run, in sequence order.
+    pending: VecDeque<(u64, Command)>,
+    /// Someone (the connection's thread or the executor) is running `pending`.
+    draining: bool,
+    /// The head of `pending` may block: the executor thread takes over.
+    handoff: bool,
     /// Encoded reply frames the client has not acknowledged, oldest first.
     retained: VecDeque<(u64, Vec<u8>)>,
-    objects: Objects,
 }
 
 /// The connection a session is bound to, guarded apart from the state so that a re-attaching
 /// connection can cut off the old one even while the old one is blocked holding the state.
 struct Binding {
     generation: u64,
-    conn: Option<TcpStream>,
+    conn: Option<Link>,
     detached_since: Option<Instant>,
+}
+
+/// This session's place in a peer mesh.
+struct MeshInfo {
+    id: [u8; 16],
+    key: MeshKey,
+    index: u32,
+    peers: HashMap<u32, PeerSpec>,
+}
+
+/// A transfer arriving from a peer.
+struct Incoming {
+    data: Vec<u8>,
+    total: u64,
+}
+
+/// Frames queued for one outgoing peer link, sent by that link's own thread, so that no
+/// thread that reads (a peer link, a client connection) ever blocks on a peer's socket.
+struct PeerOut {
+    q: Mutex<OutQueue>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct OutQueue {
+    frames: VecDeque<Vec<u8>>,
+    bytes: usize,
+    closed: bool,
+    error: Option<String>,
+    max_frame: u32,
+}
+
+/// What a session knows of its mesh: links, local events peers wait for, remote events and
+/// transfers it waits for, peers it lost.
+#[derive(Default)]
+struct RemoteState {
+    mesh: Option<MeshInfo>,
+    outs: HashMap<u32, Arc<PeerOut>>,
+    ins: Vec<Link>,
+    /// Local events that completed (kept for peers that subscribe later).
+    done: HashSet<u64>,
+    /// Peers waiting for local events.
+    subscribers: HashMap<u64, Vec<u32>>,
+    /// Events of peers that completed, or (false) never will.
+    remote_done: HashMap<(u32, u64), bool>,
+    subscribed: HashSet<(u32, u64)>,
+    inbox: HashMap<(u32, u64), Incoming>,
+    lost: HashMap<u32, String>,
 }
 
 struct Session {
     id: [u8; 16],
     secret: SessionSecret,
+    max_frame: u32,
     binding: Mutex<Binding>,
     state: Mutex<SessionState>,
+    exec_cv: Condvar,
+    objects: Mutex<Objects>,
+    remote: Mutex<RemoteState>,
+    remote_cv: Condvar,
+    closed: AtomicBool,
+    /// Frames received over peer links.
+    peer_frames: AtomicU64,
+}
+
+impl Session {
+    /// Frees the session: stops its executor and its peer links and closes its connection.
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        drop(lock(&self.state));
+        self.exec_cv.notify_all();
+        if let Some(c) = lock(&self.binding).conn.take() {
+            c.shutdown();
+        }
+        let mut r = lock(&self.remote);
+        for out in r.outs.values() {
+            lock(&out.q).closed = true;
+            out.cv.notify_all();
+        }
+        for l in r.ins.drain(..) {
+            l.shutdown();
+        }
+        r.inbox.clear();
+        drop(r);
+        self.remote_cv.notify_all();
+    }
 }
 
 struct Shared {
     cfg: DaemonConfig,
     devices: Vec<Served>,
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
+    meshes: Mutex<HashMap<[u8; 16], Weak<Session>>>,
     stop: AtomicBool,
     conns: Mutex<Vec<TcpStream>>,
 }
@@ -214,14 +319,15 @@ impl Daemon {
         }
         let listener = TcpListener::bind(cfg.listen)?;
         let addr = listener.local_addr()?;
-        if !addr.ip().is_loopback() {
-            warn!(%addr, "listening beyond loopback: traffic after the handshake is not encrypted");
+        if !addr.ip().is_loopback() && cfg.tls.is_none() {
+            warn!(%addr, "listening beyond loopback without TLS: traffic after the handshake is not encrypted");
         }
-        info!(%addr, devices = devices.len(), kernels = ?cfg.kernels.names(), "sucld listening");
+        info!(%addr, devices = devices.len(), tls = cfg.tls.is_some(), kernels = ?cfg.kernels.names(), "sucld listening");
         let shared = Arc::new(Shared {
             cfg,
             devices,
             sessions: Mutex::new(HashMap::new()),
+            meshes: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
         });
@@ -235,6 +341,11 @@ impl Daemon {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The pin of its TLS certificate (`None`: plain TCP).
+    pub fn tls_pin(&self) -> Option<Pin> {
+        self.shared.cfg.tls.as_ref().map(TlsIdentity::pin)
     }
 
     /// How many sessions it holds (attached or waiting for their client to re-attach).
@@ -264,7 +375,9 @@ impl Daemon {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        lock(&self.shared.sessions).clear();
+        for (_, s) in lock(&self.shared.sessions).drain() {
+            s.close();
+        }
     }
 }
 
@@ -296,9 +409,15 @@ fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
         let s = shared.clone();
         let spawned = std::thread::Builder::new().name("sucld-conn".into()).spawn(move || {
             let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            let closer = conn.try_clone();
             match serve(&s, conn) {
                 Ok(()) => debug!(%peer, "connection closed"),
                 Err(e) => info!(%peer, "connection ended: {e}"),
+            }
+            // Other handles on the socket (the daemon keeps one to close it at shutdown) must
+            // not keep it open: the other side learns at once that it ended.
+            if let Ok(c) = closer {
+                let _ = c.shutdown(Shutdown::Both);
             }
         });
         if let Err(e) = spawned {
@@ -312,14 +431,20 @@ fn reap_loop(shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         let window = shared.cfg.reconnect_window;
+        let mut expired = Vec::new();
         lock(&shared.sessions).retain(|id, s| {
             let b = lock(&s.binding);
-            let expired = b.conn.is_none() && b.detached_since.is_some_and(|t| t.elapsed() > window);
-            if expired {
+            let gone = b.conn.is_none() && b.detached_since.is_some_and(|t| t.elapsed() > window);
+            if gone {
                 info!(session = %hex(id), "session expired: its client did not re-attach within {window:?}; resources freed");
+                expired.push(s.clone());
             }
-            !expired
+            !gone
         });
+        for s in expired {
+            s.close();
+        }
+        lock(&shared.meshes).retain(|_, w| w.strong_count() > 0 && !w.upgrade().is_some_and(|s| s.closed.load(Ordering::SeqCst)));
     }
 }
 
@@ -327,9 +452,9 @@ pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn refuse(conn: &mut TcpStream, buf: &mut Vec<u8>, reason: String) -> io::Error {
+fn refuse(conn: &mut Link, buf: &mut Vec<u8>, reason: String) -> io::Error {
     let _ = write_frame(conn, buf, &Frame::Refused { reason: reason.clone() });
-    let _ = conn.shutdown(Shutdown::Both);
+    conn.shutdown();
     io::Error::new(io::ErrorKind::PermissionDenied, reason)
 }
 
@@ -340,9 +465,14 @@ fn handshake_err(e: ReadError) -> io::Error {
     }
 }
 
-/// The handshake, then the command loop of one connection.
-fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
-    conn.set_nodelay(true)?;
+/// TLS (unless off), the handshake, then the command loop of one connection (or the receiving
+/// loop of a peer link).
+fn serve(shared: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
+    sock.set_nodelay(true)?;
+    let mut conn = match &shared.cfg.tls {
+        Some(id) => Link::tls_server(sock, id, shared.cfg.handshake_timeout)?,
+        None => Link::plain(sock),
+    };
     conn.set_read_timeout(Some(shared.cfg.handshake_timeout))?;
     let mut buf = Vec::new();
     let mut out = Vec::new();
@@ -364,7 +494,7 @@ fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
     if max_frame < MIN_MAX_FRAME {
         return Err(refuse(&mut conn, &mut out, format!("frame limit {max_frame} is under the minimum {MIN_MAX_FRAME}")));
     }
-    let mut ours = feature::HOST_KERNELS;
+    let mut ours = feature::HOST_KERNELS | feature::MESH | feature::CONTENT_SIZE;
     if shared.devices.iter().any(|d| d.info().kind == DeviceKind::Cuda) {
         ours |= feature::CUDA_KERNELS;
     }
@@ -375,7 +505,7 @@ fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
             if !shared.cfg.token.check_open(&nonces, &mac) {
                 return Err(refuse(&mut conn, &mut out, "authentication failed: the client does not hold this server's token".into()));
             }
-            open_session(shared, &mut conn, &mut out, &nonces)?
+            open_session(shared, &mut conn, &mut out, &nonces, max_frame)?
         }
         Ok(Frame::Attach { session, last_reply, mac }) => {
             let found = lock(&shared.sessions).get(&session).cloned();
@@ -385,8 +515,33 @@ fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
             if !s.secret.check_attach(&nonces, &session, last_reply, &mac) {
                 return Err(refuse(&mut conn, &mut out, "authentication failed: wrong proof for this session".into()));
             }
+            if max_frame != s.max_frame {
+                return Err(refuse(&mut conn, &mut out, format!("frame limit {max_frame} differs from the session's {}", s.max_frame)));
+            }
             attach_session(&s, &mut conn, &mut out, &nonces, last_reply)?;
             s
+        }
+        Ok(Frame::PeerOpen { mesh, from, to, mac }) => {
+            let s = lock(&shared.meshes).get(&mesh).and_then(Weak::upgrade);
+            let Some(s) = s.filter(|s| !s.closed.load(Ordering::SeqCst)) else {
+                return Err(refuse(&mut conn, &mut out, "no such mesh on this server (not joined yet, or its session is gone)".into()));
+            };
+            let accepted = {
+                let r = lock(&s.remote);
+                let m = r.mesh.as_ref().expect("a registered mesh has its info");
+                if !m.key.check_open(&nonces, &mesh, from, to, &mac) {
+                    Err("authentication failed: the peer does not hold this mesh's key".to_string())
+                } else if to != m.index || !m.peers.contains_key(&from) {
+                    Err(format!("peer link {from} → {to} does not fit this member (index {})", m.index))
+                } else {
+                    Ok(m.key.opened_proof(&nonces, &mesh))
+                }
+            };
+            let mac = accepted.map_err(|why| refuse(&mut conn, &mut out, why))?;
+            write_frame(&mut conn, &mut out, &Frame::PeerOpened { mac })?;
+            conn.set_read_timeout(None)?;
+            lock(&s.remote).ins.push(conn.clone());
+            return peer_receive(shared, &s, from, conn, max_frame);
         }
         Ok(other) => return Err(refuse(&mut conn, &mut out, format!("expected open or attach, got {}", frame_name(&other)))),
         Err(ReadError::Wire(w)) => return Err(refuse(&mut conn, &mut out, format!("malformed handshake: {w}"))),
@@ -394,7 +549,7 @@ fn serve(shared: &Arc<Shared>, mut conn: TcpStream) -> io::Result<()> {
     };
     conn.set_read_timeout(None)?;
     let generation = lock(&session.binding).generation;
-    let result = command_loop(shared, &session, &mut conn, max_frame, generation);
+    let result = command_loop(shared, &session, &mut conn, generation);
     let mut b = lock(&session.binding);
     if b.generation == generation {
         b.conn = None;
@@ -417,17 +572,37 @@ fn frame_name(f: &Frame) -> &'static str {
         Frame::Reply { .. } => "reply",
         Frame::Ack { .. } => "ack",
         Frame::Fatal { .. } => "fatal",
+        Frame::PeerOpen { .. } => "peer open",
+        Frame::PeerOpened { .. } => "peer opened",
+        Frame::PeerSubscribe { .. } => "peer subscribe",
+        Frame::PeerNotice { .. } => "peer notice",
+        Frame::PeerData { .. } => "peer data",
     }
 }
 
-fn open_session(shared: &Arc<Shared>, conn: &mut TcpStream, out: &mut Vec<u8>, nonces: &Nonces) -> io::Result<Arc<Session>> {
+fn open_session(shared: &Arc<Shared>, conn: &mut Link, out: &mut Vec<u8>, nonces: &Nonces, max_frame: u32) -> io::Result<Arc<Session>> {
     let id: [u8; 16] = random();
     let s = Arc::new(Session {
         id,
         secret: shared.cfg.token.session_secret(nonces, &id),
-        binding: Mutex::new(Binding { generation: 1, conn: Some(conn.try_clone()?), detached_since: None }),
-        state: Mutex::new(SessionState { last_received: 0, retained: VecDeque::new(), objects: Objects::default() }),
+        max_frame,
+        binding: Mutex::new(Binding { generation: 1, conn: Some(conn.clone()), detached_since: None }),
+        state: Mutex::new(SessionState {
+            last_received: 0,
+            pending: VecDeque::new(),
+            draining: false,
+            handoff: false,
+            retained: VecDeque::new(),
+        }),
+        exec_cv: Condvar::new(),
+        objects: Mutex::new(Objects::default()),
+        remote: Mutex::new(RemoteState::default()),
+        remote_cv: Condvar::new(),
+        closed: AtomicBool::new(false),
+        peer_frames: AtomicU64::new(0),
     });
+    let (sh, se) = (shared.clone(), s.clone());
+    std::thread::Builder::new().name("sucld-exec".into()).spawn(move || executor_loop(&sh, &se))?;
     lock(&shared.sessions).insert(id, s.clone());
     info!(session = %hex(&id), peer = ?conn.peer_addr().ok(), "session opened");
     let mac = shared.cfg.token.opened_proof(nonces, &id);
@@ -437,23 +612,24 @@ fn open_session(shared: &Arc<Shared>, conn: &mut TcpStream, out: &mut Vec<u8>, n
 
 /// Binds `conn` to `s` (cutting off the connection it had), says the last sequence number
 /// received, then re-sends the replies the client has not received.
-fn attach_session(s: &Session, conn: &mut TcpStream, out: &mut Vec<u8>, nonces: &Nonces, last_reply: u64) -> io::Result<()> {
+fn attach_session(s: &Session, conn: &mut Link, out: &mut Vec<u8>, nonces: &Nonces, last_reply: u64) -> io::Result<()> {
     {
+        // Cut the old connection first (without the state lock, which its threads may hold
+        // while blocked on it).
         let mut b = lock(&s.binding);
         if let Some(old) = b.conn.take() {
-            let _ = old.shutdown(Shutdown::Both);
+            old.shutdown();
         }
         b.generation += 1;
-        b.conn = Some(conn.try_clone()?);
         b.detached_since = None;
     }
+    // Under the state lock no reply is written or retained, so the attach answer comes first
+    // and every retained reply follows it in order.
     let mut st = lock(&s.state);
-    while st.retained.front().is_some_and(|(seq, _)| *seq <= last_reply) {
-        st.retained.pop_front();
-    }
+    lock(&s.binding).conn = Some(conn.clone());
+    forget_replies(&mut st, last_reply);
     let last_received = st.last_received;
     write_frame(conn, out, &Frame::Attached { last_received, mac: s.secret.attached_proof(nonces, last_received) })?;
-    use std::io::Write;
     for (_, reply) in &st.retained {
         conn.write_all(reply)?;
     }
@@ -461,20 +637,21 @@ fn attach_session(s: &Session, conn: &mut TcpStream, out: &mut Vec<u8>, nonces: 
     Ok(())
 }
 
-fn fatal(conn: &mut TcpStream, reason: String) -> io::Error {
+fn fatal(conn: &mut Link, reason: String) -> io::Error {
     let mut out = Vec::new();
     let _ = write_frame(conn, &mut out, &Frame::Fatal { reason: reason.clone() });
-    let _ = conn.shutdown(Shutdown::Both);
+    conn.shutdown();
     io::Error::new(io::ErrorKind::InvalidData, reason)
 }
 
-fn command_loop(shared: &Shared, s: &Session, conn: &mut TcpStream, max_frame: u32, generation: u64) -> io::Result<()> {
-    use std::io::Write;
-    let mut reader = BufReader::with_capacity(1 << 16, conn.try_clone()?);
+/// Receives commands: each is checked (sequence, in-flight limit), queued, and — unless
+/// another thread is already running the queue — run right here, so that a command that does
+/// not wait for anything costs no thread switch.
+fn command_loop(shared: &Arc<Shared>, s: &Arc<Session>, conn: &mut Link, generation: u64) -> io::Result<()> {
+    let mut reader = BufReader::with_capacity(1 << 16, conn.clone());
     let mut buf = Vec::new();
-    let mut reply = Vec::new();
     loop {
-        let frame = match read_frame(&mut reader, &mut buf, max_frame) {
+        let frame = match read_frame(&mut reader, &mut buf, s.max_frame) {
             Ok(f) => f,
             Err(ReadError::Io(e)) => return Err(e),
             Err(ReadError::Wire(w)) => return Err(fatal(conn, format!("malformed frame: {w}"))),
@@ -499,25 +676,384 @@ fn command_loop(shared: &Shared, s: &Session, conn: &mut TcpStream, max_frame: u
         if seq != st.last_received + 1 {
             return Err(fatal(conn, format!("command {seq} after {}: sequence numbers must not skip", st.last_received)));
         }
-        if st.retained.len() >= shared.cfg.limits.max_inflight as usize {
+        if st.retained.len() + st.pending.len() >= shared.cfg.limits.max_inflight as usize {
             let n = shared.cfg.limits.max_inflight;
             return Err(fatal(conn, format!("more than {n} commands in flight (the session's limit)")));
         }
         st.last_received = seq;
-        st.objects.stats.executed += 1;
-        let outcome = execute(shared, &mut st.objects, cmd, max_frame);
-        reply.clear();
-        Frame::Reply { seq, outcome }.encode_into(&mut reply);
-        let frame = std::mem::take(&mut reply);
-        let written = conn.write_all(&frame);
-        st.retained.push_back((seq, frame));
-        written?;
+        st.pending.push_back((seq, cmd));
+        if st.draining {
+            continue;
+        }
+        st.draining = true;
+        drop(st);
+        drain(shared, s, false);
     }
 }
 
 fn forget_replies(st: &mut SessionState, upto: u64) {
     while st.retained.front().is_some_and(|(seq, _)| *seq <= upto) {
         st.retained.pop_front();
+    }
+}
+
+/// Whether `cmd` would have to wait for a peer (then the executor thread runs it).
+fn would_block(s: &Session, cmd: &Command) -> bool {
+    let r = lock(&s.remote);
+    match cmd {
+        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.data.len() as u64 != i.total),
+        Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
+        _ => false,
+    }
+}
+
+/// Runs queued commands in order until the queue is empty. On the connection's thread
+/// (`in_executor` false) it hands over to the executor at the first command that would block.
+fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
+    loop {
+        let (seq, cmd) = {
+            let mut st = lock(&s.state);
+            let Some((_, head)) = st.pending.front() else {
+                st.draining = false;
+                return;
+            };
+            if s.closed.load(Ordering::SeqCst) {
+                st.draining = false;
+                return;
+            }
+            if !in_executor && would_block(s, head) {
+                st.handoff = true;
+                drop(st);
+                s.exec_cv.notify_all();
+                return;
+            }
+            st.pending.pop_front().expect("a head was seen")
+        };
+        let outcome = execute(shared, s, cmd);
+        let mut reply = Vec::new();
+        Frame::Reply { seq, outcome }.encode_into(&mut reply);
+        let mut st = lock(&s.state);
+        let conn = lock(&s.binding).conn.clone();
+        if let Some(mut c) = conn {
+            if c.write_all(&reply).is_err() {
+                c.shutdown(); // the client re-attaches; the reply stays retained
+            }
+        }
+        st.retained.push_back((seq, reply));
+    }
+}
+
+/// The session's executor: runs the queue whenever a command at its head may block.
+fn executor_loop(shared: &Arc<Shared>, s: &Arc<Session>) {
+    loop {
+        let mut st = lock(&s.state);
+        while !st.handoff && !s.closed.load(Ordering::SeqCst) {
+            st = s.exec_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if s.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        st.handoff = false;
+        drop(st);
+        drain(shared, s, true);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peer links
+
+/// The outgoing link to mesh member `to`, started (connected by its own thread) on first use.
+fn peer_out(shared: &Arc<Shared>, s: &Arc<Session>, r: &mut RemoteState, to: u32) -> Result<Arc<PeerOut>, String> {
+    if let Some(o) = r.outs.get(&to) {
+        return Ok(o.clone());
+    }
+    if let Some(why) = r.lost.get(&to) {
+        return Err(why.clone());
+    }
+    let m = r.mesh.as_ref().ok_or("this session is not in a mesh (JoinMesh first)")?;
+    let spec = m.peers.get(&to).ok_or_else(|| format!("mesh member {to} does not exist"))?.clone();
+    let out = Arc::new(PeerOut { q: Mutex::new(OutQueue::default()), cv: Condvar::new() });
+    let (sh, se, o2, id, key, from) = (shared.clone(), s.clone(), out.clone(), m.id, m.key.clone(), m.index);
+    std::thread::Builder::new()
+        .name("sucld-peer-out".into())
+        .spawn(move || {
+            let why = match peer_connect(&sh, &spec, id, &key, from) {
+                Ok((link, max_frame)) => {
+                    lock(&o2.q).max_frame = max_frame;
+                    o2.cv.notify_all();
+                    watch_link(&se, to, &spec.address, link.clone());
+                    peer_send_loop(&o2, link)
+                }
+                Err(e) => e,
+            };
+            if !se.closed.load(Ordering::SeqCst) {
+                warn!(peer = %spec.address, "peer link to member {to} lost: {why}");
+            }
+            let mut q = lock(&o2.q);
+            q.error = Some(why.clone());
+            q.frames.clear();
+            q.bytes = 0;
+            drop(q);
+            o2.cv.notify_all();
+            mark_lost(&se, to, format!("peer server {} (mesh member {to}): {why}", spec.address));
+        })
+        .map_err(|e| e.to_string())?;
+    r.outs.insert(to, out.clone());
+    Ok(out)
+}
+
+/// The receiving end of an outgoing link sends nothing back: a read that returns means the
+/// peer closed or died, which must fail this session's waits on it at once (not after the
+/// peer timeout), even while nothing is being sent.
+fn watch_link(s: &Arc<Session>, to: u32, address: &str, mut link: Link) {
+    let (s, address) = (s.clone(), address.to_string());
+    let spawned = std::thread::Builder::new().name("sucld-peer-watch".into()).spawn(move || {
+        let mut b = [0u8; 64];
+        let why = match link.read(&mut b) {
+            Ok(0) => "the peer closed the link".to_string(),
+            Ok(_) => "the peer sent data on an outgoing link".to_string(),
+            Err(e) => e.to_string(),
+        };
+        link.shutdown();
+        if !s.closed.load(Ordering::SeqCst) {
+            mark_lost(&s, to, format!("peer server {address} (mesh member {to}): {why}"));
+        }
+    });
+    if let Err(e) = spawned {
+        warn!("cannot watch a peer link: {e}");
+    }
+}
+
+fn mark_lost(s: &Session, peer: u32, why: String) {
+    lock(&s.remote).lost.entry(peer).or_insert(why);
+    s.remote_cv.notify_all();
+}
+
+/// Connects to a mesh member and proves this server holds the mesh key; retries while the
+/// member has not joined the mesh yet, up to the peer timeout.
+fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey, from: u32) -> Result<(Link, u32), String> {
+    let deadline = Instant::now() + shared.cfg.peer_timeout;
+    let tls = if spec.pin == [0; 32] { Tls::Off } else { Tls::Pinned(vec![spec.pin]) };
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let r = (|| -> Result<(Link, u32), (bool, String)> {
+            let mut l = transport::connect(&spec.address, &tls, left.max(Duration::from_millis(1))).map_err(|e| (true, e.to_string()))?;
+            l.set_read_timeout(Some(left.max(Duration::from_millis(1)))).map_err(|e| (true, e.to_string()))?;
+            let (mut buf, mut out) = (Vec::new(), Vec::new());
+            let client: [u8; 16] = random();
+            let hello =
+                Frame::Hello { min_version: VERSION, max_version: VERSION, features: 0, max_frame: shared.cfg.max_frame, nonce: client };
+            write_frame(&mut l, &mut out, &hello).map_err(|e| (true, e.to_string()))?;
+            let (max_frame, server) = match read_frame(&mut l, &mut buf, HANDSHAKE_MAX_FRAME) {
+                Ok(Frame::Welcome { max_frame, nonce, .. }) => (max_frame, nonce),
+                Ok(Frame::Refused { reason }) => return Err((false, reason)),
+                Ok(f) => return Err((false, format!("unexpected {} in the handshake", frame_name(&f)))),
+                Err(e) => return Err((true, e.to_string())),
+            };
+            let n = Nonces { client, server };
+            let to = spec.index;
+            write_frame(&mut l, &mut out, &Frame::PeerOpen { mesh, from, to, mac: key.open_proof(&n, &mesh, from, to) })
+                .map_err(|e| (true, e.to_string()))?;
+            match read_frame(&mut l, &mut buf, HANDSHAKE_MAX_FRAME) {
+                Ok(Frame::PeerOpened { mac }) if key.check_opened(&n, &mesh, &mac) => {}
+                Ok(Frame::PeerOpened { .. }) => return Err((false, "the peer could not prove it holds the mesh key".into())),
+                Ok(Frame::Refused { reason }) => return Err((reason.contains("no such mesh"), reason)),
+                Ok(f) => return Err((false, format!("unexpected {} in the handshake", frame_name(&f)))),
+                Err(e) => return Err((true, e.to_string())),
+            }
+            l.set_read_timeout(None).map_err(|e| (true, e.to_string()))?;
+            Ok((l, max_frame))
+        })();
+        match r {
+            Ok(x) => return Ok(x),
+            Err((retry, why)) => {
+                if !retry || Instant::now() + pause >= deadline {
+                    return Err(why);
+                }
+            }
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// Sends queued frames until the queue closes (`Ok`) or the link fails; returns why it ended.
+fn peer_send_loop(out: &PeerOut, mut link: Link) -> String {
+    loop {
+        let frame = {
+            let mut q = lock(&out.q);
+            loop {
+                if q.closed {
+                    link.shutdown();
+                    return "closed".into();
+                }
+                if let Some(f) = q.frames.pop_front() {
+                    q.bytes -= f.len();
+                    break f;
+                }
+                q = out.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        out.cv.notify_all(); // room for a waiting sender
+        if let Err(e) = link.write_all(&frame) {
+            link.shutdown();
+            return e.to_string();
+        }
+    }
+}
+
+/// Bytes a sender may queue on one link before it waits (notices never wait).
+const PEER_QUEUE_BYTES: usize = 8 << 20;
+
+/// Queues `frame` for member `to`. `bounded`: wait (up to the peer timeout) while the link has
+/// more than [`PEER_QUEUE_BYTES`] queued — for bulk data only, never on a reading thread.
+fn peer_send(shared: &Arc<Shared>, s: &Arc<Session>, to: u32, frame: Vec<u8>, bounded: bool) -> Result<(), String> {
+    let out = peer_out(shared, s, &mut lock(&s.remote), to)?;
+    let deadline = Instant::now() + shared.cfg.peer_timeout;
+    let mut q = lock(&out.q);
+    loop {
+        if let Some(e) = &q.error {
+            return Err(e.clone());
+        }
+        if q.closed {
+            return Err("the session is closing".into());
+        }
+        if !bounded || q.bytes < PEER_QUEUE_BYTES {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("peer member {to} took no data for {:?}", shared.cfg.peer_timeout));
+        }
+        q = out.cv.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    q.bytes += frame.len();
+    q.frames.push_back(frame);
+    drop(q);
+    out.cv.notify_all();
+    Ok(())
+}
+
+/// The largest data piece member `to` accepts in one frame (known once its link is up).
+fn peer_chunk(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Result<usize, String> {
+    let out = peer_out(shared, s, &mut lock(&s.remote), to)?;
+    let deadline = Instant::now() + shared.cfg.peer_timeout;
+    let mut q = lock(&out.q);
+    while q.max_frame == 0 {
+        if let Some(e) = &q.error {
+            return Err(e.clone());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || q.closed {
+            return Err(format!("no link to member {to} within {:?}", shared.cfg.peer_timeout));
+        }
+        q = out.cv.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    Ok((q.max_frame as usize - wire::PEER_DATA_OVERHEAD).min(1 << 20))
+}
+
+/// Tells the peers waiting for local event `event` that it completed.
+fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64) {
+    let waiting = {
+        let mut r = lock(&s.remote);
+        if r.mesh.is_none() {
+            return;
+        }
+        r.done.insert(event);
+        r.subscribers.remove(&event).unwrap_or_default()
+    };
+    for p in waiting {
+        let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok: true }.encode(), false);
+    }
+}
+
+/// The receiving side of a peer link from member `from`.
+fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, max_frame: u32) -> io::Result<()> {
+    let mut reader = BufReader::with_capacity(1 << 16, conn.clone());
+    let mut buf = Vec::new();
+    let addr = lock(&s.remote).mesh.as_ref().and_then(|m| m.peers.get(&from)).map(|p| p.address.clone()).unwrap_or_default();
+    let limit = shared.cfg.limits.max_bytes;
+    let result = loop {
+        let f = match read_frame(&mut reader, &mut buf, max_frame) {
+            Ok(f) => f,
+            Err(e) => break Err(io::Error::other(e.to_string())),
+        };
+        s.peer_frames.fetch_add(1, Ordering::Relaxed);
+        match f {
+            Frame::PeerSubscribe { event } => {
+                let done = {
+                    let mut r = lock(&s.remote);
+                    let done = r.done.contains(&event);
+                    if !done {
+                        r.subscribers.entry(event).or_default().push(from);
+                    }
+                    done
+                };
+                if done {
+                    let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok: true }.encode(), false);
+                }
+            }
+            Frame::PeerNotice { event, ok } => {
+                lock(&s.remote).remote_done.insert((from, event), ok);
+                s.remote_cv.notify_all();
+            }
+            Frame::PeerData { transfer, total, offset, data } => {
+                let mut r = lock(&s.remote);
+                if total > limit {
+                    break Err(io::Error::other(format!(
+                        "transfer {transfer} of {total} bytes exceeds the session's memory limit {limit}"
+                    )));
+                }
+                let inc = r.inbox.entry((from, transfer)).or_insert_with(|| Incoming { data: Vec::new(), total });
+                if inc.total != total || offset != inc.data.len() as u64 || offset + data.len() as u64 > total {
+                    break Err(io::Error::other(format!("transfer {transfer}: piece at {offset} does not follow the bytes received")));
+                }
+                if inc.data.is_empty() {
+                    inc.data.reserve_exact(total as usize);
+                }
+                inc.data.extend_from_slice(&data);
+                if inc.data.len() as u64 == total {
+                    drop(r);
+                    s.remote_cv.notify_all();
+                }
+            }
+            other => break Err(io::Error::other(format!("unexpected {} on a peer link", frame_name(&other)))),
+        }
+    };
+    if let Err(e) = &result {
+        if !s.closed.load(Ordering::SeqCst) {
+            mark_lost(s, from, format!("peer server {addr} (mesh member {from}): link lost: {e}"));
+        }
+    }
+    result
+}
+
+/// Waits (up to the peer timeout) until `ready` says yes or a failure ends the wait.
+fn wait_remote<T>(
+    shared: &Shared,
+    s: &Session,
+    peer: u32,
+    what: &str,
+    mut ready: impl FnMut(&mut RemoteState) -> Option<Result<T, String>>,
+) -> Result<T, Outcome> {
+    let deadline = Instant::now() + shared.cfg.peer_timeout;
+    let mut r = lock(&s.remote);
+    loop {
+        if let Some(x) = ready(&mut r) {
+            return x.map_err(|e| failed(code::PEER, e));
+        }
+        if let Some(why) = r.lost.get(&peer) {
+            return Err(failed(code::PEER, format!("{what}: {why}")));
+        }
+        if s.closed.load(Ordering::SeqCst) {
+            return Err(failed(code::PEER, format!("{what}: the session is closing")));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(failed(code::PEER, format!("{what}: nothing from mesh member {peer} within {:?}", shared.cfg.peer_timeout)));
+        }
+        r = s.remote_cv.wait_timeout(r, left).unwrap_or_else(|p| p.into_inner()).0;
     }
 }
 
@@ -533,10 +1069,172 @@ fn span(what: &str, offset: u64, len: u64, size: usize) -> Result<std::ops::Rang
     }
 }
 
-fn execute(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Outcome {
-    match run(shared, o, cmd, max_frame) {
+fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Outcome {
+    match exec(shared, s, cmd) {
         Ok(x) | Err(x) => x,
     }
+}
+
+/// The mesh member `peer` of this session, or why there is none.
+fn check_peer(s: &Session, peer: u32) -> Result<(), Outcome> {
+    let r = lock(&s.remote);
+    match &r.mesh {
+        None => Err(failed(code::INVALID, "this session is not in a mesh (JoinMesh first)")),
+        Some(m) if !m.peers.contains_key(&peer) => Err(failed(code::INVALID, format!("mesh member {peer} does not exist"))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Commands that involve peers; the rest run on the session's objects.
+fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome, Outcome> {
+    match cmd {
+        Command::JoinMesh { mesh, key, index, peers } => {
+            lock(&s.objects).stats.executed += 1;
+            join_mesh(shared, s, mesh, key, index, peers)
+        }
+        Command::WaitRemote { peer, event } => {
+            lock(&s.objects).stats.executed += 1;
+            check_peer(s, peer)?;
+            let subscribe = {
+                let mut r = lock(&s.remote);
+                !r.remote_done.contains_key(&(peer, event)) && r.subscribed.insert((peer, event))
+            };
+            if subscribe {
+                peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode(), false)
+                    .map_err(|e| failed(code::PEER, format!("waiting for event {event} of mesh member {peer}: {e}")))?;
+            }
+            wait_remote(shared, s, peer, &format!("waiting for event {event} of mesh member {peer}"), |r| {
+                r.remote_done
+                    .get(&(peer, event))
+                    .map(|ok| if *ok { Ok(()) } else { Err(format!("event {event} of mesh member {peer} failed")) })
+            })?;
+            Ok(Outcome::Done)
+        }
+        Command::MigrateIn { buffer: id, offset, len, peer, transfer } => {
+            lock(&s.objects).stats.executed += 1;
+            check_peer(s, peer)?;
+            // A link to the source, though nothing goes out on it: its watcher fails this wait
+            // at once if the source dies.
+            peer_out(shared, s, &mut lock(&s.remote), peer).map_err(|e| failed(code::PEER, e))?;
+            let data = wait_remote(shared, s, peer, &format!("receiving transfer {transfer} from mesh member {peer}"), |r| {
+                let complete = r.inbox.get(&(peer, transfer)).is_some_and(|i| i.data.len() as u64 == i.total);
+                complete.then(|| Ok(r.inbox.remove(&(peer, transfer)).expect("seen").data))
+            })?;
+            let mut o = lock(&s.objects);
+            if data.len() as u64 > len {
+                return Err(failed(
+                    code::INVALID,
+                    format!("transfer {transfer} brought {} bytes, more than the {len} expected", data.len()),
+                ));
+            }
+            let b = buffer(&mut o, id)?;
+            let r = span("migration destination", offset, data.len() as u64, b.mem.len())?;
+            let content = b.content;
+            match &mut b.mem {
+                Mem::Host(m) => m.bytes_mut()[r].copy_from_slice(&data),
+                #[cfg(feature = "cuda")]
+                Mem::Cuda(m) => m.write(r.start, &data)?,
+            }
+            if let Some(sb) = content {
+                set_content_len(&mut o, sb, offset + data.len() as u64)?;
+            }
+            Ok(Outcome::Done)
+        }
+        Command::MigrateOut { buffer: id, offset, len, peer, transfer } => {
+            let mut o = lock(&s.objects);
+            o.stats.executed += 1;
+            check_peer(s, peer)?;
+            let len = trimmed(&mut o, id, offset, len)?;
+            let b = buffer(&mut o, id)?;
+            let r = span("migration source", offset, len, b.mem.len())?;
+            let chunk = peer_chunk(shared, s, peer).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
+            let total = len;
+            let mut at = r.start;
+            loop {
+                let end = (at + chunk).min(r.end);
+                let mut frame = Vec::with_capacity(end - at + wire::PEER_DATA_OVERHEAD + 4);
+                match &b.mem {
+                    Mem::Host(m) => wire::encode_peer_data(&mut frame, transfer, total, (at - r.start) as u64, &m.bytes()[at..end]),
+                    #[cfg(feature = "cuda")]
+                    Mem::Cuda(m) => wire::encode_peer_data(&mut frame, transfer, total, (at - r.start) as u64, &m.read(at..end)?),
+                }
+                peer_send(shared, s, peer, frame, true).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
+                at = end;
+                if at >= r.end {
+                    break;
+                }
+            }
+            Ok(Outcome::Done)
+        }
+        other => {
+            let mut o = lock(&s.objects);
+            o.stats.executed += 1;
+            run(shared, s, &mut o, other)
+        }
+    }
+}
+
+fn join_mesh(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    mesh: [u8; 16],
+    key: [u8; 32],
+    index: u32,
+    peers: Vec<PeerSpec>,
+) -> Result<Outcome, Outcome> {
+    let mut map = HashMap::new();
+    for p in peers {
+        if p.index == index {
+            return Err(failed(code::INVALID, format!("mesh member {index} is this server; it cannot be its own peer")));
+        }
+        if map.insert(p.index, p).is_some() {
+            return Err(failed(code::INVALID, "two mesh members with one index"));
+        }
+    }
+    let mut r = lock(&s.remote);
+    if r.mesh.is_some() {
+        return Err(failed(code::INVALID, "this session is already in a mesh"));
+    }
+    {
+        let mut meshes = lock(&shared.meshes);
+        if meshes.get(&mesh).is_some_and(|w| w.strong_count() > 0) {
+            return Err(failed(code::INVALID, "this mesh id is already in use on this server"));
+        }
+        meshes.insert(mesh, Arc::downgrade(s));
+    }
+    r.mesh = Some(MeshInfo { id: mesh, key: MeshKey(key), index, peers: map });
+    Ok(Outcome::Done)
+}
+
+/// The content size of buffer `id` if it has a size buffer.
+fn content_len(o: &mut Objects, id: u64) -> Result<Option<u64>, Outcome> {
+    let Some(sb) = buffer(o, id)?.content else { return Ok(None) };
+    let b = buffer(o, sb).map_err(|_| failed(code::INVALID, format!("the size buffer {sb} of buffer {id} was freed")))?;
+    let mut v = [0u8; 8];
+    match &b.mem {
+        Mem::Host(m) => v.copy_from_slice(&m.bytes()[..8]),
+        #[cfg(feature = "cuda")]
+        Mem::Cuda(m) => v.copy_from_slice(&m.read(0..8)?),
+    }
+    Ok(Some(u64::from_le_bytes(v)))
+}
+
+fn set_content_len(o: &mut Objects, sb: u64, n: u64) -> Result<(), Outcome> {
+    let b = buffer(o, sb)?;
+    match &mut b.mem {
+        Mem::Host(m) => m.bytes_mut()[..8].copy_from_slice(&n.to_le_bytes()),
+        #[cfg(feature = "cuda")]
+        Mem::Cuda(m) => m.write(0, &n.to_le_bytes())?,
+    }
+    Ok(())
+}
+
+/// `len` trimmed to the buffer's meaningful bytes after `offset` (content size).
+fn trimmed(o: &mut Objects, id: u64, offset: u64, len: u64) -> Result<u64, Outcome> {
+    Ok(match content_len(o, id)? {
+        Some(c) => len.min(c.saturating_sub(offset)),
+        None => len,
+    })
 }
 
 fn device(shared: &Shared, device: u32) -> Result<&Served, Outcome> {
@@ -550,12 +1248,13 @@ fn buffer(o: &mut Objects, id: u64) -> Result<&mut Buf, Outcome> {
     o.buffers.get_mut(&id).ok_or_else(|| failed(code::INVALID, format!("buffer {id} does not exist in this session")))
 }
 
-fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result<Outcome, Outcome> {
+fn run(shared: &Arc<Shared>, s: &Arc<Session>, o: &mut Objects, cmd: Command) -> Result<Outcome, Outcome> {
+    let max_frame = s.max_frame;
     let limits = &shared.cfg.limits;
     match cmd {
         Command::Nop => Ok(Outcome::Done),
         Command::Devices => Ok(Outcome::Devices(shared.devices.iter().map(Served::info).collect())),
-        Command::Stats => Ok(Outcome::Stats(o.stats)),
+        Command::Stats => Ok(Outcome::Stats(SessionStats { peer_frames: s.peer_frames.load(Ordering::Relaxed), ..o.stats })),
         Command::CreateQueue { queue, device: d } => {
             device(shared, d)?;
             if o.queues.contains_key(&queue) {
@@ -587,7 +1286,7 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => Mem::Cuda(c.alloc(bytes as usize)?),
             };
-            o.buffers.insert(id, Buf { device: d, mem });
+            o.buffers.insert(id, Buf { device: d, mem, content: None });
             o.stats.bytes_in_use += bytes;
             o.stats.buffers = o.buffers.len() as u32;
             Ok(Outcome::Done)
@@ -613,6 +1312,7 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
             if len > room {
                 return Err(failed(code::INVALID, format!("a read of {len} bytes does not fit one frame (at most {room}); split it")));
             }
+            let len = trimmed(o, id, offset, len)?;
             let b = buffer(o, id)?;
             let r = span("read", offset, len, b.mem.len())?;
             match &b.mem {
@@ -621,7 +1321,27 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
                 Mem::Cuda(m) => Ok(Outcome::Data(m.read(r)?)),
             }
         }
-        Command::Copy { src, src_offset, dst, dst_offset, len } => copy(o, src, src_offset, dst, dst_offset, len),
+        Command::Copy { src, src_offset, dst, dst_offset, len } => {
+            let len = trimmed(o, src, src_offset, len)?;
+            copy(o, src, src_offset, dst, dst_offset, len)
+        }
+        Command::SetContentSize { buffer: id, size_buffer } => {
+            if size_buffer != 0 {
+                let dev = buffer(o, id)?.device;
+                let sb = buffer(o, size_buffer)?;
+                if size_buffer == id || sb.mem.len() < 8 || sb.device != dev {
+                    return Err(failed(
+                        code::INVALID,
+                        format!("size buffer {size_buffer}: must be another buffer of at least 8 bytes on the same device as buffer {id}"),
+                    ));
+                }
+            }
+            buffer(o, id)?.content = (size_buffer != 0).then_some(size_buffer);
+            Ok(Outcome::Done)
+        }
+        Command::JoinMesh { .. } | Command::MigrateIn { .. } | Command::MigrateOut { .. } | Command::WaitRemote { .. } => {
+            unreachable!("peer commands run in exec")
+        }
         Command::Fill { buffer: id, offset, len, pattern } => {
             if pattern.is_empty() || len % pattern.len() as u64 != 0 {
                 return Err(failed(code::INVALID, format!("fill: {len} bytes are not a whole number of {}-byte patterns", pattern.len())));
@@ -660,7 +1380,16 @@ fn run(shared: &Shared, o: &mut Objects, cmd: Command, max_frame: u32) -> Result
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => Ev::Cuda(c.record()?),
             };
+            // A peer may wait for it: tell it once complete (CUDA: synchronize first, only when
+            // this session is in a mesh).
+            #[cfg(feature = "cuda")]
+            if let Ev::Cuda(e) = &ev {
+                if lock(&s.remote).mesh.is_some() {
+                    crate::cuda::sync_event(e)?;
+                }
+            }
             o.events.insert(event, ev); // re-recording an event id moves it, as in CUDA
+            event_done(shared, s, event);
             Ok(Outcome::Done)
         }
         Command::WaitEvent { queue, event } => {
@@ -786,7 +1515,7 @@ fn launch(shared: &Shared, o: &mut Objects, queue: u64, kernel: &str, args: &[Ar
             for (i, a) in args.iter().enumerate() {
                 ptrs.push(match a {
                     Arg::Buffer(id) => match o.buffers.get(id) {
-                        Some(Buf { mem: Mem::Cuda(m), device }) if *device == d => crate::cuda::LaunchArg::Ptr(m.device_ptr()),
+                        Some(Buf { mem: Mem::Cuda(m), device, .. }) if *device == d => crate::cuda::LaunchArg::Ptr(m.device_ptr()),
                         _ => return Err(failed(code::INVALID, format!("argument {i}: buffer {id} is not a CUDA buffer of device {d}"))),
                     },
                     other => crate::cuda::LaunchArg::Scalar(*other),

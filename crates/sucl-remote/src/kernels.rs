@@ -143,8 +143,12 @@ impl KernelRegistry {
 
     /// The built-in kernels: `noop()`, `increment_u64(buf)`, `fill_u64(buf, value)`,
     /// `axpy_f32(y, x, a)` and `axpy_f64(y, x, a)` (y ← a·x + y), `stencil3_f32(out, in)`
-    /// (out[i] ← mean of in[i-1..=i+1] inside, copied at the ends) and `sleep_ms(ms)` (at most
-    /// 10 000). A range limits each to its first `range` elements.
+    /// (out[i] ← mean of in[i-1..=i+1] inside, copied at the ends), `sleep_ms(ms)` (at most
+    /// 10 000), and `jacobi3d_f64(out, in, nx, ny)`: one 7-point Jacobi step on a block of
+    /// `nz` planes of `nx`×`ny` stored with one halo plane below and above (`(nz+2)·nx·ny`
+    /// elements): interior cells of planes 1..=nz become the mean of their six neighbours,
+    /// cells on the x/y faces keep their values, halo planes are left alone. A range limits
+    /// each to its first `range` elements.
     pub fn with_builtins() -> KernelRegistry {
         let mut r = KernelRegistry::new();
         r.register("noop", |_| Ok(()));
@@ -181,6 +185,12 @@ impl KernelRegistry {
             }
             Ok(())
         });
+        r.register("jacobi3d_f64", |c| {
+            c.expect_args(4)?;
+            let (nx, ny) = (c.u64(2)? as usize, c.u64(3)? as usize);
+            let (out, inp) = c.buffer_pair::<f64>(0, 1)?;
+            jacobi3d(out, inp, nx, ny)
+        });
         r.register("sleep_ms", |c| {
             c.expect_args(1)?;
             let ms = c.u64(0)?;
@@ -210,6 +220,29 @@ impl KernelRegistry {
         v.sort();
         v
     }
+}
+
+/// One 7-point Jacobi step (see [`KernelRegistry::with_builtins`]); public so that a benchmark
+/// can check a remote run against the same arithmetic run locally.
+pub fn jacobi3d(out: &mut [f64], inp: &[f64], nx: usize, ny: usize) -> Result<(), String> {
+    let plane = nx.checked_mul(ny).filter(|p| *p > 0).ok_or("nx and ny must be positive")?;
+    if out.len() != inp.len() || !out.len().is_multiple_of(plane) || out.len() / plane < 3 {
+        return Err(format!("out ({}) and in ({}) must be the same whole number (≥ 3) of {nx}×{ny} planes", out.len(), inp.len()));
+    }
+    let nz = out.len() / plane - 2;
+    for z in 1..=nz {
+        for y in 0..ny {
+            for x in 0..nx {
+                let i = z * plane + y * nx + x;
+                out[i] = if x == 0 || y == 0 || x + 1 == nx || y + 1 == ny {
+                    inp[i]
+                } else {
+                    (inp[i - 1] + inp[i + 1] + inp[i - nx] + inp[i + nx] + inp[i - plane] + inp[i + plane]) / 6.0
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 fn c_extent(range: u64, len: usize) -> Result<usize, String> {

@@ -47,8 +47,12 @@ pub mod feature {
     pub const HOST_KERNELS: u64 = 1;
     /// CUDA C kernels compiled by NVRTC on the server.
     pub const CUDA_KERNELS: u64 = 2;
+    /// Peer meshes: server-to-server migration and completion notices.
+    pub const MESH: u64 = 4;
+    /// Content-size buffers.
+    pub const CONTENT_SIZE: u64 = 8;
     /// Every feature this build knows.
-    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS;
+    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS | MESH | CONTENT_SIZE;
 }
 
 /// Why a frame could not be decoded.
@@ -142,6 +146,8 @@ pub struct SessionStats {
     pub bytes_in_use: u64,
     /// Buffers the session holds.
     pub buffers: u32,
+    /// Frames this session received over peer links (notices, subscriptions, data pieces).
+    pub peer_frames: u64,
 }
 
 /// A command from a client, executed in sequence-number order on the client's session.
@@ -262,7 +268,79 @@ pub enum Command {
     },
     /// The session's counters ([`Outcome::Stats`]).
     Stats,
+    /// Makes this session a member of a peer mesh: `index` is this server's place in it,
+    /// `peers` the other members, `key` the credential the client hands every member (peer
+    /// links prove they hold it).
+    JoinMesh {
+        /// The mesh's id (the same on every member).
+        mesh: [u8; 16],
+        /// The credential peer links prove they hold.
+        key: [u8; 32],
+        /// This server's index in the mesh.
+        index: u32,
+        /// The other members.
+        peers: Vec<PeerSpec>,
+    },
+    /// Sends `len` bytes of `buffer` at `offset` (fewer when its content size says so) to mesh
+    /// member `peer` as transfer `transfer`, straight over the peer link.
+    MigrateOut {
+        /// The source buffer.
+        buffer: u64,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes at most.
+        len: u64,
+        /// The destination's mesh index.
+        peer: u32,
+        /// The transfer's id (chosen by the client; the destination names it too).
+        transfer: u64,
+    },
+    /// Receives transfer `transfer` from mesh member `peer` into `buffer` at `offset` (at most
+    /// `len` bytes); runs once the bytes have arrived. Sets the buffer's content size, if it
+    /// has one, to the bytes received.
+    MigrateIn {
+        /// The destination buffer.
+        buffer: u64,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes at most.
+        len: u64,
+        /// The source's mesh index.
+        peer: u32,
+        /// The transfer's id.
+        transfer: u64,
+    },
+    /// Holds back later commands until event `event` of mesh member `peer` has completed
+    /// (the server learns it from that peer, not from the client).
+    WaitRemote {
+        /// The mesh index of the event's server.
+        peer: u32,
+        /// The event.
+        event: u64,
+    },
+    /// Names `size_buffer` (0 = none) as the buffer holding how many bytes of `buffer` are
+    /// meaningful (a little-endian u64); reads, copies and migrations move only those.
+    SetContentSize {
+        /// The buffer.
+        buffer: u64,
+        /// The size buffer (at least 8 bytes, same device), or 0 to clear it.
+        size_buffer: u64,
+    },
 }
+
+/// One member of a peer mesh, as a client describes it to the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    /// Its index in the mesh.
+    pub index: u32,
+    /// Where the other members reach it (`host:port`).
+    pub address: String,
+    /// The SHA-256 of its TLS certificate (all zero: the link is plain TCP).
+    pub pin: [u8; 32],
+}
+
+/// The most members a mesh may have.
+pub const MAX_PEERS: usize = 64;
 
 /// Error codes of [`Outcome::Failed`].
 pub mod code {
@@ -276,6 +354,8 @@ pub mod code {
     pub const KERNEL: u16 = 4;
     /// The server does not offer this.
     pub const UNSUPPORTED: u16 = 5;
+    /// A peer server failed, was lost or did not answer in time.
+    pub const PEER: u16 = 6;
 }
 
 /// The result of one command.
@@ -388,7 +468,50 @@ pub enum Frame {
         /// Why.
         reason: String,
     },
+    /// Server → server, instead of open/attach: a peer link of mesh `mesh` from member `from`
+    /// to member `to` (`mac` proves the sender holds the mesh key).
+    PeerOpen {
+        /// The mesh's id.
+        mesh: [u8; 16],
+        /// The sender's index.
+        from: u32,
+        /// The receiver's index.
+        to: u32,
+        /// HMAC of the mesh, indices and nonces under the mesh key.
+        mac: [u8; 32],
+    },
+    /// Server → server: the link is accepted (`mac` proves the receiver holds the key too).
+    PeerOpened {
+        /// HMAC under the mesh key.
+        mac: [u8; 32],
+    },
+    /// Peer → peer: tell me when your event `event` completes.
+    PeerSubscribe {
+        /// The event.
+        event: u64,
+    },
+    /// Peer → peer: event `event` completed (`ok`) or can never complete (`!ok`).
+    PeerNotice {
+        /// The event.
+        event: u64,
+        /// Whether it completed.
+        ok: bool,
+    },
+    /// Peer → peer: bytes `offset..offset+data.len()` of transfer `transfer` (`total` bytes).
+    PeerData {
+        /// The transfer.
+        transfer: u64,
+        /// Its length in bytes.
+        total: u64,
+        /// Where this piece goes.
+        offset: u64,
+        /// The bytes.
+        data: Vec<u8>,
+    },
 }
+
+/// The bytes a [`Frame::PeerData`] needs besides its data.
+pub const PEER_DATA_OVERHEAD: usize = 1 + 8 + 8 + 8 + 4;
 
 // ---------------------------------------------------------------------------------------------
 // Encoding
@@ -439,6 +562,11 @@ impl Command {
             Command::SyncEvent { .. } => 13,
             Command::Finish { .. } => 14,
             Command::Stats => 15,
+            Command::JoinMesh { .. } => 16,
+            Command::MigrateOut { .. } => 17,
+            Command::MigrateIn { .. } => 18,
+            Command::WaitRemote { .. } => 19,
+            Command::SetContentSize { .. } => 20,
         }
     }
 
@@ -518,6 +646,32 @@ impl Command {
             }
             Command::SyncEvent { event } => e.u64(*event),
             Command::Finish { queue } => e.u64(*queue),
+            Command::JoinMesh { mesh, key, index, peers } => {
+                e.raw(mesh);
+                e.raw(key);
+                e.u32(*index);
+                e.u32(peers.len() as u32);
+                for p in peers {
+                    e.u32(p.index);
+                    e.str(&p.address);
+                    e.raw(&p.pin);
+                }
+            }
+            Command::MigrateOut { buffer, offset, len, peer, transfer } | Command::MigrateIn { buffer, offset, len, peer, transfer } => {
+                e.u64(*buffer);
+                e.u64(*offset);
+                e.u64(*len);
+                e.u32(*peer);
+                e.u64(*transfer);
+            }
+            Command::WaitRemote { peer, event } => {
+                e.u32(*peer);
+                e.u64(*event);
+            }
+            Command::SetContentSize { buffer, size_buffer } => {
+                e.u64(*buffer);
+                e.u64(*size_buffer);
+            }
         }
     }
 }
@@ -548,6 +702,7 @@ impl Outcome {
                 e.u64(s.launches);
                 e.u64(s.bytes_in_use);
                 e.u32(s.buffers);
+                e.u64(s.peer_frames);
             }
             Outcome::Failed { code, message } => {
                 e.u8(4);
@@ -624,6 +779,33 @@ impl Frame {
             Frame::Fatal { reason } => {
                 e.u8(19);
                 e.str(reason);
+            }
+            Frame::PeerOpen { mesh, from, to, mac } => {
+                e.u8(8);
+                e.raw(mesh);
+                e.u32(*from);
+                e.u32(*to);
+                e.raw(mac);
+            }
+            Frame::PeerOpened { mac } => {
+                e.u8(9);
+                e.raw(mac);
+            }
+            Frame::PeerSubscribe { event } => {
+                e.u8(20);
+                e.u64(*event);
+            }
+            Frame::PeerNotice { event, ok } => {
+                e.u8(21);
+                e.u64(*event);
+                e.u8(*ok as u8);
+            }
+            Frame::PeerData { transfer, total, offset, data } => {
+                e.u8(22);
+                e.u64(*transfer);
+                e.u64(*total);
+                e.u64(*offset);
+                e.bytes(data);
             }
         }
         let body = (out.len() - start - 4) as u32;
@@ -755,6 +937,33 @@ fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
         13 => Command::SyncEvent { event: d.u64("event")? },
         14 => Command::Finish { queue: d.u64("queue")? },
         15 => Command::Stats,
+        16 => {
+            let mesh = d.array("mesh id")?;
+            let key = d.array("mesh key")?;
+            let index = d.u32("mesh index")?;
+            let n = d.count("mesh peers", MAX_PEERS, 4 + 4 + 32)?;
+            let mut peers = Vec::with_capacity(n);
+            for _ in 0..n {
+                peers.push(PeerSpec { index: d.u32("peer index")?, address: d.str("peer address", MAX_NAME)?, pin: d.array("peer pin")? });
+            }
+            Command::JoinMesh { mesh, key, index, peers }
+        }
+        17 => Command::MigrateOut {
+            buffer: d.u64("buffer")?,
+            offset: d.u64("offset")?,
+            len: d.u64("length")?,
+            peer: d.u32("peer")?,
+            transfer: d.u64("transfer")?,
+        },
+        18 => Command::MigrateIn {
+            buffer: d.u64("buffer")?,
+            offset: d.u64("offset")?,
+            len: d.u64("length")?,
+            peer: d.u32("peer")?,
+            transfer: d.u64("transfer")?,
+        },
+        19 => Command::WaitRemote { peer: d.u32("peer")?, event: d.u64("event")? },
+        20 => Command::SetContentSize { buffer: d.u64("buffer")?, size_buffer: d.u64("size buffer")? },
         t => return Err(WireError::UnknownTag { what: "command", tag: t }),
     })
 }
@@ -781,6 +990,7 @@ fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
             launches: d.u64("launches")?,
             bytes_in_use: d.u64("bytes in use")?,
             buffers: d.u32("buffers")?,
+            peer_frames: d.u64("peer frames")?,
         }),
         4 => Outcome::Failed { code: d.u16("error code")?, message: d.str("error message", 4096)? },
         t => return Err(WireError::UnknownTag { what: "outcome", tag: t }),
@@ -823,6 +1033,23 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
         17 => Frame::Reply { seq: d.u64("sequence")?, outcome: decode_outcome(&mut d)? },
         18 => Frame::Ack { upto: d.u64("ack")? },
         19 => Frame::Fatal { reason: d.str("reason", 4096)? },
+        8 => Frame::PeerOpen { mesh: d.array("mesh id")?, from: d.u32("from")?, to: d.u32("to")?, mac: d.array("mac")? },
+        9 => Frame::PeerOpened { mac: d.array("mac")? },
+        20 => Frame::PeerSubscribe { event: d.u64("event")? },
+        21 => Frame::PeerNotice {
+            event: d.u64("event")?,
+            ok: match d.u8("ok")? {
+                0 => false,
+                1 => true,
+                t => return Err(WireError::UnknownTag { what: "notice state", tag: t }),
+            },
+        },
+        22 => Frame::PeerData {
+            transfer: d.u64("transfer")?,
+            total: d.u64("total")?,
+            offset: d.u64("offset")?,
+            data: d.bytes("peer data", usize::MAX)?,
+        },
         t => return Err(WireError::UnknownTag { what: "frame", tag: t }),
     };
     if d.left() != 0 {
@@ -857,6 +1084,19 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Resul
     Ok(decode(buf)?)
 }
 
+/// Appends a [`Frame::PeerData`] carrying `data` to `out` (the same bytes as encoding the
+/// frame, without first copying `data` into one).
+pub fn encode_peer_data(out: &mut Vec<u8>, transfer: u64, total: u64, offset: u64, data: &[u8]) {
+    let body = (PEER_DATA_OVERHEAD + data.len()) as u32;
+    out.extend_from_slice(&body.to_le_bytes());
+    out.push(22);
+    for v in [transfer, total, offset] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out.extend_from_slice(data);
+}
+
 /// Encodes `frame` into `buf` (reused between calls) and writes it to `w` in one write.
 pub fn write_frame(w: &mut impl Write, buf: &mut Vec<u8>, frame: &Frame) -> io::Result<()> {
     buf.clear();
@@ -875,6 +1115,15 @@ mod tests {
         assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
         assert_eq!(bytes.len() - 4, WRITE_OVERHEAD + 3);
         assert_eq!(decode(&bytes[4..]).unwrap(), f);
+    }
+
+    #[test]
+    fn peer_data_encodes_like_its_frame() {
+        let f = Frame::PeerData { transfer: 9, total: 100, offset: 40, data: vec![1, 2, 3] };
+        let mut v = Vec::new();
+        encode_peer_data(&mut v, 9, 100, 40, &[1, 2, 3]);
+        assert_eq!(v, f.encode());
+        assert_eq!(decode(&v[4..]).unwrap(), f);
     }
 
     #[test]

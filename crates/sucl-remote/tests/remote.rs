@@ -71,7 +71,7 @@ fn a_client_without_the_token_is_refused() {
         Ok(_) => panic!("a client with the wrong token was let in"),
     }
     // Commands before (or instead of) the handshake are refused too.
-    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    let mut s = raw_connect(&d.addr, &d.tls());
     s.write_all(&Frame::Command { seq: 1, ack: 0, cmd: Command::Devices }.encode()).unwrap();
     assert!(refused_because(read(&mut s)).contains("expected a hello"));
     // The right token still works.
@@ -85,11 +85,11 @@ fn a_forged_session_is_refused() {
     let q = victim.devices().unwrap()[0].queue().unwrap();
     let secret = q.upload(&[42u64]).unwrap();
     // An attacker who knows the session id (ids are not secret) but not its secret.
-    let (mut s, _) = raw_greet(&d.addr);
+    let (mut s, _) = raw_greet(&d.addr, &d.tls());
     s.write_all(&Frame::Attach { session: victim.session_id(), last_reply: 0, mac: random() }.encode()).unwrap();
     assert!(refused_because(read(&mut s)).contains("authentication failed: wrong proof for this session"));
     // An attacker who guesses an id.
-    let (mut s, _) = raw_greet(&d.addr);
+    let (mut s, _) = raw_greet(&d.addr, &d.tls());
     s.write_all(&Frame::Attach { session: random(), last_reply: 0, mac: random() }.encode()).unwrap();
     assert!(refused_because(read(&mut s)).contains("no such session"));
     // Another legitimate session cannot reach the victim's buffers: requests carry no session.
@@ -143,9 +143,9 @@ fn recording_proxy(target: String) -> (String, std::sync::Arc<std::sync::Mutex<V
     (addr, log)
 }
 
-#[test]
-fn a_replayed_connection_is_refused() {
-    let d = Sucld::start(&[]);
+/// Replays every connection a client made (recorded by a proxy) verbatim; returns what the
+/// server answered to each, as frames, or `None` where it closed without a frame.
+fn replay_recorded(d: &Sucld) -> Vec<(Option<Frame>, Option<Frame>)> {
     let (proxy, log) = recording_proxy(d.addr.clone());
     let r = Remote::connect(&proxy, d.options()).unwrap();
     r.nop().unwrap();
@@ -155,15 +155,32 @@ fn a_replayed_connection_is_refused() {
     std::thread::sleep(Duration::from_millis(50));
     let recorded = log.lock().unwrap().clone();
     assert_eq!(recorded.len(), 2);
-    for (i, bytes) in recorded.iter().enumerate() {
-        // Replay the client's bytes verbatim on a new connection: hello, then open or attach.
-        let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(bytes).unwrap();
-        assert!(matches!(read(&mut s), Some(Frame::Welcome { .. })), "connection {i}");
-        let why = refused_because(read(&mut s));
+    recorded
+        .iter()
+        .map(|bytes| {
+            let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.write_all(bytes);
+            (read(&mut s), read(&mut s))
+        })
+        .collect()
+}
+
+#[test]
+fn a_replayed_connection_is_refused() {
+    // TLS (the default): the recorded bytes are a TLS session; replayed, the server's fresh
+    // handshake randomness makes them meaningless and it closes without a single frame.
+    let d = Sucld::start(&[]);
+    for (i, (first, _)) in replay_recorded(&d).into_iter().enumerate() {
+        assert!(first.is_none(), "connection {i}: a replayed TLS connection got {first:?}");
+    }
+    // Even where the bytes are readable (a daemon with --no-tls), the proofs are bound to the
+    // server's fresh nonce: the hello is answered, the open or attach refused.
+    let d = Sucld::start(&["--no-tls"]);
+    for (i, (welcome, refusal)) in replay_recorded(&d).into_iter().enumerate() {
+        assert!(matches!(welcome, Some(Frame::Welcome { .. })), "connection {i}");
+        let why = refused_because(refusal);
         assert!(why.contains("authentication failed"), "connection {i}: {why}");
-        assert!(read(&mut s).is_none(), "connection {i}: the server closes after refusing");
     }
 }
 
@@ -171,24 +188,24 @@ fn a_replayed_connection_is_refused() {
 fn malformed_oversized_and_mismatched_frames_close_the_connection() {
     let d = Sucld::start(&[]);
     // A length prefix far over the handshake limit.
-    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    let mut s = raw_connect(&d.addr, &d.tls());
     s.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let why = refused_because(read(&mut s));
     assert!(why.contains("frame length of 4294967295 exceeds the limit of 1024"), "{why}");
     assert!(read(&mut s).is_none(), "the server closes after refusing");
     // Bad magic.
-    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    let mut s = raw_connect(&d.addr, &d.tls());
     let mut hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: [0; 16] }.encode();
     hello[5] ^= 0xff;
     s.write_all(&hello).unwrap();
     assert!(refused_because(read(&mut s)).contains("bad magic"));
     // A version this server does not speak.
-    let mut s = std::net::TcpStream::connect(&d.addr).unwrap();
+    let mut s = raw_connect(&d.addr, &d.tls());
     s.write_all(&Frame::Hello { min_version: 2, max_version: 3, features: 0, max_frame: 1 << 20, nonce: [0; 16] }.encode()).unwrap();
     assert!(refused_because(read(&mut s)).contains("the client speaks versions 2..=3; this server speaks 1"));
     // After the handshake: a frame over the negotiated limit, and an undecodable one.
     for bad in [(8u32 << 20).to_le_bytes().to_vec(), vec![2, 0, 0, 0, 16, 0]] {
-        let (mut s, n) = raw_greet(&d.addr);
+        let (mut s, n) = raw_greet(&d.addr, &d.tls());
         s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
         assert!(matches!(read(&mut s), Some(Frame::Opened { .. })));
         s.write_all(&bad).unwrap();
@@ -219,7 +236,7 @@ fn session_limits_fail_with_clear_errors() {
     }
     q.synchronize().unwrap();
     // A raw client that ignores it is cut off.
-    let (mut s, n) = raw_greet(&d.addr);
+    let (mut s, n) = raw_greet(&d.addr, &d.tls());
     s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
     assert!(matches!(read(&mut s), Some(Frame::Opened { max_inflight: 8, .. })));
     for seq in 1..=20 {
@@ -326,14 +343,15 @@ fn a_session_whose_client_never_returns_is_freed_after_the_window() {
     let mut cfg = sucl_remote::DaemonConfig::new(token.clone());
     cfg.reconnect_window = Duration::from_millis(200);
     let daemon = sucl_remote::Daemon::start(cfg).unwrap();
-    let mut o = ClientOptions::new(token);
+    let mut o = ClientOptions::new(token).pin(daemon.tls_pin().unwrap());
     o.reconnect_window = Duration::from_millis(200);
-    let r = Remote::connect(&daemon.local_addr().to_string(), o).unwrap();
+    let proxy = FaultProxy::counting(&daemon.local_addr().to_string());
+    let r = Remote::connect(&proxy.addr, o).unwrap();
     let q = r.devices().unwrap()[0].queue().unwrap();
     let b = q.alloc::<u8>(1 << 20).unwrap();
     assert_eq!(daemon.session_count(), 1);
     // Cut the connection and keep the client from re-attaching until the window has passed.
-    r.drop_connection();
+    proxy.sever();
     let t0 = std::time::Instant::now();
     while daemon.session_count() != 0 {
         assert!(t0.elapsed() < Duration::from_secs(20), "the session was never freed");
@@ -350,7 +368,7 @@ fn a_session_whose_client_never_returns_is_freed_after_the_window() {
 fn the_server_runs_a_resent_command_once() {
     use sucl_remote::wire::{Arg as A, Outcome};
     let d = Sucld::start(&[]);
-    let (mut s, n) = raw_greet(&d.addr);
+    let (mut s, n) = raw_greet(&d.addr, &d.tls());
     s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
     let Some(Frame::Opened { session, .. }) = read(&mut s) else { panic!("not opened") };
     let secret = d.token.session_secret(&n, &session);
@@ -368,7 +386,7 @@ fn the_server_runs_a_resent_command_once() {
     drop(s);
     // Re-attach claiming no reply arrived: the server says it received all three, re-sends the
     // three replies, and runs none of the three again when the client sends them anyway.
-    let (mut s, n) = raw_greet(&d.addr);
+    let (mut s, n) = raw_greet(&d.addr, &d.tls());
     s.write_all(&Frame::Attach { session, last_reply: 0, mac: secret.attach_proof(&n, &session, 0) }.encode()).unwrap();
     assert!(matches!(read(&mut s), Some(Frame::Attached { last_received: 3, .. })));
     for seq in 1..=3 {

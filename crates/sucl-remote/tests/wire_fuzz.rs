@@ -76,7 +76,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
                 .collect()
         )),
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(executed, launches, bytes_in_use, buffers)| Outcome::Stats(
-            SessionStats { executed, launches, bytes_in_use, buffers }
+            SessionStats { executed, launches, bytes_in_use, buffers, peer_frames: executed ^ launches }
         )),
         (any::<u16>(), text(12)).prop_map(|(code, message)| Outcome::Failed { code, message }),
     ]

@@ -5,12 +5,15 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, Token};
+use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, TlsIdentity, Token};
 
 /// Serves this machine's devices to sucl clients (remote devices).
 ///
-/// Clients authenticate with a shared token (HMAC-SHA256 challenge-response); traffic after the
-/// handshake is not encrypted, so sucld listens on loopback unless told otherwise.
+/// Connections are TLS (rustls) by default: sucld presents a certificate (self-signed, made
+/// with rcgen at first start in --tls-dir, or given with --tls-cert/--tls-key) and clients
+/// trust it by its SHA-256 pin, which sucld prints at start. Clients then authenticate with a
+/// shared token (HMAC-SHA256 challenge-response). sucld listens on loopback unless told
+/// otherwise.
 #[derive(Parser, Debug)]
 #[command(name = "sucld", version)]
 struct Args {
@@ -49,9 +52,29 @@ struct Args {
     /// before its resources are freed.
     #[arg(long, default_value_t = 60_000)]
     reconnect_window_ms: u64,
-    /// Print "listening on ADDRESS" on standard output once ready (for scripts and tests).
+    /// Print "listening on ADDRESS" and then "tls pin PIN" (or "tls off") on standard output
+    /// once ready (for scripts and tests).
     #[arg(long)]
     print_address: bool,
+    /// Directory holding the TLS certificate and key (cert.pem, key.pem), generated there at
+    /// first start if neither exists [default: $XDG_CONFIG_HOME/sucld or ~/.config/sucld].
+    #[arg(long, value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// The TLS certificate (PEM); with --tls-key, instead of --tls-dir.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS private key (PEM); with --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Use a fresh certificate held in memory only (a new pin at every start; for tests).
+    #[arg(long, conflicts_with_all = ["tls_dir", "tls_cert"])]
+    tls_ephemeral: bool,
+    /// Plain TCP: no TLS on client or peer connections (clients need SUCL_REMOTE_TLS=off).
+    #[arg(long, conflicts_with_all = ["tls_dir", "tls_cert", "tls_ephemeral"])]
+    no_tls: bool,
+    /// Milliseconds a command waits for a peer server (a migration's bytes, a remote event).
+    #[arg(long, default_value_t = 30_000)]
+    peer_timeout_ms: u64,
     /// Log filter (tracing's EnvFilter syntax, e.g. `info` or `sucl_remote=debug`); the
     /// SUCLD_LOG environment variable overrides it.
     #[arg(long, default_value = "info")]
@@ -93,9 +116,35 @@ fn run(args: Args) -> Result<(), String> {
         ..Limits::default()
     };
     cfg.kernels = KernelRegistry::with_builtins();
+    cfg.peer_timeout = Duration::from_millis(args.peer_timeout_ms);
+    cfg.tls = if args.no_tls {
+        None
+    } else if let (Some(c), Some(k)) = (&args.tls_cert, &args.tls_key) {
+        Some(TlsIdentity::load(c, k)?)
+    } else if args.tls_ephemeral {
+        Some(TlsIdentity::generate()?)
+    } else {
+        let dir = match &args.tls_dir {
+            Some(d) => d.clone(),
+            None => match (std::env::var_os("XDG_CONFIG_HOME"), std::env::var_os("HOME")) {
+                (Some(x), _) => PathBuf::from(x).join("sucld"),
+                (None, Some(h)) => PathBuf::from(h).join(".config/sucld"),
+                (None, None) => return Err("no --tls-dir and neither XDG_CONFIG_HOME nor HOME is set".into()),
+            },
+        };
+        Some(TlsIdentity::load_or_generate(&dir)?)
+    };
     let daemon = Daemon::start(cfg).map_err(|e| format!("starting on {}: {e}", args.listen))?;
+    match daemon.tls_pin() {
+        Some(p) => tracing::info!("TLS certificate pin (SHA-256): {}", sucl_remote::transport::pin_hex(&p)),
+        None => tracing::warn!("TLS is off (--no-tls): traffic is not encrypted"),
+    }
     if args.print_address {
         println!("listening on {}", daemon.local_addr());
+        match daemon.tls_pin() {
+            Some(p) => println!("tls pin {}", sucl_remote::transport::pin_hex(&p)),
+            None => println!("tls off"),
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }

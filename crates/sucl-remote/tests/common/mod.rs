@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use sucl_remote::auth::{random, Nonces};
+use sucl_remote::transport::{self, parse_pin, Link, Pin, Tls};
 use sucl_remote::wire::{self, Frame};
 use sucl_remote::{ClientOptions, Token};
 
@@ -18,6 +19,8 @@ pub struct Sucld {
     pub child: Child,
     pub addr: String,
     pub token: Token,
+    /// The pin of its TLS certificate (`None`: started with `--no-tls`).
+    pub pin: Option<Pin>,
 }
 
 impl Sucld {
@@ -25,6 +28,7 @@ impl Sucld {
         let token = Token::generate();
         let mut child = Command::new(env!("CARGO_BIN_EXE_sucld"))
             .args(["--listen", "127.0.0.1:0", "--print-address", "--log", "warn"])
+            .args(if extra.contains(&"--no-tls") { &[][..] } else { &["--tls-ephemeral"][..] })
             .args(extra)
             .env("SUCLD_TOKEN", token.to_hex())
             .env_remove("SUCLD_LOG")
@@ -32,21 +36,32 @@ impl Sucld {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawning sucld");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("reading sucld's address");
-        let addr = match line.trim().strip_prefix("listening on ") {
-            Some(a) => a.to_string(),
-            None => {
+        let (mut line, mut tls) = (String::new(), String::new());
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).expect("reading sucld's address");
+        out.read_line(&mut tls).expect("reading sucld's TLS pin");
+        let (addr, pin) = match (line.trim().strip_prefix("listening on "), tls.trim()) {
+            (Some(a), "tls off") => (a.to_string(), None),
+            (Some(a), t) if t.starts_with("tls pin ") => (a.to_string(), Some(parse_pin(&t[8..]).unwrap())),
+            _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("sucld did not start: {line:?}");
+                panic!("sucld did not start: {line:?} {tls:?}");
             }
         };
-        Sucld { child, addr, token }
+        Sucld { child, addr, token, pin }
+    }
+
+    pub fn tls(&self) -> Tls {
+        match self.pin {
+            Some(p) => Tls::Pinned(vec![p]),
+            None => Tls::Off,
+        }
     }
 
     pub fn options(&self) -> ClientOptions {
         let mut o = ClientOptions::new(self.token.clone());
+        o.tls = self.tls();
         o.call_timeout = Duration::from_secs(20);
         o.reconnect_window = Duration::from_secs(10);
         o
@@ -70,8 +85,12 @@ impl Drop for Sucld {
 pub struct FaultProxy {
     pub addr: String,
     pub cuts: Arc<AtomicU64>,
+    /// Bytes forwarded, both directions.
+    pub bytes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     enabled: Arc<AtomicBool>,
+    severed: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 struct Rng(u64);
@@ -88,8 +107,12 @@ impl FaultProxy {
     pub fn start(target: &str, mean_bytes: u64, seed: u64) -> FaultProxy {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let (cuts, stop, enabled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
-        let (target, c2, s2, e2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone());
+        let (cuts, stop, enabled) =
+            (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(mean_bytes > 0)));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let (severed, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+        let (target, c2, s2, e2, b2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone(), bytes.clone());
+        let (sv2, l2) = (severed.clone(), live.clone());
         let rng = Arc::new(Mutex::new(Rng(seed | 1)));
         std::thread::spawn(move || {
             for client in l.incoming() {
@@ -97,13 +120,30 @@ impl FaultProxy {
                     return;
                 }
                 let Ok(client) = client else { continue };
+                if sv2.load(Ordering::SeqCst) {
+                    continue; // dropped: the client cannot get through
+                }
                 let Ok(server) = TcpStream::connect(&target) else { continue };
+                l2.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
-                pump_pair(client, server, budget, c2.clone());
+                pump_pair(client, server, budget, c2.clone(), b2.clone());
             }
         });
-        FaultProxy { addr, cuts, stop, enabled }
+        FaultProxy { addr, cuts, bytes, stop, enabled, severed, live }
+    }
+
+    /// Cuts every connection and drops every new one (the network between is gone).
+    pub fn sever(&self) {
+        self.severed.store(true, Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// A proxy that cuts nothing and only counts the bytes it forwards.
+    pub fn counting(target: &str) -> FaultProxy {
+        FaultProxy::start(target, 0, 1)
     }
 
     /// Stops cutting new connections.
@@ -119,11 +159,11 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
+fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>, bytes: Arc<AtomicU64>) {
     let left = Arc::new(AtomicU64::new(budget));
     let cut = Arc::new(AtomicBool::new(false));
     for (from, to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
-        let (left, cut, cuts) = (left.clone(), cut.clone(), cuts.clone());
+        let (left, cut, cuts, bytes) = (left.clone(), cut.clone(), cuts.clone(), bytes.clone());
         std::thread::spawn(move || {
             let (mut from, mut to) = (from, to);
             let mut buf = [0u8; 4096];
@@ -134,6 +174,7 @@ fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
                 };
                 let have = left.fetch_sub((n as u64).min(left.load(Ordering::SeqCst)), Ordering::SeqCst);
                 let pass = (n as u64).min(have) as usize;
+                bytes.fetch_add(pass as u64, Ordering::Relaxed);
                 if to.write_all(&buf[..pass]).is_err() {
                     break;
                 }
@@ -150,10 +191,16 @@ fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>) {
     }
 }
 
-/// Connects and exchanges hello/welcome by hand; returns the stream and the nonces.
-pub fn raw_greet(addr: &str) -> (TcpStream, Nonces) {
-    let mut s = TcpStream::connect(addr).unwrap();
+/// Connects (TLS as `tls` says) without speaking yet.
+pub fn raw_connect(addr: &str, tls: &Tls) -> Link {
+    let s = transport::connect(addr, tls, Duration::from_secs(10)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Connects and exchanges hello/welcome by hand; returns the stream and the nonces.
+pub fn raw_greet(addr: &str, tls: &Tls) -> (Link, Nonces) {
+    let mut s = raw_connect(addr, tls);
     let client: [u8; 16] = random();
     let hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: client };
     s.write_all(&hello.encode()).unwrap();
@@ -164,7 +211,7 @@ pub fn raw_greet(addr: &str) -> (TcpStream, Nonces) {
 }
 
 /// The next frame, or `None` once the server closed the connection.
-pub fn read(s: &mut TcpStream) -> Option<Frame> {
+pub fn read(s: &mut impl Read) -> Option<Frame> {
     let mut buf = Vec::new();
     wire::read_frame(s, &mut buf, 1 << 20).ok()
 }

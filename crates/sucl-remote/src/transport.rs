@@ -1,0 +1,489 @@
+//! Connections: plain TCP, or TLS (rustls, on by default) over TCP, behind one handle.
+//!
+//! A [`Link`] is shared by a reading thread and writing threads at once (the client's reader
+//! and its submitters; the daemon's command loop and its executor). A TLS connection is one
+//! state machine for both directions, so it sits behind a mutex that is never held while
+//! blocking: after the handshake the socket is non-blocking, a reader holds the lock only to
+//! feed received records in and take plaintext out, and a writer only to encrypt and push
+//! records out; each waits for the socket in `poll(2)` with the lock released. (Holding it
+//! across a blocking write could deadlock two peers that both write while neither reads.)
+//!
+//! Certificates: the daemon has one (generated with rcgen at first start, or given by path);
+//! clients and peers trust a server by *pinning* the SHA-256 of its certificate — there is no
+//! certificate authority. Authentication of the client to the server stays in [`crate::auth`].
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use sha2::{Digest, Sha256};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The SHA-256 of a certificate's DER bytes: what clients pin.
+pub type Pin = [u8; 32];
+
+/// The SHA-256 pin of a DER certificate.
+pub fn pin_of(cert_der: &[u8]) -> Pin {
+    Sha256::digest(cert_der).into()
+}
+
+/// A pin written as 64 hex digits.
+pub fn pin_hex(p: &Pin) -> String {
+    p.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses 64 hex digits into a pin.
+pub fn parse_pin(s: &str) -> Result<Pin, String> {
+    let s = s.trim();
+    if s.len() != 64 || !s.is_ascii() {
+        return Err(format!("a certificate pin is 64 hex digits (a SHA-256); got {:?}", s));
+    }
+    let mut p = [0u8; 32];
+    for (i, b) in p.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| format!("a certificate pin is 64 hex digits; found {s:?}"))?;
+    }
+    Ok(p)
+}
+
+/// The pin of the (first) certificate in a PEM file.
+pub fn pin_of_pem_file(path: &Path) -> Result<Pin, String> {
+    use rustls::pki_types::pem::PemObject;
+    let c = CertificateDer::from_pem_file(path).map_err(|e| format!("reading the certificate {}: {e}", path.display()))?;
+    Ok(pin_of(&c))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A daemon's TLS certificate and key.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    cert: CertificateDer<'static>,
+    config: Arc<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TlsIdentity(pin {})", pin_hex(&self.pin()))
+    }
+}
+
+impl TlsIdentity {
+    /// A fresh self-signed certificate (rcgen; the names do not matter, clients pin it).
+    pub fn generate() -> Result<TlsIdentity, String> {
+        let ck = rcgen::generate_simple_self_signed(vec!["sucld".to_string(), "localhost".to_string()])
+            .map_err(|e| format!("generating a certificate: {e}"))?;
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der()));
+        TlsIdentity::from_der(ck.cert.der().clone(), key)
+    }
+
+    fn from_der(cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> Result<TlsIdentity, String> {
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key.clone_key())
+            .map_err(|e| format!("the certificate and key do not make a TLS identity: {e}"))?;
+        Ok(TlsIdentity { cert, config: Arc::new(config) })
+    }
+
+    /// Reads a PEM certificate and PEM private key.
+    pub fn load(cert: &Path, key: &Path) -> Result<TlsIdentity, String> {
+        use rustls::pki_types::pem::PemObject;
+        let c = CertificateDer::from_pem_file(cert).map_err(|e| format!("reading the certificate {}: {e}", cert.display()))?;
+        let k = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("reading the private key {}: {e}", key.display()))?;
+        TlsIdentity::from_der(c, k)
+    }
+
+    /// Loads `DIR/cert.pem` and `DIR/key.pem`, generating and writing them (the key with mode
+    /// 0600) when neither exists.
+    pub fn load_or_generate(dir: &Path) -> Result<TlsIdentity, String> {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        if cert.exists() || key.exists() {
+            return TlsIdentity::load(&cert, &key);
+        }
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let ck = rcgen::generate_simple_self_signed(vec!["sucld".to_string(), "localhost".to_string()])
+            .map_err(|e| format!("generating a certificate: {e}"))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .map_err(|e| format!("creating {}: {e}", key.display()))?;
+        f.write_all(ck.key_pair.serialize_pem().as_bytes()).map_err(|e| format!("writing {}: {e}", key.display()))?;
+        std::fs::write(&cert, ck.cert.pem()).map_err(|e| format!("writing {}: {e}", cert.display()))?;
+        TlsIdentity::load(&cert, &key)
+    }
+
+    /// The pin clients use to trust this identity.
+    pub fn pin(&self) -> Pin {
+        pin_of(&self.cert)
+    }
+
+    /// The certificate in PEM.
+    pub fn cert_pem(&self) -> String {
+        use std::fmt::Write;
+        let b64 = base64_encode(&self.cert);
+        let mut s = String::from("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            let _ = writeln!(s, "{}", std::str::from_utf8(line).unwrap_or_default());
+        }
+        s.push_str("-----END CERTIFICATE-----\n");
+        s
+    }
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::with_capacity(b.len().div_ceil(3) * 4);
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+/// Trusts exactly the certificates whose SHA-256 is in the list (names are not checked: a pin
+/// names one certificate).
+#[derive(Debug)]
+struct PinVerifier {
+    pins: Vec<Pin>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let pin = pin_of(end_entity);
+        if self.pins.contains(&pin) {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(format!("the server's certificate (sha256 {}) is not pinned", pin_hex(&pin))))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// How a client (or a peer) secures a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tls {
+    /// Plain TCP (only with a daemon started with `--no-tls`).
+    Off,
+    /// TLS, trusting the certificates with these SHA-256 pins.
+    Pinned(Vec<Pin>),
+}
+
+fn client_config(pins: &[Pin]) -> Arc<rustls::ClientConfig> {
+    let provider = provider();
+    let verifier = Arc::new(PinVerifier { pins: pins.to_vec(), provider: provider.clone() });
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("the ring provider supports the default protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Arc::new(cfg)
+}
+
+struct TlsSide {
+    conn: Mutex<rustls::Connection>,
+}
+
+struct Inner {
+    sock: TcpStream,
+    tls: Option<TlsSide>,
+    read_timeout: Mutex<Option<Duration>>,
+}
+
+/// One connection, plain or TLS; clones share it (one reader and any number of writers).
+#[derive(Clone)]
+pub struct Link {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn tls_err(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
+
+/// Waits until `fd` is readable (`POLLIN`) or writable (`POLLOUT`), or `timeout` passes.
+fn wait_fd(sock: &TcpStream, events: i16, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events, revents: 0 };
+    let ms = timeout.map(|t| t.as_millis().clamp(1, i32::MAX as u128) as i32).unwrap_or(-1);
+    loop {
+        // SAFETY: `p` is one valid pollfd that lives across the call; nfds is 1.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r > 0);
+    }
+}
+
+impl Link {
+    /// A plain TCP link.
+    pub fn plain(sock: TcpStream) -> Link {
+        Link { inner: Arc::new(Inner { sock, tls: None, read_timeout: Mutex::new(None) }) }
+    }
+
+    /// The client side of a TLS link over `sock` that trusts `pins`; the handshake finishes
+    /// within `timeout`.
+    pub fn tls_client(sock: TcpStream, pins: &[Pin], timeout: Duration) -> io::Result<Link> {
+        if pins.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "TLS is on but no server certificate is pinned (set a pin or certificate file for this server, or turn TLS off on both sides)",
+            ));
+        }
+        let name = ServerName::try_from("sucld").expect("a valid DNS name");
+        let conn = rustls::ClientConnection::new(client_config(pins), name).map_err(tls_err)?;
+        Link::handshake(sock, rustls::Connection::Client(conn), timeout)
+    }
+
+    /// The server side of a TLS link over `sock`.
+    pub fn tls_server(sock: TcpStream, id: &TlsIdentity, timeout: Duration) -> io::Result<Link> {
+        let conn = rustls::ServerConnection::new(id.config.clone()).map_err(tls_err)?;
+        Link::handshake(sock, rustls::Connection::Server(conn), timeout)
+    }
+
+    fn handshake(mut sock: TcpStream, mut conn: rustls::Connection, timeout: Duration) -> io::Result<Link> {
+        let deadline = Instant::now() + timeout;
+        sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        sock.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        while conn.is_handshaking() {
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"));
+            }
+            conn.complete_io(&mut sock)?;
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock)?;
+        }
+        conn.set_buffer_limit(None);
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        sock.set_nonblocking(true)?;
+        Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(conn) }), read_timeout: Mutex::new(None) }) })
+    }
+
+    /// The pin of the certificate the other side presented (TLS client links only).
+    pub fn peer_pin(&self) -> Option<Pin> {
+        let t = self.inner.tls.as_ref()?;
+        let c = lock(&t.conn);
+        c.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
+    }
+
+    /// Whether the link is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.inner.tls.is_some()
+    }
+
+    /// Another handle on the same connection.
+    pub fn try_clone(&self) -> io::Result<Link> {
+        Ok(self.clone())
+    }
+
+    /// Closes both directions (wakes a blocked reader and writers).
+    pub fn shutdown(&self) {
+        let _ = self.inner.sock.shutdown(Shutdown::Both);
+    }
+
+    /// The remote address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.sock.peer_addr()
+    }
+
+    /// Bounds each read (`None`: reads wait for ever).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        *lock(&self.inner.read_timeout) = t;
+        if self.inner.tls.is_none() {
+            self.inner.sock.set_read_timeout(t)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes encrypted records without blocking; `Ok(true)` once nothing is left.
+    fn flush_tls(sock: &TcpStream, conn: &mut rustls::Connection) -> io::Result<bool> {
+        while conn.wants_write() {
+            match conn.write_tls(&mut &*sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn tls_read(&self, t: &TlsSide, buf: &mut [u8]) -> io::Result<usize> {
+        let timeout = *lock(&self.inner.read_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut c = lock(&t.conn);
+                match c.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                match c.read_tls(&mut &self.inner.sock) {
+                    Ok(0) => return Ok(0),
+                    Ok(_) => {
+                        c.process_new_packets().map_err(tls_err)?;
+                        let _ = Link::flush_tls(&self.inner.sock, &mut c); // alerts, key updates
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let l = d.saturating_duration_since(Instant::now());
+                    if l.is_zero() {
+                        return Err(io::Error::new(io::ErrorKind::WouldBlock, "read timed out"));
+                    }
+                    Some(l)
+                }
+                None => None,
+            };
+            wait_fd(&self.inner.sock, libc::POLLIN, left)?;
+        }
+    }
+
+    fn tls_write_all(&self, t: &TlsSide, mut data: &[u8]) -> io::Result<()> {
+        let mut c = lock(&t.conn);
+        while !data.is_empty() {
+            let n = c.writer().write(data)?;
+            data = &data[n..];
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "TLS would not take more data"));
+            }
+        }
+        loop {
+            if Link::flush_tls(&self.inner.sock, &mut c)? {
+                return Ok(());
+            }
+            drop(c);
+            wait_fd(&self.inner.sock, libc::POLLOUT, None)?;
+            c = lock(&t.conn);
+        }
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner.tls {
+            None => (&self.inner.sock).read(buf),
+            Some(t) => self.tls_read(t, buf),
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match &self.inner.tls {
+            None => (&self.inner.sock).write_all(buf),
+            Some(t) => self.tls_write_all(t, buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says.
+pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
+    use std::net::ToSocketAddrs;
+    let a = addr.to_socket_addrs()?.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address"))?;
+    let s = TcpStream::connect_timeout(&a, timeout.max(Duration::from_millis(1)))?;
+    s.set_nodelay(true)?;
+    match tls {
+        Tls::Off => Ok(Link::plain(s)),
+        Tls::Pinned(pins) => Link::tls_client(s, pins, timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pinned_tls_link_carries_bytes_both_ways_and_an_unpinned_one_is_refused() {
+        let id = TlsIdentity::generate().unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let id2 = id.clone();
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut link = Link::tls_server(s, &id2, Duration::from_secs(5)).unwrap();
+            let mut buf = vec![0u8; 3 << 20];
+            link.read_exact(&mut buf).unwrap();
+            link.write_all(&buf).unwrap();
+            let (s, _) = l.accept().unwrap();
+            assert!(Link::tls_server(s, &id2, Duration::from_secs(5)).is_err());
+        });
+        let mut c = connect(&addr, &Tls::Pinned(vec![id.pin()]), Duration::from_secs(5)).unwrap();
+        let data: Vec<u8> = (0..3u32 << 20).map(|i| (i * 7) as u8).collect();
+        let mut w = c.clone();
+        let d2 = data.clone();
+        let writer = std::thread::spawn(move || w.write_all(&d2).unwrap());
+        let mut back = vec![0u8; data.len()];
+        c.read_exact(&mut back).unwrap();
+        writer.join().unwrap();
+        assert_eq!(back, data);
+        let e = connect(&addr, &Tls::Pinned(vec![[7; 32]]), Duration::from_secs(5)).err().expect("an unpinned server");
+        assert!(e.to_string().contains("is not pinned"), "{e}");
+        server.join().unwrap();
+    }
+}
