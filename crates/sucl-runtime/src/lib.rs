@@ -128,10 +128,35 @@ pub struct Communicator {
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
-/// and the `SUCL_*` settings. A process with no launcher is a world of one.
+/// and the `SUCL_*` settings. A process with no launcher is a world of one. Under an MPI
+/// launcher without `MASTER_ADDR`, a build with the `mpi` feature meets the other ranks over MPI.
 pub fn init() -> Result<Communicator> {
-    let env = sucl_core::bootstrap::detect(&|k| std::env::var(k).ok())?;
+    let env = sucl_core::bootstrap::detect_with(&|k| std::env::var(k).ok(), &mpi_can_meet)?;
     init_with(env, Config::from_env()?)
+}
+
+/// Whether MPI can carry the bootstrap's exchange (it initializes MPI).
+fn mpi_can_meet() -> bool {
+    #[cfg(feature = "mpi")]
+    return sucl_mpi::init().is_ok();
+    #[cfg(not(feature = "mpi"))]
+    false
+}
+
+/// Rank 0 starts the store and every rank learns its address over MPI (see
+/// `sucl_mpi::meet_over_mpi`), for an environment with several ranks and no store address.
+#[cfg(feature = "mpi")]
+fn meet_over_mpi(env: &mut LaunchEnv, timeout: std::time::Duration) -> Result<(String, Option<StoreServer>)> {
+    let net = sucl_core::bootstrap::Network::from_env()?;
+    sucl_mpi::meet_over_mpi(env.rank, env.size, &net, timeout, &mut env.job_secret)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn meet_over_mpi(env: &mut LaunchEnv, _: std::time::Duration) -> Result<(String, Option<StoreServer>)> {
+    Err(Error::Config(format!(
+        "a world of {} ranks has no rendezvous address, and this build cannot meet over MPI (no `mpi` feature): set MASTER_ADDR",
+        env.size
+    )))
 }
 
 /// Bootstraps with an explicit launch environment and configuration.
@@ -148,6 +173,11 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
             timeout,
             &mut env.job_secret,
         )?;
+        (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
+    }
+    if env.store_addr.is_none() && env.size > 1 {
+        // An MPI launcher and no address given (see sucl_core::bootstrap::detect_with).
+        let (addr, own) = meet_over_mpi(&mut env, timeout)?;
         (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
     }
     if env.store_addr.is_none() {
