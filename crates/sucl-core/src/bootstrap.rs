@@ -880,6 +880,38 @@ mod tests {
     }
 
     #[test]
+    fn mpi_launchers_without_an_address_meet_over_mpi_when_it_works() {
+        let asked = std::cell::Cell::new(0);
+        let works = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        let several = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_orte_num_nodes", "2")];
+        let e = detect_with(&env(&several), &works).unwrap();
+        assert_eq!((e.store_addr, e.rank0_hosts_store, asked.get()), (None, true, 1));
+        // srun and hydra too, on one host or several.
+        let srun = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "1")];
+        assert_eq!(detect_with(&env(&srun), &works).unwrap().store_addr, None);
+        let hydra = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
+        assert_eq!(detect_with(&env(&hydra), &works).unwrap().store_addr, None);
+        // MPI not usable: today's derivation and its error.
+        let err = detect_with(&env(&several), &|| false).unwrap_err().to_string();
+        assert!(err.contains("set MASTER_ADDR"), "{err}");
+        // A given address wins, and MPI is not even asked.
+        asked.set(0);
+        let given = [&several[..], &[("MASTER_ADDR", "head"), ("MASTER_PORT", "7")]].concat();
+        assert_eq!(detect_with(&env(&given), &works).unwrap().store_addr.as_deref(), Some("head:7"));
+        let store = [&several[..], &[("SUCL_STORE_ADDR", "10.1.1.1:5")]].concat();
+        assert_eq!(detect_with(&env(&store), &works).unwrap().store_addr.as_deref(), Some("10.1.1.1:5"));
+        // Not an MPI launcher, or a world of one: MPI is not asked either.
+        let torch = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")];
+        assert!(detect_with(&env(&torch), &works).unwrap().store_addr.is_some());
+        let solo = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")];
+        assert_eq!(detect_with(&env(&solo), &works).unwrap().store_addr, None);
+        assert_eq!(asked.get(), 0);
+    }
+
+    #[test]
     fn ranks_across_hosts_never_meet_at_loopback() {
         let ompi = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_ess_base_jobid", "9")];
         // Open MPI 4 says how many nodes; Open MPI in general how many ranks share this host.
