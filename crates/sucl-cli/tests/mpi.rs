@@ -233,3 +233,49 @@ fn compare_measures_mpi_beside_raw_mpi_and_checks_every_choice() {
         }
     }
 }
+
+/// Without the checking mode, 2 ranks that disagree on a gather's or a reduce's count (rank 1
+/// sends 5 elements where the root expects 4): MPI tells the root its message was truncated,
+/// and the root gets Mismatch, not an MPI error, and stays poisoned. Rank 1 has returned Ok
+/// (its send completed); it must not carry on silently: its next call returns the Mismatch (the
+/// root's abort reached it first) or, if it already waits inside MPI's barrier, which the
+/// poisoned root never joins, the job ends naming the disagreement. Never a Timeout. (Whether
+/// MPI notices at all depends on its algorithm: on 3 ranks Open MPI 4.1's gather does not.)
+#[test]
+fn count_disagreement_without_checking_is_a_mismatch_not_an_mpi_error() {
+    for op in ["gather", "reduce"] {
+        count_disagreement_without_checking(op);
+    }
+}
+
+fn count_disagreement_without_checking(op: &str) {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_sucl-disagree"), "count", op])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("SUCL_BACKEND", "mpi")
+        .env("SUCL_CHECK_COLLECTIVES", "0")
+        .env("SUCL_TIMEOUT", "20");
+    let out = finish(spawn(cmd), Duration::from_secs(120), &format!("mpirun sucl-disagree count {op}"));
+    let all = format!("{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("backend mpi checking false"), "{all}");
+    let ranks = steps_by_rank(2, &out.stdout);
+    let root = &ranks[0];
+    assert!(
+        root.len() == 2 && root.iter().all(|s| s.contains("ERR Mismatch") && s.contains(&format!("the count of {op}"))),
+        "{op}: root: {root:?}\n{all}"
+    );
+    for (r, steps) in ranks.iter().enumerate().skip(1) {
+        let after = steps.iter().find(|s| s.starts_with("barrier-after"));
+        match after {
+            Some(s) => assert!(s.contains("ERR Mismatch") && s.contains(&format!("the count of {op}")), "{op}: rank {r}: {steps:?}\n{all}"),
+            // Ended inside MPI: by its own watchdog, another's, or the root's teardown (which
+            // ends a failed job rather than wait in MPI_Finalize); each names the disagreement.
+            None => assert!(
+                all.contains(&format!("ranks disagree on the count of {op}")) && all.contains("so the job is ended (MPI_Abort, code 75)"),
+                "{op}: rank {r} neither got the Mismatch nor was the job ended naming it: {steps:?}\n{all}"
+            ),
+        }
+    }
+    assert!(!all.contains("timed out"), "{op}: {all}");
+}

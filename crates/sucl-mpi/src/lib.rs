@@ -87,6 +87,9 @@ mod missing {
         1
     }
     pub unsafe fn sucl_mpi_abort(_: c_int) {}
+    pub unsafe fn sucl_mpi_is_truncation(_: c_int) -> c_int {
+        0
+    }
     pub unsafe fn sucl_mpi_icoll(
         _: *mut c_void,
         _: c_int,
@@ -134,6 +137,7 @@ extern "C" {
     fn sucl_mpi_test(req: *mut c_void, done: *mut c_int, bytes: *mut c_longlong) -> c_int;
     fn sucl_mpi_cancel(req: *mut c_void) -> c_int;
     fn sucl_mpi_abort(code: c_int);
+    fn sucl_mpi_is_truncation(code: c_int) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn sucl_mpi_icoll(
         c: *mut c_void,
@@ -604,7 +608,7 @@ impl Backend for MpiBackend {
             if rc != 0 {
                 // MPI gave the buffers back, but ranks may still wait in this collective: tell
                 // them (their watchdogs end the job if they stay stuck).
-                let e = self.err(d.op.name(), rc);
+                let e = self.collective_error(d, rc);
                 self.abort.raise(e.abort_info());
                 return Err(e);
             }
@@ -618,6 +622,25 @@ impl Backend for MpiBackend {
 }
 
 impl MpiBackend {
+    /// The error for MPI's code `rc` from collective `d`: a message longer than the buffer that
+    /// received it means that the ranks disagree on the count ([`Error::Mismatch`]); anything
+    /// else is MPI's failure.
+    fn collective_error(&self, d: &CollDesc, rc: c_int) -> Error {
+        // SAFETY: MPI_Error_class only reads its argument (MPI is initialized: a backend exists).
+        if unsafe { sucl_mpi_is_truncation(rc) } != 0 {
+            return Error::Mismatch {
+                rank: self.world_rank,
+                what: format!(
+                    "the count of {} (this rank passed {}; MPI received a message longer than the buffer for it: {})",
+                    d.op.name(),
+                    d.count,
+                    mpi_error(rc)
+                ),
+            };
+        }
+        self.err(d.op.name(), rc)
+    }
+
     /// Runs `d` through MPI's non-blocking collective, polled under the bounded wait (see
     /// [`set_nonblocking_collectives`]); the pointers are as [`Backend::collective`] made them.
     fn nonblocking_collective(&mut self, d: &CollDesc, sp: *const c_void, rp: *mut c_void, count: c_int) -> Result<()> {

@@ -127,6 +127,14 @@ int sucl_mpi_test(void *req, int *done, long long *bytes) {
     return rc;
 }
 
+/* Whether an error code says a message was longer than the buffer that received it (ranks that
+ * disagree on a count). */
+int sucl_mpi_is_truncation(int code) {
+    int cls = 0;
+    if (MPI_Error_class(code, &cls) != MPI_SUCCESS) return 0;
+    return cls == MPI_ERR_TRUNCATE;
+}
+
 /* Asks MPI to cancel a point-to-point request. The request stays live: it still has to complete
  * (sucl_mpi_test) before its buffer may be reused, since a cancel that comes too late lets the
  * transfer finish. Returns 1 if MPI is already finalized (no request can be live then; the

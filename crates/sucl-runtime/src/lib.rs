@@ -99,7 +99,10 @@ pub struct Status {
 /// `check_collectives`), which compares every collective's descriptor across the ranks first;
 /// without it wherever the backend can tell (shm: always; tcp: when a frame's descriptor differs
 /// from the receiver's, or when a later call finds a message the disagreeing call left behind —
-/// collective messages carry their call's sequence number, so no later call can take them).
+/// collective messages carry their call's sequence number, so no later call can take them; mpi:
+/// when MPI reports a message longer than its receive buffer, on that rank, the others getting
+/// it at their next call or, if they wait inside MPI already, ending the job, which the mpi
+/// backend does whenever a collective cannot return in time: see `sucl_mpi`).
 /// After a disagreement on a collective the communicator is poisoned, on every backend: every
 /// later call on it returns a `Mismatch` with the same description (details and the checking
 /// mode's cost: the `agree` module's documentation, `crates/sucl-runtime/src/agree.rs`).
