@@ -81,7 +81,7 @@ impl Watch {
     fn inspect(&self, now: Instant) {
         let running = self.seq.load(Ordering::Acquire);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if running % 2 == 0 {
+        if running.is_multiple_of(2) {
             *seen = None;
             return;
         }
