@@ -174,7 +174,8 @@ mod tests {
         let e = parse_message("ERR rank 0: I/O error").unwrap_err();
         assert!(e.contains("could not start the rendezvous store: rank 0: I/O error"), "{e}");
         assert!(parse_message("OK host:4000 abc").unwrap_err().contains("store address"));
-        assert!(parse_message("OK").unwrap_err().contains("store address"));
+        assert!(parse_message("OK ").unwrap_err().contains("store address"));
+        assert!(parse_message("OK").unwrap_err().contains("unreadable message"));
         assert!(parse_message("OK 10.0.0.1:4000 a b").unwrap_err().contains("unreadable message"));
         assert!(parse_message("OK 10.0.0.1:4000 \u{7f}").unwrap_err().contains("job secret"));
         assert!(parse_message("").unwrap_err().contains("unreadable message"));
