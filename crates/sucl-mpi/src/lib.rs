@@ -271,7 +271,7 @@ static NONBLOCKING_COLLECTIVES: AtomicBool = AtomicBool::new(false);
 /// blocking collectives (the default) and its non-blocking ones (`MPI_Iallreduce`, ...,
 /// polled with `MPI_Test`; the way this backend worked before, kept for measuring). Open MPI
 /// 4.1's non-blocking collectives (`libnbc`) are not its tuned blocking ones: on 2 ranks of one
-/// host they cost about 1.4–2.8× the blocking ones' time up to 8 KiB (+0.4 to +1 µs;
+/// host they cost 1.5–3.6× the blocking ones' time at 8–256 B (+0.5 to +0.8 µs;
 /// `bench/results/mpi-backend-2r.md`), and on a quiet host about 2× from 1 MiB (issue 9's
 /// measurement). On a host loaded far beyond its cores they can be faster from 16 KiB, because
 /// their wait backs off where MPI's blocking calls spin (the same file), but there MPI called
