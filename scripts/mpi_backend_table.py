@@ -5,13 +5,14 @@ the target (<= 1.1x the time, or <= +0.2 us) holds."""
 import json, os, platform, sys
 
 raw, ranks, rounds, iters, ops, mpiver = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5].split(), sys.argv[6]
+minb, maxb = (sys.argv[7], sys.argv[8]) if len(sys.argv) > 8 else ("8", "16M")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 print(f"# sucl's mpi backend vs {mpiver} called directly: {ranks} ranks on one host\n")
 print(f"Machine: this development machine, {os.cpu_count()} CPU cores ({cpu}), shared with other work "
       f"(load averages below). No GPU.\n")
-print(f"Command: `scripts/bench-mpi-backend.sh {rounds} \"{' '.join(ops)}\"` (ITERS={iters}), i.e. per op "
-      f"`mpirun -n {ranks} --bind-to core sucl bench OP --compare mpi,raw-mpi,mpi-nonblocking --min-bytes 8 "
-      f"--max-bytes 16M --factor 2 --iters {iters} --warmup 5 --rounds {rounds} --json`: the three choices side by "
+print(f"Command: `ITERS={iters} MINB={minb} MAXB={maxb} scripts/bench-mpi-backend.sh {rounds} \"{' '.join(ops)}\"`, i.e. per op "
+      f"`mpirun -n {ranks} --bind-to core sucl bench OP --compare mpi,raw-mpi,mpi-nonblocking --min-bytes {minb} "
+      f"--max-bytes {maxb} --factor 2 --iters {iters} --warmup 5 --rounds {rounds} --json`: the three choices side by "
       f"side in one job, interleaved, best of {rounds} rounds per size; time = mean over the timed iterations, max "
       f"over ranks; f32, sum. Every measurement of every choice is checked against the serial reference (#wrong).\n")
 print("- `raw-mpi`: MPI_Allreduce / MPI_Bcast / MPI_Allgather on MPI_COMM_WORLD, nothing of sucl around it.")
