@@ -179,12 +179,59 @@ impl<T: Element> Checked<T> {
     }
 }
 
+/// What makes each measured call: the communicator (through whichever backend is pinned or
+/// selected), or MPI called directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runner {
+    /// `sucl::Communicator`'s typed API.
+    Sucl,
+    /// The same collective through MPI's blocking call on `MPI_COMM_WORLD`, nothing of sucl
+    /// around it (the `raw-mpi` choice of `--compare`; needs the `mpi` feature).
+    RawMpi,
+}
+
+/// `--compare`'s name for MPI called directly.
+pub const RAW_MPI: &str = "raw-mpi";
+/// `--compare`'s name for the mpi backend with MPI's non-blocking collectives (see
+/// `sucl_mpi::set_nonblocking_collectives`).
+pub const MPI_NONBLOCKING: &str = "mpi-nonblocking";
+
+/// Runs collective `op` on this rank's buffers through MPI directly (see [`Runner::RawMpi`]).
+#[cfg(feature = "mpi")]
+fn raw_mpi<T: Element>(comm: &Communicator, op: CollOp, send: &[T], recv: &mut [T], redop: ReduceOp, root: usize) -> Result<()> {
+    let (n, r) = (comm.size(), comm.rank());
+    let count = match op {
+        CollOp::Barrier => 0,
+        CollOp::Broadcast | CollOp::Scatter | CollOp::ReduceScatter => recv.len(),
+        CollOp::AllToAll => send.len() / n,
+        _ => send.len(),
+    };
+    let d = sucl_core::CollDesc { op, dtype: T::DTYPE, redop, root, count };
+    let send = (op != CollOp::Broadcast && op != CollOp::Barrier).then(|| bytemuck::cast_slice::<T, u8>(send));
+    let send = if op == CollOp::Scatter && r != root { None } else { send };
+    sucl_mpi::raw::world_collective(&d, send, bytemuck::cast_slice_mut(recv)).map_err(|why| sucl::Error::BackendUnavailable {
+        rank: r,
+        backend: RAW_MPI.into(),
+        why,
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn raw_mpi<T: Element>(comm: &Communicator, _: CollOp, _: &[T], _: &mut [T], _: ReduceOp, _: usize) -> Result<()> {
+    Err(sucl::Error::BackendUnavailable { rank: comm.rank(), backend: RAW_MPI.into(), why: "built without the `mpi` feature".into() })
+}
+
+/// Measures one size through the communicator ([`measure_with`] and [`Runner::Sucl`]).
+pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
+    measure_with::<T>(comm, a, bytes, Runner::Sucl)
+}
+
 /// Measures one size. With `a.check`, the inputs are the test pattern and the outputs of the
 /// first call (before warm-up) and of the last timed call are checked against the serial
 /// reference (outside the timed loop; the output is poisoned before each), and the row's
 /// `wrong` is the number of wrong elements over every rank, added up through the rendezvous
-/// store. Without it `wrong` is None: nothing was checked.
-pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Result<Row> {
+/// store. Without it `wrong` is None: nothing was checked. `runner` makes the measured calls.
+pub fn measure_with<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64, runner: Runner) -> Result<Row> {
     let (n, r) = (comm.size(), comm.rank());
     let root = a.root % n;
     let (count, shown) = counts(a.op, bytes, std::mem::size_of::<T>(), n);
@@ -194,10 +241,14 @@ pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Re
     };
     let (checked, send, mut recv) = Checked::<T>::new(a, bytes, count, n, r, root, sl, rl);
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    if runner == Runner::RawMpi && a.op == BenchOp::SendRecv {
+        return Err(sucl::Error::invalid(r, "op", "the raw MPI baseline measures collectives only"));
+    }
     let once = |send: &[T], recv: &mut [T]| -> Result<()> {
-        match a.op {
-            BenchOp::SendRecv => comm.sendrecv(send, right, recv, left, 1).map(|_| ()),
-            BenchOp::Coll(c) => run_op(comm, c, send, recv, a.redop, root),
+        match (a.op, runner) {
+            (BenchOp::SendRecv, _) => comm.sendrecv(send, right, recv, left, 1).map(|_| ()),
+            (BenchOp::Coll(c), Runner::Sucl) => run_op(comm, c, send, recv, a.redop, root),
+            (BenchOp::Coll(c), Runner::RawMpi) => raw_mpi(comm, c, send, recv, a.redop, root),
         }
     };
     checked.poison(&mut recv);
@@ -216,7 +267,8 @@ pub fn measure<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64) -> Re
     wrong += checked.wrong(&recv);
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let wrong = if a.check { Some(crate::ops::oob_sum(comm, "bench/wrong", wrong)?) } else { None };
-    Ok(Row::new(a, comm.backend_label(), n, shown, T::DTYPE, time[0], wrong))
+    let label = if runner == Runner::RawMpi { RAW_MPI } else { comm.backend_label() };
+    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], wrong))
 }
 
 /// Runs the sweep; rank 0 prints the table (or JSON lines) and returns the rows.
@@ -273,9 +325,11 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Measures several backend choices (`auto` or a backend name) side by side in this one job:
-/// per size, `rounds` rounds that each run every choice in turn; the best time of each counts.
-/// Rank 0 prints a table with the fastest fixed backend and auto's ratio to it. Every
+/// Measures several choices side by side in this one job: `auto`, a backend name, [`RAW_MPI`]
+/// (MPI called directly) or [`MPI_NONBLOCKING`] (the mpi backend on MPI's non-blocking
+/// collectives). Per size, `rounds` rounds that each run every choice in turn; the best time of
+/// each counts. Rank 0 prints a table with the fastest fixed backend, auto's ratio to it and,
+/// with `raw-mpi` among the choices, the mpi backend's ratio to MPI called directly. Every
 /// measurement is checked as in [`measure`] (unless `a.check` is off); returns per size the
 /// best time and the wrong elements (over every round and rank) of each choice.
 #[allow(clippy::type_complexity)]
@@ -289,7 +343,8 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         for c in choices {
             h += &format!(" {c:>10}");
         }
-        println!("{h} {:>8} {:>10} {:>7}", "best", "auto/best", "#wrong");
+        let raw = if raw_pair(choices).is_some() { format!(" {:>8}", "mpi/raw") } else { String::new() };
+        println!("{h} {:>8} {:>10}{raw} {:>7}", "best", "auto/best", "#wrong");
     }
     let quiet = BenchArgs { json: false, ..*a };
     for bytes in list {
@@ -297,9 +352,7 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         let mut wrong: Vec<Option<u64>> = vec![None; choices.len()];
         for round in 0..rounds.max(1) {
             for k in round_order(choices.len(), round) {
-                let c = &choices[k];
-                comm.pin_backend((c != "auto").then_some(c.as_str()))?;
-                let row = with_dtype!(a.dtype, T, { measure::<T>(comm, &quiet, bytes)? });
+                let row = measure_choice(comm, &quiet, bytes, &choices[k])?;
                 best[k] = best[k].min(row.time_us);
                 if let Some(w) = row.wrong {
                     wrong[k] = Some(wrong[k].unwrap_or(0) + w);
@@ -308,7 +361,7 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         }
         comm.pin_backend(None)?;
         if lead {
-            let fixed: Vec<usize> = (0..choices.len()).filter(|&k| choices[k] != "auto").collect();
+            let fixed: Vec<usize> = (0..choices.len()).filter(|&k| choices[k] != "auto" && choices[k] != RAW_MPI).collect();
             let b = fixed.iter().copied().min_by(|&x, &y| best[x].total_cmp(&best[y]));
             let auto = choices.iter().position(|c| c == "auto");
             let mut line = format!("{bytes:>12}");
@@ -319,8 +372,9 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
                 (Some(au), Some(bb)) => format!("{:>10.3}", best[au] / best[bb]),
                 _ => format!("{:>10}", "-"),
             };
+            let raw = raw_pair(choices).map_or_else(String::new, |(m, raw)| format!(" {:>8.3}", best[m] / best[raw]));
             let total = wrong.iter().flatten().copied().reduce(|x, y| x + y);
-            println!("{line} {:>8} {ratio} {:>7}", b.map(|x| choices[x].as_str()).unwrap_or("-"), wrong_cell(total));
+            println!("{line} {:>8} {ratio}{raw} {:>7}", b.map(|x| choices[x].as_str()).unwrap_or("-"), wrong_cell(total));
             if a.json {
                 for (k, c) in choices.iter().enumerate() {
                     println!(
@@ -333,6 +387,30 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
         out.push((bytes, best, wrong));
     }
     Ok(out)
+}
+
+/// Positions of `mpi` and [`RAW_MPI`] among `choices`, if both are there.
+fn raw_pair(choices: &[String]) -> Option<(usize, usize)> {
+    Some((choices.iter().position(|c| c == "mpi")?, choices.iter().position(|c| c == RAW_MPI)?))
+}
+
+/// Measures one size with one `--compare` choice (see [`compare`]).
+fn measure_choice(comm: &Communicator, a: &BenchArgs, bytes: u64, choice: &str) -> Result<Row> {
+    let (pin, runner) = match choice {
+        "auto" => (None, Runner::Sucl),
+        RAW_MPI => (None, Runner::RawMpi),
+        MPI_NONBLOCKING => (Some("mpi"), Runner::Sucl),
+        other => (Some(other), Runner::Sucl),
+    };
+    comm.pin_backend(pin)?;
+    #[cfg(feature = "mpi")]
+    sucl_mpi::set_nonblocking_collectives(choice == MPI_NONBLOCKING);
+    let row = with_dtype!(a.dtype, T, { measure_with::<T>(comm, a, bytes, runner) });
+    #[cfg(feature = "mpi")]
+    sucl_mpi::set_nonblocking_collectives(false);
+    let mut row = row?;
+    row.backend = choice.to_string();
+    Ok(row)
 }
 
 /// The order choices are measured in during `round`: forward, then backward, so that no choice

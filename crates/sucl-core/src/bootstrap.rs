@@ -10,7 +10,10 @@
 //!   `MASTER_PORT`: rank 0 starts sucl's store on a free port and publishes its address in the
 //!   agent's c10d store ([`meet_through_agent_store`]);
 //! - otherwise `MASTER_ADDR:MASTER_PORT`, hosted by rank 0;
-//! - without `MASTER_ADDR`: on one host, 127.0.0.1 and a port derived from the job id; across
+//! - without `MASTER_ADDR` under an MPI launcher (mpirun, srun, hydra) in a build with the MPI
+//!   backend: wherever rank 0 starts it, its address passed over MPI itself ([`detect_with`]
+//!   returns no address then; `sucl_mpi::meet_over_mpi` does the exchange);
+//! - without `MASTER_ADDR` otherwise: on one host, 127.0.0.1 and a port derived from the job id; across
 //!   hosts, the first host of Slurm's node list, or an error at init that says what to set.
 //!
 //! # Where the store listens, and who may use it
@@ -147,6 +150,16 @@ fn default_port(job: &str) -> u16 {
 
 /// Detects the launch environment through `get` (normally `std::env::var`).
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
+    detect_with(get, &|| false)
+}
+
+/// [`detect`], for a process that may meet the other ranks over MPI: when the launcher is an
+/// MPI one (Open MPI, Slurm, PMI), the world has several ranks, no address was given
+/// (`SUCL_STORE_ADDR`, `MASTER_ADDR`) and `mpi_usable()` says MPI works here (it is asked only
+/// then), the environment comes back with no store address (`store_addr: None`,
+/// `rank0_hosts_store: true`): rank 0 is to start the store and pass its address over MPI.
+/// Otherwise the same as [`detect`].
+pub fn detect_with(get: &dyn Fn(&str) -> Option<String>, mpi_usable: &dyn Fn() -> bool) -> Result<LaunchEnv> {
     // An interface name that matches nothing, or a bad port range, is an error now, not at the
     // first listener.
     Network::from_settings(get, &interface_addrs())?;
@@ -188,8 +201,15 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
         .or_else(|| get("SLURM_JOB_ID").map(|j| format!("{j}.{}", get("SLURM_STEP_ID").unwrap_or_default())))
         .or_else(|| get("PMI_JOBID"))
         .unwrap_or_else(|| "default".to_string());
+    let over_mpi = || {
+        matches!(launcher, Launcher::OpenMpi | Launcher::Slurm | Launcher::Pmi)
+            && size > 1
+            && get("SUCL_STORE_ADDR").is_none()
+            && get("MASTER_ADDR").is_none()
+            && mpi_usable()
+    };
     let (store_addr, rank0_hosts_store) =
-        if agent_store.is_some() { (None, true) } else { store_address(get, launcher, rank, size, &job_id)? };
+        if agent_store.is_some() || over_mpi() { (None, true) } else { store_address(get, launcher, rank, size, &job_id)? };
     let job_secret = match get(SECRET_ENV).filter(|s| !s.is_empty()) {
         Some(s) => JobSecret::given(&s),
         None => JobSecret::derived(&format!("{}|{}|{job_id}", launcher.name(), store_addr.as_deref().unwrap_or(""))),
@@ -857,6 +877,38 @@ mod tests {
         assert!(err.contains("SUCL_RANK is set but SUCL_STORE_ADDR is not"), "{err}");
         let err = config_error(&[("SLURM_PROCID", "0")]);
         assert!(err.contains("SLURM_PROCID is set but SLURM_NTASKS is not"), "{err}");
+    }
+
+    #[test]
+    fn mpi_launchers_without_an_address_meet_over_mpi_when_it_works() {
+        let asked = std::cell::Cell::new(0);
+        let works = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        let several = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_MCA_orte_num_nodes", "2")];
+        let e = detect_with(&env(&several), &works).unwrap();
+        assert_eq!((e.store_addr, e.rank0_hosts_store, asked.get()), (None, true, 1));
+        // srun and hydra too, on one host or several.
+        let srun = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "1")];
+        assert_eq!(detect_with(&env(&srun), &works).unwrap().store_addr, None);
+        let hydra = [("PMI_RANK", "0"), ("PMI_SIZE", "2")];
+        assert_eq!(detect_with(&env(&hydra), &works).unwrap().store_addr, None);
+        // MPI not usable: today's derivation and its error.
+        let err = detect_with(&env(&several), &|| false).unwrap_err().to_string();
+        assert!(err.contains("set MASTER_ADDR"), "{err}");
+        // A given address wins, and MPI is not even asked.
+        asked.set(0);
+        let given = [&several[..], &[("MASTER_ADDR", "head"), ("MASTER_PORT", "7")]].concat();
+        assert_eq!(detect_with(&env(&given), &works).unwrap().store_addr.as_deref(), Some("head:7"));
+        let store = [&several[..], &[("SUCL_STORE_ADDR", "10.1.1.1:5")]].concat();
+        assert_eq!(detect_with(&env(&store), &works).unwrap().store_addr.as_deref(), Some("10.1.1.1:5"));
+        // Not an MPI launcher, or a world of one: MPI is not asked either.
+        let torch = [("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")];
+        assert!(detect_with(&env(&torch), &works).unwrap().store_addr.is_some());
+        let solo = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")];
+        assert_eq!(detect_with(&env(&solo), &works).unwrap().store_addr, None);
+        assert_eq!(asked.get(), 0);
     }
 
     #[test]

@@ -1,16 +1,22 @@
-//! sucl-mpi: the MPI backend. Host buffers move through the system MPI (Open MPI or MPICH);
-//! collectives are MPI's own non-blocking ones, polled under sucl's bounded waits so a stuck
-//! peer is a timeout, not a hang. A small C shim (built with `mpicc`) keeps MPI's handles on the
-//! C side, so no bindings generator is needed. Depends only on `sucl-core`.
+//! sucl-mpi: the MPI backend. Host buffers move through the system MPI (Open MPI or MPICH).
+//! Collectives are MPI's own blocking ones — the ones MPI tunes; its non-blocking collectives
+//! are slower (see [`set_nonblocking_collectives`]) — run on the caller's thread, bounded by a
+//! watchdog thread (the `watchdog` module) so that a stuck peer ends the job instead of hanging
+//! it. Point-to-point requests are non-blocking, polled under sucl's bounded waits. A small C
+//! shim (built with `mpicc`) keeps MPI's handles on the C side, so no bindings generator is
+//! needed. Depends only on `sucl-core`.
 //!
 //! # Buffers are never written after a call returns
 //!
-//! MPI writes a caller's buffer until the request that owns it completes, and a non-blocking
-//! collective cannot be cancelled (MPI forbids `MPI_Cancel` on it). So when a collective fails
-//! after it was started — its bounded wait timed out, another rank aborted the job, or
-//! `MPI_Test` reported an error — this backend does not return the buffer to the caller: it
+//! A collective cannot be interrupted or cancelled once MPI runs it (MPI forbids `MPI_Cancel`
+//! on non-blocking collectives, and a blocking one returns only when done). So when a
+//! collective overstays — it ran past the timeout, or it is still running [`ABORT_GRACE`] after
+//! another rank failed — this backend does not return the buffers to the caller: the watchdog
 //! prints the error to stderr and ends the whole job with `MPI_Abort` (exit status
-//! [`ABORT_EXIT_CODE`] under Open MPI's `mpirun`). A point-to-point request that is withdrawn
+//! [`ABORT_EXIT_CODE`] under Open MPI's `mpirun`) while the call is still inside MPI. A
+//! collective that MPI itself fails (it returns an error code) has returned its buffers; the
+//! error goes back to the caller and the job's abort flag is raised, so that ranks still waiting
+//! in the same collective are ended by their watchdogs. A point-to-point request that is withdrawn
 //! (after a timeout or another error) is cancelled with `MPI_Cancel` and then polled until MPI
 //! reports it complete (cancelled, or finished after all), for at most [`CANCEL_GRACE`]; only
 //! if it does not complete by then is the job aborted the same way.
@@ -20,12 +26,19 @@
 #[cfg(not(sucl_mpi_missing))]
 use std::ffi::c_longlong;
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId};
 use sucl_core::dtype::finish_reduce;
 use sucl_core::wait::{Backoff, Waiter};
 use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
+
+mod meet;
+mod watchdog;
+pub use meet::meet_over_mpi;
+use watchdog::Watch;
+pub use watchdog::ABORT_GRACE;
 
 #[cfg(sucl_mpi_missing)]
 mod missing {
@@ -74,6 +87,9 @@ mod missing {
         1
     }
     pub unsafe fn sucl_mpi_abort(_: c_int) {}
+    pub unsafe fn sucl_mpi_is_truncation(_: c_int) -> c_int {
+        0
+    }
     pub unsafe fn sucl_mpi_icoll(
         _: *mut c_void,
         _: c_int,
@@ -86,6 +102,21 @@ mod missing {
         _: *mut c_int,
     ) -> *mut c_void {
         std::ptr::null_mut()
+    }
+    pub unsafe fn sucl_mpi_coll(
+        _: *mut c_void,
+        _: c_int,
+        _: *const c_void,
+        _: *mut c_void,
+        _: c_int,
+        _: c_int,
+        _: c_int,
+        _: c_int,
+    ) -> c_int {
+        -1
+    }
+    pub unsafe fn sucl_mpi_coll_world(_: c_int, _: *const c_void, _: *mut c_void, _: c_int, _: c_int, _: c_int, _: c_int) -> c_int {
+        -1
     }
 }
 #[cfg(sucl_mpi_missing)]
@@ -106,6 +137,7 @@ extern "C" {
     fn sucl_mpi_test(req: *mut c_void, done: *mut c_int, bytes: *mut c_longlong) -> c_int;
     fn sucl_mpi_cancel(req: *mut c_void) -> c_int;
     fn sucl_mpi_abort(code: c_int);
+    fn sucl_mpi_is_truncation(code: c_int) -> c_int;
     #[allow(clippy::too_many_arguments)]
     fn sucl_mpi_icoll(
         c: *mut c_void,
@@ -118,6 +150,18 @@ extern "C" {
         root: c_int,
         err: *mut c_int,
     ) -> *mut c_void;
+    #[allow(clippy::too_many_arguments)]
+    fn sucl_mpi_coll(
+        c: *mut c_void,
+        op: c_int,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: c_int,
+        dt: c_int,
+        redop: c_int,
+        root: c_int,
+    ) -> c_int;
+    fn sucl_mpi_coll_world(op: c_int, send: *const c_void, recv: *mut c_void, count: c_int, dt: c_int, redop: c_int, root: c_int) -> c_int;
 }
 
 fn text(f: impl FnOnce(*mut c_char, c_int)) -> String {
@@ -141,12 +185,12 @@ pub const ABORT_EXIT_CODE: i32 = 75;
 /// How long a cancelled point-to-point request may take to complete before the job is aborted.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
-/// Ends the whole MPI job after printing `cause`: an MPI request still owns memory the caller
-/// is about to get back, and neither its completion nor its cancellation can be awaited.
+/// Ends the whole MPI job after printing `cause`: MPI still owns memory the caller would get
+/// back, and neither the completion nor the cancellation of what owns it can be awaited.
 fn abort_job(cause: &Error) -> ! {
     eprintln!(
-        "sucl: {cause}; the MPI request still owns the caller's buffers and cannot be \
-         cancelled, so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
+        "sucl: {cause}; MPI still owns the caller's buffers and the call cannot be cancelled, \
+         so the job is ended (MPI_Abort, code {ABORT_EXIT_CODE})"
     );
     // SAFETY: MPI is initialized (a backend exists only after init succeeded); MPI_Abort ends
     // every process of the job and does not return.
@@ -219,6 +263,67 @@ pub fn version() -> std::result::Result<String, String> {
     Ok(text(|b, l| unsafe { sucl_mpi_version(b, l) }))
 }
 
+/// Whether collectives go through MPI's non-blocking calls (polled under sucl's bounded wait)
+/// instead of its blocking ones (bounded by the watchdog).
+static NONBLOCKING_COLLECTIVES: AtomicBool = AtomicBool::new(false);
+
+/// Chooses, for every MPI backend of this process from its next collective on, between MPI's
+/// blocking collectives (the default) and its non-blocking ones (`MPI_Iallreduce`, ...,
+/// polled with `MPI_Test`; the way this backend worked before, kept for measuring). Open MPI
+/// 4.1's non-blocking collectives (`libnbc`) are not its tuned blocking ones: on 2 ranks of one
+/// host they cost 1.5–3.6× the blocking ones' time at 8–256 B (+0.5 to +0.8 µs;
+/// `bench/results/mpi-backend-2r.md`), and on a quiet host about 2× from 1 MiB (issue 9's
+/// measurement). On a host loaded far beyond its cores they can be faster from 16 KiB, because
+/// their wait backs off where MPI's blocking calls spin (the same file), but there MPI called
+/// directly is as slow as the blocking mode. Both modes keep the bounded waits and end the job
+/// when a collective overstays.
+pub fn set_nonblocking_collectives(on: bool) {
+    NONBLOCKING_COLLECTIVES.store(on, Ordering::Relaxed);
+}
+
+/// MPI called directly, with none of sucl around it: the baseline that `sucl bench --compare`
+/// measures the MPI backend against.
+pub mod raw {
+    use super::*;
+
+    /// Runs the collective `d` on `MPI_COMM_WORLD` with MPI's blocking call, in sucl's buffer
+    /// conventions (`send == None`: in place; see `sucl_core::backend::Backend`), reduce op
+    /// `avg` excepted (MPI has none). Checks that MPI is initialized and that the buffers hold
+    /// what `d` says; nothing else stands between the caller and MPI. No bounded wait either:
+    /// a peer that never joins hangs it, as it would hang a program that calls MPI itself.
+    pub fn world_collective(d: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> std::result::Result<(), String> {
+        let (rank, size) = init()?;
+        if d.redop == ReduceOp::Avg && d.op.reduces() {
+            return Err("MPI has no `avg` reduction".into());
+        }
+        if d.op.reduces() && matches!(d.dtype, DType::F16 | DType::BF16) {
+            return Err(format!("MPI has no {} reductions", d.dtype.name()));
+        }
+        if d.op.rooted() && d.root >= size {
+            return Err(format!("root {} is not a rank of MPI_COMM_WORLD ({size} ranks)", d.root));
+        }
+        let count = c_int::try_from(d.count).map_err(|_| format!("count {} exceeds MPI's int", d.count))?;
+        let (want_send, want_recv) = d.buffer_lens(size, rank);
+        let es = d.dtype.size();
+        if send.is_some_and(|s| s.len() < want_send * es) || recv.len() < want_recv * es {
+            return Err(format!("buffers too small for {} of {} {}", d.op.name(), d.count, d.dtype.name()));
+        }
+        if d.count == 0 && d.op != CollOp::Barrier {
+            return Ok(());
+        }
+        let sp = send.map_or(std::ptr::null(), |s| s.as_ptr() as *const c_void);
+        let rp = if recv.is_empty() { std::ptr::null_mut() } else { recv.as_mut_ptr() as *mut c_void };
+        // SAFETY: MPI is initialized (init above); the buffers hold what `d`'s layout needs on
+        // this rank (checked above; an empty receive buffer is one MPI ignores on this rank),
+        // and the blocking call is done with them when it returns.
+        let rc = unsafe { sucl_mpi_coll_world(d.op as c_int, sp, rp, count, d.dtype as c_int, d.redop as c_int, d.root as c_int) };
+        if rc != 0 {
+            return Err(format!("{}: {}", d.op.name(), mpi_error(rc)));
+        }
+        Ok(())
+    }
+}
+
 struct Pending {
     req: *mut c_void,
     send_len: Option<usize>,
@@ -241,6 +346,7 @@ pub struct MpiBackend {
     timeout: Duration,
     backoff: Backoff,
     scratch: Vec<u8>,
+    watch: Arc<Watch>,
 }
 
 // SAFETY: MPI is initialized with MPI_THREAD_SERIALIZED, which allows calls from any thread as
@@ -299,6 +405,7 @@ impl MpiBackend {
             tag_ub,
             pending: vec![],
             free: vec![],
+            watch: Watch::new(wr, timeout, abort.clone()),
             abort,
             timeout,
             backoff,
@@ -480,20 +587,70 @@ impl Backend for MpiBackend {
             return Ok(());
         }
         let count = self.int_len(d.count, "count")?;
-        let mut err = 0;
         let sp = send.map_or(std::ptr::null(), |s| s.as_ptr() as *const c_void);
         // Open MPI's non-blocking reduce writes partial results into non-roots' receive
-        // buffers, which the standard calls insignificant there: give them scratch space.
+        // buffers, which the standard calls insignificant there: give them scratch space (in
+        // both modes: nothing promises that a blocking reduce leaves them alone either).
         let rp = if d.op == CollOp::Reduce && d.root != self.rank {
             self.scratch.resize(d.count * d.dtype.size(), 0);
             self.scratch.as_mut_ptr() as *mut c_void
         } else {
             recv.as_mut_ptr() as *mut c_void
         };
-        // SAFETY: `sp`/`rp` cover `count` elements of the op's layout (the runtime validated the
-        // buffer lengths against `d`; the scratch space is resized above) and stay valid until
-        // the request completes: we poll it to completion below, and if that fails the job is
-        // ended (abort_job) before the buffers can be handed back.
+        let (op, dt, redop, root) = (d.op as c_int, d.dtype as c_int, d.redop as c_int, d.root as c_int);
+        if NONBLOCKING_COLLECTIVES.load(Ordering::Relaxed) {
+            self.nonblocking_collective(d, sp, rp, count)?;
+        } else {
+            let running = self.watch.enter(d.op);
+            // SAFETY: `sp`/`rp` cover `count` elements of the op's layout (the runtime validated
+            // the buffer lengths against `d`; the scratch space is resized above), and the
+            // blocking call is done with them when it returns; if it overstays, the watchdog
+            // ends the job while it is still inside MPI (see the crate documentation).
+            let rc = unsafe { sucl_mpi_coll(self.comm, op, sp, rp, count, dt, redop, root) };
+            self.watch.leave(running);
+            if rc != 0 {
+                // MPI gave the buffers back, but ranks may still wait in this collective: tell
+                // them (their watchdogs end the job if they stay stuck).
+                let e = self.collective_error(d, rc);
+                self.abort.raise(e.abort_info());
+                return Err(e);
+            }
+        }
+        let at_root = !d.op.rooted() || d.root == self.rank;
+        if d.op.reduces() && at_root {
+            finish_reduce(recv, d.dtype, d.redop, self.size);
+        }
+        Ok(())
+    }
+}
+
+impl MpiBackend {
+    /// The error for MPI's code `rc` from collective `d`: a message longer than the buffer that
+    /// received it means that the ranks disagree on the count ([`Error::Mismatch`]); anything
+    /// else is MPI's failure.
+    fn collective_error(&self, d: &CollDesc, rc: c_int) -> Error {
+        // SAFETY: MPI_Error_class only reads its argument (MPI is initialized: a backend exists).
+        if unsafe { sucl_mpi_is_truncation(rc) } != 0 {
+            return Error::Mismatch {
+                rank: self.world_rank,
+                what: format!(
+                    "the count of {} (this rank passed {}; MPI received a message longer than the buffer for it: {})",
+                    d.op.name(),
+                    d.count,
+                    mpi_error(rc)
+                ),
+            };
+        }
+        self.err(d.op.name(), rc)
+    }
+
+    /// Runs `d` through MPI's non-blocking collective, polled under the bounded wait (see
+    /// [`set_nonblocking_collectives`]); the pointers are as [`Backend::collective`] made them.
+    fn nonblocking_collective(&mut self, d: &CollDesc, sp: *const c_void, rp: *mut c_void, count: c_int) -> Result<()> {
+        let mut err = 0;
+        // SAFETY: as in `collective`: `sp`/`rp` cover `count` elements of the op's layout and
+        // stay valid until the request completes: we poll it to completion below, and if that
+        // fails the job is ended (abort_job) before the buffers can be handed back.
         let req = unsafe {
             sucl_mpi_icoll(self.comm, d.op as c_int, sp, rp, count, d.dtype as c_int, d.redop as c_int, d.root as c_int, &mut err)
         };
@@ -508,10 +665,6 @@ impl Backend for MpiBackend {
             // the job rather than hand the buffers back.
             self.abort.raise(e.abort_info());
             abort_job(&e);
-        }
-        let at_root = !d.op.rooted() || d.root == self.rank;
-        if d.op.reduces() && at_root {
-            finish_reduce(recv, d.dtype, d.redop, self.size);
         }
         Ok(())
     }

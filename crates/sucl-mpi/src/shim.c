@@ -127,6 +127,14 @@ int sucl_mpi_test(void *req, int *done, long long *bytes) {
     return rc;
 }
 
+/* Whether an error code says a message was longer than the buffer that received it (ranks that
+ * disagree on a count). */
+int sucl_mpi_is_truncation(int code) {
+    int cls = 0;
+    if (MPI_Error_class(code, &cls) != MPI_SUCCESS) return 0;
+    return cls == MPI_ERR_TRUNCATE;
+}
+
 /* Asks MPI to cancel a point-to-point request. The request stays live: it still has to complete
  * (sucl_mpi_test) before its buffer may be reused, since a cancel that comes too late lets the
  * transfer finish. Returns 1 if MPI is already finalized (no request can be live then; the
@@ -168,4 +176,35 @@ void *sucl_mpi_icoll(void *cp, int op, const void *send, void *recv, int count, 
     }
     if (*err != MPI_SUCCESS) { free(r); return NULL; }
     return r;
+}
+
+/* Runs a collective to completion on the caller's thread: MPI's blocking collectives are the
+ * ones its implementers tune (Open MPI's `tuned` component), its non-blocking ones are not.
+ * Same codes and in-place convention as sucl_mpi_icoll; returns MPI's error code. */
+static int coll(MPI_Comm c, int op, const void *send, void *recv, int count, int dt, int redop, int root) {
+    MPI_Datatype t = dtype_of(dt);
+    MPI_Op o = op_of(redop);
+    const void *s = send ? send : MPI_IN_PLACE;
+    switch (op) {
+    case 0: return MPI_Barrier(c);
+    case 1: return MPI_Bcast(recv, count, t, root, c);
+    case 2: return MPI_Reduce(s, recv, count, t, o, root, c);
+    case 3: return MPI_Allreduce(s, recv, count, t, o, c);
+    case 4: return MPI_Gather(s, count, t, recv, count, t, root, c);
+    case 5: return MPI_Allgather(s, count, t, recv, count, t, c);
+    case 6: return MPI_Scatter(send, count, t, recv, count, t, root, c);
+    case 7: return MPI_Alltoall(send, count, t, recv, count, t, c);
+    default: return MPI_Reduce_scatter_block(send, recv, count, t, o, c);
+    }
+}
+
+/* A blocking collective on one of sucl's communicators. */
+int sucl_mpi_coll(void *cp, int op, const void *send, void *recv, int count, int dt, int redop, int root) {
+    return coll(*(MPI_Comm *)cp, op, send, recv, count, dt, redop, root);
+}
+
+/* A blocking collective on MPI_COMM_WORLD, nothing else: what a program calling MPI directly
+ * does (the baseline of `sucl bench --compare raw-mpi`). */
+int sucl_mpi_coll_world(int op, const void *send, void *recv, int count, int dt, int redop, int root) {
+    return coll(MPI_COMM_WORLD, op, send, recv, count, dt, redop, root);
 }

@@ -102,7 +102,10 @@ pub struct Status {
 /// `check_collectives`), which compares every collective's descriptor across the ranks first;
 /// without it wherever the backend can tell (shm: always; tcp: when a frame's descriptor differs
 /// from the receiver's, or when a later call finds a message the disagreeing call left behind —
-/// collective messages carry their call's sequence number, so no later call can take them).
+/// collective messages carry their call's sequence number, so no later call can take them; mpi:
+/// when MPI reports a message longer than its receive buffer, on that rank, the others getting
+/// it at their next call or, if they wait inside MPI already, ending the job, which the mpi
+/// backend does whenever a collective cannot return in time: see `sucl_mpi`).
 /// After a disagreement on a collective the communicator is poisoned, on every backend: every
 /// later call on it returns a `Mismatch` with the same description (details and the checking
 /// mode's cost: the `agree` module's documentation, `crates/sucl-runtime/src/agree.rs`).
@@ -131,10 +134,35 @@ pub struct Communicator {
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
-/// and the `SUCL_*` settings. A process with no launcher is a world of one.
+/// and the `SUCL_*` settings. A process with no launcher is a world of one. Under an MPI
+/// launcher without `MASTER_ADDR`, a build with the `mpi` feature meets the other ranks over MPI.
 pub fn init() -> Result<Communicator> {
-    let env = sucl_core::bootstrap::detect(&|k| std::env::var(k).ok())?;
+    let env = sucl_core::bootstrap::detect_with(&|k| std::env::var(k).ok(), &mpi_can_meet)?;
     init_with(env, Config::from_env()?)
+}
+
+/// Whether MPI can carry the bootstrap's exchange (it initializes MPI).
+fn mpi_can_meet() -> bool {
+    #[cfg(feature = "mpi")]
+    return sucl_mpi::init().is_ok();
+    #[cfg(not(feature = "mpi"))]
+    false
+}
+
+/// Rank 0 starts the store and every rank learns its address over MPI (see
+/// `sucl_mpi::meet_over_mpi`), for an environment with several ranks and no store address.
+#[cfg(feature = "mpi")]
+fn meet_over_mpi(env: &mut LaunchEnv, timeout: std::time::Duration) -> Result<(String, Option<StoreServer>)> {
+    let net = sucl_core::bootstrap::Network::from_env()?;
+    sucl_mpi::meet_over_mpi(env.rank, env.size, &net, timeout, &mut env.job_secret)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn meet_over_mpi(env: &mut LaunchEnv, _: std::time::Duration) -> Result<(String, Option<StoreServer>)> {
+    Err(Error::Config(format!(
+        "a world of {} ranks has no rendezvous address, and this build cannot meet over MPI (no `mpi` feature): set MASTER_ADDR",
+        env.size
+    )))
 }
 
 /// Bootstraps with an explicit launch environment and configuration.
@@ -151,6 +179,11 @@ pub fn init_with(mut env: LaunchEnv, cfg: Config) -> Result<Communicator> {
             timeout,
             &mut env.job_secret,
         )?;
+        (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
+    }
+    if env.store_addr.is_none() && env.size > 1 {
+        // An MPI launcher and no address given (see sucl_core::bootstrap::detect_with).
+        let (addr, own) = meet_over_mpi(&mut env, timeout)?;
         (env.store_addr, env.rank0_hosts_store, server) = (Some(addr), true, own);
     }
     if env.store_addr.is_none() {
