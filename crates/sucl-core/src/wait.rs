@@ -95,7 +95,7 @@ impl Waiter {
             abort.check(rank, &what())?;
         }
         self.rounds = self.rounds.wrapping_add(1);
-        if self.phase() == Phase::Spin && self.rounds % 32 != 0 {
+        if self.phase() == Phase::Spin && !self.rounds.is_multiple_of(32) {
             // Reading the clock costs more than a spin round on some virtual machines, and a
             // peer arriving while we read it waits for us: the first 31 rounds only spin (the
             // timeout then counts from round 32, a fraction of a microsecond late).
