@@ -192,6 +192,21 @@ struct FileConfig {
     shm: Option<FileShm>,
     tcp: Option<FileTcp>,
     tuning: Option<Vec<FileRule>>,
+    // Remote devices' keys: read by sucl-remote (a layer above), accepted here with their types
+    // checked so that one file configures both.
+    remote: Option<Vec<FileRemote>>,
+    remote_token_file: Option<String>,
+    remote_tls: Option<bool>,
+    remote_tls_pins: Option<Vec<String>>,
+    remote_tls_certs: Option<Vec<String>>,
+}
+
+/// One `[[remote]]` table (its meaning is sucl-remote's).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct FileRemote {
+    address: String,
 }
 
 #[derive(Deserialize)]
@@ -748,6 +763,16 @@ mod tests {
         c.apply_file("sucl.toml", text)?;
         c.validate()?;
         Ok(c)
+    }
+
+    #[test]
+    fn remote_device_keys_are_accepted_and_typed() {
+        let text = "backend = \"shm\"\nremote_token_file = \"/tmp/t\"\nremote_tls_pins = [\"ab\"]\n[[remote]]\naddress = \"h:1\"\n";
+        assert!(file(text).is_ok(), "{:?}", file(text).err());
+        let e = file("[[remote]]\nadress = \"h:1\"\n").unwrap_err().to_string();
+        assert!(e.contains("adress"), "{e}");
+        let e = file("remote_tls = \"yes\"\n").unwrap_err().to_string();
+        assert!(e.contains("remote_tls"), "{e}");
     }
 
     #[test]
