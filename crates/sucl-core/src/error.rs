@@ -104,6 +104,28 @@ pub enum Error {
     },
 }
 
+/// A copy of an error, so that one failure can be reported on every call or request it affects.
+/// The `io::Error` source of [`Error::Io`] is not `Clone`: the copy keeps its kind and message.
+impl Clone for Error {
+    fn clone(&self) -> Error {
+        match self {
+            Error::InvalidArgument { rank, arg, why } => Error::InvalidArgument { rank: *rank, arg, why: why.clone() },
+            Error::LostPeer { rank, peer, during } => Error::LostPeer { rank: *rank, peer: *peer, during: during.clone() },
+            Error::Timeout { rank, op, after } => Error::Timeout { rank: *rank, op: op.clone(), after: *after },
+            Error::Mismatch { rank, what } => Error::Mismatch { rank: *rank, what: what.clone() },
+            Error::BackendUnavailable { rank, backend, why } => {
+                Error::BackendUnavailable { rank: *rank, backend: backend.clone(), why: why.clone() }
+            }
+            Error::Config(s) => Error::Config(s.clone()),
+            Error::Protocol { rank, peer, why } => Error::Protocol { rank: *rank, peer: *peer, why: why.clone() },
+            Error::Aborted { rank, reason } => Error::Aborted { rank: *rank, reason: reason.clone() },
+            Error::Io { rank, during, source } => {
+                Error::Io { rank: *rank, during: during.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if !f.alternate() {
@@ -263,6 +285,21 @@ impl AbortState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_says_the_same_and_keeps_the_variant() {
+        let io = Error::io(2, "reading a frame", std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "peer closed"));
+        let lost = Error::LostPeer { rank: 1, peer: 3, during: "all_reduce".into() };
+        for e in [io, lost, Error::Timeout { rank: 0, op: "barrier".into(), after: std::time::Duration::from_secs(5) }] {
+            let c = e.clone();
+            assert_eq!(c.to_string(), e.to_string());
+            assert_eq!(std::mem::discriminant(&c), std::mem::discriminant(&e));
+        }
+        let Error::Io { source, .. } = Error::io(0, "x", std::io::Error::from(std::io::ErrorKind::AddrInUse)).clone() else {
+            unreachable!()
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+    }
 
     #[test]
     fn debug_is_the_sentence_and_alternate_debug_the_structure() {

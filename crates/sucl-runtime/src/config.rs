@@ -194,10 +194,15 @@ struct FileConfig {
     tuning: Option<Vec<FileRule>>,
     // Remote devices' keys: read by sucl-remote (a layer above), accepted here with their types
     // checked so that one file configures both.
+    #[allow(dead_code)]
     remote: Option<Vec<FileRemote>>,
+    #[allow(dead_code)]
     remote_token_file: Option<String>,
+    #[allow(dead_code)]
     remote_tls: Option<bool>,
+    #[allow(dead_code)]
     remote_tls_pins: Option<Vec<String>>,
+    #[allow(dead_code)]
     remote_tls_certs: Option<Vec<String>>,
 }
 

@@ -112,7 +112,7 @@ impl StagedProgress {
         if !self.shared.has_failed.load(Ordering::Acquire) {
             return None;
         }
-        self.shared.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(copy_error)
+        self.shared.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()
     }
 
     /// Hands `job` to the thread under the next epoch of stream `index`, which the caller
@@ -216,25 +216,5 @@ fn fail(sh: &Shared, e: Error, rank: usize) {
     drop(f);
     for s in sh.signals.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         s.complete(SIGNAL_FAILED);
-    }
-}
-
-/// A copy of an error (its `io::Error` source is not `Clone`), to report one failure on every
-/// later call.
-fn copy_error(e: &Error) -> Error {
-    match e {
-        Error::InvalidArgument { rank, arg, why } => Error::InvalidArgument { rank: *rank, arg, why: why.clone() },
-        Error::LostPeer { rank, peer, during } => Error::LostPeer { rank: *rank, peer: *peer, during: during.clone() },
-        Error::Timeout { rank, op, after } => Error::Timeout { rank: *rank, op: op.clone(), after: *after },
-        Error::Mismatch { rank, what } => Error::Mismatch { rank: *rank, what: what.clone() },
-        Error::BackendUnavailable { rank, backend, why } => {
-            Error::BackendUnavailable { rank: *rank, backend: backend.clone(), why: why.clone() }
-        }
-        Error::Config(s) => Error::Config(s.clone()),
-        Error::Protocol { rank, peer, why } => Error::Protocol { rank: *rank, peer: *peer, why: why.clone() },
-        Error::Aborted { rank, reason } => Error::Aborted { rank: *rank, reason: reason.clone() },
-        Error::Io { rank, during, source } => {
-            Error::Io { rank: *rank, during: during.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
-        }
     }
 }

@@ -19,7 +19,7 @@
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::queue::{CommQueue, Lent, Path, QueueBuffer};
 use crate::request::{DevicePoll, OpState, Request, What};
-use crate::{clone_error, PROC_NULL};
+use crate::PROC_NULL;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -423,7 +423,7 @@ impl DevicePath {
 
     pub(crate) fn failure(&self) -> Option<Error> {
         match &self.mode {
-            Mode::Nccl { failed, .. } => failed.as_ref().map(clone_error),
+            Mode::Nccl { failed, .. } => failed.as_ref().cloned(),
             Mode::Staged { ch, .. } => ch.error(),
             Mode::Closed => None,
         }
@@ -435,7 +435,7 @@ impl DevicePath {
                 let r = comm.synchronize(&self.queue);
                 match &r {
                     Err(e) => {
-                        failed.get_or_insert(clone_error(e));
+                        failed.get_or_insert(e.clone());
                     }
                     Ok(()) => tracker.synchronized(),
                 }
@@ -668,7 +668,7 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                     Ok(())
                 }
                 Err(e) => {
-                    failed.get_or_insert(clone_error(&e));
+                    failed.get_or_insert(e.clone());
                     Err(e)
                 }
             }

@@ -5,7 +5,6 @@
 //!
 //! [`CommQueue`]: crate::CommQueue
 
-use crate::clone_error;
 use crate::request::OpState;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -123,7 +122,7 @@ impl Channel {
         if !self.has_failed.load(Ordering::Acquire) {
             return None;
         }
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error)
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()
     }
 
     /// Hands a started batch to the engine (the queue's trigger releases it).
@@ -152,7 +151,7 @@ impl Channel {
         {
             let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
             if f.is_none() {
-                *f = Some(clone_error(&e));
+                *f = Some(e.clone());
             }
             self.has_failed.store(true, Ordering::Release);
         }
@@ -325,7 +324,7 @@ fn fail_ops(ops: impl Iterator<Item = (Op, Option<UnscopedRequest>)>, e: &Error,
             }
         }
         give_back(&mut op.work);
-        op.state.complete(Err(clone_error(e)));
+        op.state.complete(Err(e.clone()));
     }
 }
 

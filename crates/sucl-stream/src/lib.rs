@@ -77,23 +77,3 @@ pub const MAX_IN_FLIGHT: u64 = 500;
 
 /// Longest busy-poll of the progress engine and of a host queue's wait before they yield.
 pub(crate) const SHORT_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
-
-/// A copy of an error (sucl's error type keeps an `io::Error` source, which is not `Clone`), so
-/// that one failure can be reported on every request it affects.
-pub(crate) fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::InvalidArgument { rank, arg, why } => Error::InvalidArgument { rank: *rank, arg, why: why.clone() },
-        Error::LostPeer { rank, peer, during } => Error::LostPeer { rank: *rank, peer: *peer, during: during.clone() },
-        Error::Timeout { rank, op, after } => Error::Timeout { rank: *rank, op: op.clone(), after: *after },
-        Error::Mismatch { rank, what } => Error::Mismatch { rank: *rank, what: what.clone() },
-        Error::BackendUnavailable { rank, backend, why } => {
-            Error::BackendUnavailable { rank: *rank, backend: backend.clone(), why: why.clone() }
-        }
-        Error::Config(s) => Error::Config(s.clone()),
-        Error::Protocol { rank, peer, why } => Error::Protocol { rank: *rank, peer: *peer, why: why.clone() },
-        Error::Aborted { rank, reason } => Error::Aborted { rank: *rank, reason: reason.clone() },
-        Error::Io { rank, during, source } => {
-            Error::Io { rank: *rank, during: during.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
-        }
-    }
-}

@@ -2,7 +2,7 @@
 
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
-use crate::{clone_error, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
+use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -257,9 +257,7 @@ impl CommQueue {
     /// The error that failed this queue (a lost peer, a timeout), if any.
     pub fn failure(&self) -> Option<Error> {
         match &self.path {
-            Path::Host { ch, sig, .. } => {
-                ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(clone_error))
-            }
+            Path::Host { ch, sig, .. } => ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()),
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.failure(),
         }
@@ -599,7 +597,7 @@ impl CommQueue {
         let never_started = self.unstarted.len();
         let withdrawn = Error::invalid(self.world_rank, "queue", "closed before this operation was started");
         for r in self.unstarted.drain(..) {
-            r.state.complete(Err(clone_error(&withdrawn)));
+            r.state.complete(Err(withdrawn.clone()));
         }
         self.pending.clear();
         let in_flight = self.outstanding.len();

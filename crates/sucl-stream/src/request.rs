@@ -1,6 +1,5 @@
 //! Host-side completion of stream-triggered operations.
 
-use crate::clone_error;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -111,7 +110,7 @@ impl OpState {
     pub(crate) fn outcome(&self) -> Option<Result<usize>> {
         self.poll_device();
         let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(clone_error))
+        g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(Error::clone))
     }
 
     pub(crate) fn is_done(&self) -> bool {
@@ -131,7 +130,7 @@ impl OpState {
                 g = self.result.lock().unwrap_or_else(|p| p.into_inner());
             }
             if let Some(r) = g.as_ref() {
-                return r.as_ref().map(|&b| b / self.elem).map_err(clone_error);
+                return r.as_ref().map(|&b| b / self.elem).map_err(Error::clone);
             }
             let now = Instant::now();
             if now >= deadline {
