@@ -31,7 +31,8 @@ pub use mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
 pub mod task;
 
 pub use task::{
-    AccessMode, Accessor, BufferId, BufferInfo, DepKind, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec, Warning,
+    AccessMode, Accessor, BufferId, BufferInfo, DepKind, Forward, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec,
+    Warning,
 };
 
 /// Errors of graph construction and command generation.
@@ -71,7 +72,8 @@ pub enum GraphError {
 pub mod command;
 
 pub use command::{
-    chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
+    chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion,
+    RankGraph, Scheduler,
 };
 pub mod dump;
 pub mod queue;
