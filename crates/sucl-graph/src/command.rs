@@ -395,9 +395,13 @@ impl CommandGraphGenerator {
         let (pm, cm) = (pmap.meta(), reader.mapper.meta());
         let (m, c) = (producers.len(), consumers.len());
         let full = m == ranks && c == ranks;
+        // A producer mapper that promises nothing (a custom closure) never becomes a collective.
+        if pm == crate::mapper::MapperMeta::UNKNOWN {
+            return;
+        }
         let (op, root) = if m >= 2 && c == 1 && pm.non_overlapping {
             (CollectiveOp::Gather, Some(consumers[0]))
-        } else if full && m >= 2 && cm.constant {
+        } else if full && m >= 2 && cm.constant && pm.non_overlapping {
             (CollectiveOp::AllGather, None)
         } else if m == 1 && c >= 2 && cm.constant {
             (CollectiveOp::Broadcast, Some(producers[0]))
