@@ -294,7 +294,11 @@ impl CommandGraphGenerator {
         for (&buffer, per_rank) in &regions {
             if self.discovery {
                 if let Some(f) = task.forwards.iter().find(|f| f.buffer == buffer) {
-                    self.materialise(graph, task, f, per_rank);
+                    // The forward covers every cell the task reads of this buffer: once it is
+                    // a collective, nothing is left for push / await-push.
+                    if self.materialise(graph, task, f, per_rank) {
+                        continue;
+                    }
                 }
             }
             self.transfers(task.id, buffer, per_rank);
@@ -382,10 +386,10 @@ impl CommandGraphGenerator {
     /// metadata match one (the conditions of the issue, decided in constant time); otherwise
     /// leaves the transfer to push / await-push. On success every rank's view records the
     /// received cells, so the push / await-push pass that follows finds nothing left to move.
-    fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, per_rank: &[(Region, Region)]) {
-        let Some(pmap) = &f.producer_mapper else { return };
+    fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, per_rank: &[(Region, Region)]) -> bool {
+        let Some(pmap) = &f.producer_mapper else { return false };
         let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
-        let (Some(reader), None) = (readers.next(), readers.next()) else { return };
+        let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
         let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
         let ranks = self.ranks;
         let pchunks: Vec<Chunk> =
@@ -397,7 +401,7 @@ impl CommandGraphGenerator {
         let full = m == ranks && c == ranks;
         // A producer mapper that promises nothing (a custom closure) never becomes a collective.
         if pm == crate::mapper::MapperMeta::UNKNOWN {
-            return;
+            return false;
         }
         let (op, root) = if m >= 2 && c == 1 && pm.non_overlapping {
             (CollectiveOp::Gather, Some(consumers[0]))
@@ -410,7 +414,7 @@ impl CommandGraphGenerator {
         } else if full && m >= 2 && is_transposition(f, task, pmap, &reader.mapper) {
             (CollectiveOp::AllToAll, None)
         } else {
-            return;
+            return false;
         };
         // Cells forwarded are written by the producer alone and read by nobody since, so a
         // consumer lacks exactly the forwarded cells it reads that another rank wrote.
@@ -446,8 +450,14 @@ impl CommandGraphGenerator {
                 }
             }
         }
-        let sent = union_of(&sends);
-        let received = union_of(&recvs);
+        // The producer's writes partition the forwarded cells, so what this rank receives is
+        // what it reads of them minus its own part; a constant consumer reads the same cells
+        // everywhere, so what it sends is its part of them (no O(ranks) fold of regions).
+        let received = per_rank[me].0.intersection(&f.region).difference(&writes[me]);
+        let sent = match consumers.iter().find(|&&s| s != me) {
+            Some(&other) if cm.constant => writes[me].intersection(&per_rank[other].0),
+            _ => union_of(&sends),
+        };
         let mut deps = self.true_deps(f.buffer, &sent);
         deps.extend(self.write_deps(f.buffer, &received));
         let id = self.emit(CommandKind::Collective, task.id, Some(f.buffer), received.clone(), Vec::new(), deps);
@@ -458,6 +468,7 @@ impl CommandGraphGenerator {
         if !received.is_empty() {
             self.produced(f.buffer, &received, id);
         }
+        true
     }
 
     fn execution(&mut self, task: &Task, regions: &ChunkRegions) {
