@@ -390,19 +390,24 @@ impl CommandGraphGenerator {
         let Some(pmap) = &f.producer_mapper else { return false };
         let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
         let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
+        let (pm, cm) = (pmap.meta(), reader.mapper.meta());
+        // Metadata alone rules most edges out (a halo read, a custom mapper) before any
+        // O(ranks) work, so a stencil pays nothing for discovery.
+        let identity_like = |m: &crate::mapper::MapperMeta| m.dims.iter().all(|d| *d != crate::mapper::DimMapping::Other);
+        if pm == crate::mapper::MapperMeta::UNKNOWN
+            || !(cm.constant || cm.non_overlapping || pm.non_overlapping)
+            || !(cm.constant || cm.non_overlapping || identity_like(&cm))
+        {
+            return false;
+        }
         let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
         let ranks = self.ranks;
         let pchunks: Vec<Chunk> =
             (0..ranks).map(|r| split_chunk(f.producer_target, f.producer_range, f.producer_granularity, ranks, r)).collect();
         let producers: Vec<usize> = (0..ranks).filter(|&r| !pchunks[r].as_box().is_empty()).collect();
         let consumers: Vec<usize> = (0..ranks).filter(|&r| !per_rank[r].0.is_empty()).collect();
-        let (pm, cm) = (pmap.meta(), reader.mapper.meta());
         let (m, c) = (producers.len(), consumers.len());
         let full = m == ranks && c == ranks;
-        // A producer mapper that promises nothing (a custom closure) never becomes a collective.
-        if pm == crate::mapper::MapperMeta::UNKNOWN {
-            return false;
-        }
         let (op, root) = if m >= 2 && c == 1 && pm.non_overlapping {
             (CollectiveOp::Gather, Some(consumers[0]))
         } else if full && m >= 2 && cm.constant && pm.non_overlapping {
