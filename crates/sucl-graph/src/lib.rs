@@ -9,6 +9,13 @@
 //! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
 //! pattern and replace pushes with a collective.
 //!
+//! Collective pattern discovery (on by default; `QueueOptions::discovery`, `SUCL_GRAPH_CPD=0`,
+//! `sucl graph --no-cpd` turn it off): the task graph marks each read that is the first
+//! dependency on one producer's region as a [`Forward`] (unless producer and consumer share
+//! geometry and mapper), and each rank's generator turns a forward into a [`Collective`] command
+//! (gather, all-gather, broadcast, scatter, all-to-all) from the producer and consumer chunk
+//! counts and the mappers' metadata, or leaves it to push / await-push.
+//!
 //! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
 //! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures
 //! on worker threads), a master or collective host task, or a fence. [`Scheduler`] alone
