@@ -16,3 +16,6 @@ for n in 1 2 4; do
   $sucl run -n "$n" --no-prefix -- $ex/graph_step_bench jacobi --size "$JACOBI" --steps 5 --rounds 5 --verbose | tee -a "$out/steps.jsonl"
   $sucl run -n "$n" --no-prefix -- $ex/graph_step_bench nbody --size "$BODIES" --steps 3 --rounds 5 --verbose | tee -a "$out/steps.jsonl"
 done
+# Collective pattern discovery: the Table 3 programs with and without discovery, side by side.
+$ex/graph_sched_bench --ranks 1,4,16,64,256 --min-seconds 1 --programs allgather,gather_scatter,gather_bcast,alltoall,stencil --json | tee "$out/cpd_sched.jsonl"
+python3 bench/results/graph/cpd_table.py "$out" > "$out/cpd_sched.md"

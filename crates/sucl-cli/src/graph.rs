@@ -1,4 +1,4 @@
-//! `sucl graph SCENARIO --nodes N [--json | --dot]`: the task graph and every rank's command
+//! `sucl graph SCENARIO --nodes N [--json | --dot] [--no-cpd]`: the task graph and every rank's command
 //! graph of a program described in a scenario file (format: `sucl::graph::scenario`), built
 //! without running kernels or starting ranks.
 
@@ -14,13 +14,14 @@ pub enum Format {
     Dot,
 }
 
-/// Prints the graphs of `path` on `nodes` simulated ranks; the exit code.
-pub fn run(path: &str, nodes: usize, format: Format) -> i32 {
+/// Prints the graphs of `path` on `nodes` simulated ranks, with collective pattern discovery
+/// unless `no_cpd`; the exit code.
+pub fn run(path: &str, nodes: usize, format: Format, no_cpd: bool) -> i32 {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => return crate::fail(format!("{path}: {e}")),
     };
-    let scheduler = match Scenario::parse(&text).and_then(|s| s.simulate(nodes)) {
+    let scheduler = match Scenario::parse(&text).and_then(|s| s.simulate_with(nodes, !no_cpd)) {
         Ok(s) => s,
         Err(e) => return crate::fail(format!("{path}: {e}")),
     };

@@ -73,6 +73,9 @@ enum Cmd {
         /// Print Graphviz dot.
         #[arg(long)]
         dot: bool,
+        /// Turn collective pattern discovery off (every transfer as push / await-push).
+        #[arg(long)]
+        no_cpd: bool,
     },
     /// Show devices, backends, the configuration in force and the launch environment.
     Info {
@@ -564,7 +567,7 @@ fn main() {
         Cmd::Check(c) => check_main(c),
         Cmd::Tune(t) => tune_main(t),
         Cmd::Plot { input, out, op } => plot_main(&input, &out, op.as_deref()),
-        Cmd::Graph { scenario, nodes, json, dot } => {
+        Cmd::Graph { scenario, nodes, json, dot, no_cpd } => {
             let format = if json {
                 graph::Format::Json
             } else if dot {
@@ -572,7 +575,7 @@ fn main() {
             } else {
                 graph::Format::Text
             };
-            graph::run(&scenario, nodes, format)
+            graph::run(&scenario, nodes, format, no_cpd)
         }
         Cmd::Info { config } => {
             if let Some(c) = config {

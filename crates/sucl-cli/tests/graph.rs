@@ -7,15 +7,18 @@ use std::process::Command;
 /// Writes `toml` to a temporary scenario file and runs `sucl graph` on it; (exit code, stdout,
 /// stderr).
 fn graph(toml: &str, nodes: usize, flag: Option<&str>) -> (i32, String, String) {
+    graph_args(toml, nodes, flag.as_slice())
+}
+
+/// [`graph`] with any flags.
+fn graph_args(toml: &str, nodes: usize, flags: &[&str]) -> (i32, String, String) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     let path = std::env::temp_dir().join(format!("sucl-graph-{}-{}.toml", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
     std::fs::write(&path, toml).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sucl"));
     cmd.args(["graph", path.to_str().unwrap(), "--nodes", &nodes.to_string()]);
-    if let Some(f) = flag {
-        cmd.arg(f);
-    }
+    cmd.args(flags);
     let out = cmd.output().unwrap();
     let _ = std::fs::remove_file(&path);
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
@@ -186,4 +189,53 @@ fn bad_scenarios_are_clear_errors() {
     let (code, _, err) = graph(STENCIL, 0, None);
     assert_eq!(code, 2);
     assert!(err.contains("--nodes must be at least 1"), "{err}");
+}
+
+const ALL_GATHER: &str = r#"
+[[buffer]]
+name = "a"
+extent = [12]
+[[buffer]]
+name = "b"
+extent = [12]
+[[task]]
+name = "init"
+range = [12]
+accessors = [{ buffer = "a", mode = "discard_write", mapper = "one_to_one" }]
+[[task]]
+name = "use"
+range = [12]
+accessors = [
+  { buffer = "a", mode = "read", mapper = "all" },
+  { buffer = "b", mode = "discard_write", mapper = "one_to_one" },
+]
+"#;
+
+#[test]
+fn collective_discovery_shows_an_all_gather_and_no_cpd_turns_it_off() {
+    let with = json(ALL_GATHER, 3);
+    assert_eq!(with["tasks"][1]["forwards"][0]["producer"], 0, "the task graph names the forward");
+    for r in 0..3 {
+        let c: Vec<&Value> = commands(&with, r).iter().filter(|c| c["task"] == 1 && c["buffer"] == 0).collect();
+        assert_eq!(c.len(), 1, "rank {r}: one command moves a for task 1");
+        assert_eq!(
+            (&c[0]["kind"], &c[0]["collective"], &c[0]["root"]),
+            (&Value::from("collective"), &Value::from("all_gather"), &Value::Null)
+        );
+        let parts = c[0]["parts"].as_array().unwrap();
+        assert_eq!(parts.len(), 3);
+        for (p, part) in parts.iter().enumerate() {
+            assert_eq!(part["region"], rows(4 * p, 4 * p + 4, 1), "rank {r}: part of rank {p}");
+        }
+    }
+    let (code, out, err) = graph_args(ALL_GATHER, 3, &["--json", "--no-cpd"]);
+    assert_eq!(code, 0, "{err}");
+    let without: Value = serde_json::from_str(&out).unwrap();
+    for r in 0..3 {
+        let kinds: Vec<&Value> = commands(&without, r).iter().filter(|c| c["task"] == 1 && c["buffer"] == 0).map(|c| &c["kind"]).collect();
+        assert_eq!(kinds, [&Value::from("push"), &Value::from("await_push")], "rank {r} without discovery");
+    }
+    let (code, text, _) = graph_args(ALL_GATHER, 3, &[]);
+    assert_eq!(code, 0);
+    assert!(text.contains("Collective T1 B0") && text.contains("AllGather parts [r0: [0..4]; r1: [4..8]; r2: [8..12]]"), "{text}");
 }

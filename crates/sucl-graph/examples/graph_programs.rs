@@ -30,6 +30,7 @@ pub fn run() -> Result<(), GraphError> {
     stencil_2d(&mut q)?;
     transpose(&mut q)?;
     nbody(&mut q)?;
+    table3(&mut q)?;
     q.sync()?;
     Ok(())
 }
@@ -190,6 +191,105 @@ fn transpose(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
         })
     })?;
     print(q.comm(), "transpose", &q.fence_all(&t)?);
+    Ok(())
+}
+
+/// The Table 3 programs of the collective pattern discovery paper: all-gather, gather-scatter,
+/// gather-broadcast and all-to-all (with discovery on they run as collectives).
+fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
+    const N: usize = 24;
+    let fill = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>, k0: f64| {
+        q.submit(|cgh| {
+            let a = cgh.discard_write(a, one_to_one());
+            cgh.parallel_for([N], move |c, k| {
+                let mut a = k.write(&a);
+                for i in c.offset[0]..c.offset[0] + c.range[0] {
+                    a.set([i], k0 + (i * i % 11) as f64);
+                }
+            })
+        })
+    };
+    // all-gather: an N kernel reads all, writes identity.
+    let (a, b) = (q.buffer::<f64, 1>([N])?, q.buffer::<f64, 1>([N])?);
+    fill(q, &a, 1.0)?;
+    q.submit(|cgh| {
+        let (a, b) = (cgh.read(&a, all()), cgh.discard_write(&b, one_to_one()));
+        cgh.parallel_for([N], move |c, k| {
+            let (a, mut b) = (k.read(&a), k.write(&b));
+            let sum: f64 = a.as_slice().iter().sum();
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                b.set([i], sum - a.get([i]));
+            }
+        })
+    })?;
+    print(q.comm(), "allgather", &q.fence_all(&b)?);
+    // gather-scatter and gather-broadcast: a 1-item kernel reads and writes all (gather), then
+    // an N kernel reads identity (scatter) or all (broadcast).
+    let one_item = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>| {
+        q.submit(|cgh| {
+            let a = cgh.read_write(a, all());
+            cgh.parallel_for([1], move |_, k| {
+                let mut a = k.write(&a);
+                let mut acc = 0.0;
+                for i in 0..N {
+                    acc += a.get([i]);
+                    a.set([i], acc);
+                }
+            })
+        })
+    };
+    let c = q.buffer::<f64, 1>([N])?;
+    fill(q, &c, 2.0)?;
+    one_item(q, &c)?;
+    q.submit(|cgh| {
+        let c = cgh.read_write(&c, one_to_one());
+        cgh.parallel_for([N], move |ch, k| {
+            let mut c = k.write(&c);
+            for i in ch.offset[0]..ch.offset[0] + ch.range[0] {
+                c.set([i], c.get([i]) * 0.5 + i as f64);
+            }
+        })
+    })?;
+    print(q.comm(), "gatherscatter", &q.fence_all(&c)?);
+    let (d, e) = (q.buffer::<f64, 1>([N])?, q.buffer::<f64, 1>([N])?);
+    fill(q, &d, 3.0)?;
+    one_item(q, &d)?;
+    q.submit(|cgh| {
+        let (d, e) = (cgh.read(&d, all()), cgh.discard_write(&e, one_to_one()));
+        cgh.parallel_for([N], move |ch, k| {
+            let (d, mut e) = (k.read(&d), k.write(&e));
+            for i in ch.offset[0]..ch.offset[0] + ch.range[0] {
+                e.set([i], d.get([N - 1 - i]) - d.get([i]));
+            }
+        })
+    })?;
+    print(q.comm(), "gatherbcast", &q.fence_all(&e)?);
+    // all-to-all: an N×N kernel reads transposed(0, 1) of a row-split producer.
+    const M: usize = 10;
+    let (x, t) = (q.buffer::<f64, 2>([M, M])?, q.buffer::<f64, 2>([M, M])?);
+    q.submit(|cgh| {
+        let x = cgh.discard_write(&x, one_to_one());
+        cgh.parallel_for([M, M], move |c, k| {
+            let mut x = k.write(&x);
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in 0..M {
+                    x.set([i, j], (i * 100 + j) as f64);
+                }
+            }
+        })
+    })?;
+    q.submit(|cgh| {
+        let (x, t) = (cgh.read(&x, transposed(0, 1)), cgh.discard_write(&t, one_to_one()));
+        cgh.parallel_for([M, M], move |c, k| {
+            let (x, mut t) = (k.read(&x), k.write(&t));
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in 0..M {
+                    t.set([i, j], x.get([j, i]));
+                }
+            }
+        })
+    })?;
+    print(q.comm(), "alltoall", &q.fence_all(&t)?);
     Ok(())
 }
 

@@ -15,7 +15,7 @@
 
 use crate::geometry::{GridBox, Index, Region, RegionMap, MAX_DIMS};
 use crate::mapper::Chunk;
-use crate::task::{AccessMode, BufferId, DepKind, SplitHint, Target, Task, TaskGraph, TaskId, TaskKind};
+use crate::task::{AccessMode, BufferId, DepKind, Forward, SplitHint, Target, Task, TaskGraph, TaskId, TaskKind};
 use crate::GraphError;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +38,41 @@ pub enum CommandKind {
     Horizon,
     /// An epoch: waits for this rank's front.
     Epoch,
+    /// A collective transfer found by collective pattern discovery (see [`Collective`]).
+    Collective,
+}
+
+/// The collective a forward became after work assignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    /// Many producers, one consumer (the root).
+    Gather,
+    /// Every rank produces a part and reads the whole.
+    AllGather,
+    /// One producer (the root), every consumer reads the same cells.
+    Broadcast,
+    /// One producer (the root), consumers read disjoint parts.
+    Scatter,
+    /// A transposition: every rank sends a distinct part to every other.
+    AllToAll,
+}
+
+/// What a collective command moves. Every rank gets the same collective commands in the same
+/// order; `parts` is the same on every rank, `sends` / `recvs` are this rank's share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Collective {
+    /// Which collective.
+    pub op: CollectiveOp,
+    /// The root rank (gather: the consumer; broadcast, scatter: the producer).
+    pub root: Option<usize>,
+    /// Per rank: the cells it contributes (gather, all-gather, all-to-all) or receives
+    /// (broadcast, scatter); the per-rank counts of the v-forms.
+    pub parts: Vec<PeerRegion>,
+    /// What this rank sends, per peer.
+    pub sends: Vec<PeerRegion>,
+    /// What this rank receives, per peer.
+    pub recvs: Vec<PeerRegion>,
 }
 
 /// A peer of a transfer and the cells exchanged with it.
@@ -90,20 +125,26 @@ pub struct Command {
     pub accesses: Vec<CommandAccess>,
     /// The commands of this rank it waits for.
     pub dependencies: Vec<CommandDep>,
+    /// Collective: the pattern and the per-rank regions.
+    pub collective: Option<Collective>,
 }
 
 /// How `rank` of `ranks` splits a task: the chunk it runs (empty range if none).
 pub fn chunk_of(task: &Task, ranks: usize, rank: usize) -> Chunk {
-    let global = task.range;
+    split_chunk(task.target, task.range, task.granularity, ranks, rank)
+}
+
+/// The chunk of `rank` of `ranks` for a task of this geometry.
+fn split_chunk(target: Target, global: Index, granularity: Index, ranks: usize, rank: usize) -> Chunk {
     let empty = Chunk { offset: [0; MAX_DIMS], range: [0; MAX_DIMS], global };
-    match task.target {
+    match target {
         Target::Master if rank == 0 => Chunk::whole(global),
         Target::Master => empty,
         Target::Collective => Chunk { offset: [rank, 0, 0], range: [usize::from(rank < global[0]), 1, 1], global },
         Target::Distributed(hint) => {
             let (rows, cols) = grid(hint, global, ranks);
             let (i, j) = (rank / cols, rank % cols);
-            let g = task.granularity;
+            let g = granularity;
             let (lo0, hi0) = slab(global[0], rows, i, g[0]);
             let (lo1, hi1) = slab(global[1], cols, j, g[1]);
             let mut offset = [0; MAX_DIMS];
@@ -161,6 +202,7 @@ pub struct CommandGraphGenerator {
     front: BTreeSet<CommandId>,
     effective_epoch: Option<CommandId>,
     last_horizon: Option<CommandId>,
+    discovery: bool,
 }
 
 /// Per buffer, per rank: the cells whose prior contents the chunk needs, and the cells it writes.
@@ -180,7 +222,14 @@ impl CommandGraphGenerator {
             front: BTreeSet::new(),
             effective_epoch: None,
             last_horizon: None,
+            discovery: true,
         })
+    }
+
+    /// Turns collective pattern discovery on (the default) or off (every transfer is
+    /// push / await-push).
+    pub fn set_discovery(&mut self, on: bool) {
+        self.discovery = on;
     }
 
     /// This generator's rank.
@@ -243,6 +292,15 @@ impl CommandGraphGenerator {
         let regions = self.chunk_regions(graph, task);
         check_overlapping_writes(task, &regions)?;
         for (&buffer, per_rank) in &regions {
+            if self.discovery {
+                if let Some(f) = task.forwards.iter().find(|f| f.buffer == buffer) {
+                    // The forward covers every cell the task reads of this buffer: once it is
+                    // a collective, nothing is left for push / await-push.
+                    if self.materialise(graph, task, f, per_rank) {
+                        continue;
+                    }
+                }
+            }
             self.transfers(task.id, buffer, per_rank);
         }
         self.execution(task, &regions);
@@ -322,6 +380,100 @@ impl CommandGraphGenerator {
             let id = self.emit(CommandKind::AwaitPush, task, Some(buffer), region.clone(), sources, deps);
             self.produced(buffer, &region, id);
         }
+    }
+
+    /// Turns a forward into a collective command when the chunk counts and the mappers'
+    /// metadata match one (the conditions of the issue, decided in constant time); otherwise
+    /// leaves the transfer to push / await-push. On success every rank's view records the
+    /// received cells, so the push / await-push pass that follows finds nothing left to move.
+    fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, per_rank: &[(Region, Region)]) -> bool {
+        let Some(pmap) = &f.producer_mapper else { return false };
+        let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
+        let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
+        let (pm, cm) = (pmap.meta(), reader.mapper.meta());
+        // Metadata alone rules most edges out (a halo read, a custom mapper) before any
+        // O(ranks) work, so a stencil pays nothing for discovery.
+        let identity_like = |m: &crate::mapper::MapperMeta| m.dims.iter().all(|d| *d != crate::mapper::DimMapping::Other);
+        if pm == crate::mapper::MapperMeta::UNKNOWN
+            || !(cm.constant || cm.non_overlapping || pm.non_overlapping)
+            || !(cm.constant || cm.non_overlapping || identity_like(&cm))
+        {
+            return false;
+        }
+        let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
+        let ranks = self.ranks;
+        let pchunks: Vec<Chunk> =
+            (0..ranks).map(|r| split_chunk(f.producer_target, f.producer_range, f.producer_granularity, ranks, r)).collect();
+        let producers: Vec<usize> = (0..ranks).filter(|&r| !pchunks[r].as_box().is_empty()).collect();
+        let consumers: Vec<usize> = (0..ranks).filter(|&r| !per_rank[r].0.is_empty()).collect();
+        let (m, c) = (producers.len(), consumers.len());
+        let full = m == ranks && c == ranks;
+        let (op, root) = if m >= 2 && c == 1 && pm.non_overlapping {
+            (CollectiveOp::Gather, Some(consumers[0]))
+        } else if full && m >= 2 && cm.constant && pm.non_overlapping {
+            (CollectiveOp::AllGather, None)
+        } else if m == 1 && c >= 2 && cm.constant {
+            (CollectiveOp::Broadcast, Some(producers[0]))
+        } else if m == 1 && c >= 2 && cm.non_overlapping {
+            (CollectiveOp::Scatter, Some(producers[0]))
+        } else if full && m >= 2 && is_transposition(f, task, pmap, &reader.mapper) {
+            (CollectiveOp::AllToAll, None)
+        } else {
+            return false;
+        };
+        // Cells forwarded are written by the producer alone and read by nobody since, so a
+        // consumer lacks exactly the forwarded cells it reads that another rank wrote.
+        let writes: Vec<Region> = pchunks.iter().map(|ch| pmap.map(ch, extent).intersection(&f.region)).collect();
+        let me = self.rank;
+        let parts: Vec<PeerRegion> = match op {
+            CollectiveOp::Broadcast | CollectiveOp::Scatter => {
+                (0..ranks).map(|r| PeerRegion { rank: r, region: per_rank[r].0.intersection(&f.region) }).collect()
+            }
+            _ => writes.iter().enumerate().map(|(r, w)| PeerRegion { rank: r, region: w.clone() }).collect(),
+        };
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for s in 0..ranks {
+            if s == me {
+                continue;
+            }
+            let out = writes[me].intersection(&per_rank[s].0);
+            if !out.is_empty() {
+                sends.push(PeerRegion { rank: s, region: out });
+            }
+            let inc = writes[s].intersection(&per_rank[me].0);
+            if !inc.is_empty() {
+                recvs.push(PeerRegion { rank: s, region: inc });
+            }
+        }
+        let view = &mut self.buffers[f.buffer.0];
+        for (s, (reads, _)) in per_rank.iter().enumerate() {
+            if !reads.is_empty() {
+                let got = reads.intersection(&f.region);
+                if !got.is_empty() {
+                    view.fresh[s] = view.fresh[s].union(&got);
+                }
+            }
+        }
+        // The producer's writes partition the forwarded cells, so what this rank receives is
+        // what it reads of them minus its own part; a constant consumer reads the same cells
+        // everywhere, so what it sends is its part of them (no O(ranks) fold of regions).
+        let received = per_rank[me].0.intersection(&f.region).difference(&writes[me]);
+        let sent = match consumers.iter().find(|&&s| s != me) {
+            Some(&other) if cm.constant => writes[me].intersection(&per_rank[other].0),
+            _ => union_of(&sends),
+        };
+        let mut deps = self.true_deps(f.buffer, &sent);
+        deps.extend(self.write_deps(f.buffer, &received));
+        let id = self.emit(CommandKind::Collective, task.id, Some(f.buffer), received.clone(), Vec::new(), deps);
+        self.commands[id.0].collective = Some(Collective { op, root, parts, sends, recvs });
+        if !sent.is_empty() {
+            self.buffers[f.buffer.0].local_readers.push((id, sent));
+        }
+        if !received.is_empty() {
+            self.produced(f.buffer, &received, id);
+        }
+        true
     }
 
     fn execution(&mut self, task: &Task, regions: &ChunkRegions) {
@@ -451,7 +603,18 @@ impl CommandGraphGenerator {
             self.front.remove(&d.command);
         }
         self.front.insert(id);
-        self.commands.push(Command { id, kind, task, buffer, region, peers, chunk: None, accesses: Vec::new(), dependencies });
+        self.commands.push(Command {
+            id,
+            kind,
+            task,
+            buffer,
+            region,
+            peers,
+            chunk: None,
+            accesses: Vec::new(),
+            dependencies,
+            collective: None,
+        });
         id
     }
 }
@@ -480,6 +643,42 @@ fn check_overlapping_writes(task: &Task, regions: &ChunkRegions) -> Result<(), G
         }
     }
     Ok(())
+}
+
+/// A non-trivial transposition (all-to-all): one mapper on each side covering the forwarded
+/// cells, every buffer dimension constant or following a kernel dimension, and after the split
+/// one dimension goes from whole (producer) to split (consumer) and another the other way.
+fn is_transposition(f: &Forward, consumer: &Task, pmap: &crate::mapper::RangeMapper, cmap: &crate::mapper::RangeMapper) -> bool {
+    let split_dims = |target: Target, range: Index| -> [bool; MAX_DIMS] {
+        match target {
+            Target::Distributed(hint) => {
+                let two = hint == SplitHint::Split2D && range[1] > 1;
+                [true, two, false]
+            }
+            _ => [false; MAX_DIMS],
+        }
+    };
+    // Per buffer dimension: Some(true) split, Some(false) whole, None unknown.
+    let follow = |m: &crate::mapper::RangeMapper, split: [bool; MAX_DIMS]| -> Option<[bool; MAX_DIMS]> {
+        let mut out = [false; MAX_DIMS];
+        for (d, dm) in m.meta().dims.iter().enumerate() {
+            out[d] = match dm {
+                crate::mapper::DimMapping::Constant => false,
+                crate::mapper::DimMapping::Identity(k) => split[*k],
+                crate::mapper::DimMapping::Other => return None,
+            };
+        }
+        Some(out)
+    };
+    let (Some(p), Some(c)) =
+        (follow(pmap, split_dims(f.producer_target, f.producer_range)), follow(cmap, split_dims(consumer.target, consumer.range)))
+    else {
+        return false;
+    };
+    let whole_to_split = (0..MAX_DIMS).filter(|&d| !p[d] && c[d]).count();
+    let split_to_whole = (0..MAX_DIMS).filter(|&d| p[d] && !c[d]).count();
+    let split_both = (0..MAX_DIMS).filter(|&d| p[d] && c[d]).count();
+    whole_to_split == 1 && split_to_whole == 1 && split_both == 0
 }
 
 fn union_of(peers: &[PeerRegion]) -> Region {
@@ -523,6 +722,14 @@ impl Scheduler {
     pub fn for_rank(ranks: usize, rank: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = vec![CommandGraphGenerator::new(ranks, rank)?];
         Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: None })
+    }
+
+    /// Turns collective pattern discovery on (the default) or off for the tasks submitted
+    /// from now on.
+    pub fn set_discovery(&mut self, on: bool) {
+        for g in &mut self.generators {
+            g.set_discovery(on);
+        }
     }
 
     /// The task graph.

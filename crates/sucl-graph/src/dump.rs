@@ -12,13 +12,19 @@
 //!   "warnings": [ { "task", "buffer", "region" } ],
 //!   "command_graphs": [ { "rank", "commands": [
 //!       { "id", "kind", "task", "buffer"?, "region"?, "targets"? | "sources"?, "chunk"?,
-//!         "accesses"?, "dependencies": [ { "command", "kind" } ] } ] } ] }
+//!         "accesses"?, "collective"?, "root"?, "parts"?, "sends"?, "recvs"?,
+//!         "dependencies": [ { "command", "kind" } ] } ] } ] }
 //! ```
 //!
 //! A region is a list of disjoint boxes `{ "min": [x,y,z], "max": [x,y,z] }` (half-open; unused
 //! dimensions 0..1). `kind` of a command: execution, push, await_push, horizon, epoch. A push
 //! lists its `targets`, an await-push its `sources`, each `{ "rank", "region" }`. An execution
-//! has its `chunk` (a box) and `accesses` (`{ "buffer", "mode", "region" }`). Dependency kinds:
+//! has its `chunk` (a box) and `accesses` (`{ "buffer", "mode", "region" }`). A `collective`
+//! command (collective pattern discovery) has `collective` (gather, all_gather, broadcast,
+//! scatter, all_to_all), `root` (a rank or null), `parts` (per rank the cells it contributes —
+//! gather, all-gather, all-to-all — or receives — broadcast, scatter), and this rank's `sends`
+//! and `recvs` per peer; its `region` is what this rank receives. A task lists its `forwards`
+//! (`{ "buffer", "producer", "region" }`). Dependency kinds:
 //! true, anti, output, order. `tasks` holds every task made (also those a horizon dropped) when
 //! the scheduler records them (simulations, `SUCL_GRAPH_DUMP`); `command_graphs` one entry per
 //! generated rank (every rank in a simulation, the own rank in a running program).
@@ -49,6 +55,9 @@ fn task_json(t: &Task) -> Value {
             "buffer": a.buffer, "mode": a.mode, "mapper": format!("{:?}", a.mapper),
         })).collect::<Vec<_>>(),
         "dependencies": t.deps,
+        "forwards": t.forwards.iter().map(|f| json!({
+            "buffer": f.buffer, "producer": f.producer, "region": f.region,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -65,6 +74,15 @@ fn command_json(c: &Command) -> Value {
         }
         CommandKind::AwaitPush => {
             o.insert("sources".into(), json!(c.peers));
+        }
+        CommandKind::Collective => {
+            if let Some(coll) = &c.collective {
+                o.insert("collective".into(), json!(coll.op));
+                o.insert("root".into(), json!(coll.root));
+                o.insert("parts".into(), json!(coll.parts));
+                o.insert("sends".into(), json!(coll.sends));
+                o.insert("recvs".into(), json!(coll.recvs));
+            }
         }
         _ => {}
     }
@@ -122,6 +140,15 @@ fn command_line(s: &Scheduler, c: &Command) -> String {
     let dims = dims_of(s, c);
     if let Some(b) = c.buffer {
         let _ = write!(line, " B{} {}", b.0, boxes(&c.region, dims));
+    }
+    if let Some(coll) = &c.collective {
+        let _ = write!(line, " {:?}", coll.op);
+        if let Some(root) = coll.root {
+            let _ = write!(line, " root r{root}");
+        }
+        let parts: Vec<String> =
+            coll.parts.iter().filter(|p| !p.region.is_empty()).map(|p| format!("r{}: {}", p.rank, boxes(&p.region, dims))).collect();
+        let _ = write!(line, " parts [{}]", parts.join("; "));
     }
     let arrow = if c.kind == CommandKind::Push { "->" } else { "<-" };
     for p in &c.peers {
@@ -198,6 +225,7 @@ pub fn to_dot(s: &Scheduler) -> String {
             let color = match c.kind {
                 CommandKind::Push => "blue",
                 CommandKind::AwaitPush => "red",
+                CommandKind::Collective => "darkgreen",
                 CommandKind::Execution => "black",
                 _ => "gray",
             };

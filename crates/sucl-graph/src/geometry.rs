@@ -219,6 +219,16 @@ impl Region {
 
     /// Cells in `self` or `other`.
     pub fn union(&self, other: &Region) -> Region {
+        // Fast paths (common in command generation): one side empty or covered by the other.
+        let covers = |big: &Region, small: &Region| {
+            small.boxes.iter().all(|s| big.boxes.iter().any(|b| (0..MAX_DIMS).all(|d| b.min[d] <= s.min[d] && s.max[d] <= b.max[d])))
+        };
+        if covers(other, self) {
+            return other.clone();
+        }
+        if covers(self, other) {
+            return self.clone();
+        }
         let mut boxes = self.boxes.clone();
         boxes.extend(other.difference(self).boxes);
         Region::normalized(boxes)

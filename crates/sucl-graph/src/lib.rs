@@ -9,6 +9,13 @@
 //! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
 //! pattern and replace pushes with a collective.
 //!
+//! Collective pattern discovery (on by default; `QueueOptions::discovery`, `SUCL_GRAPH_CPD=0`,
+//! `sucl graph --no-cpd` turn it off): the task graph marks each read that is the first
+//! dependency on one producer's region as a [`Forward`] (unless producer and consumer share
+//! geometry and mapper), and each rank's generator turns a forward into a [`Collective`] command
+//! (gather, all-gather, broadcast, scatter, all-to-all) from the producer and consumer chunk
+//! counts and the mappers' metadata, or leaves it to push / await-push.
+//!
 //! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
 //! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures
 //! on worker threads), a master or collective host task, or a fence. [`Scheduler`] alone
@@ -31,7 +38,8 @@ pub use mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
 pub mod task;
 
 pub use task::{
-    AccessMode, Accessor, BufferId, BufferInfo, DepKind, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec, Warning,
+    AccessMode, Accessor, BufferId, BufferInfo, DepKind, Forward, SplitHint, Target, Task, TaskDep, TaskGraph, TaskId, TaskKind, TaskSpec,
+    Warning,
 };
 
 /// Errors of graph construction and command generation.
@@ -71,7 +79,8 @@ pub enum GraphError {
 pub mod command;
 
 pub use command::{
-    chunk_of, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion, RankGraph, Scheduler,
+    chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion,
+    RankGraph, Scheduler,
 };
 pub mod dump;
 pub mod queue;

@@ -154,6 +154,20 @@ impl RangeMapper {
         Region::from_box(b.intersection(&full))
     }
 
+    /// True if both mappers map every chunk to the same region (custom mappers: the same closure).
+    pub fn same_as(&self, other: &RangeMapper) -> bool {
+        use RangeMapper::*;
+        match (self, other) {
+            (OneToOne, OneToOne) | (All, All) => true,
+            (Fixed(a), Fixed(b)) => a == b,
+            (Neighborhood(a), Neighborhood(b)) | (NeighborhoodAxes(a), NeighborhoodAxes(b)) => a == b,
+            (Slice(a), Slice(b)) => a == b,
+            (Transposed(a, b), Transposed(c, d)) => (a, b) == (c, d),
+            (Custom(f, _), Custom(g, _)) => Arc::ptr_eq(f, g),
+            _ => false,
+        }
+    }
+
     /// What this mapper guarantees (see [`MapperMeta`]).
     pub fn meta(&self) -> MapperMeta {
         let identity = [DimMapping::Identity(0), DimMapping::Identity(1), DimMapping::Identity(2)];

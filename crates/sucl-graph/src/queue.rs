@@ -36,7 +36,7 @@
 //! accessor declared for the piece being run, so a kernel that reads data it did not declare
 //! fails loudly instead of reading stale cells on some rank counts.
 
-use crate::command::{Command, CommandKind, Scheduler};
+use crate::command::{Command, CommandKind, PeerRegion, Scheduler};
 use crate::geometry::{GridBox, Index, Region, MAX_DIMS};
 use crate::mapper::{Chunk, RangeMapper};
 use crate::task::{AccessMode, Accessor, BufferId, SplitHint, TaskId, TaskSpec};
@@ -519,6 +519,9 @@ pub struct QueueOptions {
     pub threads: usize,
     /// Write the task and command graphs here (`SUCL_GRAPH_DUMP`) when the queue is dropped.
     pub dump_dir: Option<PathBuf>,
+    /// Collective pattern discovery: replace push cascades with collective commands
+    /// (`SUCL_GRAPH_CPD=0` turns it off; on by default).
+    pub discovery: bool,
 }
 
 impl QueueOptions {
@@ -538,7 +541,15 @@ impl QueueOptions {
             }
         };
         let dump_dir = std::env::var_os("SUCL_GRAPH_DUMP").filter(|v| !v.is_empty()).map(PathBuf::from);
-        Ok(QueueOptions { horizon_step: 4, threads, dump_dir })
+        let discovery = match std::env::var("SUCL_GRAPH_CPD") {
+            Ok(v) => match v.trim() {
+                "0" | "off" | "false" => false,
+                "1" | "on" | "true" | "" => true,
+                _ => return Err(GraphError::InvalidArgument(format!("SUCL_GRAPH_CPD={v:?}: want 0 or 1"))),
+            },
+            Err(_) => true,
+        };
+        Ok(QueueOptions { horizon_step: 4, threads, dump_dir, discovery })
     }
 }
 
@@ -573,6 +584,7 @@ impl<'c> DistrQueue<'c> {
             return Err(GraphError::InvalidArgument("a queue needs at least one worker thread".into()));
         }
         let mut scheduler = Scheduler::for_rank(comm.size(), comm.rank(), options.horizon_step)?;
+        scheduler.set_discovery(options.discovery);
         if options.dump_dir.is_some() {
             scheduler.record_tasks(true);
         }
@@ -715,10 +727,10 @@ impl<'c> DistrQueue<'c> {
         while i < commands.len() {
             let c = &commands[i];
             match c.kind {
-                CommandKind::Push | CommandKind::AwaitPush => {
+                CommandKind::Push | CommandKind::AwaitPush | CommandKind::Collective => {
                     let end = commands[i..]
                         .iter()
-                        .position(|c| !matches!(c.kind, CommandKind::Push | CommandKind::AwaitPush))
+                        .position(|c| !matches!(c.kind, CommandKind::Push | CommandKind::AwaitPush | CommandKind::Collective))
                         .map_or(commands.len(), |n| i + n);
                     self.transfer(&commands[i..end])?;
                     i = end;
@@ -807,11 +819,21 @@ impl<'c> DistrQueue<'c> {
         Ctx { slots, comm, _data: PhantomData }
     }
 
-    /// Posts every push and await-push of one task at once and waits for all of them.
+    /// Posts every push, await-push and collective of one run of transfer commands at once
+    /// and waits for all of them.
+    ///
+    /// Collective commands are lowered to point-to-point messages here, in the fixed order of
+    /// their per-peer regions, with a tag of their own (a push left over for the same task and
+    /// buffer never matches them). Posting them with the pushes keeps the batch deadlock-free
+    /// whatever execution commands separate the batches on different ranks.
+    /// TODO(v-collectives): once the Communicator has nonblocking `gatherv`, `all_gatherv`,
+    /// `scatterv` and `all_to_allv`, lower Gather → gatherv, AllGather → all_gatherv,
+    /// Broadcast → broadcast, Scatter → scatterv and AllToAll → all_to_allv with
+    /// `Collective::parts` as the per-rank counts (the plain forms where all parts are equal).
     fn transfer(&mut self, commands: &[Command]) -> Result<(), GraphError> {
         let nbuf = self.stores.len().max(1) as u64;
         let tag = |c: &Command| -> u32 {
-            let id = c.task.0 as u64 * nbuf + c.buffer.map_or(0, |b| b.0 as u64);
+            let id = (c.task.0 as u64 * nbuf + c.buffer.map_or(0, |b| b.0 as u64)) * 2 + u64::from(c.kind == CommandKind::Collective);
             (id % (MAX_TAG as u64 + 1)) as u32
         };
         let mut sends = Vec::new();
@@ -819,11 +841,19 @@ impl<'c> DistrQueue<'c> {
         for c in commands {
             let buffer = c.buffer.ok_or_else(|| GraphError::InvalidArgument("a transfer names no buffer".into()))?;
             let store = &self.stores[buffer.0];
-            for p in &c.peers {
-                match c.kind {
-                    CommandKind::Push => sends.push((p.rank, tag(c), store.pack(&p.region))),
-                    _ => recvs.push((p.rank, tag(c), buffer, p.region.clone(), vec![0u8; p.region.area() * store.elem_size()])),
+            let (out, inc): (&[PeerRegion], &[PeerRegion]) = match (c.kind, &c.collective) {
+                (CommandKind::Push, _) => (&c.peers, &[]),
+                (CommandKind::Collective, Some(coll)) => (&coll.sends, &coll.recvs),
+                (CommandKind::Collective, None) => {
+                    return Err(GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))
                 }
+                _ => (&[], &c.peers),
+            };
+            for p in out {
+                sends.push((p.rank, tag(c), store.pack(&p.region)));
+            }
+            for p in inc {
+                recvs.push((p.rank, tag(c), buffer, p.region.clone(), vec![0u8; p.region.area() * store.elem_size()]));
             }
         }
         let rank = self.comm.rank();

@@ -247,10 +247,16 @@ impl Scenario {
 
     /// Builds the task graph and the command graphs of all `ranks` ranks (no kernel runs).
     pub fn simulate(&self, ranks: usize) -> Result<Scheduler, GraphError> {
+        self.simulate_with(ranks, true)
+    }
+
+    /// [`Scenario::simulate`] with collective pattern discovery on or off (`--no-cpd`).
+    pub fn simulate_with(&self, ranks: usize, discovery: bool) -> Result<Scheduler, GraphError> {
         if ranks == 0 {
             return Err(bad("--nodes must be at least 1".into()));
         }
         let mut s = Scheduler::simulate(ranks, self.horizon_step)?;
+        s.set_discovery(discovery);
         let mut names: BTreeMap<String, BufferId> = BTreeMap::new();
         for b in &self.buffers {
             dims(&b.extent, &format!("buffer '{}': extent", b.name))?;

@@ -236,6 +236,30 @@ pub struct Task {
     pub name: String,
     /// Chunk boundaries fall on multiples of this per dimension.
     pub granularity: Index,
+    /// Forward nodes (collective pattern discovery): the reads of this task that create the
+    /// first dependency on a producer's region, where the edge may need communication.
+    pub forwards: Vec<Forward>,
+}
+
+/// A forward node of the task graph (the paper's Algorithm 1): the data a task reads that one
+/// producer task wrote last and that no task has read since, with what command generation needs
+/// to turn the transfer into a collective after work assignment. Built identically on every rank.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// The producer task.
+    pub producer: TaskId,
+    /// The cells forwarded (the consumer's reads, all last written by the producer).
+    pub region: Region,
+    /// The producer's only writing accessor on the buffer (None if it had several).
+    pub producer_mapper: Option<RangeMapper>,
+    /// Where the producer ran.
+    pub producer_target: Target,
+    /// The producer's range.
+    pub producer_range: Index,
+    /// The producer's granularity.
+    pub producer_granularity: Index,
 }
 
 /// A diagnostic that does not stop the program.
@@ -354,11 +378,18 @@ impl TaskGraph {
         self.validate(&spec)?;
         let id = self.allocate();
         let mut deps = BTreeSet::new();
+        let mut forwards = Vec::new();
         for (buffer, reads, writes) in self.task_regions(&spec) {
+            if let Some(f) = self.forward(&spec, buffer, &reads) {
+                forwards.push(f);
+            }
             self.record_accesses(id, buffer, &reads, &writes, &mut deps);
         }
         let deps = strongest(deps);
         self.insert(id, spec, deps);
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.forwards = forwards;
+        }
         self.since_horizon += 1;
         if self.horizon_step > 0 && self.since_horizon >= self.horizon_step {
             self.horizon();
@@ -436,8 +467,53 @@ impl TaskGraph {
             deps,
             name: spec.name,
             granularity: spec.granularity,
+            forwards: Vec::new(),
         };
         self.tasks.insert(id, task);
+    }
+
+    /// The forward node for `spec` reading `reads` of `buffer`, if the read is the first
+    /// dependency on one producer's region and the edge is not communication-free.
+    fn forward(&self, spec: &TaskSpec, buffer: BufferId, reads: &Region) -> Option<Forward> {
+        if reads.is_empty() {
+            return None;
+        }
+        let track = &self.buffers[buffer.0];
+        // The first dependency: nobody read these cells since they were written.
+        if track.readers.iter().any(|(_, r)| r.intersects(reads)) {
+            return None;
+        }
+        let mut producer = None;
+        for (_, w) in track.last_writers.query(reads) {
+            match (w, producer) {
+                (None, _) => return None,
+                (Some(t), None) => producer = Some(t),
+                (Some(t), Some(p)) if t != p => return None,
+                _ => {}
+            }
+        }
+        let p = self.tasks.get(&producer?)?;
+        let mut writers = p.accessors.iter().filter(|a| a.buffer == buffer && a.mode.writes());
+        let producer_mapper = match (writers.next(), writers.next()) {
+            (Some(a), None) => Some(a.mapper.clone()),
+            _ => None,
+        };
+        let mut readers = spec.accessors.iter().filter(|a| a.buffer == buffer && a.mode.needs_prior_contents());
+        let same_geometry = p.target == spec.target && p.range == spec.range && p.granularity == spec.granularity;
+        if let (Some(pm), Some(r), None) = (&producer_mapper, readers.next(), readers.next()) {
+            if same_geometry && pm.same_as(&r.mapper) {
+                return None; // communication-free: every rank reads what it wrote
+            }
+        }
+        Some(Forward {
+            buffer,
+            producer: p.id,
+            region: reads.clone(),
+            producer_mapper,
+            producer_target: p.target,
+            producer_range: p.range,
+            producer_granularity: p.granularity,
+        })
     }
 
     fn validate(&self, spec: &TaskSpec) -> Result<(), GraphError> {

@@ -134,8 +134,10 @@ proptest! {
         ranks in 1usize..=8,
         steps in prop::collection::vec(arb_step(), 1..8),
         horizon in prop_oneof![Just(0usize), Just(3usize)],
+        discovery in any::<bool>(),
     ) {
         let mut s = Scheduler::simulate(ranks, horizon).unwrap();
+        s.set_discovery(discovery);
         let bufs = [s.create_buffer(&[LEN], false).unwrap(), s.create_buffer(&[LEN], false).unwrap()];
         let mut ids = Vec::new();
         for step in &steps {
@@ -156,23 +158,37 @@ proptest! {
             let mut seen = BTreeSet::new();
             for c in &g.commands {
                 let kind = c.kind;
-                if kind != CommandKind::Push && kind != CommandKind::AwaitPush {
+                if !matches!(kind, CommandKind::Push | CommandKind::AwaitPush | CommandKind::Collective) {
                     continue;
                 }
+                prop_assert!(discovery || kind != CommandKind::Collective, "no collective with discovery off");
                 let b = c.buffer.unwrap().0;
-                prop_assert!(seen.insert((kind == CommandKind::Push, c.task, b)), "one command per task and buffer");
+                prop_assert!(seen.insert((format!("{kind:?}"), c.task, b)), "one command per task and buffer");
+                // A collective both sends (like a push) and receives (like an await-push).
+                let (out, inc) = match (&c.collective, kind) {
+                    (Some(coll), _) => (coll.sends.clone(), coll.recvs.clone()),
+                    (None, CommandKind::Push) => (c.peers.clone(), Vec::new()),
+                    (None, _) => (Vec::new(), c.peers.clone()),
+                };
                 let mut union = BTreeSet::new();
-                for p in &c.peers {
+                for (p, sending) in out.iter().map(|p| (p, true)).chain(inc.iter().map(|p| (p, false))) {
                     prop_assert!(p.rank != g.rank);
                     for cell in region_cells(&p.region) {
-                        union.insert(cell);
-                        let (src, dst) = if kind == CommandKind::Push { (g.rank, p.rank) } else { (p.rank, g.rank) };
-                        let set = if kind == CommandKind::Push { &mut pushed } else { &mut awaited };
+                        if sending == (kind == CommandKind::Push) || kind == CommandKind::AwaitPush {
+                            union.insert(cell);
+                        }
+                        let (src, dst) = if sending { (g.rank, p.rank) } else { (p.rank, g.rank) };
+                        let set = if sending { &mut pushed } else { &mut awaited };
                         prop_assert!(set.insert((step_of(c.task.0), b, src, dst, cell)), "a cell moves once");
                     }
                 }
-                prop_assert_eq!(union, region_cells(&c.region));
-                if kind == CommandKind::AwaitPush {
+                if kind != CommandKind::Collective {
+                    prop_assert_eq!(union, region_cells(&c.region));
+                } else {
+                    let received: BTreeSet<usize> = inc.iter().flat_map(|p| region_cells(&p.region)).collect();
+                    prop_assert_eq!(received, region_cells(&c.region));
+                }
+                if kind == CommandKind::AwaitPush || (kind == CommandKind::Collective && !inc.is_empty()) {
                     let exec = g.commands.iter().find(|e| e.task == c.task && e.kind == CommandKind::Execution);
                     let exec = exec.expect("a rank that receives runs the task");
                     prop_assert!(exec.dependencies.iter().any(|d| d.command == c.id), "kernel waits for its await-push");

@@ -25,7 +25,7 @@ use CommandKind::{AwaitPush, Execution, Push};
 #[test]
 fn one_to_one_chain_never_communicates_at_any_rank_count() {
     for n in 1..=8 {
-        let mut s = Scheduler::simulate(n, 0).unwrap();
+        let mut s = p2p(n, 0);
         let a = s.create_buffer(&[16], false).unwrap();
         let b = s.create_buffer(&[16], false).unwrap();
         s.submit(TaskSpec::parallel_for("init", &[16]).access(a, OneToOne, DiscardWrite)).unwrap();
@@ -45,7 +45,7 @@ fn one_to_one_chain_never_communicates_at_any_rank_count() {
 
 #[test]
 fn all_after_a_1d_split_pushes_each_slab_once_to_every_other_rank() {
-    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let mut s = p2p(3, 0);
     let a = s.create_buffer(&[12], false).unwrap();
     let b = s.create_buffer(&[12], false).unwrap();
     s.submit(TaskSpec::parallel_for("produce", &[12]).access(a, OneToOne, DiscardWrite)).unwrap();
@@ -69,7 +69,7 @@ fn all_after_a_1d_split_pushes_each_slab_once_to_every_other_rank() {
     assert_eq!(deps(&s, 1, 3), vec![(0, DepKind::True), (2, DepKind::True)]);
     assert_eq!(deps(&s, 1, 4), vec![(0, DepKind::True), (2, DepKind::True), (3, DepKind::True)]);
     for n in 1..=8 {
-        let mut s = Scheduler::simulate(n, 0).unwrap();
+        let mut s = p2p(n, 0);
         let a = s.create_buffer(&[16], false).unwrap();
         s.submit(TaskSpec::parallel_for("produce", &[16]).access(a, OneToOne, DiscardWrite)).unwrap();
         s.submit(TaskSpec::master_host_task("reduce", &[1]).access(a, All, Read)).unwrap();
@@ -85,7 +85,7 @@ fn all_after_a_1d_split_pushes_each_slab_once_to_every_other_rank() {
 
 #[test]
 fn stencil_halo_exchanges_one_cell_with_each_neighbour() {
-    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let mut s = p2p(4, 0);
     let u = s.create_buffer(&[16], false).unwrap();
     let v = s.create_buffer(&[16], false).unwrap();
     s.submit(TaskSpec::parallel_for("init", &[16]).access(u, OneToOne, DiscardWrite)).unwrap();
@@ -118,7 +118,7 @@ fn stencil_halo_exchanges_one_cell_with_each_neighbour() {
 
 #[test]
 fn master_producer_scatters_to_the_readers() {
-    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let mut s = p2p(3, 0);
     let a = s.create_buffer(&[6], false).unwrap();
     s.submit(TaskSpec::master_host_task("load", &[6]).access(a, OneToOne, DiscardWrite)).unwrap();
     s.submit(TaskSpec::parallel_for("use", &[6]).access(a, OneToOne, Read)).unwrap();
@@ -133,7 +133,7 @@ fn master_producer_scatters_to_the_readers() {
 
 #[test]
 fn overlapping_writes_are_an_error_naming_task_and_region() {
-    let mut s = Scheduler::simulate(2, 0).unwrap();
+    let mut s = p2p(2, 0);
     let a = s.create_buffer(&[8], false).unwrap();
     s.submit(TaskSpec::parallel_for("ok", &[8]).access(a, OneToOne, DiscardWrite)).unwrap();
     let err = s.submit(TaskSpec::parallel_for("clash", &[8]).access(a, Neighborhood([1, 0, 0]), Write)).unwrap_err();
@@ -149,7 +149,7 @@ fn overlapping_writes_are_an_error_naming_task_and_region() {
 
 #[test]
 fn unwritten_data_never_moves_and_warns() {
-    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let mut s = p2p(4, 0);
     let a = s.create_buffer(&[8], false).unwrap();
     let h = s.create_buffer(&[8], true).unwrap();
     s.submit(TaskSpec::parallel_for("read", &[8]).access(a, All, Read).access(h, All, Read)).unwrap();
@@ -161,7 +161,7 @@ fn unwritten_data_never_moves_and_warns() {
 
 #[test]
 fn a_2d_split_tiles_the_range_and_all_gathers_every_tile() {
-    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let mut s = p2p(4, 0);
     let a = s.create_buffer(&[4, 4], false).unwrap();
     s.submit(TaskSpec::parallel_for("tile", &[4, 4]).split(SplitHint::Split2D).access(a, OneToOne, DiscardWrite)).unwrap();
     s.submit(TaskSpec::parallel_for("all", &[4, 4]).split(SplitHint::Split2D).access(a, All, Read)).unwrap();
@@ -182,7 +182,7 @@ fn a_2d_split_tiles_the_range_and_all_gathers_every_tile() {
 
 #[test]
 fn horizons_and_epochs_appear_on_every_rank_and_json_lists_commands() {
-    let mut s = Scheduler::simulate(2, 2).unwrap();
+    let mut s = p2p(2, 2);
     let a = s.create_buffer(&[4], false).unwrap();
     s.submit(TaskSpec::parallel_for("w", &[4]).access(a, OneToOne, DiscardWrite)).unwrap();
     s.submit(TaskSpec::parallel_for("r", &[4]).access(a, All, Read)).unwrap();
@@ -212,7 +212,7 @@ fn horizons_and_epochs_appear_on_every_rank_and_json_lists_commands() {
 
 #[test]
 fn granularity_puts_chunk_boundaries_on_multiples() {
-    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let mut s = p2p(3, 0);
     let a = s.create_buffer(&[16, 10], false).unwrap();
     s.submit(TaskSpec::parallel_for("g", &[16, 10]).granularity(&[4, 1]).access(a, OneToOne, DiscardWrite)).unwrap();
     let chunks: Vec<_> = (0..3).map(|r| s.commands(r).unwrap()[0].chunk.unwrap()).collect();
@@ -220,7 +220,7 @@ fn granularity_puts_chunk_boundaries_on_multiples() {
         chunks,
         vec![GridBox::new([0, 0, 0], [4, 10, 1]), GridBox::new([4, 0, 0], [8, 10, 1]), GridBox::new([8, 0, 0], [16, 10, 1])]
     );
-    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let mut s = p2p(4, 0);
     let a = s.create_buffer(&[6], false).unwrap();
     s.submit(TaskSpec::parallel_for("coarse", &[6]).granularity(&[4]).access(a, OneToOne, DiscardWrite)).unwrap();
     let got: Vec<_> = (0..4).map(|r| s.commands(r).unwrap().first().and_then(|c| c.chunk)).collect();
@@ -230,4 +230,12 @@ fn granularity_puts_chunk_boundaries_on_multiples() {
         "two granules for four ranks"
     );
     assert!(s.submit(TaskSpec::parallel_for("bad", &[6]).granularity(&[0])).is_err());
+}
+
+/// A simulation with collective pattern discovery off: these tests check push / await-push
+/// generation itself (tests/collectives.rs checks discovery).
+fn p2p(ranks: usize, horizon_step: usize) -> Scheduler {
+    let mut s = Scheduler::simulate(ranks, horizon_step).unwrap();
+    s.set_discovery(false);
+    s
 }

@@ -26,7 +26,7 @@ fn transfers(s: &Scheduler, rank: usize) -> Vec<Transfer> {
 
 #[test]
 fn reversed_writes_move_each_slab_to_its_mirror_rank() {
-    let mut s = Scheduler::simulate(4, 0).unwrap();
+    let mut s = p2p(4, 0);
     let a = s.create_buffer(&[16], false).unwrap();
     let reversed = RangeMapper::custom(
         |c, ext| {
@@ -51,7 +51,7 @@ fn reversed_writes_move_each_slab_to_its_mirror_rank() {
 #[test]
 fn a_2d_stencil_gets_corners_only_with_diagonals() {
     for (mapper, corners) in [(Neighborhood([1, 1, 0]), true), (NeighborhoodAxes([1, 1, 0]), false)] {
-        let mut s = Scheduler::simulate(4, 0).unwrap();
+        let mut s = p2p(4, 0);
         let u = s.create_buffer(&[8, 8], false).unwrap();
         let v = s.create_buffer(&[8, 8], false).unwrap();
         s.submit(TaskSpec::parallel_for("init", &[8, 8]).split(SplitHint::Split2D).access(u, OneToOne, DiscardWrite)).unwrap();
@@ -77,7 +77,7 @@ fn a_2d_stencil_gets_corners_only_with_diagonals() {
 
 #[test]
 fn several_buffers_in_one_task_get_one_transfer_each() {
-    let mut s = Scheduler::simulate(2, 0).unwrap();
+    let mut s = p2p(2, 0);
     let a = s.create_buffer(&[8], false).unwrap();
     let b = s.create_buffer(&[8], false).unwrap();
     let c = s.create_buffer(&[8], false).unwrap();
@@ -106,7 +106,7 @@ fn several_buffers_in_one_task_get_one_transfer_each() {
 
 #[test]
 fn collective_host_tasks_and_fences_bring_data_to_every_rank() {
-    let mut s = Scheduler::simulate(3, 0).unwrap();
+    let mut s = p2p(3, 0);
     let a = s.create_buffer(&[9], false).unwrap();
     s.submit(TaskSpec::parallel_for("w", &[9]).access(a, OneToOne, DiscardWrite)).unwrap();
     s.submit(TaskSpec::collective_host_task("report").access(a, All, Read)).unwrap();
@@ -133,4 +133,12 @@ fn collective_host_tasks_and_fences_bring_data_to_every_rank() {
             (CommandKind::AwaitPush, 4, 0, vec![(0, r1(2, 3)), (2, r1(6, 7))])
         ]
     );
+}
+
+/// A simulation with collective pattern discovery off: these tests check push / await-push
+/// generation itself (tests/collectives.rs checks discovery).
+fn p2p(ranks: usize, horizon_step: usize) -> Scheduler {
+    let mut s = Scheduler::simulate(ranks, horizon_step).unwrap();
+    s.set_discovery(false);
+    s
 }

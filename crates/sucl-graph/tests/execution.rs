@@ -55,12 +55,29 @@ fn lost_peer_rank() {
     std::process::exit(7);
 }
 
-const PROGRAMS: [&str; 7] = ["stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"];
+const PROGRAMS: [&str; 11] = [
+    "stencil:",
+    "all:",
+    "collective:",
+    "master:",
+    "stencil2d:",
+    "transpose:",
+    "nbody:",
+    "allgather:",
+    "gatherscatter:",
+    "gatherbcast:",
+    "alltoall:",
+];
 
 /// Runs the example on `n` ranks with `threads` worker threads each; rank 0's stdout. Panics
 /// on a failure or after 60 s.
 fn run(n: usize, threads: usize) -> String {
-    let mut ranks = start(n, "graph_programs_rank", "20", threads);
+    run_cpd(n, threads, None)
+}
+
+/// [`run`] with `SUCL_GRAPH_CPD` set to `cpd` if given (discovery on by default).
+fn run_cpd(n: usize, threads: usize, cpd: Option<&str>) -> String {
+    let mut ranks = start_env(n, "graph_programs_rank", "20", threads, None, cpd);
     for (r, c) in ranks.iter_mut().enumerate() {
         let (ok, err) = wait(c, Duration::from_secs(60), &format!("{n} ranks: rank {r}"));
         assert!(ok, "{n} ranks: rank {r} failed: {err}");
@@ -93,6 +110,11 @@ fn start(n: usize, rank_test: &str, timeout_s: &str, threads: usize) -> Vec<Reap
 
 /// [`start`], with `SUCL_GRAPH_DUMP` set to `dump` if given.
 fn start_with(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: Option<&std::path::Path>) -> Vec<Reaped> {
+    start_env(n, rank_test, timeout_s, threads, dump, None)
+}
+
+/// [`start_with`], with `SUCL_GRAPH_CPD` set to `cpd` if given.
+fn start_env(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: Option<&std::path::Path>, cpd: Option<&str>) -> Vec<Reaped> {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ranks: Vec<Reaped> = (0..n)
         .map(|r| {
@@ -109,6 +131,10 @@ fn start_with(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: 
             match dump {
                 Some(d) => cmd.env("SUCL_GRAPH_DUMP", d),
                 None => cmd.env_remove("SUCL_GRAPH_DUMP"),
+            };
+            match cpd {
+                Some(v) => cmd.env("SUCL_GRAPH_CPD", v),
+                None => cmd.env_remove("SUCL_GRAPH_CPD"),
             };
             cmd.env("SUCL_TIMEOUT", timeout_s)
                 .env("SUCL_GRAPH_THREADS", threads.to_string())
@@ -129,6 +155,16 @@ fn programs_give_identical_results_on_1_to_4_ranks() {
     assert_eq!(run(1, 3), one, "1 rank, 3 threads against 1 thread");
     for n in 2..=4 {
         assert_eq!(run(n, 2), one, "{n} ranks against 1");
+    }
+}
+
+#[test]
+fn collective_discovery_on_and_off_give_identical_results_on_1_to_4_ranks() {
+    let reference = run_cpd(1, 1, Some("0"));
+    assert_eq!(reference.lines().count(), PROGRAMS.len(), "every program prints: {reference}");
+    for n in 1..=4 {
+        assert_eq!(run_cpd(n, 1, Some("0")), reference, "{n} ranks without discovery");
+        assert_eq!(run_cpd(n, 1, Some("1")), reference, "{n} ranks with discovery");
     }
 }
 
@@ -163,5 +199,9 @@ fn sucl_graph_dump_writes_every_ranks_graph_from_a_running_program() {
         let peer = 1 - r;
         assert!(cmds.iter().any(|c| c["kind"] == "push" && c["targets"][0]["rank"] == peer), "rank {r} pushes to {peer}");
         assert!(cmds.iter().any(|c| c["kind"] == "await_push" && c["sources"][0]["rank"] == peer), "rank {r} awaits {peer}");
+        // The Table 3 programs ran as collectives (discovery is on by default).
+        for op in ["all_gather", "gather", "scatter", "broadcast", "all_to_all"] {
+            assert!(cmds.iter().any(|c| c["kind"] == "collective" && c["collective"] == op), "rank {r} ran a {op}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 use sucl_graph::{mappers::*, DistrQueue, GraphError, GridBox, QueueOptions};
 
 fn queue_opts(threads: usize, dump: Option<std::path::PathBuf>) -> QueueOptions {
-    QueueOptions { horizon_step: 4, threads, dump_dir: dump }
+    QueueOptions { horizon_step: 4, threads, dump_dir: dump, discovery: true }
 }
 
 #[test]
