@@ -260,7 +260,7 @@ impl<'k> Handler<'k> {
     }
 
     /// Runs `task` once on every rank (a collective host task: rank r gets the chunk [r, r+1)
-    /// of [ranks], and [`Ctx::comm`] gives it the communicator).
+    /// of `ranks`, and [`Ctx::comm`] gives it the communicator).
     pub fn collective_task(&mut self, task: impl FnOnce(&Chunk, &Ctx<'_>) + 'k) {
         self.set_action(Action::Collective { task: Box::new(task) });
     }
