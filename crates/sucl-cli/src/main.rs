@@ -11,6 +11,7 @@ mod ops;
 mod pattern;
 mod plot;
 mod tune;
+mod vcheck;
 
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;

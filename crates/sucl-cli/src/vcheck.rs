@@ -1,0 +1,173 @@
+//! The v-collectives part of `sucl check`: gatherv, scatterv, all_gatherv and all_to_allv with
+//! uneven counts (zeros included) and displacements with gaps and out of rank order, checked
+//! element by element — gaps too, which must keep their sentinel — against a reference built
+//! serially from the value function, independently of any communication.
+//!
+//! Test hook: `SUCL_CHECK_V_MISMATCH=R` makes rank `R` pass a counts table that differs from the
+//! others'; every rank must then get `Mismatch` from the first v-call (and the check fails).
+
+use sucl::{Communicator, Element, Error, Result};
+
+/// What a gap (an element no block covers) holds before and after the call.
+const SENTINEL: i16 = -7;
+
+/// The value of element `k` of the block rank `src` sends to rank `dst`.
+fn val<T: From<i16>>(src: usize, dst: usize, k: usize) -> T {
+    T::from(((src * 97 + dst * 31 + k * 7) % 30000) as i16)
+}
+
+/// Displacements for `counts` with a gap of `gap` elements before each block, blocks placed in
+/// reverse rank order when `reverse`; returns them and the buffer length needed.
+fn layout(counts: &[usize], gap: usize, reverse: bool) -> (Vec<usize>, usize) {
+    let n = counts.len();
+    let mut displs = vec![0; n];
+    let mut at = 0;
+    for i in 0..n {
+        let r = if reverse { n - 1 - i } else { i };
+        at += gap;
+        displs[r] = at;
+        at += counts[r];
+    }
+    (displs, at + gap)
+}
+
+/// Count tables exercised at `n` ranks (each includes zeros once `n > 1`).
+fn count_tables(n: usize) -> Vec<Vec<usize>> {
+    vec![
+        (0..n).map(|r| (r * 3 + 1) % 4).collect(),
+        (0..n).map(|r| if r == n - 1 { 5 } else { 0 }).collect(),
+        (0..n).map(|r| 1000 + r * 37).collect(),
+    ]
+}
+
+/// Runs every v-check; `record(what, wrong_elements)` collects the results.
+pub fn run(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
+    let bad_rank: Option<usize> = std::env::var("SUCL_CHECK_V_MISMATCH").ok().and_then(|s| s.parse().ok());
+    typed::<i32>(comm, bad_rank, record)?;
+    typed::<f64>(comm, None, record)?;
+    typed::<i64>(comm, None, record)
+}
+
+fn typed<T: Element + From<i16> + PartialEq + Copy>(comm: &Communicator, bad: Option<usize>, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
+    let n = comm.size();
+    let me = comm.rank();
+    let s: T = T::from(SENTINEL);
+    for (t, base) in count_tables(n).into_iter().enumerate() {
+        let mut counts = base.clone();
+        if bad == Some(me) {
+            counts[0] += 1;
+        }
+        let root = t % n;
+        let dt = T::DTYPE;
+        // gatherv
+        let (displs, len) = layout(&base, 2, t % 2 == 0);
+        let send: Vec<T> = (0..base[me]).map(|k| val(me, root, k)).collect();
+        let mut recv = vec![s; if me == root { len } else { 0 }];
+        comm.gatherv(&send[..], &mut recv[..], &counts, &displs, root)?;
+        if me == root {
+            let mut want = vec![s; len];
+            for (r, (&c, &d)) in base.iter().zip(&displs).enumerate() {
+                for k in 0..c {
+                    want[d + k] = val(r, root, k);
+                }
+            }
+            record(&format!("gatherv {dt} table {t} root {root}"), diff(&recv, &want));
+        }
+        // scatterv
+        let send: Vec<T> = if me == root {
+            let mut v = vec![s; len];
+            for (r, (&c, &d)) in base.iter().zip(&displs).enumerate() {
+                for k in 0..c {
+                    v[d + k] = val(root, r, k);
+                }
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        let mut recv = vec![s; base[me]];
+        comm.scatterv(&send[..], &mut recv[..], &counts, &displs, root)?;
+        let want: Vec<T> = (0..base[me]).map(|k| val(root, me, k)).collect();
+        record(&format!("scatterv {dt} table {t} root {root}"), diff(&recv, &want));
+        // all_gatherv
+        let (displs, len) = layout(&base, 1, t % 2 == 1);
+        let send: Vec<T> = (0..base[me]).map(|k| val(me, usize::MAX % 7, k)).collect();
+        let mut recv = vec![s; len];
+        comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs)?;
+        let mut want = vec![s; len];
+        for (r, (&c, &d)) in base.iter().zip(&displs).enumerate() {
+            for k in 0..c {
+                want[d + k] = val(r, usize::MAX % 7, k);
+            }
+        }
+        record(&format!("all_gatherv {dt} table {t}"), diff(&recv, &want));
+        // all_to_allv: counts[i][j] from a rotation of the table, so rows and columns differ.
+        let matrix: Vec<usize> = (0..n * n).map(|x| base[(x / n + 2 * (x % n)) % n] / (1 + x % 3)).collect();
+        let mut mine = matrix.clone();
+        if bad == Some(me) {
+            mine[0] += 1;
+        }
+        let row: Vec<usize> = matrix[me * n..(me + 1) * n].to_vec();
+        let col: Vec<usize> = (0..n).map(|i| matrix[i * n + me]).collect();
+        let (sd, slen) = layout(&row, 1, false);
+        let (rd, rlen) = layout(&col, 3, true);
+        let mut send = vec![s; slen];
+        for j in 0..n {
+            for k in 0..row[j] {
+                send[sd[j] + k] = val(me, j, k);
+            }
+        }
+        let mut recv = vec![s; rlen];
+        comm.all_to_allv(&send[..], &sd, &mut recv[..], &rd, &mine)?;
+        let mut want = vec![s; rlen];
+        for i in 0..n {
+            for k in 0..col[i] {
+                want[rd[i] + k] = val(i, me, k);
+            }
+        }
+        record(&format!("all_to_allv {dt} table {t}"), diff(&recv, &want));
+    }
+    check_errors(comm, record)
+}
+
+/// Invalid arguments are rejected on the rank that passed them (and as Mismatch elsewhere),
+/// before anything moves; the communicator keeps working afterwards.
+fn check_errors(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
+    let n = comm.size();
+    let me = comm.rank();
+    let counts = vec![2usize; n];
+    let send = vec![1i32; 2];
+    // Overlapping receive blocks on the root (only when there are two blocks to overlap).
+    if n > 1 {
+        let displs: Vec<usize> = (0..n).map(|r| r).collect();
+        let mut recv = vec![0i32; 2 * n];
+        let r = comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs);
+        record("all_gatherv with overlapping blocks is rejected", usize::from(!matches!(r, Err(Error::InvalidArgument { .. }))));
+    }
+    // A displacement past the end, on one rank only: that rank gets InvalidArgument, the others Mismatch.
+    let mut displs: Vec<usize> = (0..n).map(|r| 2 * r).collect();
+    if me == n - 1 {
+        displs[n - 1] = 2 * n - 1;
+    }
+    let mut recv = vec![0i32; 2 * n];
+    let r = comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs);
+    let ok = if me == n - 1 { matches!(r, Err(Error::InvalidArgument { .. })) } else { matches!(r, Err(Error::Mismatch { .. })) };
+    record("all_gatherv with a block past the end is rejected on every rank", usize::from(!ok));
+    // Root out of range.
+    let r = comm.gatherv(&send[..], &mut recv[..], &counts, &displs, n);
+    record("gatherv with root out of range is rejected", usize::from(!matches!(r, Err(Error::InvalidArgument { .. }))));
+    // Still usable: a valid call after the rejected ones.
+    let displs: Vec<usize> = (0..n).map(|r| 2 * r).collect();
+    let send = vec![me as i32; 2];
+    comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs)?;
+    let want: Vec<i32> = (0..2 * n).map(|x| (x / 2) as i32).collect();
+    record("all_gatherv after rejected calls", diff(&recv, &want));
+    Ok(())
+}
+
+fn diff<T: PartialEq>(got: &[T], want: &[T]) -> usize {
+    if got.len() != want.len() {
+        return got.len().max(want.len());
+    }
+    got.iter().zip(want).filter(|(a, b)| a != b).count()
+}
