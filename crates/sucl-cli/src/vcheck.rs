@@ -3,8 +3,9 @@
 //! element by element — gaps too, which must keep their sentinel — against a reference built
 //! serially from the value function, independently of any communication.
 //!
-//! Test hook: `SUCL_CHECK_V_MISMATCH=R` makes rank `R` pass a counts table that differs from the
-//! others'; every rank must then get `Mismatch` from the first v-call (and the check fails).
+//! Test hook: `SUCL_CHECK_V_MISMATCH=R` adds calls in which rank `R` passes a counts table that
+//! differs from the others'; every rank must get `Mismatch` from each of them (printed as
+//! `v-mismatch detected: ...`; anything else counts as wrong), and later calls still work.
 
 use sucl::{Communicator, Element, Error, Result};
 
@@ -43,20 +44,58 @@ fn count_tables(n: usize) -> Vec<Vec<usize>> {
 /// Runs every v-check; `record(what, wrong_elements)` collects the results.
 pub fn run(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
     let bad_rank: Option<usize> = std::env::var("SUCL_CHECK_V_MISMATCH").ok().and_then(|s| s.parse().ok());
-    typed::<i32>(comm, bad_rank, record)?;
-    typed::<f64>(comm, None, record)?;
-    typed::<i64>(comm, None, record)
+    if let Some(bad) = bad_rank {
+        check_mismatch(comm, bad, record)?;
+    }
+    typed::<i32>(comm, record)?;
+    typed::<f64>(comm, record)?;
+    typed::<i64>(comm, record)
 }
 
-fn typed<T: Element + From<i16> + PartialEq + Copy>(comm: &Communicator, bad: Option<usize>, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
+/// Rank `bad` passes a counts table with one more element for rank 0 (gatherv) and for the
+/// pair 0 → 0 (all_to_allv); every rank must see `Mismatch`.
+fn check_mismatch(comm: &Communicator, bad: usize, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
+    let n = comm.size();
+    let me = comm.rank();
+    let mut counts = vec![1usize; n];
+    if me == bad {
+        counts[0] += 1;
+    }
+    let send = vec![1i32; counts[me]];
+    let displs: Vec<usize> = (0..n).map(|r| 2 * r).collect();
+    let mut recv = vec![0i32; 2 * n];
+    let r = comm.gatherv(&send[..], &mut recv[..], &counts, &displs, 0);
+    report_mismatch(me, "gatherv", r, record);
+    let mut matrix = vec![1usize; n * n];
+    if me == bad {
+        matrix[0] += 1;
+    }
+    let d: Vec<usize> = (0..n).map(|r| 2 * r).collect();
+    let send = vec![1i32; 2 * n];
+    let mut recv = vec![0i32; 2 * n];
+    let r = comm.all_to_allv(&send[..], &d, &mut recv[..], &d, &matrix);
+    report_mismatch(me, "all_to_allv", r, record);
+    Ok(())
+}
+
+fn report_mismatch(me: usize, op: &str, r: Result<()>, record: &mut dyn FnMut(&str, usize)) {
+    match r {
+        Err(e @ Error::Mismatch { .. }) => eprintln!("v-mismatch detected: {e}"),
+        other => {
+            eprintln!("rank {me}: {op} with a differing counts table gave {other:?}, not a Mismatch");
+            record(&format!("{op} counts mismatch"), 1);
+            return;
+        }
+    }
+    record(&format!("{op} counts mismatch"), 0);
+}
+
+fn typed<T: Element + From<i16> + PartialEq + Copy>(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Result<()> {
     let n = comm.size();
     let me = comm.rank();
     let s: T = T::from(SENTINEL);
     for (t, base) in count_tables(n).into_iter().enumerate() {
-        let mut counts = base.clone();
-        if bad == Some(me) {
-            counts[0] += 1;
-        }
+        let counts = base.clone();
         let root = t % n;
         let dt = T::DTYPE;
         // gatherv
@@ -103,10 +142,7 @@ fn typed<T: Element + From<i16> + PartialEq + Copy>(comm: &Communicator, bad: Op
         record(&format!("all_gatherv {dt} table {t}"), diff(&recv, &want));
         // all_to_allv: counts[i][j] from a rotation of the table, so rows and columns differ.
         let matrix: Vec<usize> = (0..n * n).map(|x| base[(x / n + 2 * (x % n)) % n] / (1 + x % 3)).collect();
-        let mut mine = matrix.clone();
-        if bad == Some(me) {
-            mine[0] += 1;
-        }
+        let mine = matrix.clone();
         let row: Vec<usize> = matrix[me * n..(me + 1) * n].to_vec();
         let col: Vec<usize> = (0..n).map(|i| matrix[i * n + me]).collect();
         let (sd, slen) = layout(&row, 1, false);
