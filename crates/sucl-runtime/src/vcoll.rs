@@ -27,10 +27,14 @@
 //! once); pairwise exchange for all_to_allv and all_gatherv (step `k`: send to `rank + k`,
 //! receive from `rank − k`), which keeps one send and one receive in flight per rank.
 //!
-//! Device memory is not served yet (an error says so); see the crate's README.
+//! A backend with native v-collectives (MPI: MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
+//! MPI_Ialltoallv) runs them instead, after the same validation and agreement.
+//!
+//! Device memory is not served yet (an error says so).
 
 use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
 use std::ops::Range;
+use sucl_core::backend::{VCollDesc, VCollOp};
 
 /// Tag bit of v-collective messages: above every user tag, below the engine's own collective
 /// tags (bit 63), so neither can match these.
@@ -205,6 +209,26 @@ impl Communicator {
         Ok(())
     }
 
+    /// Offers the call to the point-to-point backend's native v-collective (MPI's); `None` if it
+    /// has none. Counts and displacements are in elements here, scaled to bytes for it.
+    #[allow(clippy::too_many_arguments)]
+    fn try_native(
+        &self,
+        op: VCollOp,
+        root: usize,
+        es: usize,
+        sends: (&[usize], &[usize]),
+        recvs: (&[usize], &[usize]),
+        s: &[u8],
+        r: &mut [u8],
+    ) -> Option<Result<()>> {
+        let bytes = |v: &[usize]| v.iter().map(|x| x * es).collect::<Vec<usize>>();
+        let (sc, sd, rc, rd) = (bytes(sends.0), bytes(sends.1), bytes(recvs.0), bytes(recvs.1));
+        let d = VCollDesc { op, root, send_counts: &sc, send_displs: &sd, recv_counts: &rc, recv_displs: &rd };
+        let res = self.backend_mut().v_collective(&d, s, r)?;
+        Some(self.settle(res))
+    }
+
     fn host_only<'a>(&self, op: &str, m: Mem<'a>) -> Result<&'a [u8]> {
         match m {
             Mem::Host(b) => Ok(b),
@@ -251,13 +275,18 @@ impl Communicator {
         })();
         let tag = self.agree_v(VOp::Gatherv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
         let s = self.host_only("gatherv", send.mem())?;
+        let r = self.host_only_mut("gatherv", recv.mem_mut())?;
+        let own = [counts[me]];
+        let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+        if let Some(done) = self.try_native(VCollOp::Gatherv, root, es, (&own, &[0]), (rc, rd), s, r) {
+            return done;
+        }
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, Some((root, s)), None));
             }
             return Ok(());
         }
-        let r = self.host_only_mut("gatherv", recv.mem_mut())?;
         let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         let done = self.recv_blocks(tag, r, &blocks, es);
@@ -364,13 +393,18 @@ impl Communicator {
         })();
         let tag = self.agree_v(VOp::Scatterv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
         let r = self.host_only_mut("scatterv", recv.mem_mut())?;
+        let s = self.host_only("scatterv", send.mem())?;
+        let own = [counts[me]];
+        let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+        if let Some(done) = self.try_native(VCollOp::Scatterv, root, es, (sc, sd), (&own, &[0]), s, r) {
+            return done;
+        }
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, None, Some((root, r))));
             }
             return Ok(());
         }
-        let s = self.host_only("scatterv", send.mem())?;
         let blocks = self.blocks("displs", counts, displs, s.len() / es, false)?;
         let own = &blocks[me];
         r.copy_from_slice(&s[own.start * es..own.end * es]);
@@ -398,6 +432,9 @@ impl Communicator {
         let tag = self.agree_v(VOp::AllGatherv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
         let s = self.host_only("all_gatherv", send.mem())?;
         let r = self.host_only_mut("all_gatherv", recv.mem_mut())?;
+        if let Some(done) = self.try_native(VCollOp::AllGatherv, 0, es, (&[counts[me]], &[0]), (counts, displs), s, r) {
+            return done;
+        }
         let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         for k in 1..n {
@@ -438,6 +475,9 @@ impl Communicator {
         let tag = self.agree_v(VOp::AllToAllv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
         let s = self.host_only("all_to_allv", send.mem())?;
         let r = self.host_only_mut("all_to_allv", recv.mem_mut())?;
+        if let Some(done) = self.try_native(VCollOp::AllToAllv, 0, es, (&row, sdispls), (&col, rdispls), s, r) {
+            return done;
+        }
         let sb = self.blocks("sdispls", &row, sdispls, s.len() / es, false)?;
         let rb = self.blocks("rdispls", &col, rdispls, r.len() / es, true)?;
         r[rb[me].start * es..rb[me].end * es].copy_from_slice(&s[sb[me].start * es..sb[me].end * es]);
