@@ -172,10 +172,10 @@ fn check_errors(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Res
     let n = comm.size();
     let me = comm.rank();
     let counts = vec![2usize; n];
-    let send = vec![1i32; 2];
+    let send = [1i32; 2];
     // Overlapping receive blocks on the root (only when there are two blocks to overlap).
     if n > 1 {
-        let displs: Vec<usize> = (0..n).map(|r| r).collect();
+        let displs: Vec<usize> = (0..n).collect();
         let mut recv = vec![0i32; 2 * n];
         let r = comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs);
         record("all_gatherv with overlapping blocks is rejected", usize::from(!matches!(r, Err(Error::InvalidArgument { .. }))));
@@ -194,7 +194,7 @@ fn check_errors(comm: &Communicator, record: &mut dyn FnMut(&str, usize)) -> Res
     record("gatherv with root out of range is rejected", usize::from(!matches!(r, Err(Error::InvalidArgument { .. }))));
     // Still usable: a valid call after the rejected ones.
     let displs: Vec<usize> = (0..n).map(|r| 2 * r).collect();
-    let send = vec![me as i32; 2];
+    let send = [me as i32; 2];
     comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs)?;
     let want: Vec<i32> = (0..2 * n).map(|x| (x / 2) as i32).collect();
     record("all_gatherv after rejected calls", diff(&recv, &want));

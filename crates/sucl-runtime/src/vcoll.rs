@@ -106,12 +106,8 @@ impl Communicator {
     /// The element ranges of `displs`/`counts` in a buffer of `len` elements, checked.
     fn blocks(&self, arg: &'static str, counts: &[usize], displs: &[usize], len: usize, no_overlap: bool) -> Result<Vec<Range<usize>>> {
         self.table_len(arg, displs.len(), self.size)?;
-        let bs = counts
-            .iter()
-            .zip(displs)
-            .enumerate()
-            .map(|(i, (&c, &d))| block(arg, self.wr(), i, c, d, len))
-            .collect::<Result<Vec<_>>>()?;
+        let bs =
+            counts.iter().zip(displs).enumerate().map(|(i, (&c, &d))| block(arg, self.wr(), i, c, d, len)).collect::<Result<Vec<_>>>()?;
         if no_overlap {
             let idx: Vec<(usize, Range<usize>)> = bs.iter().cloned().enumerate().collect();
             disjoint(arg, self.wr(), &idx)?;
@@ -145,10 +141,7 @@ impl Communicator {
         if !differ.is_empty() {
             return Err(Error::Mismatch {
                 rank: self.wr(),
-                what: format!(
-                    "{op:?} (operation, element type, root or counts table): rank(s) {differ:?} differ from rank {}",
-                    self.rank
-                ),
+                what: format!("{op:?} (operation, element type, root or counts table): rank(s) {differ:?} differ from rank {}", self.rank),
             });
         }
         Ok(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1)))
@@ -203,7 +196,10 @@ impl Communicator {
         }
         if let (Some(n), Some(w), Some(src)) = (got, want, from) {
             if n != w {
-                return Err(Error::Mismatch { rank: self.wr(), what: format!("v-collective block size: {n} bytes from rank {src}, the counts table says {w}") });
+                return Err(Error::Mismatch {
+                    rank: self.wr(),
+                    what: format!("v-collective block size: {n} bytes from rank {src}, the counts table says {w}"),
+                });
             }
         }
         Ok(())
@@ -247,7 +243,11 @@ impl Communicator {
 
     #[cfg(feature = "cuda")]
     fn no_device_v(&self, op: &str) -> Error {
-        Error::BackendUnavailable { rank: self.wr(), backend: "nccl/staged".into(), why: format!("{op} on device memory is not implemented yet") }
+        Error::BackendUnavailable {
+            rank: self.wr(),
+            backend: "nccl/staged".into(),
+            why: format!("{op} on device memory is not implemented yet"),
+        }
     }
 
     /// Gathers `counts[r]` elements from every rank `r` into root's `recv` at element offset
