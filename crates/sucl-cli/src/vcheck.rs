@@ -207,3 +207,78 @@ fn diff<T: PartialEq>(got: &[T], want: &[T]) -> usize {
     }
     got.iter().zip(want).filter(|(a, b)| a != b).count()
 }
+
+/// The v-collectives on device buffers (run by `sucl check --device cuda` while NCCL is the
+/// pinned device backend): all_gatherv, gatherv and scatterv with uneven counts and all_to_allv
+/// with zero counts, displacements with gaps, against the same serial references. Returns
+/// (checks, failed checks) on this rank.
+#[cfg(feature = "cuda")]
+pub fn run_device(comm: &Communicator, q: &sucl::cuda::Queue) -> Result<(u64, u64)> {
+    let n = comm.size();
+    let me = comm.rank();
+    let s = f32::from(SENTINEL);
+    let (mut checks, mut failures) = (0u64, 0u64);
+    let mut record = |what: &str, wrong: usize| {
+        checks += 1;
+        if wrong > 0 {
+            failures += 1;
+            eprintln!("WRONG device {what}: {wrong} wrong elements");
+        }
+    };
+    let counts: Vec<usize> = (0..n).map(|r| 1000 + r * 37).collect();
+    let (displs, len) = layout(&counts, 2, true);
+    let root = n - 1;
+    // all_gatherv
+    let send: Vec<f32> = (0..counts[me]).map(|k| val(me, 0, k)).collect();
+    let dsend = q.upload(&send)?;
+    let mut drecv = q.upload(&vec![s; len])?;
+    comm.all_gatherv(&dsend, &mut drecv, &counts, &displs)?;
+    let mut want = vec![s; len];
+    for (r, (&c, &d)) in counts.iter().zip(&displs).enumerate() {
+        for k in 0..c {
+            want[d + k] = val(r, 0, k);
+        }
+    }
+    record("all_gatherv f32", diff(&drecv.to_vec()?, &want));
+    // gatherv to the last rank (others pass a one-element receive buffer it does not use)
+    let mut drecv = q.upload(&vec![s; if me == root { len } else { 1 }])?;
+    comm.gatherv(&dsend, &mut drecv, &counts, &displs, root)?;
+    if me == root {
+        record("gatherv f32", diff(&drecv.to_vec()?, &want));
+    }
+    // scatterv from the last rank
+    let mut src = vec![s; len];
+    for (r, (&c, &d)) in counts.iter().zip(&displs).enumerate() {
+        for k in 0..c {
+            src[d + k] = val(root, r, k);
+        }
+    }
+    let dsrc = q.upload(&src)?;
+    let mut drecv = q.upload(&vec![s; counts[me]])?;
+    comm.scatterv(&dsrc, &mut drecv, &counts, &displs, root)?;
+    let want: Vec<f32> = (0..counts[me]).map(|k| val(root, me, k)).collect();
+    record("scatterv f32", diff(&drecv.to_vec()?, &want));
+    // all_to_allv with zeros in the matrix
+    let matrix: Vec<usize> = (0..n * n).map(|x| ((x / n) * 3 + x % n) % 4 * 500).collect();
+    let row: Vec<usize> = matrix[me * n..(me + 1) * n].to_vec();
+    let col: Vec<usize> = (0..n).map(|i| matrix[i * n + me]).collect();
+    let (sd, slen) = layout(&row, 1, false);
+    let (rd, rlen) = layout(&col, 3, true);
+    let mut send = vec![s; slen];
+    for j in 0..n {
+        for k in 0..row[j] {
+            send[sd[j] + k] = val(me, j, k);
+        }
+    }
+    let dsend = q.upload(&send)?;
+    let mut drecv = q.upload(&vec![s; rlen])?;
+    comm.all_to_allv(&dsend, &sd, &mut drecv, &rd, &matrix)?;
+    let mut want = vec![s; rlen];
+    for i in 0..n {
+        for k in 0..col[i] {
+            want[rd[i] + k] = val(i, me, k);
+        }
+    }
+    record("all_to_allv f32", diff(&drecv.to_vec()?, &want));
+    Ok((checks, failures))
+}

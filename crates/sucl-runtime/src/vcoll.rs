@@ -30,7 +30,9 @@
 //! A backend with native v-collectives (MPI: MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
 //! MPI_Ialltoallv) runs them instead, after the same validation and agreement.
 //!
-//! Device memory is not served yet (an error says so).
+//! Device memory goes over NCCL as one group of sends and receives per call (the same
+//! validation and agreement first); without NCCL (staged) a device v-collective is an error
+//! for now.
 
 use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
 use std::ops::Range;
@@ -45,6 +47,16 @@ const VFP_MAGIC: u64 = u64::from_le_bytes(*b"SUCLvco1");
 
 /// Words of one rank's fingerprint.
 const VFP_WORDS: usize = 6;
+
+/// A peer and an element range of the buffer that goes to it or comes from it.
+#[cfg(feature = "cuda")]
+type Peer = (usize, Range<usize>);
+
+/// One [`Peer`] block per rank: `counts[r]` elements at `displs[r]`.
+#[cfg(feature = "cuda")]
+fn spans(counts: &[usize], displs: &[usize]) -> Vec<Peer> {
+    counts.iter().zip(displs).enumerate().map(|(p, (&c, &d))| (p, d..d + c)).collect()
+}
 
 /// Which v-collective a call is (part of the fingerprint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,6 +262,29 @@ impl Communicator {
         }
     }
 
+    /// A v-collective on device memory as one NCCL group of sends and receives (element ranges
+    /// per peer, this rank included: NCCL serves sends to itself), after validation and agreement.
+    #[cfg(feature = "cuda")]
+    fn v_nccl(&self, send: Mem<'_>, recv: MemMut<'_>, es: usize, sends: &[Peer], recvs: &[Peer]) -> Result<()> {
+        let (Mem::Device(s), MemMut::Device(r)) = (send, recv) else { return Err(self.mixed_memory()) };
+        let q = r.queue().clone();
+        if s.queue().device().ordinal() != q.device().ordinal() {
+            return Err(Error::invalid(self.wr(), "send", "is on another GPU than recv"));
+        }
+        let (sp, _gs) = s.read_ptr(q.stream());
+        let (rp, _gr) = r.write_ptr(q.stream());
+        let at = |base: u64, v: &[Peer]| -> Vec<(u64, usize, usize)> {
+            v.iter().filter(|(_, b)| !b.is_empty()).map(|(p, b)| (base + (b.start * es) as u64, b.len() * es, *p)).collect()
+        };
+        let (sl, rl) = (at(sp, sends), at(rp, recvs));
+        // SAFETY: every range was validated against its buffer's length (in elements of `es`
+        // bytes) before the agreement; both buffers live on `q`'s GPU (checked above) and stay
+        // borrowed until we return, and their guards (`_gs`, `_gr`) order later users of the
+        // memory after the transfers enqueued on `q`'s stream.
+        let done = unsafe { self.nccl_group_p2p(&sl, &rl, &q) };
+        self.settle(done)
+    }
+
     /// Gathers `counts[r]` elements from every rank `r` into root's `recv` at element offset
     /// `displs[r]`. Every rank passes the whole `counts` table (its `send` must hold
     /// `counts[rank]` elements); `displs` and `recv` are used on the root only (others may pass
@@ -274,6 +309,12 @@ impl Communicator {
             Ok(())
         })();
         let tag = self.agree_v(VOp::Gatherv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
+            let recvs: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
+        }
         let s = self.host_only("gatherv", send.mem())?;
         let r = self.host_only_mut("gatherv", recv.mem_mut())?;
         let own = [counts[me]];
@@ -392,6 +433,12 @@ impl Communicator {
             Ok(())
         })();
         let tag = self.agree_v(VOp::Scatterv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
+            let recvs: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
+        }
         let r = self.host_only_mut("scatterv", recv.mem_mut())?;
         let s = self.host_only("scatterv", send.mem())?;
         let own = [counts[me]];
@@ -430,6 +477,11 @@ impl Communicator {
             self.blocks("displs", counts, displs, recv.len(), true).map(|_| ())
         })();
         let tag = self.agree_v(VOp::AllGatherv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if counts[me] > 0 { (0..n).map(|p| (p, 0..counts[me])).collect() } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &spans(counts, displs));
+        }
         let s = self.host_only("all_gatherv", send.mem())?;
         let r = self.host_only_mut("all_gatherv", recv.mem_mut())?;
         if let Some(done) = self.try_native(VCollOp::AllGatherv, 0, es, (&[counts[me]], &[0]), (counts, displs), s, r) {
@@ -473,6 +525,10 @@ impl Communicator {
             self.blocks("rdispls", &col, rdispls, recv.len(), true).map(|_| ())
         })();
         let tag = self.agree_v(VOp::AllToAllv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &spans(&row, sdispls), &spans(&col, rdispls));
+        }
         let s = self.host_only("all_to_allv", send.mem())?;
         let r = self.host_only_mut("all_to_allv", recv.mem_mut())?;
         if let Some(done) = self.try_native(VCollOp::AllToAllv, 0, es, (&row, sdispls), (&col, rdispls), s, r) {
