@@ -17,6 +17,9 @@ pub enum BenchOp {
     SendRecv,
     /// A collective.
     Coll(CollOp),
+    /// The v-form of gather, all_gather, scatter or all_to_all with even counts (every block
+    /// `count` elements, displacements back to back), so its rows compare with the plain op's.
+    V(CollOp),
 }
 
 impl BenchOp {
@@ -24,12 +27,21 @@ impl BenchOp {
         if s == "sendrecv" {
             return Some(BenchOp::SendRecv);
         }
+        if let Some(c) = s.strip_suffix('v').and_then(CollOp::parse) {
+            if matches!(c, CollOp::Gather | CollOp::AllGather | CollOp::Scatter | CollOp::AllToAll) {
+                return Some(BenchOp::V(c));
+            }
+        }
         CollOp::parse(s).map(BenchOp::Coll)
     }
     pub fn name(self) -> &'static str {
         match self {
             BenchOp::SendRecv => "sendrecv",
             BenchOp::Coll(c) => c.name(),
+            BenchOp::V(CollOp::Gather) => "gatherv",
+            BenchOp::V(CollOp::AllGather) => "all_gatherv",
+            BenchOp::V(CollOp::Scatter) => "scatterv",
+            BenchOp::V(_) => "all_to_allv",
         }
     }
     /// nccl-tests' bus bandwidth factor.
@@ -37,7 +49,7 @@ impl BenchOp {
         let n = n as f64;
         match self {
             BenchOp::SendRecv => 1.0,
-            BenchOp::Coll(c) => match c {
+            BenchOp::Coll(c) | BenchOp::V(c) => match c {
                 CollOp::AllReduce => 2.0 * (n - 1.0) / n,
                 CollOp::AllGather | CollOp::ReduceScatter | CollOp::AllToAll | CollOp::Gather | CollOp::Scatter => (n - 1.0) / n,
                 _ => 1.0,
@@ -126,8 +138,8 @@ pub fn counts(op: BenchOp, bytes: u64, es: usize, n: usize) -> (usize, usize) {
     match op {
         BenchOp::SendRecv => (total, total),
         BenchOp::Coll(CollOp::Barrier) => (0, 0),
-        BenchOp::Coll(c) if splits_buffer(c) => (total / n, total / n * n),
-        BenchOp::Coll(_) => (total, total),
+        BenchOp::Coll(c) | BenchOp::V(c) if splits_buffer(c) => (total / n, total / n * n),
+        BenchOp::Coll(_) | BenchOp::V(_) => (total, total),
     }
 }
 
@@ -153,7 +165,7 @@ impl<T: Element> Checked<T> {
         let (op, from) = match a.op {
             // sendrecv checks as a broadcast from the left neighbour would: recv = left's data.
             BenchOp::SendRecv => (CollOp::Broadcast, (r + n - 1) % n),
-            BenchOp::Coll(c) => (c, root),
+            BenchOp::Coll(c) | BenchOp::V(c) => (c, root),
         };
         let case = Case { op, count, n, rank: r, root: from, seed, redop: a.redop };
         let inputs = crate::pattern::inputs(a.op.name(), &case, sl, rl, a.check, |send, recv| {
@@ -237,18 +249,25 @@ pub fn measure_with<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64, 
     let (count, shown) = counts(a.op, bytes, std::mem::size_of::<T>(), n);
     let (sl, rl) = match a.op {
         BenchOp::SendRecv => (count, count),
-        BenchOp::Coll(c) => buffer_lens(c, count, n, r, root),
+        BenchOp::Coll(c) | BenchOp::V(c) => buffer_lens(c, count, n, r, root),
     };
+    // Even tables for the v-forms, built once outside the timed loop.
+    let v_counts = vec![count; if matches!(a.op, BenchOp::V(CollOp::AllToAll)) { n * n } else { n }];
+    let v_displs: Vec<usize> = (0..n).map(|i| i * count).collect();
     let (checked, send, mut recv) = Checked::<T>::new(a, bytes, count, n, r, root, sl, rl);
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    if runner == Runner::RawMpi && a.op == BenchOp::SendRecv {
-        return Err(sucl::Error::invalid(r, "op", "the raw MPI baseline measures collectives only"));
+    if runner == Runner::RawMpi && matches!(a.op, BenchOp::SendRecv | BenchOp::V(_)) {
+        return Err(sucl::Error::invalid(r, "op", "the raw MPI baseline measures the plain collectives only"));
     }
     let once = |send: &[T], recv: &mut [T]| -> Result<()> {
         match (a.op, runner) {
             (BenchOp::SendRecv, _) => comm.sendrecv(send, right, recv, left, 1).map(|_| ()),
             (BenchOp::Coll(c), Runner::Sucl) => run_op(comm, c, send, recv, a.redop, root),
             (BenchOp::Coll(c), Runner::RawMpi) => raw_mpi(comm, c, send, recv, a.redop, root),
+            (BenchOp::V(CollOp::Gather), _) => comm.gatherv(send, recv, &v_counts, &v_displs, root),
+            (BenchOp::V(CollOp::AllGather), _) => comm.all_gatherv(send, recv, &v_counts, &v_displs),
+            (BenchOp::V(CollOp::Scatter), _) => comm.scatterv(send, recv, &v_counts, &v_displs, root),
+            (BenchOp::V(_), _) => comm.all_to_allv(send, &v_displs, recv, &v_displs, &v_counts),
         }
     };
     checked.poison(&mut recv);

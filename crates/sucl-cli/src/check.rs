@@ -193,6 +193,7 @@ pub fn run(comm: &Communicator, args: &CheckArgs) -> Result<i32> {
     let n = comm.size();
     let t0 = std::time::Instant::now();
     check_p2p(&mut st)?;
+    crate::vcheck::run(comm, &mut |what, wrong| st.record(what, wrong))?;
     let mut seed = args.seed;
     for &op in &args.ops {
         for &dt in &args.dtypes {

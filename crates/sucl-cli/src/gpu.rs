@@ -246,6 +246,11 @@ pub fn check(
     }
     for backend in backends {
         comm.pin_backend(Some(backend))?;
+        if backend == "nccl" {
+            let (c, f) = crate::vcheck::run_device(comm, &q)?;
+            checks += c;
+            failures += f;
+        }
         for &op in ops {
             for &dt in dtypes {
                 let rops: &[ReduceOp] = if op.reduces() { redops } else { &[ReduceOp::Sum] };

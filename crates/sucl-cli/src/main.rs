@@ -11,6 +11,7 @@ mod ops;
 mod pattern;
 mod plot;
 mod tune;
+mod vcheck;
 
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
@@ -137,7 +138,7 @@ struct Common {
 #[derive(Args)]
 struct BenchCli {
     /// sendrecv, broadcast, reduce, all_reduce, gather, all_gather, scatter, all_to_all,
-    /// reduce_scatter or barrier.
+    /// reduce_scatter or barrier; or gatherv, all_gatherv, scatterv, all_to_allv (even counts).
     op: String,
     #[command(flatten)]
     common: Common,

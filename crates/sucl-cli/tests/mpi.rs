@@ -279,3 +279,29 @@ fn count_disagreement_without_checking(op: &str) {
     }
     assert!(!all.contains("timed out"), "{op}: {all}");
 }
+
+/// V-collectives over MPI's native MPI_I*v under mpirun (1–4 ranks), against the serial
+/// references of `sucl check`, and a rank with a different counts table: a Mismatch on every
+/// rank before MPI is called.
+#[test]
+fn mpi_v_collectives_and_counts_mismatch() {
+    for n in [1, 2, 3, 4] {
+        let out = mpirun(n, &["check", "--backend", "mpi", "--ops", "barrier", "--sizes", "1"]);
+        assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "n={n}\n{}\n{}", out.stdout, out.stderr);
+    }
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "-n", "3", env!("CARGO_BIN_EXE_sucl")])
+        .args(["check", "--backend", "mpi", "--ops", "barrier", "--sizes", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("SUCL_CHECK_V_MISMATCH", "2")
+        .env("SUCL_TIMEOUT", "20");
+    let out = finish(spawn(cmd), Duration::from_secs(120), "mpirun -n 3 with a differing counts table");
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+    for r in 0..3 {
+        for op in ["Gatherv", "AllToAllv"] {
+            let want = format!("v-mismatch detected: rank {r}: ranks disagree on {op}");
+            assert!(out.stderr.contains(&want), "rank {r} did not report the {op} mismatch:\n{}", out.stderr);
+        }
+    }
+}

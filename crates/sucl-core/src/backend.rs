@@ -201,6 +201,46 @@ pub trait Backend: Send {
 
     /// Runs a collective (see the trait's documentation for `send`/`recv`).
     fn collective(&mut self, desc: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()>;
+
+    /// Runs a v-collective natively, if this backend has one: `None` means "not offered here"
+    /// (the caller then runs the generic algorithm over point-to-point). Arguments are already
+    /// validated and agreed on by every rank.
+    fn v_collective(&mut self, _desc: &VCollDesc<'_>, _send: &[u8], _recv: &mut [u8]) -> Option<Result<()>> {
+        None
+    }
+}
+
+/// Which v-collective a [`VCollDesc`] describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VCollOp {
+    /// Per-rank blocks to the root.
+    Gatherv,
+    /// Per-rank blocks to every rank.
+    AllGatherv,
+    /// Per-rank blocks from the root.
+    Scatterv,
+    /// Per-pair blocks between every two ranks.
+    AllToAllv,
+}
+
+/// A validated v-collective in bytes, MPI style: `send_counts`/`send_displs` index `send` by
+/// destination (one entry — this rank's block — for gatherv and all_gatherv, empty off the
+/// root for scatterv), `recv_counts`/`recv_displs` index `recv` by source (one entry for
+/// scatterv, empty off the root for gatherv).
+#[derive(Clone, Copy, Debug)]
+pub struct VCollDesc<'a> {
+    /// The operation.
+    pub op: VCollOp,
+    /// The root of gatherv and scatterv (0 otherwise).
+    pub root: usize,
+    /// Bytes of each block sent.
+    pub send_counts: &'a [usize],
+    /// Byte offset in `send` of each block sent.
+    pub send_displs: &'a [usize],
+    /// Bytes of each block received.
+    pub recv_counts: &'a [usize],
+    /// Byte offset in `recv` of each block received.
+    pub recv_displs: &'a [usize],
 }
 
 #[cfg(test)]

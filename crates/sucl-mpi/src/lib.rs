@@ -29,7 +29,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId};
+use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId, VCollDesc, VCollOp};
 use sucl_core::dtype::finish_reduce;
 use sucl_core::wait::{Backoff, Waiter};
 use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
@@ -580,6 +580,10 @@ impl Backend for MpiBackend {
         !reduces_half && !saturating_u8 && c_int::try_from(d.count.saturating_mul(self.size)).is_ok()
     }
 
+    fn v_collective(&mut self, d: &VCollDesc<'_>, send: &[u8], recv: &mut [u8]) -> Option<Result<()>> {
+        Some(self.v_native(d, send, recv))
+    }
+
     fn collective(&mut self, d: &CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         self.abort.check(self.world_rank, d.op.name())?;
         if d.count == 0 && d.op != CollOp::Barrier {
@@ -666,6 +670,108 @@ impl MpiBackend {
             self.abort.raise(e.abort_info());
             abort_job(&e);
         }
+        Ok(())
+    }
+}
+
+#[cfg(not(sucl_mpi_missing))]
+extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn sucl_mpi_ivcoll(
+        c: *mut c_void,
+        op: c_int,
+        send: *const c_void,
+        scounts: *const c_int,
+        sdispls: *const c_int,
+        recv: *mut c_void,
+        rcounts: *const c_int,
+        rdispls: *const c_int,
+        root: c_int,
+        err: *mut c_int,
+    ) -> *mut c_void;
+}
+
+/// Stand-in when no MPI was found at build time (never reached: initialization fails first).
+#[cfg(sucl_mpi_missing)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sucl_mpi_ivcoll(
+    _: *mut c_void,
+    _: c_int,
+    _: *const c_void,
+    _: *const c_int,
+    _: *const c_int,
+    _: *mut c_void,
+    _: *const c_int,
+    _: *const c_int,
+    _: c_int,
+    err: *mut c_int,
+) -> *mut c_void {
+    *err = -1;
+    std::ptr::null_mut()
+}
+
+impl MpiBackend {
+    /// `counts`/`displs` as the C ints MPI takes (an error if one does not fit).
+    fn c_ints(&self, v: &[usize], arg: &'static str) -> Result<Vec<c_int>> {
+        v.iter().map(|&x| self.int_len(x, arg)).collect()
+    }
+
+    /// MPI_Igatherv / Iallgatherv / Iscatterv / Ialltoallv on bytes, polled to completion like
+    /// the other collectives (the runtime validated and agreed on `d` on every rank).
+    fn v_native(&mut self, d: &VCollDesc<'_>, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let name = match d.op {
+            VCollOp::Gatherv => "gatherv",
+            VCollOp::AllGatherv => "all_gatherv",
+            VCollOp::Scatterv => "scatterv",
+            VCollOp::AllToAllv => "all_to_allv",
+        };
+        self.abort.check(self.world_rank, name)?;
+        // One-entry arrays are never empty for MPI: a rank without entries passes a zero.
+        let pad = |mut v: Vec<c_int>| {
+            if v.is_empty() {
+                v.push(0);
+            }
+            v
+        };
+        let sc = pad(self.c_ints(d.send_counts, "send counts")?);
+        let sd = pad(self.c_ints(d.send_displs, "send displacements")?);
+        let rc = pad(self.c_ints(d.recv_counts, "recv counts")?);
+        let rd = pad(self.c_ints(d.recv_displs, "recv displacements")?);
+        let op = match d.op {
+            VCollOp::Gatherv => 0,
+            VCollOp::AllGatherv => 1,
+            VCollOp::Scatterv => 2,
+            VCollOp::AllToAllv => 3,
+        };
+        let mut err = 0;
+        // SAFETY: the runtime checked every block against `send`/`recv`, and both stay borrowed
+        // until the request completes: we poll it to completion below, and if that fails the job
+        // is ended (abort_job) before the buffers can be handed back. The count arrays outlive
+        // the request too (MPI may read them until completion).
+        let req = unsafe {
+            sucl_mpi_ivcoll(
+                self.comm,
+                op,
+                send.as_ptr() as *const c_void,
+                sc.as_ptr(),
+                sd.as_ptr(),
+                recv.as_mut_ptr() as *mut c_void,
+                rc.as_ptr(),
+                rd.as_ptr(),
+                d.root as c_int,
+                &mut err,
+            )
+        };
+        if req.is_null() {
+            let e = self.err(name, err);
+            self.abort.raise(e.abort_info());
+            return Err(e);
+        }
+        if let Err(e) = self.poll(req, name) {
+            self.abort.raise(e.abort_info());
+            abort_job(&e);
+        }
+        drop((sc, sd, rc, rd));
         Ok(())
     }
 }

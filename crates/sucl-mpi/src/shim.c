@@ -208,3 +208,19 @@ int sucl_mpi_coll(void *cp, int op, const void *send, void *recv, int count, int
 int sucl_mpi_coll_world(int op, const void *send, void *recv, int count, int dt, int redop, int root) {
     return coll(MPI_COMM_WORLD, op, send, recv, count, dt, redop, root);
 }
+
+/* v-collectives in bytes. op: 0 gatherv, 1 allgatherv, 2 scatterv, 3 alltoallv. A one-entry
+ * count array gives this rank's own block (gatherv/allgatherv send, scatterv receive). */
+void *sucl_mpi_ivcoll(void *cp, int op, const void *send, const int *scounts, const int *sdispls,
+                      void *recv, const int *rcounts, const int *rdispls, int root, int *err) {
+    MPI_Comm c = *(MPI_Comm *)cp;
+    MPI_Request *r = malloc(sizeof(MPI_Request));
+    switch (op) {
+    case 0: *err = MPI_Igatherv(send, scounts[0], MPI_BYTE, recv, rcounts, rdispls, MPI_BYTE, root, c, r); break;
+    case 1: *err = MPI_Iallgatherv(send, scounts[0], MPI_BYTE, recv, rcounts, rdispls, MPI_BYTE, c, r); break;
+    case 2: *err = MPI_Iscatterv(send, scounts, sdispls, MPI_BYTE, recv, rcounts[0], MPI_BYTE, root, c, r); break;
+    default: *err = MPI_Ialltoallv(send, scounts, sdispls, MPI_BYTE, recv, rcounts, rdispls, MPI_BYTE, c, r); break;
+    }
+    if (*err != MPI_SUCCESS) { free(r); return NULL; }
+    return r;
+}

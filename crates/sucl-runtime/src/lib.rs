@@ -30,6 +30,7 @@ pub mod select;
 #[cfg(feature = "cuda")]
 mod staged;
 mod unscoped;
+pub mod vcoll;
 
 pub use buf::{Buf, BufMut, Mem, MemMut};
 pub use config::{BackendChoice, Config};

@@ -1,0 +1,572 @@
+//! V-collectives: `gatherv`, `all_gatherv`, `scatterv`, `all_to_allv` — per-rank counts and
+//! displacements, MPI style — built on the point-to-point engine of the communicator's host
+//! backend.
+//!
+//! **API contract (so that disagreements are found, never truncated or hung on).** Every rank
+//! passes the *whole* counts table of the call, not only its own part: `counts[r]` elements for
+//! rank `r` (gatherv, scatterv, all_gatherv), or the `size × size` matrix `counts[i * size + j]`
+//! = elements rank `i` sends to rank `j` (all_to_allv). A rank's own send (or receive) length
+//! must equal its entry. Displacements are local to the rank that owns the buffer (the root's
+//! receive buffer for gatherv, each rank's buffers otherwise) and are in elements.
+//!
+//! **Before any data moves** each rank validates its arguments (lengths of the tables, every
+//! block inside its buffer, no two receive blocks overlapping, root in range), then all ranks
+//! all_gather a fixed-size fingerprint: operation, element type, root, a hash of the counts
+//! table and whether the rank's own arguments were valid. A rank with bad arguments returns its
+//! `InvalidArgument`; every other rank returns `Mismatch` naming it; ranks whose tables differ
+//! all return `Mismatch` naming the ranks that differ. Cost: one small all_gather per call.
+//!
+//! **Messages** carry the tag `VCOLL_TAG_BIT | sequence`, where the sequence is the
+//! communicator's collective number (the same on every rank; it rises on every collective), so
+//! a message left over from a failed call can never match a later one, and user tags (at most
+//! [`crate::MAX_TAG`]) never collide with them. Zero-length blocks send nothing (both sides
+//! know it from the agreed table). A received block whose length differs from the table is a
+//! `Mismatch`.
+//!
+//! Algorithms: linear for gatherv and scatterv (the root posts all its receives or sends at
+//! once); pairwise exchange for all_to_allv and all_gatherv (step `k`: send to `rank + k`,
+//! receive from `rank − k`), which keeps one send and one receive in flight per rank.
+//!
+//! A backend with native v-collectives (MPI: MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
+//! MPI_Ialltoallv) runs them instead, after the same validation and agreement.
+//!
+//! Device memory goes over NCCL as one group of sends and receives per call (the same
+//! validation and agreement first); without NCCL (staged) a device v-collective is an error
+//! for now.
+
+use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
+use std::ops::Range;
+use sucl_core::backend::{VCollDesc, VCollOp};
+
+/// Tag bit of v-collective messages: above every user tag, below the engine's own collective
+/// tags (bit 63), so neither can match these.
+pub const VCOLL_TAG_BIT: u64 = 1 << 62;
+
+/// Magic word of a v-collective fingerprint (and its layout version).
+const VFP_MAGIC: u64 = u64::from_le_bytes(*b"SUCLvco1");
+
+/// Words of one rank's fingerprint.
+const VFP_WORDS: usize = 6;
+
+/// A peer and an element range of the buffer that goes to it or comes from it.
+#[cfg(feature = "cuda")]
+type Peer = (usize, Range<usize>);
+
+/// One [`Peer`] block per rank: `counts[r]` elements at `displs[r]`.
+#[cfg(feature = "cuda")]
+fn spans(counts: &[usize], displs: &[usize]) -> Vec<Peer> {
+    counts.iter().zip(displs).enumerate().map(|(p, (&c, &d))| (p, d..d + c)).collect()
+}
+
+/// Which v-collective a call is (part of the fingerprint).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VOp {
+    Gatherv = 1,
+    AllGatherv = 2,
+    Scatterv = 3,
+    AllToAllv = 4,
+}
+
+/// FNV-1a over the counts table: equal tables give equal hashes on every rank and platform.
+fn table_hash(counts: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &c in counts {
+        for b in (c as u64).to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The element range `displ .. displ + count` checked against a buffer of `len` elements.
+fn block(arg: &'static str, rank: usize, which: usize, count: usize, displ: usize, len: usize) -> Result<Range<usize>> {
+    match displ.checked_add(count) {
+        Some(end) if end <= len => Ok(displ..end),
+        _ => Err(Error::invalid(
+            rank,
+            arg,
+            format!("block {which} ({count} elements at displacement {displ}) does not fit in the buffer of {len} elements"),
+        )),
+    }
+}
+
+/// Checks that the given `(index, range)` receive blocks do not overlap (empty ones never do).
+fn disjoint(arg: &'static str, rank: usize, blocks: &[(usize, Range<usize>)]) -> Result<()> {
+    let mut v: Vec<&(usize, Range<usize>)> = blocks.iter().filter(|(_, r)| !r.is_empty()).collect();
+    v.sort_by_key(|(_, r)| r.start);
+    for w in v.windows(2) {
+        if w[1].1.start < w[0].1.end {
+            return Err(Error::invalid(
+                rank,
+                arg,
+                format!("receive blocks {} ({:?}) and {} ({:?}) overlap", w[0].0, w[0].1, w[1].0, w[1].1),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Communicator {
+    fn table_len(&self, arg: &'static str, got: usize, want: usize) -> Result<()> {
+        if got != want {
+            return Err(Error::invalid(self.wr(), arg, format!("has {got} entries but this communicator needs {want}")));
+        }
+        Ok(())
+    }
+
+    /// The element ranges of `displs`/`counts` in a buffer of `len` elements, checked.
+    fn blocks(&self, arg: &'static str, counts: &[usize], displs: &[usize], len: usize, no_overlap: bool) -> Result<Vec<Range<usize>>> {
+        self.table_len(arg, displs.len(), self.size)?;
+        let bs =
+            counts.iter().zip(displs).enumerate().map(|(i, (&c, &d))| block(arg, self.wr(), i, c, d, len)).collect::<Result<Vec<_>>>()?;
+        if no_overlap {
+            let idx: Vec<(usize, Range<usize>)> = bs.iter().cloned().enumerate().collect();
+            disjoint(arg, self.wr(), &idx)?;
+        }
+        Ok(bs)
+    }
+
+    fn own_len(&self, arg: &'static str, got: usize, want: usize) -> Result<()> {
+        if got != want {
+            return Err(Error::invalid(self.wr(), arg, format!("has {got} elements but the counts table gives this rank {want}")));
+        }
+        Ok(())
+    }
+
+    /// The agreement step (see the module docs): every rank learns whether all ranks passed
+    /// valid arguments and the same counts table. Returns the tag for the call's messages.
+    fn agree_v(&self, op: VOp, dtype: u64, root: usize, counts: &[usize], local: Result<()>) -> Result<u64> {
+        self.check_poisoned()?;
+        let ok = local.is_ok() as u64;
+        let mine: [u64; VFP_WORDS] = [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok];
+        let mut all = vec![0u64; VFP_WORDS * self.size];
+        // The exchange has the same shape on every rank, valid arguments or not.
+        self.all_gather(&mine[..], &mut all[..])?;
+        local?;
+        let rows: Vec<&[u64]> = all.chunks(VFP_WORDS).collect();
+        let bad: Vec<usize> = (0..self.size).filter(|&r| rows[r][5] != 1).collect();
+        if !bad.is_empty() {
+            return Err(Error::Mismatch { rank: self.wr(), what: format!("{op:?} arguments: rank(s) {bad:?} rejected theirs") });
+        }
+        let differ: Vec<usize> = (0..self.size).filter(|&r| rows[r][..5] != mine[..5]).collect();
+        if !differ.is_empty() {
+            return Err(Error::Mismatch {
+                rank: self.wr(),
+                what: format!("{op:?} (operation, element type, root or counts table): rank(s) {differ:?} differ from rank {}", self.rank),
+            });
+        }
+        Ok(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1)))
+    }
+
+    /// Sends `send` to `dest` and receives exactly `recv.len()` bytes from `src` (either may be
+    /// absent), both in flight together, on the point-to-point backend.
+    fn v_step(&self, tag: u64, send: Option<(usize, &[u8])>, recv: Option<(usize, &mut [u8])>) -> Result<()> {
+        let mut b = self.backend_mut();
+        let want = recv.as_ref().map(|(_, r)| r.len());
+        let from = recv.as_ref().map(|(s, _)| *s);
+        let rq = match recv {
+            // SAFETY: `r` stays mutably borrowed until this function returns, and the request is
+            // waited for or cancelled below before it returns.
+            Some((src, r)) => Some(unsafe { b.post_recv(src, tag, r.as_mut_ptr(), r.len()) }?),
+            None => None,
+        };
+        let sq = match send {
+            // SAFETY: `s` stays borrowed until this function returns; the request is waited for
+            // or cancelled below.
+            Some((dest, s)) => match unsafe { b.post_send(dest, tag, s.as_ptr(), s.len()) } {
+                Ok(q) => Some(q),
+                Err(e) => {
+                    if let Some(q) = rq {
+                        b.cancel(q);
+                    }
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let mut first: Option<Error> = None;
+        let mut got = None;
+        for (q, is_recv) in [(sq, false), (rq, true)] {
+            let Some(q) = q else { continue };
+            if first.is_some() {
+                b.cancel(q);
+                continue;
+            }
+            match b.wait(q) {
+                Ok(n) if is_recv => got = Some(n),
+                Ok(_) => {}
+                Err(e) => {
+                    b.cancel(q);
+                    first = Some(e);
+                }
+            }
+        }
+        drop(b);
+        if let Some(e) = first {
+            return Err(e);
+        }
+        if let (Some(n), Some(w), Some(src)) = (got, want, from) {
+            if n != w {
+                return Err(Error::Mismatch {
+                    rank: self.wr(),
+                    what: format!("v-collective block size: {n} bytes from rank {src}, the counts table says {w}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Offers the call to the point-to-point backend's native v-collective (MPI's); `None` if it
+    /// has none. Counts and displacements are in elements here, scaled to bytes for it.
+    #[allow(clippy::too_many_arguments)]
+    fn try_native(
+        &self,
+        op: VCollOp,
+        root: usize,
+        es: usize,
+        sends: (&[usize], &[usize]),
+        recvs: (&[usize], &[usize]),
+        s: &[u8],
+        r: &mut [u8],
+    ) -> Option<Result<()>> {
+        let bytes = |v: &[usize]| v.iter().map(|x| x * es).collect::<Vec<usize>>();
+        let (sc, sd, rc, rd) = (bytes(sends.0), bytes(sends.1), bytes(recvs.0), bytes(recvs.1));
+        let d = VCollDesc { op, root, send_counts: &sc, send_displs: &sd, recv_counts: &rc, recv_displs: &rd };
+        let res = self.backend_mut().v_collective(&d, s, r)?;
+        Some(self.settle(res))
+    }
+
+    fn host_only<'a>(&self, op: &str, m: Mem<'a>) -> Result<&'a [u8]> {
+        match m {
+            Mem::Host(b) => Ok(b),
+            #[cfg(feature = "cuda")]
+            Mem::Device(_) => Err(self.no_device_v(op)),
+        }
+    }
+
+    fn host_only_mut<'a>(&self, op: &str, m: MemMut<'a>) -> Result<&'a mut [u8]> {
+        match m {
+            MemMut::Host(b) => Ok(b),
+            #[cfg(feature = "cuda")]
+            MemMut::Device(_) => Err(self.no_device_v(op)),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn no_device_v(&self, op: &str) -> Error {
+        Error::BackendUnavailable {
+            rank: self.wr(),
+            backend: "nccl/staged".into(),
+            why: format!("{op} on device memory is not implemented yet"),
+        }
+    }
+
+    /// A v-collective on device memory as one NCCL group of sends and receives (element ranges
+    /// per peer, this rank included: NCCL serves sends to itself), after validation and agreement.
+    #[cfg(feature = "cuda")]
+    fn v_nccl(&self, send: Mem<'_>, recv: MemMut<'_>, es: usize, sends: &[Peer], recvs: &[Peer]) -> Result<()> {
+        let (Mem::Device(s), MemMut::Device(r)) = (send, recv) else { return Err(self.mixed_memory()) };
+        let q = r.queue().clone();
+        if s.queue().device().ordinal() != q.device().ordinal() {
+            return Err(Error::invalid(self.wr(), "send", "is on another GPU than recv"));
+        }
+        let (sp, _gs) = s.read_ptr(q.stream());
+        let (rp, _gr) = r.write_ptr(q.stream());
+        let at = |base: u64, v: &[Peer]| -> Vec<(u64, usize, usize)> {
+            v.iter().filter(|(_, b)| !b.is_empty()).map(|(p, b)| (base + (b.start * es) as u64, b.len() * es, *p)).collect()
+        };
+        let (sl, rl) = (at(sp, sends), at(rp, recvs));
+        // SAFETY: every range was validated against its buffer's length (in elements of `es`
+        // bytes) before the agreement; both buffers live on `q`'s GPU (checked above) and stay
+        // borrowed until we return, and their guards (`_gs`, `_gr`) order later users of the
+        // memory after the transfers enqueued on `q`'s stream.
+        let done = unsafe { self.nccl_group_p2p(&sl, &rl, &q) };
+        self.settle(done)
+    }
+
+    /// Gathers `counts[r]` elements from every rank `r` into root's `recv` at element offset
+    /// `displs[r]`. Every rank passes the whole `counts` table (its `send` must hold
+    /// `counts[rank]` elements); `displs` and `recv` are used on the root only (others may pass
+    /// empty ones). Receive blocks may not overlap; gaps between them are left untouched.
+    pub fn gatherv<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &[usize],
+        displs: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<S::Elem>();
+        let me = self.rank;
+        let local = (|| {
+            self.check_rank("root", root)?;
+            self.table_len("counts", counts.len(), self.size)?;
+            self.own_len("send", send.len(), counts[me])?;
+            if me == root {
+                self.blocks("displs", counts, displs, recv.len(), true)?;
+            }
+            Ok(())
+        })();
+        let tag = self.agree_v(VOp::Gatherv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
+            let recvs: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
+        }
+        let s = self.host_only("gatherv", send.mem())?;
+        let r = self.host_only_mut("gatherv", recv.mem_mut())?;
+        let own = [counts[me]];
+        let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+        if let Some(done) = self.try_native(VCollOp::Gatherv, root, es, (&own, &[0]), (rc, rd), s, r) {
+            return done;
+        }
+        if me != root {
+            if counts[me] > 0 {
+                return self.settle(self.v_step(tag, Some((root, s)), None));
+            }
+            return Ok(());
+        }
+        let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
+        r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
+        let done = self.recv_blocks(tag, r, &blocks, es);
+        self.settle(done)
+    }
+
+    /// Receives every non-empty block of `blocks` (element ranges of `r`) from the rank of its
+    /// index, all posted at once.
+    fn recv_blocks(&self, tag: u64, r: &mut [u8], blocks: &[Range<usize>], es: usize) -> Result<()> {
+        let mut b = self.backend_mut();
+        let mut posted = Vec::new();
+        let mut first = None;
+        for (src, bl) in blocks.iter().enumerate() {
+            if src == self.rank || bl.is_empty() {
+                continue;
+            }
+            let part = &mut r[bl.start * es..bl.end * es];
+            // SAFETY: the blocks were checked not to overlap and to lie inside `r`, which stays
+            // mutably borrowed until every posted request is waited for or cancelled below.
+            match unsafe { b.post_recv(src, tag, part.as_mut_ptr(), part.len()) } {
+                Ok(q) => posted.push((q, src, part.len())),
+                Err(e) => {
+                    first = Some(e);
+                    break;
+                }
+            }
+        }
+        for (q, src, want) in posted {
+            if first.is_some() {
+                b.cancel(q);
+                continue;
+            }
+            match b.wait(q) {
+                Ok(n) if n != want => {
+                    first = Some(Error::Mismatch {
+                        rank: self.wr(),
+                        what: format!("v-collective block size: {n} bytes from rank {src}, the counts table says {want}"),
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    b.cancel(q);
+                    first = Some(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Sends every non-empty block of `blocks` (element ranges of `s`) to the rank of its index,
+    /// all posted at once.
+    fn send_blocks(&self, tag: u64, s: &[u8], blocks: &[Range<usize>], es: usize) -> Result<()> {
+        let mut b = self.backend_mut();
+        let mut posted = Vec::new();
+        let mut first = None;
+        for (dest, bl) in blocks.iter().enumerate() {
+            if dest == self.rank || bl.is_empty() {
+                continue;
+            }
+            let part = &s[bl.start * es..bl.end * es];
+            // SAFETY: `part` lies inside `s`, borrowed until every request is waited for or
+            // cancelled below.
+            match unsafe { b.post_send(dest, tag, part.as_ptr(), part.len()) } {
+                Ok(q) => posted.push(q),
+                Err(e) => {
+                    first = Some(e);
+                    break;
+                }
+            }
+        }
+        for q in posted {
+            if first.is_some() {
+                b.cancel(q);
+            } else if let Err(e) = b.wait(q) {
+                b.cancel(q);
+                first = Some(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Sends `counts[r]` elements at element offset `displs[r]` of root's `send` to every rank
+    /// `r`'s `recv`. Every rank passes the whole `counts` table (its `recv` must hold
+    /// `counts[rank]` elements); `displs` and `send` are used on the root only. Send blocks may
+    /// overlap.
+    pub fn scatterv<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &[usize],
+        displs: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<S::Elem>();
+        let me = self.rank;
+        let local = (|| {
+            self.check_rank("root", root)?;
+            self.table_len("counts", counts.len(), self.size)?;
+            self.own_len("recv", recv.len(), counts[me])?;
+            if me == root {
+                self.blocks("displs", counts, displs, send.len(), false)?;
+            }
+            Ok(())
+        })();
+        let tag = self.agree_v(VOp::Scatterv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
+            let recvs: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
+        }
+        let r = self.host_only_mut("scatterv", recv.mem_mut())?;
+        let s = self.host_only("scatterv", send.mem())?;
+        let own = [counts[me]];
+        let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+        if let Some(done) = self.try_native(VCollOp::Scatterv, root, es, (sc, sd), (&own, &[0]), s, r) {
+            return done;
+        }
+        if me != root {
+            if counts[me] > 0 {
+                return self.settle(self.v_step(tag, None, Some((root, r))));
+            }
+            return Ok(());
+        }
+        let blocks = self.blocks("displs", counts, displs, s.len() / es, false)?;
+        let own = &blocks[me];
+        r.copy_from_slice(&s[own.start * es..own.end * es]);
+        self.settle(self.send_blocks(tag, s, &blocks, es))
+    }
+
+    /// Every rank's `send` (`counts[rank]` elements) lands in every rank's `recv` at element
+    /// offset `displs[sender]`. Every rank passes the whole `counts` table and its own `displs`
+    /// for its `recv`; receive blocks may not overlap.
+    pub fn all_gatherv<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<()> {
+        let es = std::mem::size_of::<S::Elem>();
+        let n = self.size;
+        let me = self.rank;
+        let local = (|| {
+            self.table_len("counts", counts.len(), n)?;
+            self.own_len("send", send.len(), counts[me])?;
+            self.blocks("displs", counts, displs, recv.len(), true).map(|_| ())
+        })();
+        let tag = self.agree_v(VOp::AllGatherv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            let sends: Vec<Peer> = if counts[me] > 0 { (0..n).map(|p| (p, 0..counts[me])).collect() } else { Vec::new() };
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &spans(counts, displs));
+        }
+        let s = self.host_only("all_gatherv", send.mem())?;
+        let r = self.host_only_mut("all_gatherv", recv.mem_mut())?;
+        if let Some(done) = self.try_native(VCollOp::AllGatherv, 0, es, (&[counts[me]], &[0]), (counts, displs), s, r) {
+            return done;
+        }
+        let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
+        r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
+        for k in 1..n {
+            let dest = (me + k) % n;
+            let src = (me + n - k) % n;
+            let out = (!s.is_empty()).then_some((dest, s));
+            let rb = &blocks[src];
+            let inn = (!rb.is_empty()).then_some((src, &mut r[rb.start * es..rb.end * es]));
+            let step = self.v_step(tag, out, inn);
+            self.settle(step)?;
+        }
+        Ok(())
+    }
+
+    /// All-to-all with per-pair counts. `counts` is the whole `size × size` table, row-major:
+    /// `counts[i * size + j]` elements go from rank `i` to rank `j` — every rank passes the same
+    /// table. Rank `i`'s block for `j` starts at element `sdispls[j]` of its `send`; the block
+    /// it receives from `j` lands at element `rdispls[j]` of its `recv`. Receive blocks may not
+    /// overlap; send blocks may.
+    pub fn all_to_allv<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+        &self,
+        send: &S,
+        sdispls: &[usize],
+        recv: &mut R,
+        rdispls: &[usize],
+        counts: &[usize],
+    ) -> Result<()> {
+        let es = std::mem::size_of::<S::Elem>();
+        let n = self.size;
+        let me = self.rank;
+        let row: Vec<usize> = if counts.len() == n * n { counts[me * n..(me + 1) * n].to_vec() } else { Vec::new() };
+        let col: Vec<usize> = if counts.len() == n * n { (0..n).map(|i| counts[i * n + me]).collect() } else { Vec::new() };
+        let local = (|| {
+            self.table_len("counts", counts.len(), n * n)?;
+            self.blocks("sdispls", &row, sdispls, send.len(), false)?;
+            self.blocks("rdispls", &col, rdispls, recv.len(), true).map(|_| ())
+        })();
+        let tag = self.agree_v(VOp::AllToAllv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        #[cfg(feature = "cuda")]
+        if send.mem().is_device() || recv.mem_mut().is_device() {
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &spans(&row, sdispls), &spans(&col, rdispls));
+        }
+        let s = self.host_only("all_to_allv", send.mem())?;
+        let r = self.host_only_mut("all_to_allv", recv.mem_mut())?;
+        if let Some(done) = self.try_native(VCollOp::AllToAllv, 0, es, (&row, sdispls), (&col, rdispls), s, r) {
+            return done;
+        }
+        let sb = self.blocks("sdispls", &row, sdispls, s.len() / es, false)?;
+        let rb = self.blocks("rdispls", &col, rdispls, r.len() / es, true)?;
+        r[rb[me].start * es..rb[me].end * es].copy_from_slice(&s[sb[me].start * es..sb[me].end * es]);
+        for k in 1..n {
+            let dest = (me + k) % n;
+            let src = (me + n - k) % n;
+            let out = (!sb[dest].is_empty()).then(|| (dest, &s[sb[dest].start * es..sb[dest].end * es]));
+            let b = &rb[src];
+            let inn = (!b.is_empty()).then(|| (src, &mut r[b.start * es..b.end * es]));
+            let step = self.v_step(tag, out, inn);
+            self.settle(step)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_out_of_bounds_and_overlaps_are_rejected() {
+        assert!(block("d", 0, 0, 3, 2, 5).is_ok());
+        assert!(block("d", 0, 0, 3, 3, 5).is_err());
+        assert!(block("d", 0, 0, 1, usize::MAX, 5).is_err());
+        assert!(disjoint("d", 0, &[(0, 0..3), (1, 3..5)]).is_ok());
+        assert!(disjoint("d", 0, &[(0, 0..3), (1, 2..5)]).is_err());
+        assert!(disjoint("d", 0, &[(0, 2..2), (1, 0..5)]).is_ok());
+    }
+
+    #[test]
+    fn table_hash_tells_tables_apart() {
+        assert_eq!(table_hash(&[1, 2, 3]), table_hash(&[1, 2, 3]));
+        assert_ne!(table_hash(&[1, 2, 3]), table_hash(&[1, 3, 2]));
+    }
+}
