@@ -690,6 +690,31 @@ impl Communicator {
     }
 
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        let (done, _backend) = self.coll_on(desc, send, recv);
+        #[cfg(feature = "fault-hook")]
+        if done.is_ok() && fault::hits(_backend, desc.op) {
+            fault::corrupt_last(recv, desc.dtype.size());
+        }
+        done
+    }
+
+    /// A collective of sucl's own protocol (an agreement step), on host memory: numbered like
+    /// every collective, but never touched by the test-only fault hook, which stands for a
+    /// backend corrupting users' results.
+    pub(crate) fn protocol_coll(&self, desc: CollDesc, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.enter_collective(&desc)?;
+        let r = self.coll_unhooked(desc, Some(send), recv);
+        self.settle(r)
+    }
+
+    /// [`Communicator::coll`] without the fault hook.
+    pub(crate) fn coll_unhooked(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        self.coll_on(desc, send, recv).0
+    }
+
+    /// Runs a host collective on the backend selection picks; returns the result and that
+    /// backend's name.
+    fn coll_on(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> (Result<()>, &'static str) {
         let mut i = match self.pinned.get() {
             Some(i) => i,
             None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),
@@ -699,12 +724,7 @@ impl Communicator {
             i = self.selector.default();
         }
         tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = bs[i].name(), "collective");
-        let done = bs[i].collective(&desc, send, recv);
-        #[cfg(feature = "fault-hook")]
-        if done.is_ok() && fault::hits(bs[i].name(), desc.op) {
-            fault::corrupt_last(recv, desc.dtype.size());
-        }
-        done
+        (bs[i].collective(&desc, send, recv), bs[i].name())
     }
 
     /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on

@@ -36,7 +36,8 @@
 
 use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
 use std::ops::Range;
-use sucl_core::backend::{VCollDesc, VCollOp};
+use sucl_core::backend::{CollOp, VCollDesc, VCollOp};
+use sucl_core::ReduceOp;
 
 /// Tag bit of v-collective messages: above every user tag, below the engine's own collective
 /// tags (bit 63), so neither can match these.
@@ -142,7 +143,8 @@ impl Communicator {
         let mine: [u64; VFP_WORDS] = [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok];
         let mut all = vec![0u64; VFP_WORDS * self.size];
         // The exchange has the same shape on every rank, valid arguments or not.
-        self.all_gather(&mine[..], &mut all[..])?;
+        let d = Self::desc::<u64>(CollOp::AllGather, VFP_WORDS, ReduceOp::Sum, 0);
+        self.protocol_coll(d, bytemuck::cast_slice(&mine[..]), bytemuck::cast_slice_mut(&mut all[..]))?;
         local?;
         let rows: Vec<&[u64]> = all.chunks(VFP_WORDS).collect();
         let bad: Vec<usize> = (0..self.size).filter(|&r| rows[r][5] != 1).collect();
