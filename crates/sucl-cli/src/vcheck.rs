@@ -80,7 +80,12 @@ fn check_mismatch(comm: &Communicator, bad: usize, record: &mut dyn FnMut(&str, 
 
 fn report_mismatch(me: usize, op: &str, r: Result<()>, record: &mut dyn FnMut(&str, usize)) {
     match r {
-        Err(e @ Error::Mismatch { .. }) => eprintln!("v-mismatch detected: {e}"),
+        Err(e @ Error::Mismatch { .. }) => {
+            // One write(2) for the whole line: under mpirun every rank shares one stderr pipe,
+            // and a line written in pieces interleaves with other ranks' lines.
+            let line = format!("v-mismatch detected: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
         other => {
             eprintln!("rank {me}: {op} with a differing counts table gave {other:?}, not a Mismatch");
             record(&format!("{op} counts mismatch"), 1);
