@@ -6,7 +6,7 @@
 #   raw-mpi          MPI_Allreduce/MPI_Bcast/... on MPI_COMM_WORLD, nothing of sucl around it
 #   mpi-nonblocking  the backend on MPI's non-blocking collectives polled with MPI_Test (the
 #                    path it took before: MPI_Iallreduce, ...)
-# usage: [ITERS=50] [MINB=8] [MAXB=16M] [TAG=] scripts/bench-mpi-backend.sh [ROUNDS] [OPS]
+# usage: [SUCL=path] [ITERS=50] [MINB=8] [MAXB=16M] [TAG=] scripts/bench-mpi-backend.sh [ROUNDS] [OPS]
 #        (defaults: 5 "all_reduce broadcast all_gather")
 # Writes bench/results/mpi-backend-<ranks>r<TAG>.md and the raw JSON lines beside it.
 set -euo pipefail
@@ -18,13 +18,15 @@ ITERS=${ITERS:-50}
 MAXB=${MAXB:-16M}
 MINB=${MINB:-8}
 TAG=${TAG:-}
-cargo build --release -q -p sucl-cli --features mpi
+# SUCL=path: a prebuilt sucl with the mpi feature (the GPU machine has no cargo).
+if [ -z "${SUCL:-}" ]; then cargo build --release -q -p sucl-cli --features mpi; fi
+SUCL=${SUCL:-target/release/sucl}
 RAW=bench/results/raw-mpi-backend-${RANKS}r${TAG}
 rm -rf "$RAW" && mkdir -p "$RAW"
 for op in $OPS; do
   echo "$op ..." >&2
   uptime >"$RAW/$op.load"
-  mpirun --allow-run-as-root --oversubscribe -n "$RANKS" --bind-to core target/release/sucl bench "$op" \
+  mpirun --allow-run-as-root --oversubscribe -n "$RANKS" --bind-to core "$SUCL" bench "$op" \
     --compare mpi,raw-mpi,mpi-nonblocking --min-bytes "$MINB" --max-bytes "$MAXB" --factor 2 \
     --iters "$ITERS" --warmup 5 --rounds "$ROUNDS" --json >"$RAW/$op.jsonl"
   uptime >>"$RAW/$op.load"

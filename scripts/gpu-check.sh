@@ -5,6 +5,8 @@
 # Fails if CUDA or NCCL is missing or any check fails: nothing here may skip.
 # usage: BIN=path/to/sucl OUT=dir [EXAMPLE=path/to/gpu_allreduce] [BENCH=0: checks only]
 #        [FAULT_BIN=path/to/sucl built with --features fault-hook] [GPU_TESTS="test binaries"] scripts/gpu-check.sh
+# SHARE=2 also runs jobs with two ranks per GPU (on a one-GPU machine: the 2-rank matrix, fault hook
+# and benchmarks over ipc and staged; NCCL refuses two ranks on one GPU, so nccl is left out there).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 # GPU tests (cargo test binaries) fail instead of skipping when they find no GPU.
@@ -20,16 +22,20 @@ status=0
 grep -q "^  cuda:0 " "$OUT/info.txt" || { echo "gpu-check: no CUDA device: failing instead of skipping" >&2; exit 1; }
 grep -q "^  nccl  available" "$OUT/info.txt" || { echo "gpu-check: NCCL unavailable: failing instead of skipping" >&2; exit 1; }
 NGPU=$(grep -c "^  cuda:[0-9]" "$OUT/info.txt")
+SHARE=${SHARE:-1}
+MAXR=$((NGPU * SHARE))
+# The device backends a job of N ranks can compare: nccl and the raw NCCL baseline need a GPU per rank.
+cmp_list() { if [ "$1" -le "$NGPU" ]; then echo "$2"; else echo "$2" | sed 's/raw,//; s/nccl,//'; fi; }
 : >"$OUT/check.txt"
 for n in 1 2 4; do
-  [ "$n" -le "$NGPU" ] || continue
+  [ "$n" -le "$MAXR" ] || continue
   "$BIN" check --device cuda --ranks "$n" --ops barrier,broadcast,reduce,all_reduce,gather,all_gather,scatter,all_to_all,reduce_scatter \
     --dtypes f32,f16,bf16,i32,u8,f64 --redops sum,max,avg --big-mib 72 >>"$OUT/check.txt" 2>&1 || status=1
 done
 grep -q "checks, 0 wrong" "$OUT/check.txt" || status=1
 # The example: one all_reduce call on a device buffer and on a host vector.
 if [ -n "${EXAMPLE:-}" ]; then
-  ne=$(( NGPU < 2 ? NGPU : 2 ))
+  ne=$(( MAXR < 2 ? MAXR : 2 ))
   "$BIN" run -n "$ne" -- "$EXAMPLE" >>"$OUT/check.txt" 2>&1 || { echo "gpu-check: the example failed" >&2; status=1; }
   [ "$(grep -c "floats all-reduced on" "$OUT/check.txt")" -ge "$ne" ] || status=1
 fi
@@ -66,14 +72,15 @@ fi
 # A binary built with the test-only fault hook corrupts one element of every nccl (then staged)
 # collective output: check, bench and bench --compare must each report it and exit non-zero.
 if [ -n "${FAULT_BIN:-}" ]; then
-  nf=$(( NGPU < 2 ? NGPU : 2 ))
   for b in nccl ipc staged; do
+    nf=$(( MAXR < 2 ? MAXR : 2 ))
+    [ $b = nccl ] && nf=$(( NGPU < 2 ? NGPU : 2 ))
     f="$OUT/fault-hook-$b.txt"
     SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" check --device cuda --ranks "$nf" --ops all_reduce,all_gather,broadcast --dtypes f32,bf16 \
       --redops sum >"$f" 2>&1 && { echo "gpu-check: check with $b corrupted exited 0" >&2; status=1; }
     grep -q "WRONG device $b " "$f" || { echo "gpu-check: check did not report the corrupted $b" >&2; status=1; }
     grep -q "checks, 0 wrong" "$f" && { echo "gpu-check: check with $b corrupted reported 0 wrong" >&2; status=1; }
-    for cmp in "--backend $b" "--compare nccl,ipc,staged"; do
+    for cmp in "--backend $b" "--compare $(cmp_list "$nf" nccl,ipc,staged)"; do
       # shellcheck disable=SC2086
       SUCL_FAULT_CORRUPT=$b "$FAULT_BIN" bench all_reduce --device cuda --ranks "$nf" $cmp --min-bytes 1K --max-bytes 1M --factor 32 \
         --iters 5 --warmup 2 --rounds 1 --json >"$f.bench" 2>&1 && { echo "gpu-check: bench $cmp with $b corrupted exited 0" >&2; status=1; }
@@ -143,12 +150,12 @@ fi
 if [ "${BENCH:-1}" = 0 ]; then grep -h "sucl check" "$OUT/check.txt"; echo "gpu-check: exit $status (checks only)"; exit $status; fi
 : >"$OUT/bench.jsonl"
 for R in 2 4; do
-  [ "$R" -le "$NGPU" ] || continue
+  [ "$R" -le "$MAXR" ] || continue
   # Tune nccl against staged, then let auto follow that table in the side-by-side sweeps.
   "$BIN" tune --device cuda --ranks "$R" --ops all_reduce,broadcast,all_gather --min-bytes 8 --max-bytes "$MAXB" --factor 4 \
     --iters "$ITERS" --rounds 2 --out "$OUT/tuning-cuda-${R}gpu.toml" >>"$OUT/check.txt" 2>&1 || status=1
   for op in all_reduce broadcast all_gather; do
-    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare raw,nccl,ipc,staged,auto --rounds "$ROUNDS" \
+    "$BIN" bench "$op" --device cuda --ranks "$R" --config "$OUT/tuning-cuda-${R}gpu.toml" --compare "$(cmp_list "$R" raw,nccl,ipc,staged,auto)" --rounds "$ROUNDS" \
       --min-bytes 8 --max-bytes "$MAXB" --iters "$ITERS" --warmup "${WARMUP:-20}" --json >>"$OUT/bench.jsonl" 2>>"$OUT/bench-errors.txt" || status=1
   done
 done

@@ -7,7 +7,10 @@
 # (every rank must end with an error; NCCL must work on the GPUs afterwards), optional test
 # binaries, then `sucl tune` (nccl, ipc, staged) and `sucl bench all_reduce --compare
 # raw,nccl,ipc,auto` from 8 B to 64 MiB on 2 ranks. Prints one PASS/FAIL line per step and a
-# verdict; exits non-zero on any FAIL. Nothing here skips: no GPU, one GPU or no ipc is a FAIL.
+# verdict; exits non-zero on any FAIL. Nothing here skips: no GPU, one GPU or no ipc is a FAIL —
+# except with SHARE=2 on a one-GPU machine: both ranks then share cuda:0 (peer memory between
+# two processes on one GPU), NCCL's part becomes a one-rank NCCL job, and the benchmark compares
+# ipc with staged only (NCCL refuses two ranks on one GPU). The verdict line says ONE GPU.
 #
 # usage: BIN_DIR=dir-holding-sucl [OUT=bench/results/gpu/ipc] [TESTS="test binaries"]
 #        [FAULT_BIN=sucl built with --features fault-hook] [BENCH=0] [FACTOR=4] [ROUNDS=2]
@@ -33,8 +36,12 @@ clean() { grep -q "checks, 0 wrong" "$1" && ! grep -q "WRONG" "$1"; }
 # 1. Two GPUs that see each other.
 "$BIN" info >"$OUT/info.txt" 2>&1
 ngpu=$(grep -c "^  cuda:[0-9]" "$OUT/info.txt")
-[ "$ngpu" -ge 2 ] && grep -q "^  ipc   available" "$OUT/info.txt"; verdict info $? "$ngpu GPUs; $(grep '^  ipc' "$OUT/info.txt")"
-[ "$ngpu" -ge 2 ] || { echo "ipc-check: FAIL (needs 2 GPUs)"; exit 1; }
+one=0; [ "$ngpu" -eq 1 ] && [ "${SHARE:-1}" = 2 ] && one=1
+{ [ "$ngpu" -ge 2 ] || [ $one = 1 ]; } && grep -q "^  ipc   available" "$OUT/info.txt"; verdict info $? "$ngpu GPUs; $(grep '^  ipc' "$OUT/info.txt")"
+[ "$ngpu" -ge 2 ] || [ $one = 1 ] || { echo "ipc-check: FAIL (needs 2 GPUs)"; exit 1; }
+[ $one = 1 ] && echo "ipc-check: ONE GPU: both ranks share cuda:0; NCCL checked with one rank; no NCCL comparison"
+# NCCL after a fault: both GPUs, or the one GPU alone.
+nccl_after() { if [ $one = 1 ]; then "$BIN" check --device cuda --ranks 1 "$@"; else check2 "$@"; fi; }
 
 # 2. The matrix over ipc with the defaults (one-shot below 256 KiB, two-shot above, 32 MiB area).
 check2 --device-backends ipc "${OPS[@]}" --big-mib 64 >"$OUT/matrix.txt" 2>&1 && clean "$OUT/matrix.txt"
@@ -75,7 +82,7 @@ fault() { # name inject SUCL_TIMEOUT limit pattern
   local el=$(( $(date +%s) - start ))
   kill "${pids[1]}" 2>/dev/null; wait "${pids[1]}" 2>/dev/null
   cat "$OUT/$name-0.txt" "$OUT/$name-1.txt" >"$OUT/$name.txt"; rm -f "$OUT/$name-0.txt" "$OUT/$name-1.txt"
-  check2 --device-backends nccl --ops all_reduce --dtypes f32 --redops sum >"$OUT/$name-nccl-after.txt" 2>&1 && clean "$OUT/$name-nccl-after.txt"
+  nccl_after --device-backends nccl --ops all_reduce --dtypes f32 --redops sum >"$OUT/$name-nccl-after.txt" 2>&1 && clean "$OUT/$name-nccl-after.txt"
   local nccl=$?
   [ "$rc0" -ne 0 ] && [ "$rc0" -ne 124 ] && grep -Eq "$pat" "$OUT/$name.txt" && [ "$nccl" -eq 0 ]
   verdict "$name" $? "rank 0 exit $rc0 after $el s: $(grep -Eo "$pat.*" "$OUT/$name.txt" | head -1); NCCL afterwards: $([ $nccl -eq 0 ] && echo ok || echo FAILED)"
@@ -94,7 +101,7 @@ if [ -n "${FAULT_BIN:-}" ]; then
   SUCL_FAULT_CORRUPT=ipc "$FAULT_BIN" check --device cuda --ranks 2 --device-backends ipc --ops all_reduce,all_gather --dtypes f32 \
     --redops sum >"$OUT/fault-hook.txt" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && grep -q "WRONG device ipc " "$OUT/fault-hook.txt"; verdict fault-hook-check $? "exit $rc"
-  SUCL_FAULT_CORRUPT=ipc "$FAULT_BIN" bench all_reduce --device cuda --ranks 2 --compare nccl,ipc --min-bytes 1K --max-bytes 1M --factor 32 \
+  SUCL_FAULT_CORRUPT=ipc "$FAULT_BIN" bench all_reduce --device cuda --ranks 2 --compare "$([ $one = 1 ] && echo ipc,staged || echo nccl,ipc)" --min-bytes 1K --max-bytes 1M --factor 32 \
     --iters 5 --warmup 2 --rounds 1 --json >"$OUT/fault-hook-bench.txt" 2>&1
   rc=$?; [ "$rc" -ne 0 ] && grep '"backend":"ipc"' "$OUT/fault-hook-bench.txt" | grep -q '"wrong":[1-9]'; verdict fault-hook-bench $? "exit $rc"
 fi
@@ -106,15 +113,16 @@ if [ "${BENCH:-1}" != 0 ] && [ "$fails" -eq 0 ]; then
     --out "$OUT/tuning-cuda-2gpu.toml" >"$OUT/tune.txt" 2>&1
   verdict tune $? "$(grep -c 'backend = "ipc"' "$OUT/tuning-cuda-2gpu.toml" 2>/dev/null) ipc rules"
   cfg=(); [ -s "$OUT/tuning-cuda-2gpu.toml" ] && cfg=(--config "$OUT/tuning-cuda-2gpu.toml")
-  "$BIN" bench all_reduce --device cuda --ranks 2 "${cfg[@]}" --compare raw,nccl,ipc,auto --min-bytes 8 --max-bytes 64M \
+  cmp=raw,nccl,ipc,auto; [ $one = 1 ] && cmp=ipc,staged,auto
+  "$BIN" bench all_reduce --device cuda --ranks 2 "${cfg[@]}" --compare "$cmp" --min-bytes 8 --max-bytes 64M \
     --factor "$FACTOR" --rounds "$ROUNDS" --iters 100 --warmup 20 >"$OUT/bench-all_reduce.txt" 2>&1
   rc=$?; [ "$rc" -eq 0 ] && ! grep -Eq '^ +[0-9]+ .* [1-9][0-9]*$' "$OUT/bench-all_reduce.txt"
   verdict bench-all_reduce $? "exit $rc"
   # Columns: bytes raw nccl ipc auto #wrong. Ratios: ipc over raw NCCL and over sucl's nccl,
   # auto over the better of nccl and ipc.
-  awk '/^ +[0-9]+ / { b = $4 < $3 ? $4 : $3; printf "%12d  ipc/raw %5.2f  ipc/nccl %5.2f  auto/best %5.2f\n", $1, $4 / $2, $4 / $3, $5 / b }' \
+  [ $one = 1 ] || awk '/^ +[0-9]+ / { b = $4 < $3 ? $4 : $3; printf "%12d  ipc/raw %5.2f  ipc/nccl %5.2f  auto/best %5.2f\n", $1, $4 / $2, $4 / $3, $5 / b }' \
     "$OUT/bench-all_reduce.txt" >"$OUT/bench-all_reduce-ratios.txt"
-  cat "$OUT/bench-all_reduce.txt" "$OUT/bench-all_reduce-ratios.txt"
+  cat "$OUT/bench-all_reduce.txt" "$OUT/bench-all_reduce-ratios.txt" 2>/dev/null
 fi
 if [ "$fails" -eq 0 ]; then echo "ipc-check: PASS"; else echo "ipc-check: FAIL ($fails steps)"; fi
 [ "$fails" -eq 0 ]

@@ -74,6 +74,13 @@ impl Device {
         self.ctx.name().unwrap_or_else(|_| "unknown".into())
     }
 
+    /// The GPU's UUID as 32 hex digits: the same physical GPU reads the same in every process,
+    /// whatever `CUDA_VISIBLE_DEVICES` renumbered it to.
+    pub fn uuid_hex(&self) -> Result<String> {
+        let u = self.ctx.uuid().map_err(|e| cuda_err(self.rank(), "reading the GPU's UUID", e))?;
+        Ok(u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+    }
+
     /// Total device memory in bytes.
     pub fn total_memory(&self) -> usize {
         self.ctx.total_mem().unwrap_or(0)

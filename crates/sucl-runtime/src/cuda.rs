@@ -88,6 +88,16 @@ fn nccl_init_fault_hook(world_rank: usize) {
     }
 }
 
+/// Where two ranks drive the same physical GPU (equal UUIDs), the sentence saying which.
+fn shared_gpu(gpus: &[String]) -> Option<String> {
+    for (a, ga) in gpus.iter().enumerate() {
+        if let Some(b) = gpus[a + 1..].iter().position(|gb| gb == ga) {
+            return Some(format!("ranks {a} and {} share one GPU ({ga})", a + 1 + b));
+        }
+    }
+    None
+}
+
 impl Communicator {
     /// Opens this rank's GPU: local rank modulo the number of devices, with this job's timeout
     /// and lost-rank detection on every wait. Not collective.
@@ -134,10 +144,24 @@ impl Communicator {
         let key = format!("{}/gpu{k}", self.prefix);
         let allowed = self.ctx.cfg.platforms.get("cuda").is_none_or(|p| p.backends.iter().any(|b| b == "nccl"));
         let mine = nccl_version().is_ok() && allowed;
-        store.set(&format!("{key}/nccl/{}", self.rank), if mine { b"1" } else { b"0" })?;
+        // Each rank says whether it can load NCCL and which physical GPU it drives: NCCL refuses
+        // a communicator with two ranks on one GPU, so such a job stages through host memory.
+        let uuid = dev.uuid_hex()?;
+        store.set(&format!("{key}/nccl/{}", self.rank), format!("{}:{uuid}", u8::from(mine)).as_bytes())?;
         let mut all = true;
+        let mut gpus: Vec<String> = Vec::with_capacity(self.size);
         for r in 0..self.size {
-            all &= store.get(&format!("{key}/nccl/{r}"))? == b"1";
+            let v = store.get(&format!("{key}/nccl/{r}"))?;
+            let v = String::from_utf8_lossy(&v);
+            let (can, gpu) = v.split_once(':').unwrap_or(("0", ""));
+            all &= can == "1";
+            gpus.push(gpu.to_string());
+        }
+        if let Some(why) = shared_gpu(&gpus) {
+            if all {
+                tracing::info!(rank = wr, "{why}: NCCL refuses that, so device calls are staged through host memory");
+            }
+            all = false;
         }
         let nccl = if all {
             let id = if self.rank == 0 {
