@@ -376,7 +376,9 @@ pub(crate) fn plan_transfers(commands: &[Command]) -> Result<Vec<TaskTransfers>,
         t.sends.sort_by_key(|m| (m.peer, m.buffer.0, m.collective));
         t.recvs.sort_by_key(|m| (m.peer, m.buffer.0, m.collective));
         for list in [&t.sends, &t.recvs] {
-            if let Some(w) = list.windows(2).find(|w| (w[0].peer, w[0].buffer, w[0].collective) == (w[1].peer, w[1].buffer, w[1].collective)) {
+            if let Some(w) =
+                list.windows(2).find(|w| (w[0].peer, w[0].buffer, w[0].collective) == (w[1].peer, w[1].buffer, w[1].collective))
+            {
                 return Err(GraphError::InvalidArgument(format!(
                     "task {}: two messages with rank {} for buffer {} in one direction",
                     t.task, w[0].peer, w[0].buffer.0
@@ -400,9 +402,11 @@ pub(crate) fn launch_blocks(range: Index) -> Result<Option<u32>, String> {
         return Ok(None);
     }
     let blocks = items.div_ceil(u64::from(BLOCK));
-    u32::try_from(blocks).ok().filter(|&b| b <= i32::MAX as u32).map(Some).ok_or_else(|| {
-        format!("a chunk of {items} items needs {blocks} blocks of {BLOCK}, more than a CUDA grid holds ({})", i32::MAX)
-    })
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b <= i32::MAX as u32)
+        .map(Some)
+        .ok_or_else(|| format!("a chunk of {items} items needs {blocks} blocks of {BLOCK}, more than a CUDA grid holds ({})", i32::MAX))
 }
 
 /// The error of a failed NVRTC compilation, with NVRTC's log.
@@ -918,7 +922,8 @@ mod gpu {
             let (at, packed) = self.landing(std::slice::from_ref(&m))?[0];
             // SAFETY: `at` addresses the region's bytes (or its scratch run); `bytes` lives until
             // the synchronize below.
-            unsafe { cures::memcpy_htod_async(at, bytes, self.queue.stream().cu_stream()) }.map_err(self.err("copying a region to the device"))?;
+            unsafe { cures::memcpy_htod_async(at, bytes, self.queue.stream().cu_stream()) }
+                .map_err(self.err("copying a region to the device"))?;
             if packed {
                 self.stage(b, region, at, true)?;
             }
@@ -1096,7 +1101,10 @@ mod tests {
         assert!(s.same(&s.clone()));
         assert!(!s.same(&CudaSource::new(s.text())), "an equal text is another source (compiled again)");
         let e = compile_error(2, "step", "k", "k.cu(3): error: identifier \"x\" is undefined\n\n").to_string();
-        assert_eq!(e, "rank 2: task 'step' failed: NVRTC could not compile the source of kernel `k`:\nk.cu(3): error: identifier \"x\" is undefined");
+        assert_eq!(
+            e,
+            "rank 2: task 'step' failed: NVRTC could not compile the source of kernel `k`:\nk.cu(3): error: identifier \"x\" is undefined"
+        );
         assert_eq!(KernelArg::from(1.5f64), KernelArg::F64(1.5));
         assert_eq!(KernelArg::from(7u32), KernelArg::U32(7));
     }

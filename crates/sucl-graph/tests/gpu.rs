@@ -156,16 +156,32 @@ fn gpu_programs_match_the_host_ranks_bit_for_bit() {
     let Some(n) = gpus_or_skip("gpu_programs_match_the_host_ranks_bit_for_bit") else { return };
     let host = program_lines(&Launch { ranks: 1, rank_test: "host_programs_rank", visible: None, transport: None, timeout_s: "30" });
     let mut want: Vec<String> = vec![chain_line()];
-    want.extend(host.into_iter().filter(|l| ["stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"].iter().any(|p| l.starts_with(p))));
+    want.extend(
+        host.into_iter().filter(|l| {
+            ["stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"].iter().any(|p| l.starts_with(p))
+        }),
+    );
     assert_eq!(want.len(), 8, "the host reference printed every program: {want:#?}");
     let mut runs = vec![
         ("1 rank", Launch { ranks: 1, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60" }),
-        ("2 ranks sharing GPU 0 (staged)", Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60" }),
+        (
+            "2 ranks sharing GPU 0 (staged)",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60" },
+        ),
     ];
     if n >= 2 {
-        runs.push(("2 ranks on 2 GPUs (auto: nccl)", Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60" }));
-        runs.push(("2 ranks on 2 GPUs, nccl", Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("nccl"), timeout_s: "60" }));
-        runs.push(("2 ranks on 2 GPUs, staged", Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("staged"), timeout_s: "60" }));
+        runs.push((
+            "2 ranks on 2 GPUs (auto: nccl)",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60" },
+        ));
+        runs.push((
+            "2 ranks on 2 GPUs, nccl",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("nccl"), timeout_s: "60" },
+        ));
+        runs.push((
+            "2 ranks on 2 GPUs, staged",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("staged"), timeout_s: "60" },
+        ));
     } else {
         assert!(!gpu_required() || std::env::var("SUCL_REQUIRE_GPUS").map_or(true, |v| v != "2"), "SUCL_REQUIRE_GPUS=2 but only {n} GPU");
         eprintln!("gpu_programs_match_the_host_ranks_bit_for_bit: only {n} GPU: the runs on 2 GPUs are SKIPPED");
@@ -189,7 +205,8 @@ fn compile_error_rank() {
     let dev = comm.cuda_device().unwrap();
     let mut q = DistrQueue::on_device(&comm, &dev).unwrap();
     let a = q.buffer::<f64, 1>([64]).unwrap();
-    let bad = CudaSource::new("extern \"C\" __global__ void broken(sucl_chunk c, double* a, sucl_extent e) {\n    a[0] = undefined_thing;\n}\n");
+    let bad =
+        CudaSource::new("extern \"C\" __global__ void broken(sucl_chunk c, double* a, sucl_extent e) {\n    a[0] = undefined_thing;\n}\n");
     let err = q
         .submit(|cgh| {
             cgh.discard_write(&a, one_to_one());
@@ -211,7 +228,10 @@ fn a_compile_error_ends_every_rank_with_nvrtcs_log() {
     for (r, c) in ranks.iter_mut().enumerate() {
         let (code, _, err) = wait(c, Duration::from_secs(60), &format!("rank {r}"));
         assert_eq!(code, Some(7), "rank {r} must report the compile error: {err}");
-        assert!(err.contains(&format!("COMPILE-ERROR rank {r}: rank {r}: task 'broken' failed: NVRTC could not compile")), "rank {r}: {err}");
+        assert!(
+            err.contains(&format!("COMPILE-ERROR rank {r}: rank {r}: task 'broken' failed: NVRTC could not compile")),
+            "rank {r}: {err}"
+        );
         // NVRTC's log, with the user's own line number (2).
         assert!(err.contains("(2): error") && err.contains("undefined_thing"), "rank {r}: NVRTC's log is missing: {err}");
     }
