@@ -24,8 +24,10 @@
 //! and `SUCL_GRAPH_DUMP=dir` writes each rank's graphs from a running program.
 //!
 //! Layers: this crate depends on `sucl-runtime`'s public API only (for the executor); the graph
-//! modules themselves are pure and need no communicator. Host ranks only so far: GPU ranks
-//! (CUDA kernels compiled at run time, device buffers) are not implemented yet.
+//! modules themselves are pure and need no communicator. GPU ranks ([`device`],
+//! `DistrQueue::on_device`, feature `cuda`): buffers in device memory, CUDA C kernels compiled
+//! at run time by NVRTC (`Handler::parallel_for_cuda`), transfers over NCCL or staged through
+//! host memory; this crate then also uses `sucl-cuda`'s public API (devices, streams, NVRTC).
 
 #![warn(missing_docs)]
 
@@ -82,8 +84,10 @@ pub use command::{
     chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion,
     RankGraph, Scheduler,
 };
+pub mod device;
 pub mod dump;
 pub mod queue;
 pub mod scenario;
 
+pub use device::{CudaSource, DeviceTransport, KernelArg, TransportChoice};
 pub use queue::{mappers, Buffer, Ctx, DistrQueue, Handler, QueueOptions, ReadAcc, ReadView, WriteAcc, WriteView};

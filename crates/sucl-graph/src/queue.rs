@@ -37,6 +37,7 @@
 //! fails loudly instead of reading stale cells on some rank counts.
 
 use crate::command::{Command, CommandKind, PeerRegion, Scheduler};
+use crate::device::{CudaLaunch, CudaSource, DeviceRank, DeviceTransport, KernelArg};
 use crate::geometry::{GridBox, Index, Region, MAX_DIMS};
 use crate::mapper::{Chunk, RangeMapper};
 use crate::task::{AccessMode, Accessor, BufferId, SplitHint, TaskId, TaskSpec};
@@ -177,6 +178,7 @@ enum Action<'k> {
     Kernel { range: Index, kernel: KernelFn<'k> },
     Master { range: Index, task: HostFn<'k> },
     Collective { task: HostFn<'k> },
+    Cuda { range: Index, launch: CudaLaunch },
 }
 
 /// A command group being declared: accessors, split hint and granularity, then one action.
@@ -251,6 +253,21 @@ impl<'k> Handler<'k> {
     pub fn parallel_for<const R: usize>(&mut self, range: [usize; R], kernel: impl Fn(&Chunk, &Ctx<'_>) + Send + Sync + 'k) {
         let range = self.range(&range);
         self.set_action(Action::Kernel { range, kernel: Box::new(kernel) });
+    }
+
+    /// Runs the CUDA kernel `kernel` of `source` over `range`, split across the ranks (a GPU
+    /// queue only: [`DistrQueue::on_device`]). The kernel's parameters are this chunk, then each
+    /// accessor's base pointer and extent in declaration order, then `args` (see
+    /// [`crate::device`]); one thread per item.
+    ///
+    /// # Safety
+    /// The kernel must declare exactly those parameters, with the accessors' element types, and
+    /// touch only the cells its accessors declare for the chunk it gets: the GPU runs it with
+    /// raw pointers that nothing checks.
+    pub unsafe fn parallel_for_cuda<const R: usize>(&mut self, range: [usize; R], source: &CudaSource, kernel: &str, args: &[KernelArg]) {
+        let range = self.range(&range);
+        let launch = CudaLaunch { source: source.clone(), kernel: kernel.to_string(), args: args.to_vec() };
+        self.set_action(Action::Cuda { range, launch });
     }
 
     /// Runs `task` once on the master rank (rank 0) over the whole `range`.
@@ -570,6 +587,8 @@ pub struct DistrQueue<'c> {
     stores: Vec<Box<dyn Store>>,
     executed: usize,
     options: QueueOptions,
+    /// A GPU rank's device side ([`DistrQueue::on_device`]).
+    device: Option<DeviceRank>,
 }
 
 impl<'c> DistrQueue<'c> {
@@ -588,7 +607,38 @@ impl<'c> DistrQueue<'c> {
         if options.dump_dir.is_some() {
             scheduler.record_tasks(true);
         }
-        Ok(DistrQueue { comm, scheduler, stores: Vec::new(), executed: 0, options })
+        Ok(DistrQueue { comm, scheduler, stores: Vec::new(), executed: 0, options, device: None })
+    }
+
+    /// A queue whose rank runs on GPU `device` (collective), settings from the environment
+    /// ([`QueueOptions::from_env`], `SUCL_GRAPH_DEVICE_TRANSPORT`). See [`crate::device`].
+    #[cfg(feature = "cuda")]
+    pub fn on_device(comm: &'c Communicator, device: &sucl_runtime::cuda::Device) -> Result<Self, GraphError> {
+        Self::on_device_with(comm, QueueOptions::from_env(comm)?, device, crate::device::TransportChoice::from_env()?)
+    }
+
+    /// [`DistrQueue::on_device`] with explicit settings.
+    #[cfg(feature = "cuda")]
+    pub fn on_device_with(
+        comm: &'c Communicator,
+        options: QueueOptions,
+        device: &sucl_runtime::cuda::Device,
+        transport: crate::device::TransportChoice,
+    ) -> Result<Self, GraphError> {
+        let mut q = Self::with_options(comm, options)?;
+        q.device = Some(DeviceRank::new(comm, device, transport)?);
+        Ok(q)
+    }
+
+    /// How this GPU queue moves device memory (None: a host queue).
+    pub fn device_transport(&self) -> Option<DeviceTransport> {
+        self.device.as_ref().map(|d| d.transport())
+    }
+
+    /// The GPU queue's stream (None: a host queue).
+    #[cfg(feature = "cuda")]
+    pub fn device_queue(&self) -> Option<&sucl_runtime::cuda::Queue> {
+        self.device.as_ref().map(|d| d.queue())
     }
 
     /// The communicator.
@@ -631,6 +681,9 @@ impl<'c> DistrQueue<'c> {
             None => vec![T::zeroed(); cells],
         };
         let id = self.scheduler.create_buffer(&extent, host_initialized)?;
+        if let Some(d) = self.device.as_mut() {
+            d.add_buffer(pad(extent, 1), std::mem::size_of::<T>(), host_initialized.then(|| bytemuck::cast_slice::<T, u8>(&data)))?;
+        }
         self.stores.push(Box::new(HostStore { extent: pad(extent, 1), data }));
         Ok(Buffer { id, extent, _elem: PhantomData })
     }
@@ -657,6 +710,17 @@ impl<'c> DistrQueue<'c> {
             Action::Kernel { range, kernel } => (TaskSpec::parallel_for(&name, &range).split(h.split), Some(Run::Kernel(kernel))),
             Action::Master { range, task } => (TaskSpec::master_host_task(&name, &range), Some(Run::Host(task))),
             Action::Collective { task } => (TaskSpec::collective_host_task(&name), Some(Run::Host(task))),
+            Action::Cuda { range, launch } => {
+                match self.device.as_mut() {
+                    Some(d) => d.prepare(&name, &launch)?,
+                    None => {
+                        return Err(GraphError::InvalidArgument(format!(
+                            "task '{name}': parallel_for_cuda needs a GPU queue (DistrQueue::on_device)"
+                        )))
+                    }
+                }
+                (TaskSpec::parallel_for(&name, &range).split(h.split), Some(Run::Cuda(launch)))
+            }
         };
         spec = spec.granularity(&h.granularity);
         spec.accessors = h.accessors;
@@ -688,6 +752,12 @@ impl<'c> DistrQueue<'c> {
         }
         self.scheduler.submit(TaskSpec::fence("fence", b.id, region))?;
         self.run_pending(&mut None)?;
+        if let Some(d) = self.device.as_mut() {
+            let bytes = d.download(self.comm, b.id, &Region::from_box(region))?;
+            let mut out = vec![T::zeroed(); region.area()];
+            bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+            return Ok(out);
+        }
         let store = self.stores[b.id.0].as_any().downcast_ref::<HostStore<T>>().expect("a buffer's store has its element type");
         let bytes = store.pack(&Region::from_box(region));
         Ok(bytemuck::cast_slice(&bytes).to_vec())
@@ -709,6 +779,9 @@ impl<'c> DistrQueue<'c> {
     /// every earlier task.
     pub fn sync(&mut self) -> Result<(), GraphError> {
         self.epoch()?;
+        if let Some(d) = self.device.as_mut() {
+            d.synchronize(self.comm)?;
+        }
         self.comm.barrier()?;
         Ok(())
     }
@@ -737,7 +810,12 @@ impl<'c> DistrQueue<'c> {
                     continue;
                 }
                 CommandKind::Execution => self.execute(c, action)?,
-                CommandKind::Horizon | CommandKind::Epoch => {}
+                CommandKind::Horizon => {
+                    if let Some(d) = self.device.as_mut() {
+                        d.horizon()?;
+                    }
+                }
+                CommandKind::Epoch => {}
             }
             i += 1;
         }
@@ -751,15 +829,49 @@ impl<'c> DistrQueue<'c> {
         let accessors = task.accessors.clone();
         let granularity = task.granularity[0];
         let name = task.name.clone();
+        let collective = task.target == crate::task::Target::Collective;
         match action.take() {
             None => Ok(()), // a fence: the data is in place once its transfers are done
-            Some(Run::Host(f)) => {
-                let comm = (task.target == crate::task::Target::Collective).then_some(self.comm);
-                let ctx = self.context(&accessors, &chunk, comm);
-                catch(&name, self.comm.rank(), || f(&chunk, &ctx))
+            Some(Run::Cuda(launch)) => {
+                let buffers: Vec<BufferId> = accessors.iter().map(|a| a.buffer).collect();
+                let d = self.device.as_mut().expect("a CUDA task was accepted on a GPU queue only");
+                d.launch(&name, &launch, &chunk, &buffers)
             }
-            Some(Run::Kernel(k)) => self.run_kernel(&name, &chunk, &accessors, granularity, k.as_ref()),
+            Some(Run::Host(f)) => {
+                self.host_copy_in(&accessors, &chunk)?;
+                let comm = collective.then_some(self.comm);
+                let ctx = self.context(&accessors, &chunk, comm);
+                catch(&name, self.comm.rank(), || f(&chunk, &ctx))?;
+                self.host_copy_out(&accessors, &chunk)
+            }
+            Some(Run::Kernel(k)) => {
+                self.host_copy_in(&accessors, &chunk)?;
+                self.run_kernel(&name, &chunk, &accessors, granularity, k.as_ref())?;
+                self.host_copy_out(&accessors, &chunk)
+            }
         }
+    }
+
+    /// On a GPU queue, brings the host copy of every cell `accessors` name for `chunk` up to
+    /// date before host code runs on it.
+    fn host_copy_in(&mut self, accessors: &[Accessor], chunk: &Chunk) -> Result<(), GraphError> {
+        let Some(d) = self.device.as_mut() else { return Ok(()) };
+        for a in accessors {
+            let region = a.mapper.map(chunk, self.scheduler.graph().buffer(a.buffer).map_or([1; MAX_DIMS], |i| i.extent));
+            let bytes = d.download(self.comm, a.buffer, &region)?;
+            self.stores[a.buffer.0].unpack(&region, &bytes);
+        }
+        Ok(())
+    }
+
+    /// On a GPU queue, copies what host code wrote back to the device.
+    fn host_copy_out(&mut self, accessors: &[Accessor], chunk: &Chunk) -> Result<(), GraphError> {
+        let Some(d) = self.device.as_mut() else { return Ok(()) };
+        for a in accessors.iter().filter(|a| a.mode.writes()) {
+            let region = a.mapper.map(chunk, self.scheduler.graph().buffer(a.buffer).map_or([1; MAX_DIMS], |i| i.extent));
+            d.upload(a.buffer, &region, &self.stores[a.buffer.0].pack(&region))?;
+        }
+        Ok(())
     }
 
     /// Cuts `chunk` into one piece per worker thread along dimension 0 (when the pieces'
@@ -831,6 +943,9 @@ impl<'c> DistrQueue<'c> {
     /// Broadcast → broadcast, Scatter → scatterv and AllToAll → all_to_allv with
     /// `Collective::parts` as the per-rank counts (the plain forms where all parts are equal).
     fn transfer(&mut self, commands: &[Command]) -> Result<(), GraphError> {
+        if let Some(d) = self.device.as_mut() {
+            return d.transfer(self.comm, commands);
+        }
         let nbuf = self.stores.len().max(1) as u64;
         let tag = |c: &Command| -> u32 {
             let id = (c.task.0 as u64 * nbuf + c.buffer.map_or(0, |b| b.0 as u64)) * 2 + u64::from(c.kind == CommandKind::Collective);
@@ -899,6 +1014,7 @@ impl Drop for DistrQueue<'_> {
 enum Run<'k> {
     Kernel(KernelFn<'k>),
     Host(HostFn<'k>),
+    Cuda(CudaLaunch),
 }
 
 /// A context handed to one worker thread.
