@@ -401,6 +401,9 @@ impl<T: DeviceElement> DeviceMemoryMut for BufferViewMut<'_, T> {
 /// The address of optional device memory for reading on `stream` (0 when empty).
 fn read_at<'s, T, P: DevicePtr<T>>(mem: Option<&'s P>, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
     mem.map_or((0, None), |m| {
+        if capturing(stream) {
+            return (untracked(stream, || m.device_ptr(stream).0), None);
+        }
         let (p, g) = m.device_ptr(stream);
         (p, Some(g))
     })
@@ -409,9 +412,44 @@ fn read_at<'s, T, P: DevicePtr<T>>(mem: Option<&'s P>, stream: &'s CudaStream) -
 /// The address of optional device memory for writing on `stream` (0 when empty).
 fn write_at<'s, T, P: DevicePtrMut<T>>(mem: Option<&'s mut P>, stream: &'s CudaStream) -> (u64, Option<SyncOnDrop<'s>>) {
     mem.map_or((0, None), |m| {
+        if capturing(stream) {
+            return (untracked(stream, || m.device_ptr_mut(stream).0), None);
+        }
         let (p, g) = m.device_ptr_mut(stream);
         (p, Some(g))
     })
+}
+
+/// Whether `stream` is recording a CUDA graph (stream capture).
+fn capturing(stream: &CudaStream) -> bool {
+    use cudarc::driver::sys::{cuStreamIsCapturing, CUresult, CUstreamCaptureStatus};
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream is borrowed, so the CUstream it wraps is live; `status` is a local the
+    // call writes. cuStreamIsCapturing is one of the calls allowed during a capture.
+    let rc = unsafe { cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    rc == CUresult::CUDA_SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// The address `take` returns, with cudarc's cross-stream event tracking off for the call: during
+/// a capture, waiting on an event recorded before it (cudarc waits on the buffer's last write)
+/// would cross the capture's boundary and invalidate it, and an event recorded inside it could
+/// not be waited on afterwards. Inside a capture, order is the stream's own: work captured after
+/// earlier work on the same stream depends on it; a buffer last written on another stream must
+/// be ordered before the capture begins (CUDA's rule for captures, which sucl documents).
+fn untracked(stream: &CudaStream, take: impl FnOnce() -> u64) -> u64 {
+    let ctx = stream.context();
+    let was_on = ctx.is_event_tracking();
+    if was_on {
+        // SAFETY: tracking is off only for this call, which neither allocates nor frees a
+        // slice; the address is used by work on `stream` alone (the captured graph).
+        unsafe { ctx.disable_event_tracking() };
+    }
+    let p = take();
+    if was_on {
+        // SAFETY: restores the state found above.
+        unsafe { ctx.enable_event_tracking() };
+    }
+    p
 }
 
 /// Page-locked host memory: the staging area of device ↔ host copies that overlap other work.
