@@ -11,7 +11,7 @@ cargo build --release -p sucl-cli -p sucl-stream --examples
 cargo build --release -p sucl-cli --bin sucl
 # The test binary's path, from cargo's JSON messages.
 test_bin=$(cargo test --release -p sucl-stream --test gpu --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | grep /deps/ | tail -1)
 [ -n "$test_bin" ] && [ -x "$test_bin" ] || { echo "gpu-stream-build: no test binary for sucl-stream's tests/gpu.rs" >&2; exit 1; }
 mkdir -p "$DEST"
 for b in target/release/sucl target/release/examples/st_gpu target/release/examples/faces target/release/examples/stream_plot; do

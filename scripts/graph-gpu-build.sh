@@ -11,7 +11,7 @@ cargo build --release -p sucl-cli --bin sucl
 cargo build --release -p sucl-graph --example graph_gpu_programs --example graph_gpu_step_bench
 # The test binary's path, from cargo's JSON messages (sucl-graph's tests/gpu.rs).
 test_bin=$(cargo test --release -p sucl-graph --test gpu --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | grep /deps/ | tail -1)
 [ -n "$test_bin" ] && [ -x "$test_bin" ] || { echo "graph-gpu-build: no test binary for sucl-graph's tests/gpu.rs" >&2; exit 1; }
 mkdir -p "$DEST"
 for b in target/release/sucl target/release/examples/graph_gpu_programs target/release/examples/graph_gpu_step_bench; do
