@@ -157,7 +157,8 @@ impl Communicator {
             all &= can == "1";
             gpus.push(gpu.to_string());
         }
-        if let Some(why) = shared_gpu(&gpus) {
+        let shared = shared_gpu(&gpus);
+        if let Some(why) = &shared {
             if all {
                 tracing::info!(rank = wr, "{why}: NCCL refuses that, so device calls are staged through host memory");
             }
@@ -189,7 +190,7 @@ impl Communicator {
         names.extend(nccl.is_some().then_some("nccl"));
         names.extend(ipc.is_some().then_some("ipc"));
         names.push("staged");
-        let selector = Selector::new(&self.ctx.policy.for_devices(), &names, self.size);
+        let selector = Selector::new(&self.ctx.policy.for_devices_with(shared.is_none()), &names, self.size);
         Ok(DeviceComm { dev: dev.clone(), nccl, ipc, ipc_why, slots: vec![], selector, scratch: None, progress: None })
     }
 

@@ -51,8 +51,18 @@ impl Policy {
     /// rules), then [`default_ipc_rules`] (when peer memory is set up), then the `cuda`
     /// threshold between staged (below) and NCCL.
     pub fn for_devices(&self) -> Policy {
+        self.for_devices_with(true)
+    }
+
+    /// [`Policy::for_devices`], with the default peer-memory rules only where `ipc_by_default`:
+    /// ranks sharing one GPU leave them out (their kernels time-slice, so a kernel waiting for a
+    /// peer's flag waits a whole time slice — about 4.5 ms per call measured on an H100), and
+    /// use peer memory only where the tuning table or a pin asks for it.
+    pub fn for_devices_with(&self, ipc_by_default: bool) -> Policy {
         let mut rules = self.rules.clone();
-        rules.extend(default_ipc_rules());
+        if ipc_by_default {
+            rules.extend(default_ipc_rules());
+        }
         Policy {
             forced: None,
             default: "staged".into(),
@@ -280,5 +290,17 @@ mod tests {
         let two = ["nccl", "staged"];
         let s = Selector::new(&policy(0, vec![]).for_devices(), &two, 2);
         assert_eq!(two[s.pick(CollOp::AllReduce, 8)], "nccl");
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_use_peer_memory_only_when_asked() {
+        let names = ["ipc", "staged"];
+        let s = Selector::new(&policy(0, vec![]).for_devices_with(false), &names, 2);
+        for bytes in [8, 4 << 10, 1 << 20] {
+            assert_eq!(names[s.pick(CollOp::AllReduce, bytes)], "staged", "{bytes} B");
+        }
+        let asked = vec![Rule { op: None, ranks: (1, usize::MAX), bytes: (0, u64::MAX), backend: "ipc".into() }];
+        let s = Selector::new(&policy(0, asked).for_devices_with(false), &names, 2);
+        assert_eq!(names[s.pick(CollOp::AllReduce, 8)], "ipc", "a tuning rule (SUCL_IPC=force) still picks it");
     }
 }

@@ -157,11 +157,59 @@ fn addrs(bufs: &[DeviceBuf<f64>], peers: &[usize; 26], q: &Queue, write: bool) -
         .collect()
 }
 
-/// The baseline over NCCL. The communicator must have its device side on `q`'s GPU
-/// (`attach_device`).
+/// Host copies of the messages for the baseline without NCCL.
+struct Staging {
+    sends: Vec<Vec<f64>>,
+    recvs: Vec<Vec<f64>>,
+}
+
+impl Staging {
+    fn new(dev: &Dev) -> Staging {
+        let zeros = |bufs: &[DeviceBuf<f64>]| bufs.iter().map(|b| vec![0.0; b.len()]).collect();
+        Staging { sends: zeros(&dev.sends), recvs: zeros(&dev.recvs) }
+    }
+
+    /// After pack and a synchronize: downloads the sends, starts the interior kernel, exchanges
+    /// on the host (tag 1, as the stream-triggered variant) and uploads what arrived, enqueued
+    /// before the caller's unpack. Returns the time spent waiting for the receives.
+    fn exchange(&mut self, comm: &Communicator, g: &Grid, dev: &Dev, q: &Queue) -> Result<Duration> {
+        let live = |d: &usize| g.peers[*d] != PROC_NULL;
+        for d in (0..g.peers.len()).filter(live) {
+            self.sends[d] = dev.sends[d].lock().to_vec()?;
+        }
+        dev.interior(q)?;
+        let (sends, recvs) = (&self.sends, &mut self.recvs);
+        let waited = comm.nonblocking(|sc| {
+            let mut rq = vec![];
+            for (d, r) in recvs.iter_mut().enumerate().filter(|(d, _)| live(d)) {
+                rq.push(sc.irecv(r, g.peers[d], 1)?);
+            }
+            for (d, s) in sends.iter().enumerate().filter(|(d, _)| live(d)) {
+                sc.isend(s, g.peers[d], 1)?;
+            }
+            let t = Instant::now();
+            for r in rq {
+                r.wait()?;
+            }
+            Ok(t.elapsed())
+        })?;
+        for d in (0..g.peers.len()).filter(live) {
+            dev.recvs[d].lock().copy_from_host(&self.recvs[d])?;
+        }
+        Ok(waited)
+    }
+}
+
+/// The baseline: pack, synchronize, exchange, interior, wait, unpack. Over NCCL (one group of
+/// sends and receives on the stream) where the communicator set NCCL up; otherwise as a program
+/// without NCCL writes it: the packed messages downloaded, host `isend`/`irecv`, the interior
+/// kernel running meanwhile, the received messages uploaded. The communicator must have its
+/// device side on `q`'s GPU (`attach_device`).
 pub fn run_baseline(comm: &Communicator, g: &Grid, q: &Queue) -> Result<Outcome> {
     let dev = Dev::new(g, q, comm.rank())?;
+    let nccl = comm.device_backends().contains(&"nccl");
     let (sends, recvs) = (addrs(&dev.sends, &g.peers, q, false), addrs(&dev.recvs, &g.peers, q, true));
+    let mut staged = Staging::new(&dev);
     let inp = g.input();
     let (mut timed, mut steps, mut worst, mut blocked) = (0.0, 0usize, 0.0f64, 0.0);
     for _k in 0..inp.nk {
@@ -171,6 +219,7 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, q: &Queue) -> Result<Outcome>
             comm.barrier()?;
             let t0 = Instant::now();
             let mut waited = Duration::ZERO;
+            let mut host_wait = Duration::ZERO;
             let mut sync = || -> Result<()> {
                 let t = Instant::now();
                 comm.synchronize(q)?;
@@ -180,16 +229,20 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, q: &Queue) -> Result<Outcome>
             for _ in 0..inp.ni {
                 dev.pack(g, q)?;
                 sync()?;
-                // SAFETY: the buffers live in `dev` until the stream is synchronized below.
-                unsafe { comm.nccl_group_p2p(&sends, &recvs, q)? };
-                dev.interior(q)?;
+                if nccl {
+                    // SAFETY: the buffers live in `dev` until the stream is synchronized below.
+                    unsafe { comm.nccl_group_p2p(&sends, &recvs, q)? };
+                    dev.interior(q)?;
+                } else {
+                    host_wait += staged.exchange(comm, g, &dev, q)?;
+                }
                 sync()?;
                 dev.unpack(g, q)?;
             }
             sync()?;
             if j > 0 {
                 timed += t0.elapsed().as_secs_f64();
-                blocked += waited.as_secs_f64();
+                blocked += (waited + host_wait).as_secs_f64();
                 steps += inp.ni;
             }
             worst = worst.max(dev.check(g)?);

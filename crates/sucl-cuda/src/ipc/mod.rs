@@ -127,7 +127,11 @@ pub fn peer_access_report() -> std::result::Result<String, String> {
             }
         }
     }
-    Ok(if n == 1 { "one GPU: ranks sharing it use peer memory".into() } else { format!("peer access between all {n} GPUs") })
+    Ok(if n == 1 {
+        "one GPU: ranks sharing it use peer memory only when pinned (their kernels time-slice)".into()
+    } else {
+        format!("peer access between all {n} GPUs")
+    })
 }
 
 fn rc_ok(rc: cu::CUresult, what: &str) -> std::result::Result<(), String> {
