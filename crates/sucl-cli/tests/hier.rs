@@ -17,6 +17,18 @@ fn grid(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, args: &
 
 /// [`grid`] running `sucl ARGS`.
 fn grid_run(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, args: &[&str], timeout_s: &str) -> Vec<Reaped> {
+    grid_env(hosts, per_host, host_of, args, timeout_s, &[])
+}
+
+/// [`grid_run`] with extra environment variables for every rank.
+fn grid_env(
+    hosts: usize,
+    per_host: usize,
+    host_of: impl Fn(usize) -> usize,
+    args: &[&str],
+    timeout_s: &str,
+    env: &[(&str, &str)],
+) -> Vec<Reaped> {
     let n = hosts * per_host;
     let port = free_port().to_string();
     (0..n)
@@ -32,7 +44,8 @@ fn grid_run(hosts: usize, per_host: usize, host_of: impl Fn(usize) -> usize, arg
                 .env("MASTER_PORT", &port)
                 .env("SUCL_HOSTNAME", format!("host{h}"))
                 .env("SUCL_TIMEOUT", timeout_s)
-                .env("TORCHELASTIC_RUN_ID", format!("h{port}"));
+                .env("TORCHELASTIC_RUN_ID", format!("h{port}"))
+                .envs(env.iter().copied());
             spawn(cmd)
         })
         .collect()
@@ -79,17 +92,48 @@ fn hier_matrix_3_hosts_x_2() {
 }
 
 /// A rank killed in the middle of hierarchical all_reduces: every other rank, on its own host
-/// and on the others, fails naming it, well before the timeout.
+/// and on the others, fails naming it, well before the timeout. The victim is world rank 2:
+/// host 1's local index 0, cross-host index 1, so a level that named its own rank numbers
+/// ("rank 0" or "rank 1") instead of the world's fails the test. The all_reduces are large
+/// enough to run pipelined (the cross-host level on the helper thread).
 #[test]
 fn killed_rank_of_a_hierarchical_job_is_an_error_on_every_rank() {
-    let victim = 1;
-    let args = ["--ops", "all_reduce", "--dtypes", "f32", "--inject-kill", "1", "--inject-after", "6"];
+    let victim = 2;
+    let args = ["--ops", "all_reduce", "--dtypes", "f32", "--sizes", "300001", "--inject-kill", "2", "--inject-after", "6"];
     for (r, c) in grid(2, 2, |r| r / 2, &args, "30").into_iter().enumerate() {
         let out = finish(c, Duration::from_secs(60), &format!("rank {r}"));
         assert!(!out.status.success(), "rank {r} should fail: {}", out.stderr);
         if r != victim {
             assert!(out.stderr.contains(&format!("lost peer rank {victim}")), "rank {r} must name lost rank {victim}:\n{}", out.stderr);
             assert!(out.elapsed < Duration::from_secs(30), "rank {r} waited for its full timeout instead of failing fast");
+        }
+    }
+}
+
+/// Large all_reduces run pipelined (chunks of the buffer through the two levels at once):
+/// every dtype and op, in place and not, sizes that cut into unequal chunks and leave a tail
+/// shorter than the ranks per host, at 2×2 and 3×2; and the same with the smallest chunk
+/// forced down so that a call is cut into the most chunks.
+#[test]
+fn pipelined_all_reduce_is_exact_at_2x2_and_3x2() {
+    for (hosts, chunk, dtypes, sizes) in [(2, "262144", "f32,i32", "300001,1000003"), (3, "65536", "f32", "300001")] {
+        let args = ["check", "--backend", "hier", "--ops", "all_reduce", "--dtypes", dtypes, "--sizes", sizes];
+        let what = format!("{hosts}x2, chunk {chunk}");
+        let env = [("SUCL_HIER_CHUNK_BYTES", chunk), ("RUST_LOG", "sucl_runtime::hier=debug")];
+        for (r, c) in grid_env(hosts, 2, |r| r / 2, &args, "60", &env).into_iter().enumerate() {
+            let out = finish(c, Duration::from_secs(300), &format!("{what} rank {r}"));
+            assert!(out.status.success(), "{what}: rank {r} failed: {:?}\n{}\n{}", out.status, out.stdout, out.stderr);
+            assert!(!out.stderr.contains("WRONG"), "{what}: rank {r}:\n{}", out.stderr);
+            if r == 0 {
+                assert!(out.stdout.contains(" 0 wrong"), "{what}: {}", out.stdout);
+            }
+            // The pipeline really ran (the profile counts the calls it served).
+            let profile = out
+                .stderr
+                .lines()
+                .find(|l| l.contains("hier all_reduce profile"))
+                .unwrap_or_else(|| panic!("{what}: rank {r}: no profile:\n{}", out.stderr));
+            assert!(!profile.contains("(0 pipelined"), "{what}: rank {r}: {profile}");
         }
     }
 }

@@ -38,7 +38,8 @@ pub struct HostConfig {
     pub shm_small_bytes: usize,
     /// SO_SNDBUF/SO_RCVBUF of tcp connections (0: leave the kernel's autotuning).
     pub tcp_sockbuf: usize,
-    /// Longest busy-poll of a tcp wait before it blocks in poll(2).
+    /// Busy-poll of a tcp wait before it blocks in poll(2), where the host backoff spins at all
+    /// (it should outlast a blocked peer's wake-up; see the tcp module).
     pub tcp_spin: Duration,
     /// Pipeline chunk of large shared-memory reductions (kept cache-sized).
     pub shm_chunk_bytes: usize,

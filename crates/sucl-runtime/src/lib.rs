@@ -422,7 +422,8 @@ fn make_hier(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize
     let across: Vec<usize> = layout.at.iter().map(|g| world_ranks[g[l]]).collect();
     let local = make_backend(ctx, &format!("{prefix}/hier/host{h}"), l, &here, "shm")?;
     let cross = make_backend(ctx, &format!("{prefix}/hier/index{l}"), h, &across, "tcp")?;
-    Ok(Box::new(hier::Hier::new(rank, world_ranks[rank], layout, local, cross)))
+    let settings = hier::HierSettings { timeout: ctx.cfg.host.timeout, backoff: ctx.cfg.host.backoff };
+    Ok(Box::new(hier::Hier::new(rank, world_ranks[rank], layout, local, cross, settings)))
 }
 
 fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[usize], name: &str) -> Result<Box<dyn Backend>> {
