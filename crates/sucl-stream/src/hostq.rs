@@ -19,6 +19,9 @@ struct State {
     sleep: Mutex<()>,
     ran: Condvar,
     panicked: AtomicBool,
+    /// Nanoseconds the worker (and `synchronize`) busy-polls before blocking: 0 until a
+    /// [`CommQueue`](crate::CommQueue) sets it from its communicator's backoff.
+    spin_ns: AtomicU64,
 }
 
 /// An in-order host task queue (cheap to clone; every clone feeds the same worker, which ends
@@ -46,12 +49,13 @@ impl HostQueue {
             sleep: Mutex::new(()),
             ran: Condvar::new(),
             panicked: AtomicBool::new(false),
+            spin_ns: AtomicU64::new(0),
         });
         let st = state.clone();
         std::thread::Builder::new()
             .name("sucl-host-queue".into())
             .spawn(move || {
-                for task in rx {
+                while let Some(task) = next_task(&rx, &st) {
                     if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
                         st.panicked.store(true, Ordering::Release);
                     }
@@ -65,6 +69,13 @@ impl HostQueue {
             })
             .expect("spawning a host queue worker");
         HostQueue { tx, state }
+    }
+
+    /// Lets the worker and `synchronize` busy-poll for `spin` before they block (a submitter's
+    /// wake-up of a blocked worker is a system call on its side and a scheduling delay on the
+    /// worker's; zero never spins).
+    pub(crate) fn set_spin(&self, spin: Duration) {
+        self.state.spin_ns.store(spin.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
     /// Appends a task; it runs after every task submitted before it.
@@ -86,8 +97,10 @@ impl HostQueue {
     /// is an error here.
     pub fn synchronize(&self, bound: Duration) -> Result<()> {
         let target = self.state.submitted.load(Ordering::Acquire);
-        let deadline = Instant::now() + bound;
         let st = &self.state;
+        let spin = Duration::from_nanos(st.spin_ns.load(Ordering::Relaxed));
+        spin_until(spin, || st.finished.load(Ordering::Acquire) >= target);
+        let deadline = Instant::now() + bound;
         let mut g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
         st.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut late = None;
@@ -112,5 +125,48 @@ impl HostQueue {
             return Err(Error::Config("a task on the host queue panicked".into()));
         }
         Ok(())
+    }
+}
+
+/// Busy-polls `ready` for at most `spin`; whether it became true.
+fn spin_until(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    if spin.is_zero() {
+        return false;
+    }
+    let t0 = Instant::now();
+    let mut rounds = 0u32;
+    loop {
+        std::hint::spin_loop();
+        if ready() {
+            return true;
+        }
+        rounds = rounds.wrapping_add(1);
+        // Reading the clock costs more than a round on some virtual machines.
+        if rounds % 32 == 0 && t0.elapsed() >= spin {
+            return false;
+        }
+    }
+}
+
+/// The worker's next task: at once if one is queued, else after a short busy-poll (the
+/// queue's spin), else blocking. `None` once every handle was dropped.
+fn next_task(rx: &mpsc::Receiver<Task>, st: &State) -> Option<Task> {
+    let mut got = None;
+    let spin = Duration::from_nanos(st.spin_ns.load(Ordering::Relaxed));
+    let gone = spin_until(spin, || match rx.try_recv() {
+        Ok(t) => {
+            got = Some(t);
+            true
+        }
+        Err(mpsc::TryRecvError::Empty) => false,
+        Err(mpsc::TryRecvError::Disconnected) => true,
+    });
+    match got {
+        Some(t) => Some(t),
+        None if gone => None,
+        None => rx.recv().ok(),
     }
 }
