@@ -282,6 +282,11 @@ impl Channel {
         self.signal.polled() && self.queued.load(Ordering::Acquire) > 0
     }
 
+    /// Whether a batch is running (posted, not yet complete).
+    pub(crate) fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
     /// Whether the channel has no batch queued or running.
     pub(crate) fn idle(&self) -> bool {
         !self.running.load(Ordering::Acquire) && self.queued.load(Ordering::Acquire) == 0
@@ -460,7 +465,8 @@ fn run() {
             }
             moved |= ch.progress(true);
             poll |= ch.needs_poll();
-            inflight |= !ch.idle();
+            // A queued host batch needs nothing before its trigger, whose task wakes the engine.
+            inflight |= ch.running.load(Ordering::Acquire);
         }
         if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
             let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());

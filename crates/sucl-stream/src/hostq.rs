@@ -16,6 +16,10 @@ struct State {
     /// Threads blocked in `synchronize` (counted under `sleep`): the worker notifies `ran` only
     /// when there are any, not after every task.
     sleepers: AtomicU32,
+    /// The fewest finished tasks any blocked `synchronize` waits for (`u64::MAX`: none): the
+    /// worker notifies once that many ran, not after every task (a wake-up per task would have
+    /// the waiting thread take turns with the worker through the whole backlog).
+    wake_at: AtomicU64,
     sleep: Mutex<()>,
     ran: Condvar,
     panicked: AtomicBool,
@@ -46,6 +50,7 @@ impl HostQueue {
             submitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             sleepers: AtomicU32::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
             sleep: Mutex::new(()),
             ran: Condvar::new(),
             panicked: AtomicBool::new(false),
@@ -59,10 +64,13 @@ impl HostQueue {
                     if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
                         st.panicked.store(true, Ordering::Release);
                     }
-                    st.finished.fetch_add(1, Ordering::SeqCst);
-                    // A sleeper counts itself before it checks `finished` (both SeqCst).
-                    if st.sleepers.load(Ordering::SeqCst) > 0 {
+                    let finished = st.finished.fetch_add(1, Ordering::SeqCst) + 1;
+                    // A sleeper registers its target before it checks `finished` (both SeqCst),
+                    // so either it sees this count or this sees its target.
+                    if finished >= st.wake_at.load(Ordering::SeqCst) {
                         let _g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        // Sleepers still short of their targets register them again.
+                        st.wake_at.store(u64::MAX, Ordering::SeqCst);
                         st.ran.notify_all();
                     }
                 }
@@ -105,6 +113,7 @@ impl HostQueue {
         st.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut late = None;
         loop {
+            st.wake_at.fetch_min(target, Ordering::SeqCst);
             let done = st.finished.load(Ordering::SeqCst);
             if done >= target {
                 break;
@@ -116,7 +125,9 @@ impl HostQueue {
             }
             g = st.ran.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
-        st.sleepers.fetch_sub(1, Ordering::SeqCst);
+        if st.sleepers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            st.wake_at.store(u64::MAX, Ordering::SeqCst);
+        }
         drop(g);
         if let Some(pending) = late {
             return Err(Error::Timeout { rank: 0, op: format!("host queue synchronize ({pending} tasks pending)"), after: bound });

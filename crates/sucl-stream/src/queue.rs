@@ -564,11 +564,11 @@ impl CommQueue {
                     // Post the batch's sends and receives from this task at once (a batch with
                     // a collective is left to the engine, so the tasks behind this one are not
                     // held while it runs); the engine picks up whatever this does not.
-                    ch.progress(false);
+                    let took = ch.progress(false);
                     // Whatever is left (operations in flight, a batch with a collective) the
                     // engine progresses meanwhile; a wake of an engine that is not asleep is a
                     // plain atomic store.
-                    if !ch.idle() {
+                    if !took || ch.running() {
                         engine().wake();
                     }
                 });
