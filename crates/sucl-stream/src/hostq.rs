@@ -156,7 +156,7 @@ fn spin_until(spin: Duration, mut ready: impl FnMut() -> bool) -> bool {
         }
         rounds = rounds.wrapping_add(1);
         // Reading the clock costs more than a round on some virtual machines.
-        if rounds % 32 == 0 && t0.elapsed() >= spin {
+        if rounds.is_multiple_of(32) && t0.elapsed() >= spin {
             return false;
         }
     }
@@ -179,5 +179,63 @@ fn next_task(rx: &mpsc::Receiver<Task>, st: &State) -> Option<Task> {
         Some(t) => Some(t),
         None if gone => None,
         None => rx.recv().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc::channel;
+
+    /// Threads synchronizing at different points of a backlog are each released once their own
+    /// tasks ran, while later tasks still hold the queue: each later "gate" task blocks until
+    /// its synchronizer returned, so a synchronize woken only after a later task ran (or only
+    /// at its timeout) leaves a gate closed, which the gate reports.
+    #[test]
+    fn synchronize_returns_at_its_own_target_while_later_tasks_block() {
+        for spin in [Duration::ZERO, Duration::from_micros(5)] {
+            let q = HostQueue::new();
+            q.set_spin(spin);
+            let ran = Arc::new(AtomicUsize::new(0));
+            let opened = Arc::new(AtomicUsize::new(0));
+            // Hold the worker until every synchronizer is blocked with its target.
+            let (go, hold) = channel::<()>();
+            q.submit(move || {
+                let _ = hold.recv_timeout(Duration::from_secs(10));
+            });
+            let mut waiters = vec![];
+            for k in 1..=3usize {
+                for _ in 0..20 {
+                    let ran = ran.clone();
+                    q.submit(move || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+                let (q2, ran2) = (q.clone(), ran.clone());
+                let (tx, rx) = channel::<()>();
+                waiters.push(std::thread::spawn(move || {
+                    q2.synchronize(Duration::from_secs(20)).unwrap();
+                    assert!(ran2.load(Ordering::SeqCst) >= 20 * k, "synchronize returned before its tasks ran");
+                    let _ = tx.send(());
+                }));
+                while q.state.sleepers.load(Ordering::SeqCst) < k as u32 {
+                    std::thread::yield_now();
+                }
+                let opened = opened.clone();
+                q.submit(move || {
+                    if rx.recv_timeout(Duration::from_secs(3)).is_ok() {
+                        opened.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+            go.send(()).unwrap();
+            for w in waiters {
+                w.join().unwrap();
+            }
+            q.synchronize(Duration::from_secs(20)).unwrap();
+            assert_eq!(ran.load(Ordering::SeqCst), 60);
+            assert_eq!(opened.load(Ordering::SeqCst), 3, "a synchronize was not released before the task behind its target ran");
+        }
     }
 }

@@ -57,7 +57,7 @@ impl HostSignal {
         }
         let start = Instant::now();
         let (mut rounds, mut spent) = (0u32, Duration::ZERO);
-        let driving = ch.drive();
+        let mut driving = Some(ch.drive());
         loop {
             if self.done.load(Ordering::Acquire) >= epoch {
                 return true;
@@ -72,6 +72,10 @@ impl HostSignal {
             if spent < self.spin {
                 std::hint::spin_loop();
             } else if spent < self.spin + self.yield_for {
+                // Yielding, this thread may lose its core for a while: let the engine poll too.
+                if let Some(d) = driving.take() {
+                    drop(d);
+                }
                 std::thread::yield_now();
             } else {
                 break;
