@@ -27,7 +27,7 @@ use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
-use sucl_core::{AbortState, Error, Result};
+use sucl_core::{AbortState, Error, ReduceOp, Result};
 
 const MAGIC: u64 = 0x5355_434c_5348_4d32; // "SUCLSHM2"
 const HEADER_BYTES: usize = 4096;
@@ -171,6 +171,16 @@ impl Segment {
         // aligned, off is a multiple of 8); the mapping outlives `&self`. An AtomicU64 may be
         // read and written concurrently by any party, here or in other processes.
         unsafe { &*(p as *const AtomicU64) }
+    }
+
+    /// The `N` consecutive 64-bit words from `off` (a multiple of 8), with one bounds check.
+    #[inline(always)]
+    fn words<const N: usize>(&self, off: usize) -> &[AtomicU64; N] {
+        assert!(off.is_multiple_of(8), "unaligned shared-memory word at {off}");
+        let p = self.ptr(off, 8 * N);
+        // SAFETY: as for `atomic`: p..p + 8N is inside the mapping (checked) and 8-byte aligned;
+        // [AtomicU64; N] has the layout of N consecutive AtomicU64s.
+        unsafe { &*(p as *const [AtomicU64; N]) }
     }
 
     /// Copies `src` into the segment at `off`.
@@ -498,13 +508,24 @@ impl ShmBackend {
         self.lay.half
     }
 
-    /// Waits until peer `j`'s word at `off` reaches `seq`, bounded by the timeout.
-    #[inline]
-    fn wait_for(&self, j: usize, off: usize, seq: u64, op: CollOp, place: &str) -> Result<()> {
-        let a = self.seg.atomic(off);
+    /// Rank `r`'s mailbox `h`: its sequence word and the two words of its descriptor.
+    #[inline(always)]
+    fn mailbox_head(&self, r: usize, h: usize) -> &[AtomicU64; 3] {
+        self.seg.words::<3>(self.lay.mailbox(r, h))
+    }
+
+    /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
+    #[inline(always)]
+    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
         if reached(a, seq) {
             return Ok(());
         }
+        self.wait_slow(j, a, seq, op, place)
+    }
+
+    /// [`ShmBackend::wait_for`] once the peer is not there yet: spin, yield, sleep, time out.
+    #[inline(never)]
+    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
         wait_until(a, seq, || {
@@ -522,7 +543,7 @@ impl ShmBackend {
         let seq = self.barrier_seq;
         arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.lay.ctl(j), seq, op, "at a shared-memory barrier")?;
+            self.wait_for(j, self.seg.atomic(self.lay.ctl(j)), seq, op, "at a shared-memory barrier")?;
         }
         Ok(())
     }
@@ -536,17 +557,18 @@ impl ShmBackend {
         let h = (self.step % 2) as usize;
         if let Some(d) = desc {
             let w = d.encode();
-            let mb = self.lay.mailbox(self.rank, h);
-            self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
-            self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
-            arrive(self.seg.atomic(mb), self.barrier_seq + 1);
+            let m = self.mailbox_head(self.rank, h);
+            m[1].store(w[0], Ordering::Relaxed);
+            m[2].store(w[1], Ordering::Relaxed);
+            arrive(&m[0], self.barrier_seq + 1);
         }
         h
     }
 
     /// One step whose payload (`data`, at most [`INLINE_MAX`] bytes) travels in the mailbox:
-    /// publish, then wait until every peer published the same step. Returns the parity.
-    #[inline]
+    /// publish, then wait until every peer published the same step and check that every
+    /// descriptor equals ours. Returns the parity.
+    #[inline(always)]
     fn inline_step(&mut self, d: &CollDesc, data: Option<&[u8]>) -> Result<usize> {
         self.step += 1;
         let h = (self.step % 2) as usize;
@@ -554,8 +576,9 @@ impl ShmBackend {
         let seq = self.barrier_seq;
         let mb = self.lay.mailbox(self.rank, h);
         let w = d.encode();
-        self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
-        self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
+        let mine = self.seg.words::<3>(mb);
+        mine[1].store(w[0], Ordering::Relaxed);
+        mine[2].store(w[1], Ordering::Relaxed);
         if let Some(data) = data {
             assert!(data.len() <= INLINE_MAX);
             // SAFETY: mailbox h is ours to write now: peers read it only after seeing its
@@ -563,12 +586,19 @@ impl ShmBackend {
             // steps ago before arriving at the previous step, which we passed.
             unsafe { self.seg.write(mb + MAILBOX_DATA, data) };
         }
-        arrive(self.seg.atomic(mb), seq);
+        arrive(&mine[0], seq);
         arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`; any
+        // difference sends us to `check_descs`, which names it the same way on every rank.
+        let mut differs = 0;
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.lay.mailbox(j, h), seq, d.op, "in shared memory")?;
+            let theirs = self.mailbox_head(j, h);
+            self.wait_for(j, &theirs[0], seq, d.op, "in shared memory")?;
+            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
         }
-        self.check_descs(d, h)?;
+        if differs != 0 {
+            self.check_descs(d, h)?;
+        }
         Ok(h)
     }
 
@@ -582,12 +612,12 @@ impl ShmBackend {
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
-    #[inline]
+    #[inline(never)]
     fn check_descs(&self, desc: &CollDesc, h: usize) -> Result<()> {
         let mine = desc.encode();
         for j in 0..self.lay.n {
-            let off = self.lay.mailbox(j, h) + 8;
-            let theirs = [self.seg.atomic(off).load(Ordering::Relaxed), self.seg.atomic(off + 8).load(Ordering::Relaxed)];
+            let m = self.mailbox_head(j, h);
+            let theirs = [m[1].load(Ordering::Relaxed), m[2].load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.
                 return Err(Error::Mismatch {
@@ -719,7 +749,7 @@ impl ShmBackend {
                         off += c;
                     }
                 }
-                if all || me == root {
+                if (all || me == root) && d.redop == ReduceOp::Avg {
                     finish_reduce(recv, d.dtype, d.redop, n);
                 }
                 Ok(())
@@ -828,7 +858,7 @@ impl ShmBackend {
                         break;
                     }
                 }
-                if d.op == CollOp::ReduceScatter {
+                if d.op == CollOp::ReduceScatter && d.redop == ReduceOp::Avg {
                     finish_reduce(recv, d.dtype, d.redop, n);
                 }
                 Ok(())

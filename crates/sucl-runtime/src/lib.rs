@@ -130,8 +130,11 @@ pub struct Communicator {
     splits: Cell<u64>,
     /// Collectives started on this communicator (the checking mode's sequence number).
     coll_seq: Cell<u64>,
-    /// The disagreement that poisoned this communicator, if any (see [`agree`]).
-    poisoned: RefCell<Option<String>>,
+    /// Whether collectives compare fingerprints first (the checking mode, with more than one
+    /// rank): read on every call, so kept here rather than behind `ctx`.
+    checking: bool,
+    /// The disagreement that poisoned this communicator, if any (see [`agree`]); set once.
+    poisoned: std::cell::OnceCell<String>,
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
@@ -465,6 +468,7 @@ impl Communicator {
         ctx: Arc<Context>,
         prefix: String,
     ) -> Communicator {
+        let checking = ctx.check_collectives && world_ranks.len() > 1;
         Communicator {
             rank,
             size: world_ranks.len(),
@@ -480,7 +484,8 @@ impl Communicator {
             prefix,
             splits: Cell::new(0),
             coll_seq: Cell::new(0),
-            poisoned: RefCell::new(None),
+            checking,
+            poisoned: std::cell::OnceCell::new(),
         }
     }
 
@@ -597,11 +602,19 @@ impl Communicator {
         Ok(())
     }
 
+    #[inline]
     fn check_len(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
         if got != want {
-            return Err(Error::invalid(self.wr(), arg, format!("has {got} elements but {what} needs {want}")));
+            return Err(self.len_error(arg, got, want, what));
         }
         Ok(())
+    }
+
+    /// [`Communicator::check_len`]'s error, out of the calls' way.
+    #[cold]
+    #[inline(never)]
+    fn len_error(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Error {
+        Error::invalid(self.wr(), arg, format!("has {got} elements but {what} needs {want}"))
     }
 
     pub(crate) fn backend_mut(&self) -> std::cell::RefMut<'_, Box<dyn Backend>> {
@@ -692,7 +705,7 @@ impl Communicator {
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let (done, _backend) = self.coll_on(desc, send, recv);
         #[cfg(feature = "fault-hook")]
-        if done.is_ok() && fault::hits(_backend, desc.op) {
+        if done.is_ok() && fault::hits(self.selector.names()[_backend], desc.op) {
             fault::corrupt_last(recv, desc.dtype.size());
         }
         done
@@ -713,18 +726,21 @@ impl Communicator {
     }
 
     /// Runs a host collective on the backend selection picks; returns the result and that
-    /// backend's name.
-    fn coll_on(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> (Result<()>, &'static str) {
+    /// backend's index (its name is `selector.names()[index]`, known without asking it).
+    #[inline]
+    fn coll_on(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> (Result<()>, usize) {
         let mut i = match self.pinned.get() {
             Some(i) => i,
             None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),
         };
         let mut bs = self.backends.borrow_mut();
-        if !bs[i].supports(&desc) {
+        // The default backend serves whatever the chosen one refuses (and itself refuses nothing
+        // it could hand on), so only another backend is asked.
+        if i != self.selector.default() && !bs[i].supports(&desc) {
             i = self.selector.default();
         }
-        tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = bs[i].name(), "collective");
-        (bs[i].collective(&desc, send, recv), bs[i].name())
+        tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = self.selector.names()[i], "collective");
+        (bs[i].collective(&desc, send, recv), i)
     }
 
     /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on
