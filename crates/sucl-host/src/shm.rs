@@ -173,16 +173,6 @@ impl Segment {
         unsafe { &*(p as *const AtomicU64) }
     }
 
-    /// The `N` consecutive 64-bit words from `off` (a multiple of 8), with one bounds check.
-    #[inline(always)]
-    fn words<const N: usize>(&self, off: usize) -> &[AtomicU64; N] {
-        assert!(off.is_multiple_of(8), "unaligned shared-memory word at {off}");
-        let p = self.ptr(off, 8 * N);
-        // SAFETY: as for `atomic`: p..p + 8N is inside the mapping (checked) and 8-byte aligned;
-        // [AtomicU64; N] has the layout of N consecutive AtomicU64s.
-        unsafe { &*(p as *const [AtomicU64; N]) }
-    }
-
     /// Copies `src` into the segment at `off`.
     ///
     /// # Safety
@@ -307,12 +297,6 @@ struct Layout {
 }
 
 impl Layout {
-    fn ctl(&self, r: usize) -> usize {
-        HEADER_BYTES + r * CTL_BYTES
-    }
-    fn mailbox(&self, r: usize, h: usize) -> usize {
-        self.ctl(r) + 128 + h * MAILBOX_BYTES
-    }
     fn ring(&self, from: usize, to: usize) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + (from * self.n + to) * (RING_CTL_BYTES + self.ring)
     }
@@ -329,6 +313,57 @@ impl Layout {
     }
     fn total(&self) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + self.n * self.arena_stride() + 4096
+    }
+}
+
+/// The ranks' control blocks (barrier counter, two mailboxes each): the part of the segment
+/// every collective touches. Its bounds are checked once, when it is made; an access then checks
+/// only the rank index, parity and payload length against the layout, which keeps it inside.
+struct Controls {
+    seg: Arc<Segment>,
+    n: usize,
+}
+
+impl Controls {
+    /// The control blocks of `n` ranks; panics unless the segment holds all of them.
+    fn new(seg: Arc<Segment>, n: usize) -> Controls {
+        let end = n.checked_mul(CTL_BYTES).and_then(|b| b.checked_add(HEADER_BYTES));
+        assert!(end.is_some_and(|e| e <= seg.len), "a {}-byte segment has no room for {n} control blocks", seg.len);
+        Controls { seg, n }
+    }
+
+    /// The address of byte `at` (< CTL_BYTES) of rank `r`'s block.
+    #[inline(always)]
+    fn at(&self, r: usize, at: usize) -> *mut u8 {
+        assert!(r < self.n && at < CTL_BYTES, "control block access {r}/{at} outside {} blocks", self.n);
+        // SAFETY: r < n and at < CTL_BYTES (checked), and `new` checked that the n blocks lie in
+        // the mapping, so the address is inside it.
+        unsafe { self.seg.base.add(HEADER_BYTES + r * CTL_BYTES + at) }
+    }
+
+    /// Rank `r`'s barrier counter.
+    #[inline(always)]
+    fn counter(&self, r: usize) -> &AtomicU64 {
+        // SAFETY: inside the mapping (`at`), 8-byte aligned (the mapping is page aligned, the
+        // offset a multiple of 8), valid while `self` is borrowed; atomics may be shared.
+        unsafe { &*(self.at(r, 0) as *const AtomicU64) }
+    }
+
+    /// Rank `r`'s mailbox `h` (0 or 1): its sequence word, then the two words of its descriptor.
+    #[inline(always)]
+    fn mailbox(&self, r: usize, h: usize) -> &[AtomicU64; 3] {
+        assert!(h < 2);
+        // SAFETY: as for `counter`; the three words end well before the block does.
+        unsafe { &*(self.at(r, 128 + h * MAILBOX_BYTES) as *const [AtomicU64; 3]) }
+    }
+
+    /// The payload area of rank `r`'s mailbox `h`, whose first `len` (at most [`INLINE_MAX`])
+    /// bytes lie inside the block: 128 + 2 × MAILBOX_BYTES = CTL_BYTES, MAILBOX_DATA + INLINE_MAX
+    /// = MAILBOX_BYTES.
+    #[inline(always)]
+    fn payload(&self, r: usize, h: usize, len: usize) -> *mut u8 {
+        assert!(h < 2 && len <= INLINE_MAX);
+        self.at(r, 128 + h * MAILBOX_BYTES + MAILBOX_DATA)
     }
 }
 
@@ -387,6 +422,7 @@ impl Channel for RingChannel {
 /// The shared-memory backend of one communicator.
 pub struct ShmBackend {
     seg: Arc<Segment>,
+    ctl: Controls,
     lay: Layout,
     rank: usize,
     world_rank: usize,
@@ -477,7 +513,8 @@ impl ShmBackend {
             })
             .collect();
         let engine = Engine::new(rank, channels, world_ranks, abort.clone(), cfg.engine());
-        Ok(ShmBackend { seg, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
+        let ctl = Controls::new(seg.clone(), n);
+        Ok(ShmBackend { seg, ctl, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
     }
 
     /// A rank other than 0: its settings must be the ones rank 0 wrote into the header, and the
@@ -508,12 +545,6 @@ impl ShmBackend {
         self.lay.half
     }
 
-    /// Rank `r`'s mailbox `h`: its sequence word and the two words of its descriptor.
-    #[inline(always)]
-    fn mailbox_head(&self, r: usize, h: usize) -> &[AtomicU64; 3] {
-        self.seg.words::<3>(self.lay.mailbox(r, h))
-    }
-
     /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
     #[inline(always)]
     fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
@@ -541,9 +572,9 @@ impl ShmBackend {
     fn barrier(&mut self, op: CollOp) -> Result<()> {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
-        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        arrive(self.ctl.counter(self.rank), seq);
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.seg.atomic(self.lay.ctl(j)), seq, op, "at a shared-memory barrier")?;
+            self.wait_for(j, self.ctl.counter(j), seq, op, "at a shared-memory barrier")?;
         }
         Ok(())
     }
@@ -557,7 +588,7 @@ impl ShmBackend {
         let h = (self.step % 2) as usize;
         if let Some(d) = desc {
             let w = d.encode();
-            let m = self.mailbox_head(self.rank, h);
+            let m = self.ctl.mailbox(self.rank, h);
             m[1].store(w[0], Ordering::Relaxed);
             m[2].store(w[1], Ordering::Relaxed);
             arrive(&m[0], self.barrier_seq + 1);
@@ -574,25 +605,25 @@ impl ShmBackend {
         let h = (self.step % 2) as usize;
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
-        let mb = self.lay.mailbox(self.rank, h);
         let w = d.encode();
-        let mine = self.seg.words::<3>(mb);
+        let mine = self.ctl.mailbox(self.rank, h);
         mine[1].store(w[0], Ordering::Relaxed);
         mine[2].store(w[1], Ordering::Relaxed);
         if let Some(data) = data {
-            assert!(data.len() <= INLINE_MAX);
-            // SAFETY: mailbox h is ours to write now: peers read it only after seeing its
-            // sequence word reach `seq` (released below), and finished reading what it held two
-            // steps ago before arriving at the previous step, which we passed.
-            unsafe { self.seg.write(mb + MAILBOX_DATA, data) };
+            let p = self.ctl.payload(self.rank, h, data.len());
+            // SAFETY: p..p + data.len() is in the mapping (`payload`) and ours to write now:
+            // peers read mailbox h only after seeing its sequence word reach `seq` (released
+            // below), and finished reading what it held two steps ago before arriving at the
+            // previous step, which we passed. `data` is private memory: no overlap.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
         }
         arrive(&mine[0], seq);
-        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        arrive(self.ctl.counter(self.rank), seq);
         // Each peer's descriptor is read once its sequence word (acquired) reached `seq`; any
         // difference sends us to `check_descs`, which names it the same way on every rank.
         let mut differs = 0;
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            let theirs = self.mailbox_head(j, h);
+            let theirs = self.ctl.mailbox(j, h);
             self.wait_for(j, &theirs[0], seq, d.op, "in shared memory")?;
             differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
         }
@@ -607,8 +638,9 @@ impl ShmBackend {
     fn inline_data(&self, r: usize, h: usize, len: usize) -> &[u8] {
         // SAFETY: every rank published its mailbox h for this step (inline_step waited for it),
         // and none writes it again before passing the next step, which needs us there first;
-        // the borrow of `self` ends before we can take that step (it needs `&mut self`).
-        unsafe { self.seg.bytes(self.lay.mailbox(r, h) + MAILBOX_DATA, len) }
+        // the borrow of `self` ends before we can take that step (it needs `&mut self`). The
+        // bytes lie in the mapping (`payload`), which outlives `self`.
+        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, len), len) }
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
@@ -616,7 +648,7 @@ impl ShmBackend {
     fn check_descs(&self, desc: &CollDesc, h: usize) -> Result<()> {
         let mine = desc.encode();
         for j in 0..self.lay.n {
-            let m = self.mailbox_head(j, h);
+            let m = self.ctl.mailbox(j, h);
             let theirs = [m[1].load(Ordering::Relaxed), m[2].load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.

@@ -702,10 +702,12 @@ impl Communicator {
         }
     }
 
+    #[inline]
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        let (done, _backend) = self.coll_on(desc, send, recv);
+        let i = self.host_backend_for(&desc);
+        let done = self.backends.borrow_mut()[i].collective(&desc, send, recv);
         #[cfg(feature = "fault-hook")]
-        if done.is_ok() && fault::hits(self.selector.names()[_backend], desc.op) {
+        if done.is_ok() && fault::hits(self.selector.names()[i], desc.op) {
             fault::corrupt_last(recv, desc.dtype.size());
         }
         done
@@ -722,30 +724,28 @@ impl Communicator {
 
     /// [`Communicator::coll`] without the fault hook.
     pub(crate) fn coll_unhooked(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        self.coll_on(desc, send, recv).0
+        let i = self.host_backend_for(&desc);
+        self.backends.borrow_mut()[i].collective(&desc, send, recv)
     }
 
-    /// Runs a host collective on the backend selection picks; returns the result and that
-    /// backend's index (its name is `selector.names()[index]`, known without asking it).
+    /// The index of the host backend that runs collective `desc`: the pinned one, else the one
+    /// selection picks, unless it does not support `desc` (then the default backend).
     #[inline]
-    fn coll_on(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> (Result<()>, usize) {
-        let mut i = match self.pinned.get() {
+    fn host_backend_for(&self, desc: &CollDesc) -> usize {
+        let i = match self.pinned.get() {
             Some(i) => i,
-            None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),
+            None => self.selector.pick(desc.op, select::selection_bytes(desc, self.size)),
         };
-        let mut bs = self.backends.borrow_mut();
-        // The default backend serves whatever the chosen one refuses (and itself refuses nothing
-        // it could hand on), so only another backend is asked.
-        if i != self.selector.default() && !bs[i].supports(&desc) {
-            i = self.selector.default();
-        }
+        // The default backend serves whatever another one refuses, so only another is asked.
+        let i = if i != self.selector.default() && !self.backends.borrow()[i].supports(desc) { self.selector.default() } else { i };
         tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = self.selector.names()[i], "collective");
-        (bs[i].collective(&desc, send, recv), i)
+        i
     }
 
     /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on
     /// this rank); `recv == None`: not written on this rank. Host memory goes to the host
     /// backends, device memory to the device backends; one call may not mix the two.
+    #[inline]
     fn call(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
         self.enter_collective(&desc)?;
         let r = self.call_unchecked(desc, send, recv);
@@ -753,6 +753,7 @@ impl Communicator {
     }
 
     /// [`Communicator::call`] after the agreement step.
+    #[inline]
     fn call_unchecked(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
         let device = send.as_ref().is_some_and(|m| m.is_device()) || recv.as_ref().is_some_and(|m| m.is_device());
         if device {
