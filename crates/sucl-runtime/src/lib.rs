@@ -704,8 +704,9 @@ impl Communicator {
 
     #[inline]
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        let i = self.host_backend_for(&desc);
-        let done = self.backends.borrow_mut()[i].collective(&desc, send, recv);
+        let mut bs = self.backends.borrow_mut();
+        let i = self.host_backend_for(&bs, &desc);
+        let done = bs[i].collective(&desc, send, recv);
         #[cfg(feature = "fault-hook")]
         if done.is_ok() && fault::hits(self.selector.names()[i], desc.op) {
             fault::corrupt_last(recv, desc.dtype.size());
@@ -724,20 +725,21 @@ impl Communicator {
 
     /// [`Communicator::coll`] without the fault hook.
     pub(crate) fn coll_unhooked(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        let i = self.host_backend_for(&desc);
-        self.backends.borrow_mut()[i].collective(&desc, send, recv)
+        let mut bs = self.backends.borrow_mut();
+        let i = self.host_backend_for(&bs, &desc);
+        bs[i].collective(&desc, send, recv)
     }
 
-    /// The index of the host backend that runs collective `desc`: the pinned one, else the one
-    /// selection picks, unless it does not support `desc` (then the default backend).
+    /// The index in `bs` (the host backends) of the one that runs collective `desc`: the pinned
+    /// one, else the one selection picks, unless it does not support `desc` (then the default).
     #[inline]
-    fn host_backend_for(&self, desc: &CollDesc) -> usize {
+    fn host_backend_for(&self, bs: &[Box<dyn Backend>], desc: &CollDesc) -> usize {
         let i = match self.pinned.get() {
             Some(i) => i,
             None => self.selector.pick(desc.op, select::selection_bytes(desc, self.size)),
         };
         // The default backend serves whatever another one refuses, so only another is asked.
-        let i = if i != self.selector.default() && !self.backends.borrow()[i].supports(desc) { self.selector.default() } else { i };
+        let i = if i != self.selector.default() && !bs[i].supports(desc) { self.selector.default() } else { i };
         tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = self.selector.names()[i], "collective");
         i
     }
