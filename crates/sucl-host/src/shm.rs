@@ -1024,6 +1024,40 @@ mod tests {
     }
 
     #[test]
+    fn control_blocks_are_checked_once_against_the_segment_then_by_rank() {
+        let seg = Arc::new(segment(HEADER_BYTES + 2 * CTL_BYTES));
+        let ctl = Controls::new(seg.clone(), 2);
+        ctl.mailbox(1, 1)[2].store(7, Ordering::Relaxed);
+        assert_eq!(seg.atomic(HEADER_BYTES + CTL_BYTES + 128 + MAILBOX_BYTES + 16).load(Ordering::Relaxed), 7);
+        let end = ctl.payload(1, 1, INLINE_MAX) as usize + INLINE_MAX;
+        assert_eq!(end, seg.base as usize + HEADER_BYTES + 2 * CTL_BYTES, "the last payload ends at the last block's end");
+        let refused = |f: Box<dyn FnOnce() + std::panic::UnwindSafe>| std::panic::catch_unwind(f).is_err();
+        let s = seg.clone();
+        assert!(refused(Box::new(move || drop(Controls::new(s, 3)))), "3 blocks do not fit");
+        let c = Controls::new(seg.clone(), 2);
+        assert!(
+            refused(Box::new(move || {
+                c.counter(2);
+            })),
+            "rank 2 of 2"
+        );
+        let c = Controls::new(seg.clone(), 2);
+        assert!(
+            refused(Box::new(move || {
+                c.payload(0, 0, INLINE_MAX + 1);
+            })),
+            "payload longer than a mailbox"
+        );
+        let c = Controls::new(seg, 2);
+        assert!(
+            refused(Box::new(move || {
+                c.mailbox(0, 2);
+            })),
+            "parity 2"
+        );
+    }
+
+    #[test]
     fn segment_too_large_for_its_filesystem_names_bytes_needed_and_free() {
         let dir = "/dev/shm";
         let f = File::open(dir).unwrap();

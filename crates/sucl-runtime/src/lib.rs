@@ -740,7 +740,13 @@ impl Communicator {
         };
         // The default backend serves whatever another one refuses, so only another is asked.
         let i = if i != self.selector.default() && !bs[i].supports(desc) { self.selector.default() } else { i };
-        tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = self.selector.names()[i], "collective");
+        tracing::debug!(
+            op = desc.op.name(),
+            count = desc.count,
+            dtype = desc.dtype.name(),
+            backend = self.selector.names()[i],
+            "collective"
+        );
         i
     }
 
