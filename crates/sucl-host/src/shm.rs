@@ -27,7 +27,7 @@ use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
-use sucl_core::{AbortState, Error, Result};
+use sucl_core::{AbortState, Error, ReduceOp, Result};
 
 const MAGIC: u64 = 0x5355_434c_5348_4d32; // "SUCLSHM2"
 const HEADER_BYTES: usize = 4096;
@@ -297,12 +297,6 @@ struct Layout {
 }
 
 impl Layout {
-    fn ctl(&self, r: usize) -> usize {
-        HEADER_BYTES + r * CTL_BYTES
-    }
-    fn mailbox(&self, r: usize, h: usize) -> usize {
-        self.ctl(r) + 128 + h * MAILBOX_BYTES
-    }
     fn ring(&self, from: usize, to: usize) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + (from * self.n + to) * (RING_CTL_BYTES + self.ring)
     }
@@ -319,6 +313,57 @@ impl Layout {
     }
     fn total(&self) -> usize {
         HEADER_BYTES + self.n * CTL_BYTES + self.n * self.n * (RING_CTL_BYTES + self.ring) + self.n * self.arena_stride() + 4096
+    }
+}
+
+/// The ranks' control blocks (barrier counter, two mailboxes each): the part of the segment
+/// every collective touches. Its bounds are checked once, when it is made; an access then checks
+/// only the rank index, parity and payload length against the layout, which keeps it inside.
+struct Controls {
+    seg: Arc<Segment>,
+    n: usize,
+}
+
+impl Controls {
+    /// The control blocks of `n` ranks; panics unless the segment holds all of them.
+    fn new(seg: Arc<Segment>, n: usize) -> Controls {
+        let end = n.checked_mul(CTL_BYTES).and_then(|b| b.checked_add(HEADER_BYTES));
+        assert!(end.is_some_and(|e| e <= seg.len), "a {}-byte segment has no room for {n} control blocks", seg.len);
+        Controls { seg, n }
+    }
+
+    /// The address of byte `at` (< CTL_BYTES) of rank `r`'s block.
+    #[inline(always)]
+    fn at(&self, r: usize, at: usize) -> *mut u8 {
+        assert!(r < self.n && at < CTL_BYTES, "control block access {r}/{at} outside {} blocks", self.n);
+        // SAFETY: r < n and at < CTL_BYTES (checked), and `new` checked that the n blocks lie in
+        // the mapping, so the address is inside it.
+        unsafe { self.seg.base.add(HEADER_BYTES + r * CTL_BYTES + at) }
+    }
+
+    /// Rank `r`'s barrier counter.
+    #[inline(always)]
+    fn counter(&self, r: usize) -> &AtomicU64 {
+        // SAFETY: inside the mapping (`at`), 8-byte aligned (the mapping is page aligned, the
+        // offset a multiple of 8), valid while `self` is borrowed; atomics may be shared.
+        unsafe { &*(self.at(r, 0) as *const AtomicU64) }
+    }
+
+    /// Rank `r`'s mailbox `h` (0 or 1): its sequence word, then the two words of its descriptor.
+    #[inline(always)]
+    fn mailbox(&self, r: usize, h: usize) -> &[AtomicU64; 3] {
+        assert!(h < 2);
+        // SAFETY: as for `counter`; the three words end well before the block does.
+        unsafe { &*(self.at(r, 128 + h * MAILBOX_BYTES) as *const [AtomicU64; 3]) }
+    }
+
+    /// The payload area of rank `r`'s mailbox `h`, whose first `len` (at most [`INLINE_MAX`])
+    /// bytes lie inside the block: 128 + 2 × MAILBOX_BYTES = CTL_BYTES, MAILBOX_DATA + INLINE_MAX
+    /// = MAILBOX_BYTES.
+    #[inline(always)]
+    fn payload(&self, r: usize, h: usize, len: usize) -> *mut u8 {
+        assert!(h < 2 && len <= INLINE_MAX);
+        self.at(r, 128 + h * MAILBOX_BYTES + MAILBOX_DATA)
     }
 }
 
@@ -377,6 +422,7 @@ impl Channel for RingChannel {
 /// The shared-memory backend of one communicator.
 pub struct ShmBackend {
     seg: Arc<Segment>,
+    ctl: Controls,
     lay: Layout,
     rank: usize,
     world_rank: usize,
@@ -467,7 +513,8 @@ impl ShmBackend {
             })
             .collect();
         let engine = Engine::new(rank, channels, world_ranks, abort.clone(), cfg.engine());
-        Ok(ShmBackend { seg, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
+        let ctl = Controls::new(seg.clone(), n);
+        Ok(ShmBackend { seg, ctl, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
     }
 
     /// A rank other than 0: its settings must be the ones rank 0 wrote into the header, and the
@@ -498,13 +545,18 @@ impl ShmBackend {
         self.lay.half
     }
 
-    /// Waits until peer `j`'s word at `off` reaches `seq`, bounded by the timeout.
-    #[inline]
-    fn wait_for(&self, j: usize, off: usize, seq: u64, op: CollOp, place: &str) -> Result<()> {
-        let a = self.seg.atomic(off);
+    /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
+    #[inline(always)]
+    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
         if reached(a, seq) {
             return Ok(());
         }
+        self.wait_slow(j, a, seq, op, place)
+    }
+
+    /// [`ShmBackend::wait_for`] once the peer is not there yet: spin, yield, sleep, time out.
+    #[inline(never)]
+    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
         wait_until(a, seq, || {
@@ -520,9 +572,9 @@ impl ShmBackend {
     fn barrier(&mut self, op: CollOp) -> Result<()> {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
-        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        arrive(self.ctl.counter(self.rank), seq);
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.lay.ctl(j), seq, op, "at a shared-memory barrier")?;
+            self.wait_for(j, self.ctl.counter(j), seq, op, "at a shared-memory barrier")?;
         }
         Ok(())
     }
@@ -536,39 +588,48 @@ impl ShmBackend {
         let h = (self.step % 2) as usize;
         if let Some(d) = desc {
             let w = d.encode();
-            let mb = self.lay.mailbox(self.rank, h);
-            self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
-            self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
-            arrive(self.seg.atomic(mb), self.barrier_seq + 1);
+            let m = self.ctl.mailbox(self.rank, h);
+            m[1].store(w[0], Ordering::Relaxed);
+            m[2].store(w[1], Ordering::Relaxed);
+            arrive(&m[0], self.barrier_seq + 1);
         }
         h
     }
 
     /// One step whose payload (`data`, at most [`INLINE_MAX`] bytes) travels in the mailbox:
-    /// publish, then wait until every peer published the same step. Returns the parity.
-    #[inline]
+    /// publish, then wait until every peer published the same step and check that every
+    /// descriptor equals ours. Returns the parity.
+    #[inline(always)]
     fn inline_step(&mut self, d: &CollDesc, data: Option<&[u8]>) -> Result<usize> {
         self.step += 1;
         let h = (self.step % 2) as usize;
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
-        let mb = self.lay.mailbox(self.rank, h);
         let w = d.encode();
-        self.seg.atomic(mb + 8).store(w[0], Ordering::Relaxed);
-        self.seg.atomic(mb + 16).store(w[1], Ordering::Relaxed);
+        let mine = self.ctl.mailbox(self.rank, h);
+        mine[1].store(w[0], Ordering::Relaxed);
+        mine[2].store(w[1], Ordering::Relaxed);
         if let Some(data) = data {
-            assert!(data.len() <= INLINE_MAX);
-            // SAFETY: mailbox h is ours to write now: peers read it only after seeing its
-            // sequence word reach `seq` (released below), and finished reading what it held two
-            // steps ago before arriving at the previous step, which we passed.
-            unsafe { self.seg.write(mb + MAILBOX_DATA, data) };
+            let p = self.ctl.payload(self.rank, h, data.len());
+            // SAFETY: p..p + data.len() is in the mapping (`payload`) and ours to write now:
+            // peers read mailbox h only after seeing its sequence word reach `seq` (released
+            // below), and finished reading what it held two steps ago before arriving at the
+            // previous step, which we passed. `data` is private memory: no overlap.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
         }
-        arrive(self.seg.atomic(mb), seq);
-        arrive(self.seg.atomic(self.lay.ctl(self.rank)), seq);
+        arrive(&mine[0], seq);
+        arrive(self.ctl.counter(self.rank), seq);
+        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`; any
+        // difference sends us to `check_descs`, which names it the same way on every rank.
+        let mut differs = 0;
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.lay.mailbox(j, h), seq, d.op, "in shared memory")?;
+            let theirs = self.ctl.mailbox(j, h);
+            self.wait_for(j, &theirs[0], seq, d.op, "in shared memory")?;
+            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
         }
-        self.check_descs(d, h)?;
+        if differs != 0 {
+            self.check_descs(d, h)?;
+        }
         Ok(h)
     }
 
@@ -577,17 +638,18 @@ impl ShmBackend {
     fn inline_data(&self, r: usize, h: usize, len: usize) -> &[u8] {
         // SAFETY: every rank published its mailbox h for this step (inline_step waited for it),
         // and none writes it again before passing the next step, which needs us there first;
-        // the borrow of `self` ends before we can take that step (it needs `&mut self`).
-        unsafe { self.seg.bytes(self.lay.mailbox(r, h) + MAILBOX_DATA, len) }
+        // the borrow of `self` ends before we can take that step (it needs `&mut self`). The
+        // bytes lie in the mapping (`payload`), which outlives `self`.
+        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, len), len) }
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
-    #[inline]
+    #[inline(never)]
     fn check_descs(&self, desc: &CollDesc, h: usize) -> Result<()> {
         let mine = desc.encode();
         for j in 0..self.lay.n {
-            let off = self.lay.mailbox(j, h) + 8;
-            let theirs = [self.seg.atomic(off).load(Ordering::Relaxed), self.seg.atomic(off + 8).load(Ordering::Relaxed)];
+            let m = self.ctl.mailbox(j, h);
+            let theirs = [m[1].load(Ordering::Relaxed), m[2].load(Ordering::Relaxed)];
             if theirs != mine {
                 // Every rank sees the same descriptors, so every rank reports this same error.
                 return Err(Error::Mismatch {
@@ -719,7 +781,7 @@ impl ShmBackend {
                         off += c;
                     }
                 }
-                if all || me == root {
+                if (all || me == root) && d.redop == ReduceOp::Avg {
                     finish_reduce(recv, d.dtype, d.redop, n);
                 }
                 Ok(())
@@ -828,7 +890,7 @@ impl ShmBackend {
                         break;
                     }
                 }
-                if d.op == CollOp::ReduceScatter {
+                if d.op == CollOp::ReduceScatter && d.redop == ReduceOp::Avg {
                     finish_reduce(recv, d.dtype, d.redop, n);
                 }
                 Ok(())
@@ -959,6 +1021,40 @@ mod tests {
         }
         t.join().unwrap();
         assert!(got == pattern(total, 9), "bytes out of order or corrupted");
+    }
+
+    #[test]
+    fn control_blocks_are_checked_once_against_the_segment_then_by_rank() {
+        let seg = Arc::new(segment(HEADER_BYTES + 2 * CTL_BYTES));
+        let ctl = Controls::new(seg.clone(), 2);
+        ctl.mailbox(1, 1)[2].store(7, Ordering::Relaxed);
+        assert_eq!(seg.atomic(HEADER_BYTES + CTL_BYTES + 128 + MAILBOX_BYTES + 16).load(Ordering::Relaxed), 7);
+        let end = ctl.payload(1, 1, INLINE_MAX) as usize + INLINE_MAX;
+        assert_eq!(end, seg.base as usize + HEADER_BYTES + 2 * CTL_BYTES, "the last payload ends at the last block's end");
+        let refused = |f: Box<dyn FnOnce() + std::panic::UnwindSafe>| std::panic::catch_unwind(f).is_err();
+        let s = seg.clone();
+        assert!(refused(Box::new(move || drop(Controls::new(s, 3)))), "3 blocks do not fit");
+        let c = Controls::new(seg.clone(), 2);
+        assert!(
+            refused(Box::new(move || {
+                c.counter(2);
+            })),
+            "rank 2 of 2"
+        );
+        let c = Controls::new(seg.clone(), 2);
+        assert!(
+            refused(Box::new(move || {
+                c.payload(0, 0, INLINE_MAX + 1);
+            })),
+            "payload longer than a mailbox"
+        );
+        let c = Controls::new(seg, 2);
+        assert!(
+            refused(Box::new(move || {
+                c.mailbox(0, 2);
+            })),
+            "parity 2"
+        );
     }
 
     #[test]

@@ -119,12 +119,24 @@ fn rank_list(rs: &[usize]) -> String {
 
 impl Communicator {
     /// Before a collective: fails if the communicator is poisoned, numbers the call and, in
-    /// checking mode, compares its descriptor with every other rank's.
+    /// checking mode, compares its descriptor with every other rank's. Inlined into every call:
+    /// the usual case (not poisoned, not checking) only counts.
+    #[inline]
     pub(crate) fn enter_collective(&self, d: &CollDesc) -> Result<()> {
+        if self.checking || self.poisoned.get().is_some() {
+            return self.enter_collective_checked(d);
+        }
+        self.coll_seq.set(self.coll_seq.get() + 1);
+        Ok(())
+    }
+
+    /// [`Communicator::enter_collective`] when poisoned or in checking mode.
+    #[inline(never)]
+    fn enter_collective_checked(&self, d: &CollDesc) -> Result<()> {
         self.check_poisoned()?;
         let seq = self.coll_seq.get() + 1;
         self.coll_seq.set(seq);
-        if self.ctx.check_collectives && self.size > 1 {
+        if self.checking {
             let r = self.compare_fingerprints(d, seq);
             return r.map_err(|e| self.poison(e));
         }
@@ -143,11 +155,13 @@ impl Communicator {
 
     /// After a call: a disagreement (found here, or by another rank and sent as an abort)
     /// poisons the communicator and is returned as [`Error::Mismatch`]; other results pass.
+    #[inline]
     pub(crate) fn settle<T>(&self, r: Result<T>) -> Result<T> {
         r.map_err(|e| self.poison(e))
     }
 
     /// Records `e` if it reports a disagreement (see the module documentation).
+    #[cold]
     pub(crate) fn poison(&self, e: Error) -> Error {
         let what = match &e {
             Error::Mismatch { what, .. } => what.clone(),
@@ -157,13 +171,14 @@ impl Communicator {
             },
             _ => return e,
         };
-        let what = self.poisoned.borrow_mut().get_or_insert(what).clone();
+        let what = self.poisoned.get_or_init(|| what).clone();
         Error::Mismatch { rank: self.wr(), what }
     }
 
     /// The Mismatch an earlier call found, if any: every later call returns it.
+    #[inline]
     pub(crate) fn check_poisoned(&self) -> Result<()> {
-        match &*self.poisoned.borrow() {
+        match self.poisoned.get() {
             Some(what) => Err(Error::Mismatch { rank: self.wr(), what: what.clone() }),
             None => Ok(()),
         }

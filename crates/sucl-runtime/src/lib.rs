@@ -130,8 +130,11 @@ pub struct Communicator {
     splits: Cell<u64>,
     /// Collectives started on this communicator (the checking mode's sequence number).
     coll_seq: Cell<u64>,
-    /// The disagreement that poisoned this communicator, if any (see [`agree`]).
-    poisoned: RefCell<Option<String>>,
+    /// Whether collectives compare fingerprints first (the checking mode, with more than one
+    /// rank): read on every call, so kept here rather than behind `ctx`.
+    checking: bool,
+    /// The disagreement that poisoned this communicator, if any (see [`agree`]); set once.
+    poisoned: std::cell::OnceCell<String>,
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
@@ -466,6 +469,7 @@ impl Communicator {
         ctx: Arc<Context>,
         prefix: String,
     ) -> Communicator {
+        let checking = ctx.check_collectives && world_ranks.len() > 1;
         Communicator {
             rank,
             size: world_ranks.len(),
@@ -481,7 +485,8 @@ impl Communicator {
             prefix,
             splits: Cell::new(0),
             coll_seq: Cell::new(0),
-            poisoned: RefCell::new(None),
+            checking,
+            poisoned: std::cell::OnceCell::new(),
         }
     }
 
@@ -598,11 +603,19 @@ impl Communicator {
         Ok(())
     }
 
+    #[inline]
     fn check_len(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Result<()> {
         if got != want {
-            return Err(Error::invalid(self.wr(), arg, format!("has {got} elements but {what} needs {want}")));
+            return Err(self.len_error(arg, got, want, what));
         }
         Ok(())
+    }
+
+    /// [`Communicator::check_len`]'s error, out of the calls' way.
+    #[cold]
+    #[inline(never)]
+    fn len_error(&self, arg: &'static str, got: usize, want: usize, what: &str) -> Error {
+        Error::invalid(self.wr(), arg, format!("has {got} elements but {what} needs {want}"))
     }
 
     pub(crate) fn backend_mut(&self) -> std::cell::RefMut<'_, Box<dyn Backend>> {
@@ -690,10 +703,13 @@ impl Communicator {
         }
     }
 
+    #[inline]
     pub(crate) fn coll(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        let (done, _backend) = self.coll_on(desc, send, recv);
+        let mut bs = self.backends.borrow_mut();
+        let i = self.host_backend_for(&bs, &desc);
+        let done = bs[i].collective(&desc, send, recv);
         #[cfg(feature = "fault-hook")]
-        if done.is_ok() && fault::hits(_backend, desc.op) {
+        if done.is_ok() && fault::hits(self.selector.names()[i], desc.op) {
             fault::corrupt_last(recv, desc.dtype.size());
         }
         done
@@ -710,27 +726,35 @@ impl Communicator {
 
     /// [`Communicator::coll`] without the fault hook.
     pub(crate) fn coll_unhooked(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
-        self.coll_on(desc, send, recv).0
+        let mut bs = self.backends.borrow_mut();
+        let i = self.host_backend_for(&bs, &desc);
+        bs[i].collective(&desc, send, recv)
     }
 
-    /// Runs a host collective on the backend selection picks; returns the result and that
-    /// backend's name.
-    fn coll_on(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> (Result<()>, &'static str) {
-        let mut i = match self.pinned.get() {
+    /// The index in `bs` (the host backends) of the one that runs collective `desc`: the pinned
+    /// one, else the one selection picks, unless it does not support `desc` (then the default).
+    #[inline]
+    fn host_backend_for(&self, bs: &[Box<dyn Backend>], desc: &CollDesc) -> usize {
+        let i = match self.pinned.get() {
             Some(i) => i,
-            None => self.selector.pick(desc.op, select::selection_bytes(&desc, self.size)),
+            None => self.selector.pick(desc.op, select::selection_bytes(desc, self.size)),
         };
-        let mut bs = self.backends.borrow_mut();
-        if !bs[i].supports(&desc) {
-            i = self.selector.default();
-        }
-        tracing::debug!(op = desc.op.name(), count = desc.count, dtype = desc.dtype.name(), backend = bs[i].name(), "collective");
-        (bs[i].collective(&desc, send, recv), bs[i].name())
+        // The default backend serves whatever another one refuses, so only another is asked.
+        let i = if i != self.selector.default() && !bs[i].supports(desc) { self.selector.default() } else { i };
+        tracing::debug!(
+            op = desc.op.name(),
+            count = desc.count,
+            dtype = desc.dtype.name(),
+            backend = self.selector.names()[i],
+            "collective"
+        );
+        i
     }
 
     /// Runs a collective on buffers wherever they live. `send == None`: in place (or not used on
     /// this rank); `recv == None`: not written on this rank. Host memory goes to the host
     /// backends, device memory to the device backends; one call may not mix the two.
+    #[inline]
     fn call(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
         self.enter_collective(&desc)?;
         let r = self.call_unchecked(desc, send, recv);
@@ -738,6 +762,7 @@ impl Communicator {
     }
 
     /// [`Communicator::call`] after the agreement step.
+    #[inline]
     fn call_unchecked(&self, desc: CollDesc, send: Option<Mem<'_>>, recv: Option<MemMut<'_>>) -> Result<()> {
         let device = send.as_ref().is_some_and(|m| m.is_device()) || recv.as_ref().is_some_and(|m| m.is_device());
         if device {
