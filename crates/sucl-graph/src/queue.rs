@@ -841,18 +841,18 @@ impl<'c> DistrQueue<'c> {
         for c in commands {
             let buffer = c.buffer.ok_or_else(|| GraphError::InvalidArgument("a transfer names no buffer".into()))?;
             let store = &self.stores[buffer.0];
-            let (out, inc): (&[PeerRegion], &[PeerRegion]) = match (c.kind, &c.collective) {
-                (CommandKind::Push, _) => (&c.peers, &[]),
-                (CommandKind::Collective, Some(coll)) => (&coll.sends, &coll.recvs),
+            let (out, inc): (Vec<PeerRegion>, Vec<PeerRegion>) = match (c.kind, &c.collective) {
+                (CommandKind::Push, _) => (c.peers.clone(), Vec::new()),
+                (CommandKind::Collective, Some(coll)) => (coll.sends(self.comm.rank()), coll.recvs(self.comm.rank())),
                 (CommandKind::Collective, None) => {
                     return Err(GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))
                 }
-                _ => (&[], &c.peers),
+                _ => (Vec::new(), c.peers.clone()),
             };
-            for p in out {
+            for p in &out {
                 sends.push((p.rank, tag(c), store.pack(&p.region)));
             }
-            for p in inc {
+            for p in &inc {
                 recvs.push((p.rank, tag(c), buffer, p.region.clone(), vec![0u8; p.region.area() * store.elem_size()]));
             }
         }
