@@ -539,6 +539,9 @@ impl CommandGraphGenerator {
                     }
                 }
             }
+            if self.reads_own_copy(task, buffer) {
+                continue;
+            }
             self.flush(buffer);
             let regions = all.get_or_insert_with(|| self.chunk_regions(task));
             self.transfers(task.id, buffer, &regions[&buffer]);
@@ -550,6 +553,26 @@ impl CommandGraphGenerator {
             }
         }
         Ok(())
+    }
+
+    /// True if every rank already holds what the task's chunk reads of `buffer`, decided
+    /// without per-rank work: one reading accessor whose cells lie in one layer, and the
+    /// layer's writer or one of its collective readers had the same geometry and mapper (each
+    /// rank reads what it wrote or was given).
+    fn reads_own_copy(&self, task: &Task, buffer: BufferId) -> bool {
+        let mut readers = task.accessors.iter().filter(|a| a.buffer == buffer && a.mode.needs_prior_contents());
+        let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
+        if matches!(reader.mapper, RangeMapper::Custom(..)) {
+            return false;
+        }
+        let reads = reader.mapper.map(&Chunk::whole(task.range), self.extent(buffer));
+        let same = |a: &SplitAccess| {
+            a.target == task.target && a.range == task.range && a.granularity == task.granularity && a.mapper.same_as(&reader.mapper)
+        };
+        self.buffers[buffer.0]
+            .layers
+            .iter()
+            .any(|l| reads.difference(&l.region).is_empty() && (same(&l.writer) || l.readers.iter().any(same)))
     }
 
     /// Records the task's writes of `buffer` in the global view: a new layer when one
