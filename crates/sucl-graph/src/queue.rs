@@ -499,12 +499,23 @@ impl<T: Element> Store for HostStore<T> {
 }
 
 /// Visits the rows (runs along the last dimension) of `region`: boxes in order, row-major
-/// within a box; `f(first cell's position, cells)`.
+/// within a box; `f(first cell's position, cells)`. Rows that are contiguous in memory (a box
+/// spanning the whole last dimension, or the whole last two) are visited as one run, so a 2D
+/// buffer's slab is one copy, not one per cell.
 fn for_rows(region: &Region, extent: Index, mut f: impl FnMut(usize, usize)) {
     for b in region.boxes() {
-        for x in b.min[0]..b.max[0] {
-            for y in b.min[1]..b.max[1] {
-                f(linear(extent, [x, y, b.min[2]]), b.max[2] - b.min[2]);
+        let [x, y, z] = b.range();
+        if z == extent[2] && y == extent[1] {
+            f(linear(extent, b.min), x * y * z);
+        } else if z == extent[2] {
+            for i in b.min[0]..b.max[0] {
+                f(linear(extent, [i, b.min[1], 0]), y * z);
+            }
+        } else {
+            for i in b.min[0]..b.max[0] {
+                for j in b.min[1]..b.max[1] {
+                    f(linear(extent, [i, j, b.min[2]]), z);
+                }
             }
         }
     }
@@ -1125,6 +1136,40 @@ mod tests {
                 for z in 0..6 {
                     let expect = if want.contains_point([x, y, z]) { at(x, y, z) as u32 } else { u32::MAX };
                     assert_eq!(target.data[at(x, y, z)], expect, "cell ({x}, {y}, {z})");
+                }
+            }
+        }
+    }
+
+    /// Packing visits each box's cells in row-major order, whichever runs it merges.
+    #[test]
+    fn pack_is_row_major_per_box_and_unpack_inverts_it() {
+        for extent in [[4, 5, 1], [3, 4, 6], [7, 1, 1]] {
+            let cells = extent.iter().product::<usize>();
+            let source = HostStore { extent, data: (0..cells as u32).collect::<Vec<u32>>() };
+            let boxes = [
+                GridBox::full(extent),
+                GridBox::new([1, 0, 0], [3.min(extent[0]), extent[1], extent[2]]),
+                GridBox::new([0, 1.min(extent[1] - 1), 0], [2, extent[1], extent[2]]),
+                GridBox::new([1, 0, 1.min(extent[2] - 1)], [2, extent[1], extent[2]]),
+            ];
+            for b in boxes {
+                let region = Region::from_box(b);
+                let mut expect = Vec::new();
+                for x in b.min[0]..b.max[0] {
+                    for y in b.min[1]..b.max[1] {
+                        for z in b.min[2]..b.max[2] {
+                            expect.push(source.data[linear(extent, [x, y, z])]);
+                        }
+                    }
+                }
+                let packed = source.pack(&region);
+                assert_eq!(bytemuck::cast_slice::<u8, u32>(&packed), &expect[..], "{extent:?} {b:?}");
+                let mut target = HostStore { extent, data: vec![u32::MAX; cells] };
+                target.unpack(&region, &packed);
+                for (i, v) in target.data.iter().enumerate() {
+                    let p = [i / (extent[1] * extent[2]), i / extent[2] % extent[1], i % extent[2]];
+                    assert_eq!(*v, if b.contains_point(p) { i as u32 } else { u32::MAX }, "{extent:?} {b:?} cell {p:?}");
                 }
             }
         }
