@@ -458,7 +458,13 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
 trait Store: Send {
     fn elem_size(&self) -> usize;
     fn data_ptr(&mut self) -> *mut u8;
-    fn pack(&self, region: &Region) -> Vec<u8>;
+    fn pack(&self, region: &Region) -> Vec<u8> {
+        let mut out = Vec::with_capacity(region.area() * self.elem_size());
+        self.pack_into(region, &mut out);
+        out
+    }
+    /// Appends the cells of `region` (rows in [`for_rows`] order) to `out`.
+    fn pack_into(&self, region: &Region, out: &mut Vec<u8>);
     fn unpack(&mut self, region: &Region, bytes: &[u8]);
     fn as_any(&self) -> &dyn Any;
 }
@@ -477,10 +483,9 @@ impl<T: Element> Store for HostStore<T> {
         self.data.as_mut_ptr() as *mut u8
     }
 
-    fn pack(&self, region: &Region) -> Vec<u8> {
-        let mut out: Vec<T> = Vec::with_capacity(region.area());
-        for_rows(region, self.extent, |at, len| out.extend_from_slice(&self.data[at..at + len]));
-        bytemuck::cast_slice(&out).to_vec()
+    fn pack_into(&self, region: &Region, out: &mut Vec<u8>) {
+        out.reserve(region.area() * std::mem::size_of::<T>());
+        for_rows(region, self.extent, |at, len| out.extend_from_slice(bytemuck::cast_slice(&self.data[at..at + len])));
     }
 
     fn unpack(&mut self, region: &Region, bytes: &[u8]) {
@@ -977,7 +982,10 @@ impl<'c> DistrQueue<'c> {
                 let blocks: Vec<Region> = (0..n).map(|r| coll.block(root, r)).collect();
                 let counts: Vec<usize> = blocks.iter().map(&bytes).collect();
                 let displs = prefix(&counts);
-                let send: Vec<u8> = if me == root { blocks.iter().flat_map(|b| store.pack(b)).collect() } else { Vec::new() };
+                let mut send = Vec::new();
+                if me == root {
+                    blocks.iter().for_each(|b| store.pack_into(b, &mut send));
+                }
                 let mut recv = vec![0u8; counts[me]];
                 self.comm.scatterv(&send, &mut recv, &counts, &displs, root)?;
                 if !blocks[me].is_empty() {
@@ -999,7 +1007,8 @@ impl<'c> DistrQueue<'c> {
                 let row: Vec<usize> = counts[me * n..(me + 1) * n].to_vec();
                 let col: Vec<usize> = (0..n).map(|i| counts[i * n + me]).collect();
                 let (sdispls, rdispls) = (prefix(&row), prefix(&col));
-                let send: Vec<u8> = (0..n).flat_map(|j| store.pack(&block(me, j))).collect();
+                let mut send = Vec::with_capacity(row.iter().sum());
+                (0..n).for_each(|j| store.pack_into(&block(me, j), &mut send));
                 let mut recv = vec![0u8; col.iter().sum()];
                 self.comm.all_to_allv(&send, &sdispls, &mut recv, &rdispls, &counts)?;
                 for src in (0..n).filter(|&s| col[s] > 0) {
