@@ -913,10 +913,11 @@ impl<'c> DistrQueue<'c> {
     }
 
     /// Runs a collective command as the communicator's collective of its pattern: broadcast,
-    /// gatherv, scatterv, all_gatherv or all_to_allv over the packed bytes of the cells. The
-    /// per-rank counts and displacements come from the command's producer and consumer split
-    /// accesses here (the generator computed none); the v-collectives check that every rank
-    /// derived the same counts table before anything moves.
+    /// gather(v), scatter(v), all_gather(v) or all_to_all(v) over the packed bytes of the
+    /// cells — the plain form when every rank's block has the same size, the v-form otherwise.
+    /// The per-rank counts and displacements come from the command's producer and consumer
+    /// split accesses here (the generator computed none); the v-collectives check that every
+    /// rank derived the same counts table before anything moves.
     fn collective(&mut self, c: &Command) -> Result<(), GraphError> {
         let coll =
             c.collective.as_ref().ok_or_else(|| GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))?;
@@ -956,7 +957,12 @@ impl<'c> DistrQueue<'c> {
                 let counts: Vec<usize> = parts.iter().map(&bytes).collect();
                 let displs = prefix(&counts);
                 let mut recv = vec![0u8; counts.iter().sum()];
-                self.comm.all_gatherv(&store.pack(&parts[me]), &mut recv, &counts, &displs)?;
+                let send = store.pack(&parts[me]);
+                if counts.iter().all(|&k| k == counts[0]) {
+                    self.comm.all_gather(&send, &mut recv)?;
+                } else {
+                    self.comm.all_gatherv(&send, &mut recv, &counts, &displs)?;
+                }
                 for src in (0..n).filter(|&s| s != me) {
                     let mine = coll.block(src, me);
                     if !mine.is_empty() {
@@ -966,20 +972,33 @@ impl<'c> DistrQueue<'c> {
             }
             CollectiveOp::Gather => {
                 let root = root()?;
-                let blocks: Vec<Region> = (0..n).map(|r| coll.block(r, root)).collect();
+                let read = coll.read(root);
+                // The root's own block rides along when that makes every block the same size
+                // (the plain gather); it is not unpacked.
+                let full: Vec<Region> = (0..n).map(|r| coll.written(r).intersection(&read)).collect();
+                let plain = full.iter().all(|b| b.area() == full[0].area());
+                let blocks: Vec<Region> = (0..n).map(|r| if r == root && !plain { Region::empty() } else { full[r].clone() }).collect();
                 let counts: Vec<usize> = blocks.iter().map(&bytes).collect();
                 let displs = prefix(&counts);
                 let mut recv = vec![0u8; if me == root { counts.iter().sum() } else { 0 }];
-                self.comm.gatherv(&store.pack(&blocks[me]), &mut recv, &counts, &displs, root)?;
+                let send = store.pack(&blocks[me]);
+                if plain {
+                    self.comm.gather(&send, &mut recv, root)?;
+                } else {
+                    self.comm.gatherv(&send, &mut recv, &counts, &displs, root)?;
+                }
                 if me == root {
-                    for (src, b) in blocks.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+                    for (src, b) in blocks.iter().enumerate().filter(|(s, b)| *s != root && !b.is_empty()) {
                         store.unpack(b, &recv[displs[src]..displs[src] + counts[src]]);
                     }
                 }
             }
             CollectiveOp::Scatter => {
                 let root = root()?;
-                let blocks: Vec<Region> = (0..n).map(|r| coll.block(root, r)).collect();
+                let written = coll.written(root);
+                let full: Vec<Region> = (0..n).map(|r| written.intersection(&coll.read(r))).collect();
+                let plain = full.iter().all(|b| b.area() == full[0].area());
+                let blocks: Vec<Region> = (0..n).map(|r| if r == root && !plain { Region::empty() } else { full[r].clone() }).collect();
                 let counts: Vec<usize> = blocks.iter().map(&bytes).collect();
                 let displs = prefix(&counts);
                 let mut send = Vec::new();
@@ -987,17 +1006,25 @@ impl<'c> DistrQueue<'c> {
                     blocks.iter().for_each(|b| store.pack_into(b, &mut send));
                 }
                 let mut recv = vec![0u8; counts[me]];
-                self.comm.scatterv(&send, &mut recv, &counts, &displs, root)?;
-                if !blocks[me].is_empty() {
+                if plain {
+                    self.comm.scatter(&send, &mut recv, root)?;
+                } else {
+                    self.comm.scatterv(&send, &mut recv, &counts, &displs, root)?;
+                }
+                if me != root && !blocks[me].is_empty() {
                     store.unpack(&blocks[me], &recv);
                 }
             }
             CollectiveOp::AllToAll => {
                 // The whole counts table (every rank passes it): O(ranks²) box intersections,
-                // each rank's producer and consumer regions mapped once.
+                // each rank's producer and consumer regions mapped once. Diagonal blocks ride
+                // along (not unpacked) when that makes every block the same size.
                 let written: Vec<Region> = (0..n).map(|r| coll.written(r)).collect();
                 let read: Vec<Region> = (0..n).map(|r| coll.read(r)).collect();
-                let block = |i: usize, j: usize| if i == j { Region::empty() } else { written[i].intersection(&read[j]) };
+                let full = |i: usize, j: usize| written[i].intersection(&read[j]);
+                let size0 = bytes(&full(0, 0));
+                let plain = (0..n).all(|i| (0..n).all(|j| bytes(&full(i, j)) == size0));
+                let block = |i: usize, j: usize| if i == j && !plain { Region::empty() } else { full(i, j) };
                 let mut counts = vec![0; n * n];
                 for i in 0..n {
                     for j in 0..n {
@@ -1010,8 +1037,12 @@ impl<'c> DistrQueue<'c> {
                 let mut send = Vec::with_capacity(row.iter().sum());
                 (0..n).for_each(|j| store.pack_into(&block(me, j), &mut send));
                 let mut recv = vec![0u8; col.iter().sum()];
-                self.comm.all_to_allv(&send, &sdispls, &mut recv, &rdispls, &counts)?;
-                for src in (0..n).filter(|&s| col[s] > 0) {
+                if plain {
+                    self.comm.all_to_all(&send, &mut recv)?;
+                } else {
+                    self.comm.all_to_allv(&send, &sdispls, &mut recv, &rdispls, &counts)?;
+                }
+                for src in (0..n).filter(|&s| s != me && col[s] > 0) {
                     store.unpack(&block(src, me), &recv[rdispls[src]..rdispls[src] + col[src]]);
                 }
             }
