@@ -458,13 +458,11 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
 trait Store: Send {
     fn elem_size(&self) -> usize;
     fn data_ptr(&mut self) -> *mut u8;
-    fn pack(&self, region: &Region) -> Vec<u8> {
-        let mut out = Vec::with_capacity(region.area() * self.elem_size());
-        self.pack_into(region, &mut out);
-        out
+    fn pack(&self, region: &Region) -> Vec<u8>;
+    /// Appends the cells of `region` (in [`Store::pack`] order) to `out`.
+    fn pack_into(&self, region: &Region, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.pack(region));
     }
-    /// Appends the cells of `region` (rows in [`for_rows`] order) to `out`.
-    fn pack_into(&self, region: &Region, out: &mut Vec<u8>);
     fn unpack(&mut self, region: &Region, bytes: &[u8]);
     fn as_any(&self) -> &dyn Any;
 }
@@ -481,6 +479,12 @@ impl<T: Element> Store for HostStore<T> {
 
     fn data_ptr(&mut self) -> *mut u8 {
         self.data.as_mut_ptr() as *mut u8
+    }
+
+    fn pack(&self, region: &Region) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.pack_into(region, &mut out);
+        out
     }
 
     fn pack_into(&self, region: &Region, out: &mut Vec<u8>) {
