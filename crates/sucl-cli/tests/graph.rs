@@ -129,7 +129,25 @@ accessors = [
 
 #[test]
 fn nbody_all_gathers_positions_once_per_version() {
-    let v = json(NBODY, 3);
+    // With discovery, positions (written by `slice(1)` over a 1D split: disjoint slabs) are
+    // all-gathered by one collective command per version, and nothing is pushed.
+    let with = json(NBODY, 3);
+    for r in 0..3 {
+        let c = commands(&with, r);
+        assert!(!c.iter().any(|c| c["kind"] == "push" || c["kind"] == "await_push"), "rank {r}: no push with discovery");
+        let colls: Vec<&Value> = c.iter().filter(|c| c["kind"] == "collective").collect();
+        assert_eq!(colls.iter().map(|c| c["task"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 4], "rank {r}");
+        for c in &colls {
+            assert_eq!((&c["collective"], &c["buffer"]), (&Value::from("all_gather"), &Value::from(0)));
+            for (p, part) in c["parts"].as_array().unwrap().iter().enumerate() {
+                assert_eq!(part["region"], rows(4 * p, 4 * p + 4, 3), "rank {r}: part of rank {p}");
+            }
+        }
+    }
+    // Without it, the same versions move as pushes and await-pushes.
+    let (code, out, err) = graph_args(NBODY, 3, &["--json", "--no-cpd"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
     for r in 0..3 {
         let c = commands(&v, r);
         let pushes: Vec<&Value> = c.iter().filter(|c| c["kind"] == "push").collect();

@@ -30,7 +30,8 @@ pub fn run() -> Result<(), GraphError> {
     stencil_2d(&mut q)?;
     transpose(&mut q)?;
     nbody(&mut q)?;
-    table3(&mut q)?;
+    table3::<24, 10>(&mut q, "")?;
+    table3::<23, 11>(&mut q, "-odd")?;
     q.sync()?;
     Ok(())
 }
@@ -195,9 +196,10 @@ fn transpose(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
 }
 
 /// The Table 3 programs of the collective pattern discovery paper: all-gather, gather-scatter,
-/// gather-broadcast and all-to-all (with discovery on they run as collectives).
-fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
-    const N: usize = 24;
+/// gather-broadcast and all-to-all (with discovery on they run as collectives) over `N` cells
+/// (the all-to-all over `M`×`M`); results print with `suffix` after the name. Sizes that split
+/// evenly run the plain collectives, others the v-forms.
+fn table3<const N: usize, const M: usize>(q: &mut DistrQueue<'_>, suffix: &str) -> Result<(), GraphError> {
     let fill = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>, k0: f64| {
         q.submit(|cgh| {
             let a = cgh.discard_write(a, one_to_one());
@@ -222,7 +224,7 @@ fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
             }
         })
     })?;
-    print(q.comm(), "allgather", &q.fence_all(&b)?);
+    print(q.comm(), &format!("allgather{suffix}"), &q.fence_all(&b)?);
     // gather-scatter and gather-broadcast: a 1-item kernel reads and writes all (gather), then
     // an N kernel reads identity (scatter) or all (broadcast).
     let one_item = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>| {
@@ -250,7 +252,7 @@ fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
             }
         })
     })?;
-    print(q.comm(), "gatherscatter", &q.fence_all(&c)?);
+    print(q.comm(), &format!("gatherscatter{suffix}"), &q.fence_all(&c)?);
     let (d, e) = (q.buffer::<f64, 1>([N])?, q.buffer::<f64, 1>([N])?);
     fill(q, &d, 3.0)?;
     one_item(q, &d)?;
@@ -263,9 +265,8 @@ fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
             }
         })
     })?;
-    print(q.comm(), "gatherbcast", &q.fence_all(&e)?);
+    print(q.comm(), &format!("gatherbcast{suffix}"), &q.fence_all(&e)?);
     // all-to-all: an N×N kernel reads transposed(0, 1) of a row-split producer.
-    const M: usize = 10;
     let (x, t) = (q.buffer::<f64, 2>([M, M])?, q.buffer::<f64, 2>([M, M])?);
     q.submit(|cgh| {
         let x = cgh.discard_write(&x, one_to_one());
@@ -289,7 +290,7 @@ fn table3(q: &mut DistrQueue<'_>) -> Result<(), GraphError> {
             }
         })
     })?;
-    print(q.comm(), "alltoall", &q.fence_all(&t)?);
+    print(q.comm(), &format!("alltoall{suffix}"), &q.fence_all(&t)?);
     Ok(())
 }
 

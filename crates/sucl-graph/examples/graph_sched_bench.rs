@@ -6,6 +6,11 @@
 //
 // cargo run --release -p sucl-graph --example graph_sched_bench -- [--ranks 1,4,16,64,256]
 //     [--min-seconds 1.0] [--json] [--programs stencil,nbody,allgather,...] [--cpd both|on|off]
+//     [--rounds 1]
+//
+// With --rounds R every (program, ranks) runs R rounds; with --cpd both a round runs both modes,
+// alternating which goes first, and every round prints a line (field "round"), so a table can
+// take medians of rates measured side by side (the machines we share are noisy).
 //
 // Every rank generates only its own commands; rank 0 is measured (the others do the same work
 // for their own chunks). A horizon every 4 tasks keeps the graph bounded, as in a real run.
@@ -191,6 +196,7 @@ fn main() {
             "program", "cpd", "ranks", "tasks", "cpu s", "tasks/cpu-s", "commands/task"
         );
     }
+    let rounds: usize = arg("--rounds").map_or(1, |x| x.parse().expect("--rounds: a number"));
     for program in programs.split(',') {
         let run: fn(usize, Duration, bool) -> Row = match program.trim() {
             "stencil" => stencil,
@@ -202,20 +208,23 @@ fn main() {
             other => panic!("--programs: unknown program {other:?}"),
         };
         for &n in &ranks {
-            for &cpd in &modes {
-                let r = run(n, min, cpd);
-                let rate = r.tasks as f64 / r.cpu_seconds;
-                let per = r.commands as f64 / r.tasks as f64;
-                if json {
-                    println!(
-                        "{{\"program\":\"{}\",\"cpd\":{},\"ranks\":{},\"tasks\":{},\"seconds\":{:.4},\"cpu_seconds\":{:.4},\"tasks_per_s\":{:.1},\"commands_per_task\":{:.2}}}",
-                        r.program, r.cpd, r.ranks, r.tasks, r.seconds, r.cpu_seconds, rate, per
-                    );
-                } else {
-                    println!(
-                        "{:>14} {:>5} {:>6} {:>8} {:>10.3} {:>14.1} {:>14.2}",
-                        r.program, r.cpd, r.ranks, r.tasks, r.cpu_seconds, rate, per
-                    );
+            for round in 0..rounds {
+                let order: Vec<bool> = if round % 2 == 0 { modes.clone() } else { modes.iter().rev().copied().collect() };
+                for &cpd in &order {
+                    let r = run(n, min, cpd);
+                    let rate = r.tasks as f64 / r.cpu_seconds;
+                    let per = r.commands as f64 / r.tasks as f64;
+                    if json {
+                        println!(
+                            "{{\"program\":\"{}\",\"cpd\":{},\"ranks\":{},\"round\":{},\"tasks\":{},\"seconds\":{:.4},\"cpu_seconds\":{:.4},\"tasks_per_s\":{:.1},\"commands_per_task\":{:.2}}}",
+                            r.program, r.cpd, r.ranks, round, r.tasks, r.seconds, r.cpu_seconds, rate, per
+                        );
+                    } else {
+                        println!(
+                            "{:>14} {:>5} {:>6} {:>8} {:>10.3} {:>14.1} {:>14.2}",
+                            r.program, r.cpd, r.ranks, r.tasks, r.cpu_seconds, rate, per
+                        );
+                    }
                 }
             }
         }

@@ -9,12 +9,21 @@
 //! gets it again. Dependencies between a rank's commands come from a local map of the last
 //! command that produced each cell and the commands that read it since.
 //!
-//! For collective discovery (a later pass): every transfer of one (task, buffer) is described
-//! whole on both sides — a push lists all its targets, an await-push all its sources — so a pass
-//! can match the pattern across ranks and replace the push cascade with a collective command.
+//! The global view is kept in two forms. A task whose writes one built-in mapper describes
+//! becomes a *layer*: the written cells plus the producer's split and mapper, from which the
+//! owner of any cell follows; a collective that delivers those cells adds the consumer's split
+//! to the layer. Layers cost nothing per rank. A point-to-point transfer needs the per-rank form
+//! (owner of every cell, every rank's up-to-date cells), so it folds the buffer's layers into
+//! it first (O(ranks) region operations, which the transfer itself costs anyway).
+//!
+//! Collective pattern discovery turns a forward of the task graph into one [`Collective`]
+//! command per rank, decided from the chunk counts (closed forms of the split) and the mappers'
+//! metadata. The command carries the pattern, the root and both sides' split accesses, not
+//! per-rank regions, so with built-in mappers its generation does no per-rank work; the
+//! executor (and dumps) compute who sends what to whom from it.
 
 use crate::geometry::{GridBox, Index, Region, RegionMap, MAX_DIMS};
-use crate::mapper::Chunk;
+use crate::mapper::{Chunk, RangeMapper};
 use crate::task::{AccessMode, BufferId, DepKind, Forward, SplitHint, Target, Task, TaskGraph, TaskId, TaskKind};
 use crate::GraphError;
 use serde::Serialize;
@@ -58,21 +67,124 @@ pub enum CollectiveOp {
     AllToAll,
 }
 
-/// What a collective command moves. Every rank gets the same collective commands in the same
-/// order; `parts` is the same on every rank, `sends` / `recvs` are this rank's share.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One accessor of a task together with the task's split: enough to compute the cells any
+/// rank's chunk accesses, without listing them for every rank.
+#[derive(Clone, Debug)]
+pub struct SplitAccess {
+    /// Where the task runs.
+    pub target: Target,
+    /// The task's range.
+    pub range: Index,
+    /// The task's granularity.
+    pub granularity: Index,
+    /// The accessor's range mapper.
+    pub mapper: RangeMapper,
+}
+
+impl SplitAccess {
+    /// The chunk `rank` of `ranks` runs.
+    pub fn chunk(&self, ranks: usize, rank: usize) -> Chunk {
+        split_chunk(self.target, self.range, self.granularity, ranks, rank)
+    }
+
+    /// The cells of a buffer of extent `extent` that `rank`'s chunk accesses.
+    pub fn region(&self, ranks: usize, rank: usize, extent: Index) -> Region {
+        self.mapper.map(&self.chunk(ranks, rank), extent)
+    }
+
+    /// The union of every rank's cells, in constant time, where the mapper guarantees it is
+    /// the whole range's cells (built-in mappers; a custom mapper gives None).
+    fn union_of_chunks(&self, extent: Index) -> Option<Region> {
+        match self.mapper {
+            RangeMapper::Custom(..) => None,
+            _ => Some(self.mapper.map(&Chunk::whole(self.range), extent)),
+        }
+    }
+}
+
+impl Serialize for SplitAccess {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("SplitAccess", 4)?;
+        st.serialize_field("target", &self.target)?;
+        st.serialize_field("range", &self.range)?;
+        st.serialize_field("granularity", &self.granularity)?;
+        st.serialize_field("mapper", &format!("{:?}", self.mapper))?;
+        st.end()
+    }
+}
+
+/// What a collective command moves, as the mapper metadata describes it: the pattern, the
+/// root, the forwarded cells, and the producer's and consumer's split accesses. The command is
+/// the same on every rank and costs the generator no per-rank work; who sends which cells to
+/// whom ([`Collective::parts`], [`Collective::sends`], [`Collective::recvs`],
+/// [`Collective::block`]) is computed from it when asked (by the executor, dumps and tests).
+#[derive(Clone, Debug, Serialize)]
 pub struct Collective {
     /// Which collective.
     pub op: CollectiveOp,
     /// The root rank (gather: the consumer; broadcast, scatter: the producer).
     pub root: Option<usize>,
+    /// The number of ranks.
+    pub ranks: usize,
+    /// The buffer's extent.
+    pub extent: Index,
+    /// The forwarded cells (every cell the consumer task reads of them, all last written by
+    /// the producer).
+    pub region: Region,
+    /// The producer task's split and its writing accessor: who holds each forwarded cell.
+    pub producer: SplitAccess,
+    /// The consumer task's split and its reading accessor: who needs which cells.
+    pub consumer: SplitAccess,
+}
+
+impl PartialEq for Collective {
+    fn eq(&self, other: &Self) -> bool {
+        (self.op, self.root, self.ranks, self.extent, &self.region) == (other.op, other.root, other.ranks, other.extent, &other.region)
+            && (0..self.ranks).all(|r| self.written(r) == other.written(r) && self.read(r) == other.read(r))
+    }
+}
+
+impl Collective {
+    /// The forwarded cells `rank` wrote (its producer chunk's writes).
+    pub fn written(&self, rank: usize) -> Region {
+        self.producer.region(self.ranks, rank, self.extent).intersection(&self.region)
+    }
+
+    /// The forwarded cells `rank`'s consumer chunk reads.
+    pub fn read(&self, rank: usize) -> Region {
+        self.consumer.region(self.ranks, rank, self.extent).intersection(&self.region)
+    }
+
+    /// The cells `from` sends `to` (none to itself): what `from` wrote of what `to` reads.
+    /// Sender and receiver compute it with this one function, so both see the same boxes in
+    /// the same order (the layout of the bytes on the wire).
+    pub fn block(&self, from: usize, to: usize) -> Region {
+        if from == to {
+            return Region::empty();
+        }
+        self.written(from).intersection(&self.read(to))
+    }
+
     /// Per rank: the cells it contributes (gather, all-gather, all-to-all) or receives
-    /// (broadcast, scatter); the per-rank counts of the v-forms.
-    pub parts: Vec<PeerRegion>,
-    /// What this rank sends, per peer.
-    pub sends: Vec<PeerRegion>,
-    /// What this rank receives, per peer.
-    pub recvs: Vec<PeerRegion>,
+    /// (broadcast, scatter): the per-rank counts of the v-forms.
+    pub fn parts(&self) -> Vec<PeerRegion> {
+        let part = |r: usize| match self.op {
+            CollectiveOp::Broadcast | CollectiveOp::Scatter => self.read(r),
+            _ => self.written(r),
+        };
+        (0..self.ranks).map(|r| PeerRegion { rank: r, region: part(r) }).collect()
+    }
+
+    /// What `me` sends, per peer (peers with nothing to get are left out).
+    pub fn sends(&self, me: usize) -> Vec<PeerRegion> {
+        (0..self.ranks).map(|s| PeerRegion { rank: s, region: self.block(me, s) }).filter(|p| !p.region.is_empty()).collect()
+    }
+
+    /// What `me` receives, per peer (peers with nothing to give are left out).
+    pub fn recvs(&self, me: usize) -> Vec<PeerRegion> {
+        (0..self.ranks).map(|s| PeerRegion { rank: s, region: self.block(s, me) }).filter(|p| !p.region.is_empty()).collect()
+    }
 }
 
 /// A peer of a transfer and the cells exchanged with it.
@@ -180,11 +292,35 @@ fn slab(len: usize, parts: usize, i: usize, granularity: usize) -> (usize, usize
     (at(i), at(i + 1))
 }
 
+/// A buffer's cells last written by one task whose writes are described by its split, not
+/// listed per rank: the owner of a cell is the rank whose chunk's writer region holds it, and
+/// a rank holds an up-to-date copy if it owns the cell or one of `readers` gave it the cell
+/// (a collective delivered what that rank's consumer chunk reads). Creating, replacing and
+/// extending a layer costs no per-rank work; the per-rank view is built from it only when a
+/// point-to-point transfer needs it ([`CommandGraphGenerator::flush`]).
+struct Layer {
+    /// The cells (disjoint from every other layer of the buffer).
+    region: Region,
+    /// The task that wrote them.
+    producer: TaskId,
+    /// Its writing accessor and split.
+    writer: SplitAccess,
+    /// Consumers that received copies through collectives.
+    readers: Vec<SplitAccess>,
+}
+
+/// At most this many layers per buffer; older ones are folded into the per-rank view.
+const MAX_LAYERS: usize = 8;
+/// At most this many collective readers per layer.
+const MAX_READERS: usize = 4;
+
 struct BufferView {
-    /// The rank that wrote each cell last (None: never written).
+    /// The rank that wrote each cell last (None: never written), outside the layers.
     owner: RegionMap<Option<usize>>,
-    /// Per rank, the cells it holds an up-to-date copy of.
+    /// Per rank, the cells it holds an up-to-date copy of, outside the layers.
     fresh: Vec<Region>,
+    /// Writes described symbolically, newest last; they shadow `owner` and `fresh`.
+    layers: Vec<Layer>,
     /// The cells some task (or host data) wrote: the cells that have an owner.
     written: Region,
     /// On this rank: the last command that produced each cell.
@@ -207,6 +343,60 @@ pub struct CommandGraphGenerator {
 
 /// Per buffer, per rank: the cells whose prior contents the chunk needs, and the cells it writes.
 type ChunkRegions = BTreeMap<BufferId, Vec<(Region, Region)>>;
+/// Per buffer: this rank's (reads, writes).
+type OwnRegions = BTreeMap<BufferId, (Region, Region)>;
+
+/// How many ranks of `ranks` get a non-empty chunk of a task of this geometry, and which one
+/// if only one does, in constant time (the closed form of [`split_chunk`]).
+fn population(target: Target, range: Index, granularity: Index, ranks: usize) -> (usize, Option<usize>) {
+    match target {
+        Target::Master => (1, Some(0)),
+        Target::Collective => {
+            let n = ranks.min(range[0]);
+            (n, (n == 1).then_some(0))
+        }
+        Target::Distributed(hint) => {
+            let (rows, cols) = grid(hint, range, ranks);
+            // `slab` gives min(parts, granules) non-empty parts; the last part is never empty.
+            let filled = |len: usize, parts: usize, g: usize| parts.min(len.div_ceil(g.max(1)));
+            let n = filled(range[0], rows, granularity[0]) * filled(range[1], cols, granularity[1]);
+            (n, (n == 1).then(|| (rows - 1) * cols + (cols - 1)))
+        }
+    }
+}
+
+/// True if the mapper maps every non-empty chunk of a task of range `range` to a non-empty
+/// region of a buffer of extent `extent` (None: cannot tell without mapping every chunk).
+fn maps_every_chunk(m: &RangeMapper, range: Index, extent: Index) -> Option<bool> {
+    let fits = |perm: [usize; MAX_DIMS], whole: Option<usize>| (0..MAX_DIMS).all(|d| Some(d) == whole || range[perm[d]] <= extent[d]);
+    match m {
+        RangeMapper::All => Some(true),
+        RangeMapper::Fixed(b) => Some(!b.intersection(&GridBox::full(extent)).is_empty()),
+        RangeMapper::OneToOne | RangeMapper::Neighborhood(_) | RangeMapper::NeighborhoodAxes(_) => fits([0, 1, 2], None).then_some(true),
+        RangeMapper::Slice(d) => fits([0, 1, 2], Some(*d)).then_some(true),
+        RangeMapper::Transposed(a, b) => {
+            let mut perm = [0, 1, 2];
+            perm.swap(*a, *b);
+            fits(perm, None).then_some(true)
+        }
+        RangeMapper::Custom(..) => None,
+    }
+}
+
+/// True if distinct chunks of this split can never write the same cell through `m` (from the
+/// metadata, refined for `slice(d)` when the split does not cut dimension `d`).
+fn writes_disjoint(m: &RangeMapper, target: Target, range: Index) -> bool {
+    if m.meta().non_overlapping {
+        return true;
+    }
+    match (m, target) {
+        (RangeMapper::Slice(d), Target::Distributed(hint)) => {
+            let cut_1 = hint == SplitHint::Split2D && range[1] > 1;
+            *d != 0 && !(*d == 1 && cut_1)
+        }
+        _ => false,
+    }
+}
 
 impl CommandGraphGenerator {
     /// A generator for `rank` of `ranks`.
@@ -262,6 +452,7 @@ impl CommandGraphGenerator {
             self.buffers.push(BufferView {
                 owner: RegionMap::new(info.extent, owner),
                 fresh: vec![everywhere.clone(); self.ranks],
+                layers: Vec::new(),
                 written: everywhere,
                 local_writer: RegionMap::new(info.extent, None),
                 local_readers: Vec::new(),
@@ -269,11 +460,17 @@ impl CommandGraphGenerator {
         }
     }
 
-    fn chunk_regions(&self, graph: &TaskGraph, task: &Task) -> ChunkRegions {
+    fn extent(&self, buffer: BufferId) -> Index {
+        self.buffers[buffer.0].owner.extent()
+    }
+
+    /// Every rank's reads and writes of every buffer the task accesses: O(ranks) region
+    /// operations, computed only where a point-to-point transfer or a check needs them.
+    fn chunk_regions(&self, task: &Task) -> ChunkRegions {
         let chunks: Vec<Chunk> = (0..self.ranks).map(|r| chunk_of(task, self.ranks, r)).collect();
         let mut out: ChunkRegions = BTreeMap::new();
         for a in &task.accessors {
-            let extent = graph.buffer(a.buffer).map(|b| b.extent).unwrap_or([0; MAX_DIMS]);
+            let extent = self.extent(a.buffer);
             let per_rank = out.entry(a.buffer).or_insert_with(|| vec![Default::default(); self.ranks]);
             for (r, chunk) in chunks.iter().enumerate() {
                 let region = a.mapper.map(chunk, extent);
@@ -288,49 +485,186 @@ impl CommandGraphGenerator {
         out
     }
 
+    /// This rank's reads and writes of every buffer the task accesses.
+    fn own_regions(&self, task: &Task, chunk: &Chunk) -> OwnRegions {
+        let mut out = OwnRegions::new();
+        for a in &task.accessors {
+            let region = a.mapper.map(chunk, self.extent(a.buffer));
+            let entry: &mut (Region, Region) = out.entry(a.buffer).or_default();
+            if a.mode.needs_prior_contents() {
+                entry.0 = entry.0.union(&region);
+            }
+            if a.mode.writes() {
+                entry.1 = entry.1.union(&region);
+            }
+        }
+        out
+    }
+
+    /// The task's only writing accessor of `buffer`, if it has exactly one.
+    fn sole_writer(task: &Task, buffer: BufferId) -> Option<&crate::task::Accessor> {
+        let mut writers = task.accessors.iter().filter(|a| a.buffer == buffer && a.mode.writes());
+        match (writers.next(), writers.next()) {
+            (Some(a), None) => Some(a),
+            _ => None,
+        }
+    }
+
     fn process_work(&mut self, graph: &TaskGraph, task: &Task) -> Result<(), GraphError> {
-        let regions = self.chunk_regions(graph, task);
-        check_overlapping_writes(task, &regions)?;
-        for (&buffer, per_rank) in &regions {
+        let chunk = chunk_of(task, self.ranks, self.rank);
+        let own = self.own_regions(task, &chunk);
+        let mut all: Option<ChunkRegions> = None;
+        let (producers, _) = population(task.target, task.range, task.granularity, self.ranks);
+        // Writes that the split and metadata prove disjoint need no per-rank check.
+        for &buffer in own.keys() {
+            let writers = task.accessors.iter().filter(|a| a.buffer == buffer && a.mode.writes()).count();
+            let proven = writers == 0
+                || producers <= 1
+                || Self::sole_writer(task, buffer).is_some_and(|a| writes_disjoint(&a.mapper, task.target, task.range));
+            if !proven {
+                let regions = all.get_or_insert_with(|| self.chunk_regions(task));
+                check_overlapping_writes(task, buffer, &regions[&buffer])?;
+            }
+        }
+        for &buffer in own.keys() {
+            if !task.accessors.iter().any(|a| a.buffer == buffer && a.mode.needs_prior_contents()) {
+                continue;
+            }
             if self.discovery {
                 if let Some(f) = task.forwards.iter().find(|f| f.buffer == buffer) {
                     // The forward covers every cell the task reads of this buffer: once it is
                     // a collective, nothing is left for push / await-push.
-                    if self.materialise(graph, task, f, per_rank) {
+                    if self.materialise(graph, task, f, &mut all) {
                         continue;
                     }
                 }
             }
-            self.transfers(task.id, buffer, per_rank);
-        }
-        self.execution(task, &regions);
-        for (&buffer, per_rank) in &regions {
-            let view = &mut self.buffers[buffer.0];
-            // Writes of one task never overlap between ranks (checked), so every rank's copy
-            // loses all the task's writes and gains its own: O(ranks) region operations.
-            let mut written = Region::empty();
-            let mut owners = Vec::new();
-            for (s, (_, writes)) in per_rank.iter().enumerate() {
-                if !writes.is_empty() {
-                    owners.push((writes.clone(), Some(s)));
-                    written = written.union(writes);
-                }
-            }
-            view.owner.update_many(&owners);
-            if written.is_empty() {
+            if self.reads_own_copy(task, buffer) {
                 continue;
             }
-            view.written = view.written.union(&written);
-            for (fresh, (_, writes)) in view.fresh.iter_mut().zip(per_rank) {
-                if fresh.intersects(&written) {
-                    *fresh = fresh.difference(&written);
-                }
-                if !writes.is_empty() {
-                    *fresh = fresh.union(writes);
-                }
+            self.flush(buffer);
+            let regions = all.get_or_insert_with(|| self.chunk_regions(task));
+            self.transfers(task.id, buffer, &regions[&buffer]);
+        }
+        self.execution(task, chunk, &own);
+        for &buffer in own.keys() {
+            if task.accessors.iter().any(|a| a.buffer == buffer && a.mode.writes()) {
+                self.record_writes(task, buffer, &mut all);
             }
         }
         Ok(())
+    }
+
+    /// True if every rank already holds what the task's chunk reads of `buffer`, decided
+    /// without per-rank work: one reading accessor whose cells lie in one layer, and the
+    /// layer's writer or one of its collective readers had the same geometry and mapper (each
+    /// rank reads what it wrote or was given).
+    fn reads_own_copy(&self, task: &Task, buffer: BufferId) -> bool {
+        let mut readers = task.accessors.iter().filter(|a| a.buffer == buffer && a.mode.needs_prior_contents());
+        let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
+        if matches!(reader.mapper, RangeMapper::Custom(..)) {
+            return false;
+        }
+        let reads = reader.mapper.map(&Chunk::whole(task.range), self.extent(buffer));
+        let same = |a: &SplitAccess| {
+            a.target == task.target && a.range == task.range && a.granularity == task.granularity && a.mapper.same_as(&reader.mapper)
+        };
+        self.buffers[buffer.0]
+            .layers
+            .iter()
+            .any(|l| reads.difference(&l.region).is_empty() && (same(&l.writer) || l.readers.iter().any(same)))
+    }
+
+    /// Records the task's writes of `buffer` in the global view: a new layer when one
+    /// accessor of a built-in mapper wrote (no per-rank work), else per rank.
+    fn record_writes(&mut self, task: &Task, buffer: BufferId, all: &mut Option<ChunkRegions>) {
+        let extent = self.extent(buffer);
+        let writer = Self::sole_writer(task, buffer).map(|a| SplitAccess {
+            target: task.target,
+            range: task.range,
+            granularity: task.granularity,
+            mapper: a.mapper.clone(),
+        });
+        if let Some(writer) = writer {
+            if let Some(region) = writer.union_of_chunks(extent) {
+                let view = &mut self.buffers[buffer.0];
+                if region.is_empty() {
+                    return;
+                }
+                view.written = view.written.union(&region);
+                for l in &mut view.layers {
+                    if l.region.intersects(&region) {
+                        l.region = l.region.difference(&region);
+                    }
+                }
+                view.layers.retain(|l| !l.region.is_empty());
+                view.layers.push(Layer { region, producer: task.id, writer, readers: Vec::new() });
+                if view.layers.len() > MAX_LAYERS {
+                    self.flush_oldest(buffer);
+                }
+                return;
+            }
+        }
+        self.flush(buffer);
+        let regions = all.get_or_insert_with(|| self.chunk_regions(task));
+        let per_rank = &regions[&buffer];
+        let view = &mut self.buffers[buffer.0];
+        // Writes of one task never overlap between ranks (checked), so every rank's copy
+        // loses all the task's writes and gains its own: O(ranks) region operations.
+        let mut written = Region::empty();
+        let mut owners = Vec::new();
+        for (s, (_, writes)) in per_rank.iter().enumerate() {
+            if !writes.is_empty() {
+                owners.push((writes.clone(), Some(s)));
+                written = written.union(writes);
+            }
+        }
+        view.owner.update_many(&owners);
+        if written.is_empty() {
+            return;
+        }
+        view.written = view.written.union(&written);
+        for (fresh, (_, writes)) in view.fresh.iter_mut().zip(per_rank) {
+            if fresh.intersects(&written) {
+                *fresh = fresh.difference(&written);
+            }
+            if !writes.is_empty() {
+                *fresh = fresh.union(writes);
+            }
+        }
+    }
+
+    /// Folds every layer of `buffer` into the per-rank view (O(ranks) per layer): what a
+    /// point-to-point transfer or a per-rank write needs first.
+    fn flush(&mut self, buffer: BufferId) {
+        while !self.buffers[buffer.0].layers.is_empty() {
+            self.flush_oldest(buffer);
+        }
+    }
+
+    fn flush_oldest(&mut self, buffer: BufferId) {
+        let extent = self.extent(buffer);
+        let ranks = self.ranks;
+        let view = &mut self.buffers[buffer.0];
+        let layer = view.layers.remove(0);
+        let mut owners = Vec::new();
+        for (s, fresh) in view.fresh.iter_mut().enumerate() {
+            let mine = layer.writer.region(ranks, s, extent).intersection(&layer.region);
+            let mut held = mine.clone();
+            for reader in &layer.readers {
+                held = held.union(&reader.region(ranks, s, extent).intersection(&layer.region));
+            }
+            if fresh.intersects(&layer.region) {
+                *fresh = fresh.difference(&layer.region);
+            }
+            if !held.is_empty() {
+                *fresh = fresh.union(&held);
+            }
+            if !mine.is_empty() {
+                owners.push((mine, Some(s)));
+            }
+        }
+        view.owner.update_many(&owners);
     }
 
     /// The push and await-push commands of this rank for one (task, buffer).
@@ -384,9 +718,11 @@ impl CommandGraphGenerator {
 
     /// Turns a forward into a collective command when the chunk counts and the mappers'
     /// metadata match one (the conditions of the issue, decided in constant time); otherwise
-    /// leaves the transfer to push / await-push. On success every rank's view records the
-    /// received cells, so the push / await-push pass that follows finds nothing left to move.
-    fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, per_rank: &[(Region, Region)]) -> bool {
+    /// leaves the transfer to push / await-push. The command carries the producer's and
+    /// consumer's split accesses, not per-rank regions; when the forwarded cells lie in one
+    /// layer of the producer, the view records the delivery in that layer, so with built-in
+    /// mappers a collective costs no per-rank work at all.
+    fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, all: &mut Option<ChunkRegions>) -> bool {
         let Some(pmap) = &f.producer_mapper else { return false };
         let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
         let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
@@ -394,108 +730,149 @@ impl CommandGraphGenerator {
         // Metadata alone rules most edges out (a halo read, a custom mapper) before any
         // O(ranks) work, so a stencil pays nothing for discovery.
         let identity_like = |m: &crate::mapper::MapperMeta| m.dims.iter().all(|d| *d != crate::mapper::DimMapping::Other);
+        let p_disjoint = writes_disjoint(pmap, f.producer_target, f.producer_range);
         if pm == crate::mapper::MapperMeta::UNKNOWN
-            || !(cm.constant || cm.non_overlapping || pm.non_overlapping)
+            || !(cm.constant || cm.non_overlapping || p_disjoint)
             || !(cm.constant || cm.non_overlapping || identity_like(&cm))
         {
             return false;
         }
         let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
         let ranks = self.ranks;
-        let pchunks: Vec<Chunk> =
-            (0..ranks).map(|r| split_chunk(f.producer_target, f.producer_range, f.producer_granularity, ranks, r)).collect();
-        let producers: Vec<usize> = (0..ranks).filter(|&r| !pchunks[r].as_box().is_empty()).collect();
-        let consumers: Vec<usize> = (0..ranks).filter(|&r| !per_rank[r].0.is_empty()).collect();
-        let (m, c) = (producers.len(), consumers.len());
+        let coll = |op, root| Collective {
+            op,
+            root,
+            ranks,
+            extent,
+            region: f.region.clone(),
+            producer: SplitAccess {
+                target: f.producer_target,
+                range: f.producer_range,
+                granularity: f.producer_granularity,
+                mapper: pmap.clone(),
+            },
+            consumer: SplitAccess { target: task.target, range: task.range, granularity: task.granularity, mapper: reader.mapper.clone() },
+        };
+        // Producers: ranks with a non-empty producer chunk; consumers: ranks that read some of
+        // the cells. Both in constant time where the geometry tells (every non-empty consumer
+        // chunk reads something), by mapping every chunk otherwise.
+        let (m, single_producer) = population(f.producer_target, f.producer_range, f.producer_granularity, ranks);
+        let (c, single_consumer) = match maps_every_chunk(&reader.mapper, task.range, extent) {
+            Some(true) => population(task.target, task.range, task.granularity, ranks),
+            Some(false) => (0, None),
+            None => {
+                let regions = all.get_or_insert_with(|| self.chunk_regions(task));
+                let consumers: Vec<usize> = (0..ranks).filter(|&r| !regions[&f.buffer][r].0.is_empty()).collect();
+                (consumers.len(), (consumers.len() == 1).then(|| consumers[0]))
+            }
+        };
         let full = m == ranks && c == ranks;
-        let (op, root) = if m >= 2 && c == 1 && pm.non_overlapping {
-            (CollectiveOp::Gather, Some(consumers[0]))
-        } else if full && m >= 2 && cm.constant && pm.non_overlapping {
+        let (op, root) = if m >= 2 && c == 1 && p_disjoint {
+            (CollectiveOp::Gather, single_consumer)
+        } else if full && m >= 2 && cm.constant && p_disjoint {
             (CollectiveOp::AllGather, None)
         } else if m == 1 && c >= 2 && cm.constant {
-            (CollectiveOp::Broadcast, Some(producers[0]))
+            (CollectiveOp::Broadcast, single_producer)
         } else if m == 1 && c >= 2 && cm.non_overlapping {
-            (CollectiveOp::Scatter, Some(producers[0]))
+            (CollectiveOp::Scatter, single_producer)
         } else if full && m >= 2 && is_transposition(f, task, pmap, &reader.mapper) {
             (CollectiveOp::AllToAll, None)
         } else {
             return false;
         };
+        let coll = coll(op, root);
+        let me = self.rank;
         // Cells forwarded are written by the producer alone and read by nobody since, so a
         // consumer lacks exactly the forwarded cells it reads that another rank wrote.
-        let writes: Vec<Region> = pchunks.iter().map(|ch| pmap.map(ch, extent).intersection(&f.region)).collect();
-        let me = self.rank;
-        let parts: Vec<PeerRegion> = match op {
-            CollectiveOp::Broadcast | CollectiveOp::Scatter => {
-                (0..ranks).map(|r| PeerRegion { rank: r, region: per_rank[r].0.intersection(&f.region) }).collect()
-            }
-            _ => writes.iter().enumerate().map(|(r, w)| PeerRegion { rank: r, region: w.clone() }).collect(),
-        };
-        let mut sends = Vec::new();
-        let mut recvs = Vec::new();
-        for s in 0..ranks {
-            if s == me {
-                continue;
-            }
-            let out = writes[me].intersection(&per_rank[s].0);
-            if !out.is_empty() {
-                sends.push(PeerRegion { rank: s, region: out });
-            }
-            let inc = writes[s].intersection(&per_rank[me].0);
-            if !inc.is_empty() {
-                recvs.push(PeerRegion { rank: s, region: inc });
-            }
-        }
-        let view = &mut self.buffers[f.buffer.0];
-        for (s, (reads, _)) in per_rank.iter().enumerate() {
-            if !reads.is_empty() {
-                let got = reads.intersection(&f.region);
-                if !got.is_empty() {
-                    view.fresh[s] = view.fresh[s].union(&got);
-                }
-            }
-        }
-        // The producer's writes partition the forwarded cells, so what this rank receives is
-        // what it reads of them minus its own part; a constant consumer reads the same cells
-        // everywhere, so what it sends is its part of them (no O(ranks) fold of regions).
-        let received = per_rank[me].0.intersection(&f.region).difference(&writes[me]);
-        let sent = match consumers.iter().find(|&&s| s != me) {
-            Some(&other) if cm.constant => writes[me].intersection(&per_rank[other].0),
-            _ => union_of(&sends),
-        };
+        let (mine, reads) = (coll.written(me), coll.read(me));
+        let received = reads.difference(&mine);
+        let sent = self.sent(&coll, c, single_consumer, &reader.mapper, &mine, &reads);
         let mut deps = self.true_deps(f.buffer, &sent);
         deps.extend(self.write_deps(f.buffer, &received));
+        let consumer = coll.consumer.clone();
         let id = self.emit(CommandKind::Collective, task.id, Some(f.buffer), received.clone(), Vec::new(), deps);
-        self.commands[id.0].collective = Some(Collective { op, root, parts, sends, recvs });
+        self.commands[id.0].collective = Some(coll);
         if !sent.is_empty() {
             self.buffers[f.buffer.0].local_readers.push((id, sent));
         }
         if !received.is_empty() {
             self.produced(f.buffer, &received, id);
         }
+        self.delivered(f, consumer, all, task);
         true
     }
 
-    fn execution(&mut self, task: &Task, regions: &ChunkRegions) {
-        let chunk = chunk_of(task, self.ranks, self.rank);
+    /// What this rank sends in a collective: the forwarded cells it wrote that another rank
+    /// reads. In constant time for a constant consumer (everybody reads the same cells) and a
+    /// built-in non-overlapping one (the others read what this rank does not); by peers
+    /// otherwise.
+    fn sent(
+        &self,
+        coll: &Collective,
+        consumers: usize,
+        single: Option<usize>,
+        cmap: &RangeMapper,
+        mine: &Region,
+        reads: &Region,
+    ) -> Region {
+        if mine.is_empty() {
+            return Region::empty();
+        }
+        let me = self.rank;
+        let meta = cmap.meta();
+        if meta.constant {
+            let another = consumers >= 2 || (consumers == 1 && single != Some(me));
+            if !another {
+                return Region::empty();
+            }
+            let everyone_reads = cmap.map(&Chunk::whole(coll.consumer.range), coll.extent).intersection(&coll.region);
+            return mine.intersection(&everyone_reads);
+        }
+        if meta.non_overlapping && !matches!(cmap, RangeMapper::Custom(..)) {
+            return mine.intersection(&coll.region.difference(reads));
+        }
+        (0..self.ranks).fold(Region::empty(), |acc, s| acc.union(&coll.block(me, s)))
+    }
+
+    /// Records in the global view that every consumer now holds the forwarded cells it reads:
+    /// in the producer's layer when they all lie in it, else per rank.
+    fn delivered(&mut self, f: &Forward, consumer: SplitAccess, all: &mut Option<ChunkRegions>, task: &Task) {
+        let view = &mut self.buffers[f.buffer.0];
+        let layer = view.layers.iter_mut().rev().find(|l| l.producer == f.producer && f.region.difference(&l.region).is_empty());
+        if let Some(l) = layer {
+            if l.readers.len() < MAX_READERS {
+                l.readers.push(consumer);
+                return;
+            }
+        }
+        self.flush(f.buffer);
+        let regions = all.get_or_insert_with(|| self.chunk_regions(task));
+        let view = &mut self.buffers[f.buffer.0];
+        for (s, (reads, _)) in regions[&f.buffer].iter().enumerate() {
+            let got = reads.intersection(&f.region);
+            if !got.is_empty() {
+                view.fresh[s] = view.fresh[s].union(&got);
+            }
+        }
+    }
+
+    fn execution(&mut self, task: &Task, chunk: Chunk, own: &OwnRegions) {
         if chunk.as_box().is_empty() {
             return;
         }
         let mut deps = BTreeSet::new();
         let mut accesses = Vec::new();
         for a in &task.accessors {
-            let extent = self.buffers[a.buffer.0].owner.extent();
+            let extent = self.extent(a.buffer);
             accesses.push(CommandAccess { buffer: a.buffer, mode: a.mode, region: a.mapper.map(&chunk, extent) });
         }
-        for (&buffer, per_rank) in regions {
-            let (reads, writes) = &per_rank[self.rank];
+        for (&buffer, (reads, writes)) in own {
             deps.extend(self.true_deps(buffer, reads));
             deps.extend(self.write_deps(buffer, writes));
         }
         let deps = strongest(deps);
         let id = CommandId(self.commands.len());
-        for (&buffer, per_rank) in regions {
-            let (reads, writes) = &per_rank[self.rank];
+        for (&buffer, (reads, writes)) in own {
             if !writes.is_empty() {
                 self.produced(buffer, writes, id);
             }
@@ -619,28 +996,26 @@ impl CommandGraphGenerator {
     }
 }
 
-fn check_overlapping_writes(task: &Task, regions: &ChunkRegions) -> Result<(), GraphError> {
-    for (&buffer, per_rank) in regions {
-        // One sweep against the union so far (O(ranks)); the pairwise search runs only to name
-        // the two ranks once a clash is known.
-        let mut so_far = Region::empty();
-        for (t, (_, writes)) in per_rank.iter().enumerate() {
-            if writes.is_empty() {
-                continue;
-            }
-            if so_far.intersects(writes) {
-                let s = (0..t).find(|&s| per_rank[s].1.intersects(writes)).expect("an earlier rank writes the clash");
-                let both = per_rank[s].1.intersection(writes);
-                return Err(GraphError::OverlappingWrites {
-                    task: task.id.0,
-                    name: task.name.clone(),
-                    buffer: buffer.0,
-                    ranks: (s, t),
-                    region: both.boxes().to_vec(),
-                });
-            }
-            so_far = so_far.union(writes);
+fn check_overlapping_writes(task: &Task, buffer: BufferId, per_rank: &[(Region, Region)]) -> Result<(), GraphError> {
+    // One sweep against the union so far (O(ranks)); the pairwise search runs only to name
+    // the two ranks once a clash is known.
+    let mut so_far = Region::empty();
+    for (t, (_, writes)) in per_rank.iter().enumerate() {
+        if writes.is_empty() {
+            continue;
         }
+        if so_far.intersects(writes) {
+            let s = (0..t).find(|&s| per_rank[s].1.intersects(writes)).expect("an earlier rank writes the clash");
+            let both = per_rank[s].1.intersection(writes);
+            return Err(GraphError::OverlappingWrites {
+                task: task.id.0,
+                name: task.name.clone(),
+                buffer: buffer.0,
+                ranks: (s, t),
+                region: both.boxes().to_vec(),
+            });
+        }
+        so_far = so_far.union(writes);
     }
     Ok(())
 }
@@ -800,5 +1175,60 @@ impl Scheduler {
     /// `sucl graph --json`, described in [`crate::dump`]).
     pub fn to_json(&self) -> String {
         crate::dump::to_json(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The closed forms that let discovery skip per-rank work agree with mapping every chunk.
+    #[test]
+    fn population_and_coverage_match_every_chunk() {
+        let targets = [Target::Distributed(SplitHint::Split1D), Target::Distributed(SplitHint::Split2D), Target::Master];
+        let mappers = [
+            RangeMapper::OneToOne,
+            RangeMapper::All,
+            RangeMapper::Slice(1),
+            RangeMapper::Transposed(0, 1),
+            RangeMapper::Neighborhood([1, 0, 0]),
+            RangeMapper::Fixed(GridBox::new([2, 0, 0], [3, 1, 1])),
+        ];
+        for ranks in 1..=12 {
+            for target in targets {
+                for range in [[1, 1, 1], [3, 1, 1], [7, 5, 1], [40, 1, 1], [9, 9, 1], [2, 30, 1], [2, 3, 1]] {
+                    for granularity in [[1, 1, 1], [4, 1, 1], [2, 3, 1]] {
+                        let chunks: Vec<Chunk> = (0..ranks).map(|r| split_chunk(target, range, granularity, ranks, r)).collect();
+                        let filled: Vec<usize> = (0..ranks).filter(|&r| !chunks[r].as_box().is_empty()).collect();
+                        let (n, single) = population(target, range, granularity, ranks);
+                        let what = format!("{target:?} {range:?} g {granularity:?} on {ranks}");
+                        assert_eq!(n, filled.len(), "{what}");
+                        assert_eq!(single, (filled.len() == 1).then(|| filled[0]), "{what}");
+                        for m in &mappers {
+                            for extent in [[40, 30, 1], [5, 5, 1]] {
+                                let reading: Vec<usize> =
+                                    filled.iter().copied().filter(|&r| !m.map(&chunks[r], extent).is_empty()).collect();
+                                if maps_every_chunk(m, range, extent) == Some(true) {
+                                    assert_eq!(reading, filled, "{what}: {m:?} over {extent:?}");
+                                }
+                                if maps_every_chunk(m, range, extent) == Some(false) {
+                                    assert!(reading.is_empty(), "{what}: {m:?} over {extent:?}");
+                                }
+                                let union = filled.iter().fold(Region::empty(), |acc, &r| acc.union(&m.map(&chunks[r], extent)));
+                                let access = SplitAccess { target, range, granularity, mapper: m.clone() };
+                                assert_eq!(access.union_of_chunks(extent), Some(union), "{what}: {m:?} over {extent:?}");
+                                let disjoint = (0..filled.len()).all(|i| {
+                                    (i + 1..filled.len())
+                                        .all(|j| !m.map(&chunks[filled[i]], extent).intersects(&m.map(&chunks[filled[j]], extent)))
+                                });
+                                if writes_disjoint(m, target, range) {
+                                    assert!(disjoint, "{what}: {m:?} over {extent:?} said disjoint");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -342,34 +342,55 @@ pub(crate) struct TaskTransfers {
     pub recvs: Vec<Message>,
 }
 
-/// Groups a batch of push, await-push and collective commands into messages per task (tasks
-/// ascending). Within a task, a (peer, buffer, collective) triple names at most one message each
-/// way, and sender and receiver sort by it, so messages between two ranks meet in the same order
-/// on both sides (NCCL matches by order, not by tag). Empty regions move nothing.
-pub(crate) fn plan_transfers(commands: &[Command]) -> Result<Vec<TaskTransfers>, GraphError> {
-    let mut out: Vec<TaskTransfers> = Vec::new();
+/// One transfer command's messages as this rank sees them.
+#[derive(Clone, Debug)]
+pub(crate) struct TransferLists {
+    task: usize,
+    buffer: BufferId,
+    collective: bool,
+    sends: Vec<PeerRegion>,
+    recvs: Vec<PeerRegion>,
+}
+
+/// Groups a batch of push, await-push and collective commands of rank `me` into messages per
+/// task (tasks ascending); see [`group_messages`]. A collective's parts are worked out here, for
+/// this rank alone (the command carries the producer's and consumer's splits, not per-rank lists).
+pub(crate) fn plan_transfers(commands: &[Command], me: usize) -> Result<Vec<TaskTransfers>, GraphError> {
+    let mut lists = Vec::with_capacity(commands.len());
     for c in commands {
         let buffer = c.buffer.ok_or_else(|| GraphError::InvalidArgument(format!("transfer command {} names no buffer", c.id.0)))?;
-        let (sends, recvs): (&[PeerRegion], &[PeerRegion]) = match (c.kind, &c.collective) {
-            (CommandKind::Push, _) => (&c.peers, &[]),
-            (CommandKind::AwaitPush, _) => (&[], &c.peers),
-            (CommandKind::Collective, Some(coll)) => (&coll.sends, &coll.recvs),
+        let (sends, recvs) = match (c.kind, &c.collective) {
+            (CommandKind::Push, _) => (c.peers.clone(), vec![]),
+            (CommandKind::AwaitPush, _) => (vec![], c.peers.clone()),
+            (CommandKind::Collective, Some(coll)) => (coll.sends(me), coll.recvs(me)),
             (CommandKind::Collective, None) => {
                 return Err(GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))
             }
             (k, _) => return Err(GraphError::InvalidArgument(format!("command {} ({k:?}) is not a transfer", c.id.0))),
         };
-        let collective = c.kind == CommandKind::Collective;
-        let at = match out.iter().position(|t| t.task == c.task.0) {
+        lists.push(TransferLists { task: c.task.0, buffer, collective: c.kind == CommandKind::Collective, sends, recvs });
+    }
+    group_messages(lists)
+}
+
+/// Messages per task (tasks ascending). Within a task, a (peer, buffer, collective) triple names
+/// at most one message each way, and sender and receiver sort by it, so messages between two
+/// ranks meet in the same order on both sides (NCCL matches by order, not by tag). Empty regions
+/// move nothing.
+pub(crate) fn group_messages(lists: Vec<TransferLists>) -> Result<Vec<TaskTransfers>, GraphError> {
+    let mut out: Vec<TaskTransfers> = Vec::new();
+    for l in lists {
+        let at = match out.iter().position(|t| t.task == l.task) {
             Some(i) => i,
             None => {
-                out.push(TaskTransfers { task: c.task.0, sends: vec![], recvs: vec![] });
+                out.push(TaskTransfers { task: l.task, sends: vec![], recvs: vec![] });
                 out.len() - 1
             }
         };
+        let (buffer, collective) = (l.buffer, l.collective);
         let msg = |p: &PeerRegion| Message { peer: p.rank, buffer, collective, region: p.region.clone() };
-        out[at].sends.extend(sends.iter().filter(|p| !p.region.is_empty()).map(msg));
-        out[at].recvs.extend(recvs.iter().filter(|p| !p.region.is_empty()).map(msg));
+        out[at].sends.extend(l.sends.iter().filter(|p| !p.region.is_empty()).map(msg));
+        out[at].recvs.extend(l.recvs.iter().filter(|p| !p.region.is_empty()).map(msg));
     }
     out.sort_by_key(|t| t.task);
     for t in &mut out {
@@ -806,7 +827,7 @@ mod gpu {
         /// Runs a batch of transfer commands (pushes, await-pushes, collectives lowered to
         /// point-to-point).
         pub(crate) fn transfer(&mut self, comm: &Communicator, commands: &[Command]) -> Result<(), GraphError> {
-            let plan = plan_transfers(commands)?;
+            let plan = plan_transfers(commands, comm.rank())?;
             if plan.iter().all(|t| t.sends.is_empty() && t.recvs.is_empty()) {
                 return Ok(());
             }
@@ -942,7 +963,7 @@ mod gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::{Collective, CollectiveOp, CommandId};
+    use crate::command::CommandId;
     use crate::task::TaskId;
 
     fn bx(min: [usize; 3], max: [usize; 3]) -> GridBox {
@@ -997,14 +1018,14 @@ mod tests {
             cmd(1, CommandKind::Push, 7, 1, &[(1, s), (2, s)]),
             cmd(2, CommandKind::AwaitPush, 5, 1, &[(1, r)]),
         ];
-        let plan = plan_transfers(&rank0).unwrap();
+        let plan = plan_transfers(&rank0, 0).unwrap();
         assert_eq!(plan.iter().map(|t| t.task).collect::<Vec<_>>(), vec![5, 7], "tasks ascending");
         assert_eq!(plan[0].recvs.len(), 1);
         assert!(plan[0].sends.is_empty());
         let order: Vec<(usize, usize)> = plan[1].sends.iter().map(|m| (m.peer, m.buffer.0)).collect();
         assert_eq!(order, vec![(1, 1), (1, 2), (2, 1)]);
         let rank1 = vec![cmd(0, CommandKind::AwaitPush, 7, 2, &[(0, r)]), cmd(1, CommandKind::AwaitPush, 7, 1, &[(0, s)])];
-        let p1 = plan_transfers(&rank1).unwrap();
+        let p1 = plan_transfers(&rank1, 1).unwrap();
         let from0: Vec<usize> = p1[0].recvs.iter().filter(|m| m.peer == 0).map(|m| m.buffer.0).collect();
         let to1: Vec<usize> = plan[1].sends.iter().filter(|m| m.peer == 1).map(|m| m.buffer.0).collect();
         assert_eq!(from0, to1, "receiver and sender agree on the order of their messages");
@@ -1014,28 +1035,36 @@ mod tests {
     fn collectives_lower_to_messages_of_their_own_and_empty_regions_move_nothing() {
         let r = bx([0, 0, 0], [3, 1, 1]);
         let mut c = cmd(4, CommandKind::Collective, 3, 0, &[]);
-        c.collective = Some(Collective {
-            op: CollectiveOp::AllGather,
-            root: None,
-            parts: vec![],
+        // A collective's parts as rank 0 sees them: it sends r to rank 1, receives r from rank 1
+        // and nothing from rank 2.
+        let coll = TransferLists {
+            task: 3,
+            buffer: BufferId(0),
+            collective: true,
             sends: vec![PeerRegion { rank: 1, region: Region::from_box(r) }],
             recvs: vec![PeerRegion { rank: 1, region: Region::from_box(r) }, PeerRegion { rank: 2, region: Region::empty() }],
-        });
-        let push = cmd(5, CommandKind::Push, 3, 0, &[(1, r)]);
-        let plan = plan_transfers(&[c.clone(), push]).unwrap();
+        };
+        let push = TransferLists {
+            task: 3,
+            buffer: BufferId(0),
+            collective: false,
+            sends: vec![PeerRegion { rank: 1, region: Region::from_box(r) }],
+            recvs: vec![],
+        };
+        let plan = group_messages(vec![coll, push]).unwrap();
         assert_eq!(plan.len(), 1);
         assert_eq!(plan[0].sends.len(), 2, "the push and the collective's send to rank 1 are distinct messages");
         assert_ne!(transfer_tag(3, &plan[0].sends[0], 4), transfer_tag(3, &plan[0].sends[1], 4));
         assert_eq!(plan[0].recvs.len(), 1, "the empty part from rank 2 moves nothing");
         c.collective = None;
-        assert!(plan_transfers(&[c]).is_err(), "a collective without its pattern is an error");
+        assert!(plan_transfers(&[c], 0).is_err(), "a collective without its pattern is an error");
         let mut exec = cmd(6, CommandKind::Execution, 3, 0, &[]);
-        assert!(plan_transfers(std::slice::from_ref(&exec)).is_err(), "an execution command is not a transfer");
+        assert!(plan_transfers(std::slice::from_ref(&exec), 0).is_err(), "an execution command is not a transfer");
         exec.kind = CommandKind::Push;
         exec.buffer = None;
-        assert!(plan_transfers(&[exec]).is_err(), "a transfer without a buffer");
+        assert!(plan_transfers(&[exec], 0).is_err(), "a transfer without a buffer");
         let dup = [cmd(0, CommandKind::Push, 1, 0, &[(1, r)]), cmd(1, CommandKind::Push, 1, 0, &[(1, r)])];
-        assert!(plan_transfers(&dup).is_err(), "two pushes of one task and buffer to one rank would be ambiguous");
+        assert!(plan_transfers(&dup, 0).is_err(), "two pushes of one task and buffer to one rank would be ambiguous");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!   "warnings": [ { "task", "buffer", "region" } ],
 //!   "command_graphs": [ { "rank", "commands": [
 //!       { "id", "kind", "task", "buffer"?, "region"?, "targets"? | "sources"?, "chunk"?,
-//!         "accesses"?, "collective"?, "root"?, "parts"?, "sends"?, "recvs"?,
+//!         "accesses"?, "collective"?, "root"?, "producer"?, "consumer"?, "parts"?, "sends"?,
+//!         "recvs"?,
 //!         "dependencies": [ { "command", "kind" } ] } ] } ] }
 //! ```
 //!
@@ -21,9 +22,11 @@
 //! lists its `targets`, an await-push its `sources`, each `{ "rank", "region" }`. An execution
 //! has its `chunk` (a box) and `accesses` (`{ "buffer", "mode", "region" }`). A `collective`
 //! command (collective pattern discovery) has `collective` (gather, all_gather, broadcast,
-//! scatter, all_to_all), `root` (a rank or null), `parts` (per rank the cells it contributes —
-//! gather, all-gather, all-to-all — or receives — broadcast, scatter), and this rank's `sends`
-//! and `recvs` per peer; its `region` is what this rank receives. A task lists its `forwards`
+//! scatter, all_to_all), `root` (a rank or null), `producer` and `consumer` (what the command
+//! itself carries: each side's `target`, `range`, `granularity` and `mapper`), and, expanded
+//! from those when the dump is made, `parts` (per rank the cells it contributes — gather,
+//! all-gather, all-to-all — or receives — broadcast, scatter) and this rank's `sends` and
+//! `recvs` per peer; its `region` is what this rank receives. A task lists its `forwards`
 //! (`{ "buffer", "producer", "region" }`). Dependency kinds:
 //! true, anti, output, order. `tasks` holds every task made (also those a horizon dropped) when
 //! the scheduler records them (simulations, `SUCL_GRAPH_DUMP`); `command_graphs` one entry per
@@ -61,7 +64,7 @@ fn task_json(t: &Task) -> Value {
     })
 }
 
-fn command_json(c: &Command) -> Value {
+fn command_json(c: &Command, rank: usize) -> Value {
     let mut v = json!({ "id": c.id, "kind": c.kind, "task": c.task });
     let o = v.as_object_mut().expect("an object");
     if let Some(b) = c.buffer {
@@ -79,9 +82,12 @@ fn command_json(c: &Command) -> Value {
             if let Some(coll) = &c.collective {
                 o.insert("collective".into(), json!(coll.op));
                 o.insert("root".into(), json!(coll.root));
-                o.insert("parts".into(), json!(coll.parts));
-                o.insert("sends".into(), json!(coll.sends));
-                o.insert("recvs".into(), json!(coll.recvs));
+                o.insert("producer".into(), json!(coll.producer));
+                o.insert("consumer".into(), json!(coll.consumer));
+                // Expanded per rank here, at dump time: the command itself carries none.
+                o.insert("parts".into(), json!(coll.parts()));
+                o.insert("sends".into(), json!(coll.sends(rank)));
+                o.insert("recvs".into(), json!(coll.recvs(rank)));
             }
         }
         _ => {}
@@ -104,7 +110,7 @@ pub fn to_value(s: &Scheduler) -> Value {
         "warnings": g.warnings(),
         "command_graphs": s.rank_graphs().iter().map(|rg| json!({
             "rank": rg.rank,
-            "commands": rg.commands.iter().map(command_json).collect::<Vec<_>>(),
+            "commands": rg.commands.iter().map(|c| command_json(c, rg.rank)).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }
@@ -147,7 +153,7 @@ fn command_line(s: &Scheduler, c: &Command) -> String {
             let _ = write!(line, " root r{root}");
         }
         let parts: Vec<String> =
-            coll.parts.iter().filter(|p| !p.region.is_empty()).map(|p| format!("r{}: {}", p.rank, boxes(&p.region, dims))).collect();
+            coll.parts().iter().filter(|p| !p.region.is_empty()).map(|p| format!("r{}: {}", p.rank, boxes(&p.region, dims))).collect();
         let _ = write!(line, " parts [{}]", parts.join("; "));
     }
     let arrow = if c.kind == CommandKind::Push { "->" } else { "<-" };

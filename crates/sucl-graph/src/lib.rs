@@ -5,16 +5,18 @@
 //! rank builds the same task graph from the program without communicating, splits every task's
 //! range across the ranks and generates, for itself alone, a command graph: execution commands
 //! for its chunk, push commands for data it owns that other ranks read, and await-push commands
-//! for data it reads that other ranks wrote. Commands carry the full per-peer regions of a
-//! (task, buffer) transfer, so a later pass (collective pattern discovery) can recognise the
-//! pattern and replace pushes with a collective.
+//! for data it reads that other ranks wrote. A push or await-push carries the full per-peer
+//! regions of a (task, buffer) transfer.
 //!
 //! Collective pattern discovery (on by default; `QueueOptions::discovery`, `SUCL_GRAPH_CPD=0`,
 //! `sucl graph --no-cpd` turn it off): the task graph marks each read that is the first
 //! dependency on one producer's region as a [`Forward`] (unless producer and consumer share
 //! geometry and mapper), and each rank's generator turns a forward into a [`Collective`] command
 //! (gather, all-gather, broadcast, scatter, all-to-all) from the producer and consumer chunk
-//! counts and the mappers' metadata, or leaves it to push / await-push.
+//! counts and the mappers' metadata, or leaves it to push / await-push. A collective command
+//! carries the producer's and consumer's split accesses rather than per-rank regions, so its
+//! generation costs no per-rank work; the executor lowers it to the communicator's
+//! (v-)collectives.
 //!
 //! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
 //! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures
@@ -82,7 +84,7 @@ pub mod command;
 
 pub use command::{
     chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion,
-    RankGraph, Scheduler,
+    RankGraph, Scheduler, SplitAccess,
 };
 pub mod device;
 pub mod dump;

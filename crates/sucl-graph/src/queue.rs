@@ -36,7 +36,7 @@
 //! accessor declared for the piece being run, so a kernel that reads data it did not declare
 //! fails loudly instead of reading stale cells on some rank counts.
 
-use crate::command::{Command, CommandKind, PeerRegion, Scheduler};
+use crate::command::{CollectiveOp, Command, CommandKind, Scheduler};
 use crate::device::{CudaLaunch, CudaSource, DeviceRank, DeviceTransport, KernelArg};
 use crate::geometry::{GridBox, Index, Region, MAX_DIMS};
 use crate::mapper::{Chunk, RangeMapper};
@@ -476,6 +476,10 @@ trait Store: Send {
     fn elem_size(&self) -> usize;
     fn data_ptr(&mut self) -> *mut u8;
     fn pack(&self, region: &Region) -> Vec<u8>;
+    /// Appends the cells of `region` (in [`Store::pack`] order) to `out`.
+    fn pack_into(&self, region: &Region, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.pack(region));
+    }
     fn unpack(&mut self, region: &Region, bytes: &[u8]);
     fn as_any(&self) -> &dyn Any;
 }
@@ -495,9 +499,14 @@ impl<T: Element> Store for HostStore<T> {
     }
 
     fn pack(&self, region: &Region) -> Vec<u8> {
-        let mut out: Vec<T> = Vec::with_capacity(region.area());
-        for_rows(region, self.extent, |at, len| out.extend_from_slice(&self.data[at..at + len]));
-        bytemuck::cast_slice(&out).to_vec()
+        let mut out = Vec::new();
+        self.pack_into(region, &mut out);
+        out
+    }
+
+    fn pack_into(&self, region: &Region, out: &mut Vec<u8>) {
+        out.reserve(region.area() * std::mem::size_of::<T>());
+        for_rows(region, self.extent, |at, len| out.extend_from_slice(bytemuck::cast_slice(&self.data[at..at + len])));
     }
 
     fn unpack(&mut self, region: &Region, bytes: &[u8]) {
@@ -516,12 +525,23 @@ impl<T: Element> Store for HostStore<T> {
 }
 
 /// Visits the rows (runs along the last dimension) of `region`: boxes in order, row-major
-/// within a box; `f(first cell's position, cells)`.
+/// within a box; `f(first cell's position, cells)`. Rows that are contiguous in memory (a box
+/// spanning the whole last dimension, or the whole last two) are visited as one run, so a 2D
+/// buffer's slab is one copy, not one per cell.
 fn for_rows(region: &Region, extent: Index, mut f: impl FnMut(usize, usize)) {
     for b in region.boxes() {
-        for x in b.min[0]..b.max[0] {
-            for y in b.min[1]..b.max[1] {
-                f(linear(extent, [x, y, b.min[2]]), b.max[2] - b.min[2]);
+        let [x, y, z] = b.range();
+        if z == extent[2] && y == extent[1] {
+            f(linear(extent, b.min), x * y * z);
+        } else if z == extent[2] {
+            for i in b.min[0]..b.max[0] {
+                f(linear(extent, [i, b.min[1], 0]), y * z);
+            }
+        } else {
+            for i in b.min[0]..b.max[0] {
+                for j in b.min[1]..b.max[1] {
+                    f(linear(extent, [i, j, b.min[2]]), z);
+                }
             }
         }
     }
@@ -931,24 +951,38 @@ impl<'c> DistrQueue<'c> {
         Ctx { slots, comm, _data: PhantomData }
     }
 
-    /// Posts every push, await-push and collective of one run of transfer commands at once
-    /// and waits for all of them.
+    /// Runs one run of consecutive transfer commands. Point-to-point commands between two
+    /// collectives are posted together and waited for together; each collective command then
+    /// runs as the communicator's (v-)collective, in command order.
     ///
-    /// Collective commands are lowered to point-to-point messages here, in the fixed order of
-    /// their per-peer regions, with a tag of their own (a push left over for the same task and
-    /// buffer never matches them). Posting them with the pushes keeps the batch deadlock-free
-    /// whatever execution commands separate the batches on different ranks.
-    /// TODO(v-collectives): once the Communicator has nonblocking `gatherv`, `all_gatherv`,
-    /// `scatterv` and `all_to_allv`, lower Gather → gatherv, AllGather → all_gatherv,
-    /// Broadcast → broadcast, Scatter → scatterv and AllToAll → all_to_allv with
-    /// `Collective::parts` as the per-rank counts (the plain forms where all parts are equal).
+    /// Why this cannot deadlock: every rank gets the same collective commands in the same order
+    /// (the generator emits them for every rank, whatever its chunk), so the collectives split
+    /// every rank's transfers into the same sequence of segments. A push of a segment meets its
+    /// await-push in the same segment on the peer, and a rank finishes a segment only after
+    /// everything before it, which by induction every peer finishes too.
     fn transfer(&mut self, commands: &[Command]) -> Result<(), GraphError> {
         if let Some(d) = self.device.as_mut() {
             return d.transfer(self.comm, commands);
         }
+        let mut rest = commands;
+        while !rest.is_empty() {
+            let p2p = rest.iter().position(|c| c.kind == CommandKind::Collective).unwrap_or(rest.len());
+            if p2p > 0 {
+                self.point_to_point(&rest[..p2p])?;
+            }
+            if let Some(c) = rest.get(p2p) {
+                self.collective(c)?;
+            }
+            rest = &rest[(p2p + 1).min(rest.len())..];
+        }
+        Ok(())
+    }
+
+    /// Posts every push and await-push of `commands` at once and waits for all of them.
+    fn point_to_point(&mut self, commands: &[Command]) -> Result<(), GraphError> {
         let nbuf = self.stores.len().max(1) as u64;
         let tag = |c: &Command| -> u32 {
-            let id = (c.task.0 as u64 * nbuf + c.buffer.map_or(0, |b| b.0 as u64)) * 2 + u64::from(c.kind == CommandKind::Collective);
+            let id = c.task.0 as u64 * nbuf + c.buffer.map_or(0, |b| b.0 as u64);
             (id % (MAX_TAG as u64 + 1)) as u32
         };
         let mut sends = Vec::new();
@@ -956,19 +990,18 @@ impl<'c> DistrQueue<'c> {
         for c in commands {
             let buffer = c.buffer.ok_or_else(|| GraphError::InvalidArgument("a transfer names no buffer".into()))?;
             let store = &self.stores[buffer.0];
-            let (out, inc): (&[PeerRegion], &[PeerRegion]) = match (c.kind, &c.collective) {
-                (CommandKind::Push, _) => (&c.peers, &[]),
-                (CommandKind::Collective, Some(coll)) => (&coll.sends, &coll.recvs),
-                (CommandKind::Collective, None) => {
-                    return Err(GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))
+            match c.kind {
+                CommandKind::Push => {
+                    for p in &c.peers {
+                        sends.push((p.rank, tag(c), store.pack(&p.region)));
+                    }
                 }
-                _ => (&[], &c.peers),
-            };
-            for p in out {
-                sends.push((p.rank, tag(c), store.pack(&p.region)));
-            }
-            for p in inc {
-                recvs.push((p.rank, tag(c), buffer, p.region.clone(), vec![0u8; p.region.area() * store.elem_size()]));
+                CommandKind::AwaitPush => {
+                    for p in &c.peers {
+                        recvs.push((p.rank, tag(c), buffer, p.region.clone(), vec![0u8; p.region.area() * store.elem_size()]));
+                    }
+                }
+                other => return Err(GraphError::InvalidArgument(format!("command {} ({other:?}) is not a transfer", c.id.0))),
             }
         }
         let rank = self.comm.rank();
@@ -996,6 +1029,170 @@ impl<'c> DistrQueue<'c> {
             self.stores[buffer.0].unpack(&region, &data);
         }
         Ok(())
+    }
+
+    /// Runs a collective command as the communicator's collective of its pattern: broadcast,
+    /// gather(v), scatter(v), all_gather(v) or all_to_all(v) over the packed bytes of the
+    /// cells — the plain form when every rank's block has the same size, the v-form otherwise.
+    /// The per-rank counts and displacements come from the command's producer and consumer
+    /// split accesses here (the generator computed none); the v-collectives check that every
+    /// rank derived the same counts table before anything moves.
+    fn collective(&mut self, c: &Command) -> Result<(), GraphError> {
+        let coll =
+            c.collective.as_ref().ok_or_else(|| GraphError::InvalidArgument(format!("collective command {} has no pattern", c.id.0)))?;
+        let buffer = c.buffer.ok_or_else(|| GraphError::InvalidArgument("a transfer names no buffer".into()))?;
+        let (me, n) = (self.comm.rank(), self.comm.size());
+        if coll.ranks != n {
+            return Err(GraphError::InvalidArgument(format!("collective command {} is for {} ranks, not {n}", c.id.0, coll.ranks)));
+        }
+        let root = || coll.root.ok_or_else(|| GraphError::InvalidArgument(format!("collective command {} has no root", c.id.0)));
+        let store = &mut self.stores[buffer.0];
+        let es = store.elem_size();
+        let bytes = |r: &Region| r.area() * es;
+        let prefix = |counts: &[usize]| -> Vec<usize> {
+            counts
+                .iter()
+                .scan(0, |at, &k| {
+                    let d = *at;
+                    *at += k;
+                    Some(d)
+                })
+                .collect()
+        };
+        match coll.op {
+            CollectiveOp::Broadcast => {
+                let root = root()?;
+                // Every consumer reads the same cells: the root puts what it wrote on the wire.
+                let wire = coll.written(root);
+                let mut data = if me == root { store.pack(&wire) } else { vec![0u8; bytes(&wire)] };
+                self.comm.broadcast(&mut data, root)?;
+                let mine = coll.block(root, me);
+                if !mine.is_empty() {
+                    unpack_part(store.as_mut(), &wire, &data, &mine);
+                }
+            }
+            CollectiveOp::AllGather => {
+                let parts: Vec<Region> = (0..n).map(|r| coll.written(r)).collect();
+                let counts: Vec<usize> = parts.iter().map(&bytes).collect();
+                let displs = prefix(&counts);
+                let mut recv = vec![0u8; counts.iter().sum()];
+                let send = store.pack(&parts[me]);
+                if counts.iter().all(|&k| k == counts[0]) {
+                    self.comm.all_gather(&send, &mut recv)?;
+                } else {
+                    self.comm.all_gatherv(&send, &mut recv, &counts, &displs)?;
+                }
+                for src in (0..n).filter(|&s| s != me) {
+                    let mine = coll.block(src, me);
+                    if !mine.is_empty() {
+                        unpack_part(store.as_mut(), &parts[src], &recv[displs[src]..displs[src] + counts[src]], &mine);
+                    }
+                }
+            }
+            CollectiveOp::Gather => {
+                let root = root()?;
+                let read = coll.read(root);
+                // The root's own block rides along when that makes every block the same size
+                // (the plain gather); it is not unpacked.
+                let full: Vec<Region> = (0..n).map(|r| coll.written(r).intersection(&read)).collect();
+                let plain = full.iter().all(|b| b.area() == full[0].area());
+                let blocks: Vec<Region> = (0..n).map(|r| if r == root && !plain { Region::empty() } else { full[r].clone() }).collect();
+                let counts: Vec<usize> = blocks.iter().map(&bytes).collect();
+                let displs = prefix(&counts);
+                let mut recv = vec![0u8; if me == root { counts.iter().sum() } else { 0 }];
+                let send = store.pack(&blocks[me]);
+                if plain {
+                    self.comm.gather(&send, &mut recv, root)?;
+                } else {
+                    self.comm.gatherv(&send, &mut recv, &counts, &displs, root)?;
+                }
+                if me == root {
+                    for (src, b) in blocks.iter().enumerate().filter(|(s, b)| *s != root && !b.is_empty()) {
+                        store.unpack(b, &recv[displs[src]..displs[src] + counts[src]]);
+                    }
+                }
+            }
+            CollectiveOp::Scatter => {
+                let root = root()?;
+                let written = coll.written(root);
+                let full: Vec<Region> = (0..n).map(|r| written.intersection(&coll.read(r))).collect();
+                let plain = full.iter().all(|b| b.area() == full[0].area());
+                let blocks: Vec<Region> = (0..n).map(|r| if r == root && !plain { Region::empty() } else { full[r].clone() }).collect();
+                let counts: Vec<usize> = blocks.iter().map(&bytes).collect();
+                let displs = prefix(&counts);
+                let mut send = Vec::new();
+                if me == root {
+                    blocks.iter().for_each(|b| store.pack_into(b, &mut send));
+                }
+                let mut recv = vec![0u8; counts[me]];
+                if plain {
+                    self.comm.scatter(&send, &mut recv, root)?;
+                } else {
+                    self.comm.scatterv(&send, &mut recv, &counts, &displs, root)?;
+                }
+                if me != root && !blocks[me].is_empty() {
+                    store.unpack(&blocks[me], &recv);
+                }
+            }
+            CollectiveOp::AllToAll => {
+                // The whole counts table (every rank passes it): O(ranks²) box intersections,
+                // each rank's producer and consumer regions mapped once. Diagonal blocks ride
+                // along (not unpacked) when that makes every block the same size.
+                let written: Vec<Region> = (0..n).map(|r| coll.written(r)).collect();
+                let read: Vec<Region> = (0..n).map(|r| coll.read(r)).collect();
+                let full = |i: usize, j: usize| written[i].intersection(&read[j]);
+                let size0 = bytes(&full(0, 0));
+                let plain = (0..n).all(|i| (0..n).all(|j| bytes(&full(i, j)) == size0));
+                let block = |i: usize, j: usize| if i == j && !plain { Region::empty() } else { full(i, j) };
+                let mut counts = vec![0; n * n];
+                for i in 0..n {
+                    for j in 0..n {
+                        counts[i * n + j] = bytes(&block(i, j));
+                    }
+                }
+                let row: Vec<usize> = counts[me * n..(me + 1) * n].to_vec();
+                let col: Vec<usize> = (0..n).map(|i| counts[i * n + me]).collect();
+                let (sdispls, rdispls) = (prefix(&row), prefix(&col));
+                let mut send = Vec::with_capacity(row.iter().sum());
+                (0..n).for_each(|j| store.pack_into(&block(me, j), &mut send));
+                let mut recv = vec![0u8; col.iter().sum()];
+                if plain {
+                    self.comm.all_to_all(&send, &mut recv)?;
+                } else {
+                    self.comm.all_to_allv(&send, &sdispls, &mut recv, &rdispls, &counts)?;
+                }
+                for src in (0..n).filter(|&s| s != me && col[s] > 0) {
+                    store.unpack(&block(src, me), &recv[rdispls[src]..rdispls[src] + col[src]]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Unpacks the cells of `want` (a part of `packed`) from `bytes`, the cells of `packed` in
+/// [`Store::pack`] order.
+fn unpack_part(store: &mut dyn Store, packed: &Region, bytes: &[u8], want: &Region) {
+    if packed == want {
+        store.unpack(want, bytes);
+        return;
+    }
+    let es = store.elem_size();
+    let mut at = 0;
+    for b in packed.boxes() {
+        for x in b.min[0]..b.max[0] {
+            for y in b.min[1]..b.max[1] {
+                let (z0, z1) = (b.min[2], b.max[2]);
+                for w in want.boxes() {
+                    let (lo, hi) = (z0.max(w.min[2]), z1.min(w.max[2]));
+                    if (w.min[0]..w.max[0]).contains(&x) && (w.min[1]..w.max[1]).contains(&y) && lo < hi {
+                        let row = Region::from_box(GridBox::new([x, y, lo], [x + 1, y + 1, hi]));
+                        store.unpack(&row, &bytes[at + (lo - z0) * es..at + (hi - z0) * es]);
+                    }
+                }
+                at += (z1 - z0) * es;
+            }
+        }
     }
 }
 
@@ -1077,4 +1274,64 @@ fn disjoint(pieces: &[Chunk], accessors: &[Accessor], extents: &[Index]) -> bool
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A part of a packed region lands in the right cells, the rest of the buffer untouched.
+    #[test]
+    fn unpack_part_takes_the_cells_of_a_sub_region() {
+        let extent = [3, 4, 6];
+        let at = |x: usize, y: usize, z: usize| (x * 4 + y) * 6 + z;
+        let source = HostStore { extent, data: (0..72u32).collect::<Vec<u32>>() };
+        let packed = Region::from_boxes([GridBox::new([0, 0, 0], [2, 4, 6]), GridBox::new([2, 1, 1], [3, 3, 5])]);
+        let bytes = source.pack(&packed);
+        let want = Region::from_boxes([GridBox::new([1, 1, 2], [2, 3, 5]), GridBox::new([2, 2, 3], [3, 3, 5])]);
+        let mut target = HostStore { extent, data: vec![u32::MAX; 72] };
+        unpack_part(&mut target, &packed, &bytes, &want);
+        for x in 0..3 {
+            for y in 0..4 {
+                for z in 0..6 {
+                    let expect = if want.contains_point([x, y, z]) { at(x, y, z) as u32 } else { u32::MAX };
+                    assert_eq!(target.data[at(x, y, z)], expect, "cell ({x}, {y}, {z})");
+                }
+            }
+        }
+    }
+
+    /// Packing visits each box's cells in row-major order, whichever runs it merges.
+    #[test]
+    fn pack_is_row_major_per_box_and_unpack_inverts_it() {
+        for extent in [[4, 5, 1], [3, 4, 6], [7, 1, 1]] {
+            let cells = extent.iter().product::<usize>();
+            let source = HostStore { extent, data: (0..cells as u32).collect::<Vec<u32>>() };
+            let boxes = [
+                GridBox::full(extent),
+                GridBox::new([1, 0, 0], [3.min(extent[0]), extent[1], extent[2]]),
+                GridBox::new([0, 1.min(extent[1] - 1), 0], [2, extent[1], extent[2]]),
+                GridBox::new([1, 0, 1.min(extent[2] - 1)], [2, extent[1], extent[2]]),
+            ];
+            for b in boxes {
+                let region = Region::from_box(b);
+                let mut expect = Vec::new();
+                for x in b.min[0]..b.max[0] {
+                    for y in b.min[1]..b.max[1] {
+                        for z in b.min[2]..b.max[2] {
+                            expect.push(source.data[linear(extent, [x, y, z])]);
+                        }
+                    }
+                }
+                let packed = source.pack(&region);
+                assert_eq!(bytemuck::cast_slice::<u8, u32>(&packed), &expect[..], "{extent:?} {b:?}");
+                let mut target = HostStore { extent, data: vec![u32::MAX; cells] };
+                target.unpack(&region, &packed);
+                for (i, v) in target.data.iter().enumerate() {
+                    let p = [i / (extent[1] * extent[2]), i / extent[2] % extent[1], i % extent[2]];
+                    assert_eq!(*v, if b.contains_point(p) { i as u32 } else { u32::MAX }, "{extent:?} {b:?} cell {p:?}");
+                }
+            }
+        }
+    }
 }

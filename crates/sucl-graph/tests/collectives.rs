@@ -32,12 +32,13 @@ fn collective_everywhere(s: &Scheduler, task: TaskId, buffer: BufferId) -> Colle
         assert_eq!(mine.len(), 1, "rank {}: one collective for task {} buffer {}", g.rank, task.0, buffer.0);
         let coll = mine[0].collective.clone().expect("a collective command carries its pattern");
         // What this rank receives is what the others send it.
-        let received = coll.recvs.iter().fold(Region::empty(), |a, p| a.union(&p.region));
+        let received = coll.recvs(g.rank).iter().fold(Region::empty(), |a, p| a.union(&p.region));
         assert_eq!(received, mine[0].region, "rank {}: region = what it receives", g.rank);
         match &first {
             None => first = Some(coll),
             Some(f) => {
-                assert_eq!((f.op, f.root, &f.parts), (coll.op, coll.root, &coll.parts), "rank {} disagrees", g.rank);
+                assert_eq!((f.op, f.root, f.parts()), (coll.op, coll.root, coll.parts()), "rank {} disagrees", g.rank);
+                assert_eq!(f, &coll, "rank {} disagrees", g.rank);
             }
         }
     }
@@ -78,7 +79,7 @@ fn all_gather_program() {
             .unwrap();
         let c = collective_everywhere(&s, t, a);
         assert_eq!((c.op, c.root), (CollectiveOp::AllGather, None), "{ranks} ranks");
-        for (r, p) in c.parts.iter().enumerate() {
+        for (r, p) in c.parts().iter().enumerate() {
             assert_eq!((p.rank, &p.region), (r, &slab(r, ranks)), "{ranks} ranks: part of rank {r}");
         }
         assert_eq!(pushes(&s, t), 0);
@@ -100,11 +101,11 @@ fn gather_scatter_program() {
         let root = single_rank(&s, t1);
         let g = collective_everywhere(&s, t1, a);
         assert_eq!((g.op, g.root), (CollectiveOp::Gather, Some(root)), "{ranks} ranks");
-        assert_eq!(g.parts[0].region, slab(0, ranks));
+        assert_eq!(g.parts()[0].region, slab(0, ranks));
         let t2 = s.submit(TaskSpec::parallel_for("back", &[N]).access(a, RangeMapper::OneToOne, ReadWrite)).unwrap();
         let sc = collective_everywhere(&s, t2, a);
         assert_eq!((sc.op, sc.root), (CollectiveOp::Scatter, Some(root)), "{ranks} ranks");
-        for (r, p) in sc.parts.iter().enumerate() {
+        for (r, p) in sc.parts().iter().enumerate() {
             assert_eq!(p.region, slab(r, ranks), "{ranks} ranks: piece of rank {r}");
         }
     }
@@ -125,7 +126,7 @@ fn gather_broadcast_program() {
         let bc = collective_everywhere(&s, t2, a);
         assert_eq!((bc.op, bc.root), (CollectiveOp::Broadcast, Some(root)), "{ranks} ranks");
         let whole = Region::from_box(GridBox::full([N, 1, 1]));
-        assert!(bc.parts.iter().all(|p| p.region == whole));
+        assert!(bc.parts().iter().all(|p| p.region == whole));
         assert_eq!(pushes(&s, t2), 0);
     }
 }
@@ -149,13 +150,13 @@ fn all_to_all_program() {
             let coll = g.commands.iter().find(|c| c.task == t).and_then(|c| c.collective.clone()).unwrap();
             let me = g.rank;
             // Rank `me` sends rows of its slab × columns of the peer's slab.
-            for p in &coll.sends {
+            for p in &coll.sends(me) {
                 let (lo, hi) = (me * N / ranks, (me + 1) * N / ranks);
                 let (clo, chi) = (p.rank * N / ranks, (p.rank + 1) * N / ranks);
                 assert_eq!(p.region, Region::from_box(GridBox::new([lo, clo, 0], [hi, chi, 1])), "{ranks} ranks: {me} → {}", p.rank);
             }
-            assert_eq!(coll.sends.len(), ranks - 1);
-            assert_eq!(coll.recvs.len(), ranks - 1);
+            assert_eq!(coll.sends(me).len(), ranks - 1);
+            assert_eq!(coll.recvs(me).len(), ranks - 1);
         }
     }
 }
@@ -193,7 +194,7 @@ fn tiled_producer_read_with_all_is_an_all_gather_of_tiles() {
         let c = collective_everywhere(&s, t1, a);
         assert_eq!(c.op, CollectiveOp::AllGather);
         let task = s.graph().task(t0).unwrap();
-        for (r, p) in c.parts.iter().enumerate() {
+        for (r, p) in c.parts().iter().enumerate() {
             let tile = sucl_graph::chunk_of(task, ranks, r).as_box();
             assert_eq!(p.region, Region::from_box(tile), "{ranks} ranks: tile of rank {r}");
             assert!(tile.max[1] - tile.min[1] < N, "a real 2D tiling");
@@ -299,4 +300,52 @@ fn discovery_off_gives_push_cascades() {
     assert!(!s.graph().task(t).unwrap().forwards.is_empty(), "the forward is in the task graph either way");
     no_collective(&s);
     assert_eq!(pushes(&s, t), 4);
+}
+
+/// What a collective delivered is never sent again: after an all-gather (and after a gather
+/// and a broadcast), later reads of the same cells move nothing, whatever mapper they use.
+#[test]
+fn a_replica_delivered_by_a_collective_is_not_sent_again() {
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("init", &[N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t = s
+            .submit(TaskSpec::parallel_for("use", &[N]).access(a, RangeMapper::All, Read).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .unwrap();
+        assert_eq!(collective_everywhere(&s, t, a).op, CollectiveOp::AllGather);
+        let again = s
+            .submit(TaskSpec::parallel_for("again", &[N]).access(a, RangeMapper::All, Read).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .unwrap();
+        let halo = s
+            .submit(TaskSpec::parallel_for("halo", &[N]).access(a, RangeMapper::Neighborhood([1, 0, 0]), Read).access(
+                b,
+                RangeMapper::OneToOne,
+                DiscardWrite,
+            ))
+            .unwrap();
+        for task in [again, halo] {
+            for g in s.rank_graphs() {
+                assert!(!g.commands.iter().any(|c| c.task == task && c.buffer == Some(a)), "{ranks} ranks: rank {} moves A again", g.rank);
+            }
+        }
+        // Gather to one rank, broadcast back: afterwards every rank holds the root's version.
+        s.submit(TaskSpec::parallel_for("init", &[N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t1 = s.submit(one_item(a)).unwrap();
+        assert_eq!(collective_everywhere(&s, t1, a).op, CollectiveOp::Gather);
+        let t2 = s
+            .submit(TaskSpec::parallel_for("use", &[N]).access(a, RangeMapper::All, Read).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .unwrap();
+        assert_eq!(collective_everywhere(&s, t2, a).op, CollectiveOp::Broadcast);
+        let t3 = s
+            .submit(TaskSpec::parallel_for("slab", &[N]).access(a, RangeMapper::OneToOne, Read).access(
+                b,
+                RangeMapper::OneToOne,
+                DiscardWrite,
+            ))
+            .unwrap();
+        for g in s.rank_graphs() {
+            assert!(!g.commands.iter().any(|c| c.task == t3 && c.buffer == Some(a)), "{ranks} ranks: rank {} moves A again", g.rank);
+        }
+    }
 }

@@ -166,7 +166,7 @@ proptest! {
                 prop_assert!(seen.insert((format!("{kind:?}"), c.task, b)), "one command per task and buffer");
                 // A collective both sends (like a push) and receives (like an await-push).
                 let (out, inc) = match (&c.collective, kind) {
-                    (Some(coll), _) => (coll.sends.clone(), coll.recvs.clone()),
+                    (Some(coll), _) => (coll.sends(g.rank), coll.recvs(g.rank)),
                     (None, CommandKind::Push) => (c.peers.clone(), Vec::new()),
                     (None, _) => (Vec::new(), c.peers.clone()),
                 };

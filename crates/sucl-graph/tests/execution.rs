@@ -55,7 +55,7 @@ fn lost_peer_rank() {
     std::process::exit(7);
 }
 
-const PROGRAMS: [&str; 11] = [
+const PROGRAMS: [&str; 15] = [
     "stencil:",
     "all:",
     "collective:",
@@ -67,6 +67,10 @@ const PROGRAMS: [&str; 11] = [
     "gatherscatter:",
     "gatherbcast:",
     "alltoall:",
+    "allgather-odd:",
+    "gatherscatter-odd:",
+    "gatherbcast-odd:",
+    "alltoall-odd:",
 ];
 
 /// Runs the example on `n` ranks with `threads` worker threads each; rank 0's stdout. Panics

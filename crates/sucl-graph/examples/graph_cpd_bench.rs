@@ -1,0 +1,295 @@
+// Collective pattern discovery on real ranks, with and without discovery side by side in one
+// run (rounds alternate which mode goes first; a fresh DistrQueue per measurement).
+//
+//   sucl run -n 4 -- target/release/examples/graph_cpd_bench comm [--programs allgather,...]
+//       [--min-bytes 4096] [--max-bytes 67108864] [--rounds 3] [--budget-mib 256] [--max-iters 200]
+//   sucl run -n 4 -- target/release/examples/graph_cpd_bench nbody [--size 4096] [--steps 3] [--rounds 3]
+//
+// comm: communication-only throughput (kernels do nothing) of the paper's Table 3 programs —
+// allgather (N kernel writes one_to_one, next reads all), gather_scatter (a 1-item kernel
+// reads and writes all, then an N kernel reads and writes one_to_one), gather_bcast (N kernel
+// writes, 1-item kernel reads and writes all, N kernel reads all), alltoall (N×N kernel
+// writes rows, next reads transposed(0, 1)) and the stencil control (2D Jacobi,
+// neighborhood(1, 1)) — over f32 buffers of 4 KiB .. 64 MiB (×4 steps). An iteration is one
+// pass of the program's tasks; iterations/s = iterations / (wall time of the iterations and a
+// final sync, max over ranks). Iterations per size: budget / size, clamped to [3, max-iters].
+//
+// nbody: a direct N-body (f64, one worker thread per rank, forces read all positions, then
+// positions move), steps/s; the final positions of both modes are compared bit for bit
+// (`wrong` = 1 if they differ).
+//
+// Output: one JSON line per (program, size, round, mode) on rank 0's stdout.
+
+use std::time::Instant;
+use sucl_graph::{mappers::*, Buffer, DistrQueue, GraphError, QueueOptions, SplitHint};
+use sucl_runtime::{Communicator, ReduceOp};
+
+fn options(discovery: bool) -> QueueOptions {
+    QueueOptions { horizon_step: 4, threads: 1, dump_dir: None, discovery }
+}
+
+fn max_over_ranks(comm: &Communicator, secs: f64) -> Result<f64, GraphError> {
+    let mut v = [secs];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Max)?;
+    Ok(v[0])
+}
+
+/// The buffers of one comm program: 1D of `n` cells or 2D of `side`² cells.
+enum Bufs {
+    One(Buffer<f32, 1>, Buffer<f32, 1>),
+    Two(Buffer<f32, 2>, Buffer<f32, 2>),
+}
+
+fn write_1d(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
+    q.submit(|cgh| {
+        cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([n], |_, _| {})
+    })
+    .map(|_| ())
+}
+
+fn one_item(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>) -> Result<(), GraphError> {
+    q.submit(|cgh| {
+        cgh.read_write(&a, all());
+        cgh.parallel_for([1], |_, _| {})
+    })
+    .map(|_| ())
+}
+
+fn read_all(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>, b: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
+    q.submit(|cgh| {
+        cgh.read(&a, all());
+        cgh.discard_write(&b, one_to_one());
+        cgh.parallel_for([n], |_, _| {})
+    })
+    .map(|_| ())
+}
+
+/// Creates the program's buffers and runs what must precede the first iteration.
+fn setup(q: &mut DistrQueue<'_>, program: &str, cells: usize) -> Result<Bufs, GraphError> {
+    Ok(match program {
+        "alltoall" | "stencil" => {
+            let side = (cells as f64).sqrt() as usize;
+            Bufs::Two(q.buffer_from([side, side], vec![0.0; side * side])?, q.buffer([side, side])?)
+        }
+        _ => {
+            let (a, b) = (q.buffer::<f32, 1>([cells])?, q.buffer::<f32, 1>([cells])?);
+            if program == "gather_scatter" {
+                write_1d(q, a, cells)?;
+            }
+            Bufs::One(a, b)
+        }
+    })
+}
+
+/// One pass of the program's tasks.
+fn iteration(q: &mut DistrQueue<'_>, program: &str, bufs: &mut Bufs) -> Result<(), GraphError> {
+    match (program, bufs) {
+        ("allgather", Bufs::One(a, b)) => {
+            let n = a.extent()[0];
+            write_1d(q, *a, n)?;
+            read_all(q, *a, *b, n)
+        }
+        ("gather_scatter", Bufs::One(a, _)) => {
+            let (a, n) = (*a, a.extent()[0]);
+            one_item(q, a)?;
+            q.submit(|cgh| {
+                cgh.read_write(&a, one_to_one());
+                cgh.parallel_for([n], |_, _| {})
+            })
+            .map(|_| ())
+        }
+        ("gather_bcast", Bufs::One(a, b)) => {
+            let n = a.extent()[0];
+            write_1d(q, *a, n)?;
+            one_item(q, *a)?;
+            read_all(q, *a, *b, n)
+        }
+        ("alltoall", Bufs::Two(x, t)) => {
+            let ([s, _], x, t) = (x.extent(), *x, *t);
+            q.submit(|cgh| {
+                cgh.discard_write(&x, one_to_one());
+                cgh.parallel_for([s, s], |_, _| {})
+            })?;
+            q.submit(|cgh| {
+                cgh.read(&x, transposed(0, 1));
+                cgh.discard_write(&t, one_to_one());
+                cgh.parallel_for([s, s], |_, _| {})
+            })
+            .map(|_| ())
+        }
+        ("stencil", Bufs::Two(u, v)) => {
+            let ([s, _], src, dst) = (u.extent(), *u, *v);
+            q.submit(|cgh| {
+                cgh.read(&src, neighborhood(&[1, 1]));
+                cgh.discard_write(&dst, one_to_one());
+                cgh.split(SplitHint::Split1D);
+                cgh.parallel_for([s, s], |_, _| {})
+            })?;
+            std::mem::swap(u, v);
+            Ok(())
+        }
+        (other, _) => Err(GraphError::InvalidArgument(format!("unknown program {other:?}"))),
+    }
+}
+
+/// Iterations per second of `program` over `bytes`-byte buffers with discovery on or off.
+fn comm_rate(comm: &Communicator, program: &str, bytes: usize, iters: usize, discovery: bool) -> Result<f64, GraphError> {
+    let mut q = DistrQueue::with_options(comm, options(discovery))?;
+    let mut bufs = setup(&mut q, program, bytes / 4)?;
+    iteration(&mut q, program, &mut bufs)?; // warm-up: first touch of every buffer
+    q.sync()?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        iteration(&mut q, program, &mut bufs)?;
+    }
+    q.sync()?;
+    Ok(iters as f64 / max_over_ranks(comm, t.elapsed().as_secs_f64())?)
+}
+
+struct Args(Vec<String>);
+
+impl Args {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().position(|a| a == name).and_then(|i| self.0.get(i + 1)).map(String::as_str)
+    }
+
+    fn num(&self, name: &str, default: usize) -> usize {
+        self.get(name).map_or(default, |x| x.parse().unwrap_or_else(|_| panic!("{name}: want a number, got {x:?}")))
+    }
+}
+
+fn comm_bench(comm: &Communicator, args: &Args) -> Result<(), GraphError> {
+    let programs = args.get("--programs").unwrap_or("allgather,gather_scatter,gather_bcast,alltoall,stencil").to_string();
+    let (min, max) = (args.num("--min-bytes", 4096), args.num("--max-bytes", 64 << 20));
+    let (rounds, budget, max_iters) = (args.num("--rounds", 3), args.num("--budget-mib", 256) << 20, args.num("--max-iters", 200));
+    for program in programs.split(',') {
+        let mut bytes = min;
+        while bytes <= max {
+            let iters = (budget / bytes).clamp(3, max_iters.max(3));
+            for round in 0..rounds {
+                let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+                for cpd in order {
+                    let rate = comm_rate(comm, program, bytes, iters, cpd)?;
+                    if comm.rank() == 0 {
+                        println!(
+                            "{{\"bench\":\"comm\",\"program\":\"{program}\",\"ranks\":{},\"bytes\":{bytes},\"round\":{round},\"cpd\":{cpd},\"iterations\":{iters},\"iterations_per_s\":{rate:.3}}}",
+                            comm.size()
+                        );
+                    }
+                }
+            }
+            bytes *= 4;
+        }
+    }
+    Ok(())
+}
+
+const DT: f64 = 1e-3;
+
+#[inline]
+fn accel(all: &[f64], me: [f64; 3]) -> [f64; 3] {
+    let mut acc = [0.0f64; 3];
+    for b in all.chunks_exact(3) {
+        let d = [b[0] - me[0], b[1] - me[1], b[2] - me[2]];
+        let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2] + 1e-3;
+        let inv = 1.0 / (r2 * r2.sqrt());
+        for a in 0..3 {
+            acc[a] += d[a] * inv;
+        }
+    }
+    acc
+}
+
+/// `steps` N-body steps over `n` bodies; the final positions, every rank.
+fn nbody_run(comm: &Communicator, n: usize, steps: usize, discovery: bool) -> Result<(f64, Vec<f64>), GraphError> {
+    let mut q = DistrQueue::with_options(comm, options(discovery))?;
+    let init: Vec<f64> = (0..n * 3).map(|i| ((i * 7919) % 1009) as f64 / 10.0).collect();
+    let pos: Buffer<f64, 2> = q.buffer_from([n, 3], init)?;
+    let vel: Buffer<f64, 2> = q.buffer_from([n, 3], vec![0.0; 3 * n])?;
+    q.sync()?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        q.submit(|cgh| {
+            let p = cgh.read(&pos, all());
+            let v = cgh.read_write(&vel, slice(1));
+            cgh.parallel_for([n], move |c, k| {
+                let (p, mut v) = (k.read(&p), k.write(&v));
+                let all = p.as_slice();
+                for i in c.offset[0]..c.offset[0] + c.range[0] {
+                    let acc = accel(all, [all[3 * i], all[3 * i + 1], all[3 * i + 2]]);
+                    let row = v.slice_mut([i, 0], 3);
+                    for a in 0..3 {
+                        row[a] += acc[a] * DT;
+                    }
+                }
+            })
+        })?;
+        q.submit(|cgh| {
+            let p = cgh.read_write(&pos, slice(1));
+            let v = cgh.read(&vel, slice(1));
+            cgh.parallel_for([n], move |c, k| {
+                let (mut p, v) = (k.write(&p), k.read(&v));
+                for i in c.offset[0]..c.offset[0] + c.range[0] {
+                    let vi = v.slice([i, 0], 3);
+                    let row = p.slice_mut([i, 0], 3);
+                    for a in 0..3 {
+                        row[a] += vi[a] * DT;
+                    }
+                }
+            })
+        })?;
+    }
+    q.sync()?;
+    let secs = max_over_ranks(comm, t.elapsed().as_secs_f64())?;
+    let result = q.fence_all(&pos)?;
+    Ok((steps as f64 / secs, result))
+}
+
+fn nbody_bench(comm: &Communicator, args: &Args) -> Result<bool, GraphError> {
+    let (n, steps, rounds) = (args.num("--size", 4096), args.num("--steps", 3), args.num("--rounds", 3));
+    let mut agree = true;
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        let mut results = Vec::new();
+        for cpd in order {
+            let (rate, pos) = nbody_run(comm, n, steps, cpd)?;
+            results.push(pos);
+            if comm.rank() == 0 {
+                println!(
+                    "{{\"bench\":\"nbody\",\"ranks\":{},\"bodies\":{n},\"steps\":{steps},\"round\":{round},\"cpd\":{cpd},\"steps_per_s\":{rate:.4}}}",
+                    comm.size()
+                );
+            }
+        }
+        let same = results[0].iter().zip(&results[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+        if comm.rank() == 0 {
+            println!(
+                "{{\"bench\":\"nbody_check\",\"ranks\":{},\"bodies\":{n},\"round\":{round},\"wrong\":{}}}",
+                comm.size(),
+                u8::from(!same)
+            );
+        }
+        agree &= same;
+    }
+    Ok(agree)
+}
+
+fn main() -> Result<(), GraphError> {
+    let args = Args(std::env::args().collect());
+    let comm = sucl_runtime::init()?;
+    match args.0.get(1).map(String::as_str) {
+        Some("comm") => comm_bench(&comm, &args),
+        Some("nbody") => {
+            if !nbody_bench(&comm, &args)? {
+                eprintln!("graph_cpd_bench: rank {}: N-body positions differ with and without discovery", comm.rank());
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        other => {
+            eprintln!("graph_cpd_bench: want `comm` or `nbody`, got {other:?}");
+            std::process::exit(2);
+        }
+    }
+}
