@@ -7,7 +7,7 @@
 
 use crate::request::OpState;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result, UnscopedRequest};
@@ -84,14 +84,6 @@ pub(crate) struct Channel {
     failed: Mutex<Option<Error>>,
     has_failed: AtomicBool,
     active: Mutex<Option<Active>>,
-    /// Batches in `batches` and whether `active` holds one, mirrored in atomics so that the
-    /// engine's idle checks take no lock a queue's task may hold.
-    queued: AtomicUsize,
-    running: AtomicBool,
-    /// Queue tasks polling this channel themselves right now (a host queue's wait): the engine
-    /// leaves the channel to them, so the two never trade its locks and the completion is seen
-    /// by the thread that waits for it, with no hand-off.
-    drivers: AtomicU32,
     /// Started operations not yet completed (the cap on operations in flight counts these).
     pub(crate) in_flight: AtomicU64,
     pub(crate) closed: AtomicBool,
@@ -100,10 +92,6 @@ pub(crate) struct Channel {
     /// The communicator's backoff: how long the engine spins, then yields, before it naps.
     spin: Duration,
     yield_for: Duration,
-    /// How long the engine busy-polls while a device may store a trigger any moment: the whole
-    /// spin of the communicator's backoff (none on an oversubscribed host or a single CPU), as
-    /// a yield or a nap there adds its length to the trigger's round trip.
-    poll_spin: Duration,
 }
 
 impl Channel {
@@ -111,21 +99,17 @@ impl Channel {
         let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let timeout = comm.config().host.timeout;
         let backoff = comm.config().host.backoff;
-        let (spin, yield_for) = crate::helper_backoff(backoff.spin, backoff.yield_for);
-        let poll_spin = if crate::process_cpus() < 2 { Duration::ZERO } else { backoff.spin };
         Arc::new(Channel {
-            spin,
-            yield_for,
-            poll_spin,
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
             signal,
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             active: Mutex::new(None),
-            queued: AtomicUsize::new(0),
-            running: AtomicBool::new(false),
-            drivers: AtomicU32::new(0),
             in_flight: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             rank,
@@ -152,11 +136,7 @@ impl Channel {
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
             return;
         }
-        {
-            let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-            q.push_back(batch);
-            self.queued.store(q.len(), Ordering::Release);
-        }
+        self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
         engine().wake();
     }
 
@@ -180,11 +160,7 @@ impl Channel {
             n += a.ops.len() as u64 + 1;
             fail_ops(a.ops.into_iter(), &e, comm);
         }
-        let queued: Vec<Batch> = {
-            let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-            self.queued.store(0, Ordering::Release);
-            q.drain(..).collect()
-        };
+        let queued: Vec<Batch> = self.batches.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for b in queued {
             n += b.ops.len() as u64 + 1;
             fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
@@ -206,103 +182,55 @@ impl Channel {
         };
         let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         let Some(comm) = comm_guard.as_ref() else { return false };
-        let mut moved = false;
-        if active.is_none() {
-            let Some(batch) = self.next_batch(collectives) else { return false };
-            let deadline = Instant::now() + self.timeout;
-            moved = true;
-            match activate(comm, batch, deadline) {
-                Ok(a) => {
-                    *active = Some(a);
-                    self.running.store(true, Ordering::Release);
+        if let Some(a) = active.as_mut() {
+            return match test_batch(comm, a) {
+                Ok(false) if Instant::now() > a.deadline => {
+                    let what =
+                        a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.to_string());
+                    let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
+                    self.fail(e, active.take(), Some(comm));
+                    true
                 }
-                Err((e, a)) => {
-                    self.fail(e, Some(a), Some(comm));
-                    return true;
+                Ok(false) => false,
+                Ok(true) => {
+                    let a = active.take().expect("active");
+                    self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
+                    self.signal.complete(a.epoch);
+                    true
                 }
-            }
+                Err(e) => {
+                    self.fail(e, active.take(), Some(comm));
+                    true
+                }
+            };
         }
-        // Test at once, also right after activation: a batch whose operations all completed
-        // when posted (eager sends, collectives, nothing at all) completes in the same round.
-        let Some(a) = active.as_mut() else { return moved };
-        match test_batch(comm, a) {
-            Ok(false) if Instant::now() > a.deadline => {
-                let what = a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.to_string());
-                let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
-                self.running.store(false, Ordering::Release);
-                self.fail(e, active.take(), Some(comm));
-                true
+        let batch = {
+            let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            match q.front() {
+                Some(b)
+                    if b.epoch <= self.signal.triggered() && (collectives || !b.ops.iter().any(|o| matches!(o.work, Work::Coll(_)))) =>
+                {
+                    q.pop_front()
+                }
+                _ => None,
             }
-            Ok(false) => moved,
-            Ok(true) => {
-                let a = active.take().expect("active");
-                self.running.store(false, Ordering::Release);
-                self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
-                self.signal.complete(a.epoch);
-                // The batch's memory is released after the completion is visible (dropping its
-                // operations is off the path of whoever waits).
-                drop(a);
-                true
-            }
-            Err(e) => {
-                self.running.store(false, Ordering::Release);
-                self.fail(e, active.take(), Some(comm));
-                true
-            }
-        }
-    }
-
-    /// The next batch if its trigger arrived (and, with `collectives` false, it has none).
-    fn next_batch(&self, collectives: bool) -> Option<Batch> {
-        if self.queued.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-        let ready = match q.front() {
-            Some(b) => b.epoch <= self.signal.triggered() && (collectives || !b.ops.iter().any(|o| matches!(o.work, Work::Coll(_)))),
-            None => false,
         };
-        let b = if ready { q.pop_front() } else { None };
-        self.queued.store(q.len(), Ordering::Release);
-        b
-    }
-
-    /// Marks a queue task that polls this channel itself until the guard drops.
-    pub(crate) fn drive(&self) -> DriveGuard<'_> {
-        self.drivers.fetch_add(1, Ordering::AcqRel);
-        DriveGuard(self)
-    }
-
-    fn driven(&self) -> bool {
-        self.drivers.load(Ordering::Acquire) > 0
+        let Some(batch) = batch else { return false };
+        let deadline = Instant::now() + self.timeout;
+        match activate(comm, batch, deadline) {
+            Ok(a) => *active = Some(a),
+            Err((e, a)) => self.fail(e, Some(a), Some(comm)),
+        }
+        true
     }
 
     /// Whether a batch waits for a trigger that only polling can see.
     fn needs_poll(&self) -> bool {
-        self.signal.polled() && self.queued.load(Ordering::Acquire) > 0
+        self.signal.polled() && !self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
-    /// Whether a batch is running (posted, not yet complete).
-    pub(crate) fn running(&self) -> bool {
-        self.running.load(Ordering::Acquire)
-    }
-
-    /// Whether the channel has no batch queued or running.
-    pub(crate) fn idle(&self) -> bool {
-        !self.running.load(Ordering::Acquire) && self.queued.load(Ordering::Acquire) == 0
-    }
-}
-
-/// A queue task polling a channel itself (see [`Channel::drive`]).
-pub(crate) struct DriveGuard<'a>(&'a Channel);
-
-impl Drop for DriveGuard<'_> {
-    fn drop(&mut self) {
-        self.0.drivers.fetch_sub(1, Ordering::AcqRel);
-        // The engine skipped the channel meanwhile: a batch still running is its again.
-        if self.0.running.load(Ordering::Acquire) {
-            engine().wake();
-        }
+    fn idle(&self) -> bool {
+        self.active.lock().unwrap_or_else(|p| p.into_inner()).is_none() && self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 }
 
@@ -440,7 +368,7 @@ fn run() {
     };
     let mut chans: Vec<Arc<Channel>> = vec![];
     let mut seen = u64::MAX;
-    let (mut spin, mut yield_for, mut poll_spin) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut spin, mut yield_for) = (Duration::ZERO, Duration::ZERO);
     let mut idle_rounds = 0u32;
     let mut idle_since = Instant::now();
     let mut idle = Duration::ZERO;
@@ -453,20 +381,14 @@ fn run() {
             // oversubscribed host, where every spin takes a core from a rank).
             spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
             yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
-            poll_spin = chans.iter().map(|c| c.poll_spin).max().unwrap_or_default();
         }
         let mut moved = false;
         let mut poll = false;
         let mut inflight = false;
         for ch in &chans {
-            if ch.driven() {
-                // Its queue's wait task polls it; it wakes the engine when it stops.
-                continue;
-            }
             moved |= ch.progress(true);
             poll |= ch.needs_poll();
-            // A queued host batch needs nothing before its trigger, whose task wakes the engine.
-            inflight |= ch.running.load(Ordering::Acquire);
+            inflight |= !ch.idle();
         }
         if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
             let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -492,7 +414,6 @@ fn run() {
                 idle = idle_since.elapsed();
             }
             let patience = if poll { yield_for.max(Duration::from_millis(2)) } else { yield_for };
-            let spin = if poll { spin.max(poll_spin) } else { spin };
             if idle < spin {
                 std::hint::spin_loop();
             } else if idle < spin + patience {

@@ -75,24 +75,5 @@ pub const ANY_TAG: u32 = u32::MAX;
 /// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
 pub const MAX_IN_FLIGHT: u64 = 500;
 
-/// Longest busy-poll of the progress engine and of a host queue's worker and wait before they
-/// yield.
+/// Longest busy-poll of the progress engine and of a host queue's wait before they yield.
 pub(crate) const SHORT_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
-
-/// CPUs this process may run on (its affinity mask, as a launcher that binds ranks set it).
-pub(crate) fn process_cpus() -> usize {
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
-/// The (spin, yield) backoff of this crate's helper threads (the progress engine, a host queue's
-/// worker and wait) from the communicator's: busy-poll only briefly, since each rank adds two
-/// polling threads to the ones the backoff was sized for; and neither spin nor yield when the
-/// process has a single CPU, where any poll takes the core from the thread that would do the
-/// work (there they block, and are woken).
-pub(crate) fn helper_backoff(spin: std::time::Duration, yield_for: std::time::Duration) -> (std::time::Duration, std::time::Duration) {
-    if process_cpus() < 2 {
-        return (std::time::Duration::ZERO, std::time::Duration::ZERO);
-    }
-    (spin.min(SHORT_SPIN), yield_for + spin.saturating_sub(SHORT_SPIN))
-}

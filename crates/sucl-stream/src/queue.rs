@@ -52,12 +52,8 @@ impl HostSignal {
     /// its requests at this point too), so the completion does not wait for the engine thread
     /// to be scheduled.
     fn wait_done(&self, epoch: u64, bound: Duration, ch: &Channel) -> bool {
-        if self.done.load(Ordering::Acquire) >= epoch {
-            return true;
-        }
         let start = Instant::now();
         let (mut rounds, mut spent) = (0u32, Duration::ZERO);
-        let mut driving = Some(ch.drive());
         loop {
             if self.done.load(Ordering::Acquire) >= epoch {
                 return true;
@@ -72,17 +68,11 @@ impl HostSignal {
             if spent < self.spin {
                 std::hint::spin_loop();
             } else if spent < self.spin + self.yield_for {
-                // Yielding, this thread may lose its core for a while: let the engine poll too.
-                if let Some(d) = driving.take() {
-                    drop(d);
-                }
                 std::thread::yield_now();
             } else {
                 break;
             }
         }
-        // Blocking: the engine drives the channel again (the guard wakes it).
-        drop(driving);
         let deadline = start + bound;
         let mut g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
         self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -165,7 +155,6 @@ impl CommQueue {
     /// of the same communicator on other ranks match this queue's operations. Local.
     pub fn on_host(comm: Communicator, queue: &HostQueue) -> Result<CommQueue> {
         let backoff = comm.config().host.backoff;
-        let (spin, yield_for) = crate::helper_backoff(backoff.spin, backoff.yield_for);
         let sig = Arc::new(HostSignal {
             stalled: Mutex::new(None),
             trigger: AtomicU64::new(0),
@@ -173,10 +162,11 @@ impl CommQueue {
             sleepers: AtomicU32::new(0),
             sleep: Mutex::new(()),
             moved: Condvar::new(),
-            spin,
-            yield_for,
+            // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
+            // and the queue's worker) to the ones the backoff was sized for.
+            spin: backoff.spin.min(crate::SHORT_SPIN),
+            yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
         });
-        queue.set_spin(spin);
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
         let ch = Channel::new(comm, Box::new(sig.clone()));
@@ -291,10 +281,7 @@ impl CommQueue {
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Send { peer, tag };
-                if peer == PROC_NULL {
-                    return Ok(self.null_request(what));
-                }
-                let work = Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) };
+                let work = if peer == PROC_NULL { Work::Null } else { Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
             #[cfg(feature = "cuda")]
@@ -314,10 +301,7 @@ impl CommQueue {
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Recv { peer, tag };
-                if peer == PROC_NULL {
-                    return Ok(self.null_request(what));
-                }
-                let work = Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) };
+                let work = if peer == PROC_NULL { Work::Null } else { Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) } };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
             #[cfg(feature = "cuda")]
@@ -327,12 +311,6 @@ impl CommQueue {
             #[cfg(feature = "cuda")]
             (Path::Device(_), Lent::Host(_)) => Err(self.host_only("receive")),
         }
-    }
-
-    /// A host-queue operation with the null peer: complete at once (0 elements), so it costs
-    /// the queue, its worker and the engine nothing (the edges of a grid post many).
-    fn null_request(&self, what: What) -> Request {
-        Request { state: OpState::completed(what, self.world_rank), bound: self.bound() }
     }
 
     fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
@@ -508,37 +486,6 @@ impl CommQueue {
         Ok(())
     }
 
-    /// Blocks (bounded) until the host queue's operations in flight fell to half the cap: one
-    /// sleep on the signal's condition variable, woken by a batch's completion, instead of a
-    /// nap per batch (the program thread then runs ahead again for many batches, and its wake-ups
-    /// do not take turns with the worker on a shared core).
-    fn throttle_host(&self, ch: &Channel, sig: &HostSignal) -> Result<()> {
-        let deadline = Instant::now() + self.bound();
-        let mut g = sig.sleep.lock().unwrap_or_else(|p| p.into_inner());
-        sig.sleepers.fetch_add(1, Ordering::SeqCst);
-        let r = loop {
-            // A sleeper counts itself before it checks (both SeqCst): see `HostSignal::complete`.
-            if ch.in_flight.load(Ordering::SeqCst) <= MAX_IN_FLIGHT / 2 {
-                break Ok(());
-            }
-            if let Some(e) = self.failure() {
-                break Err(e);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break Err(Error::Timeout {
-                    rank: self.world_rank,
-                    op: format!("start: more than {MAX_IN_FLIGHT} operations stayed in flight"),
-                    after: self.bound(),
-                });
-            }
-            // Bounded naps: a queue that failed on submission completes no batch to wake this.
-            g = sig.moved.wait_timeout(g, (deadline - now).min(Duration::from_millis(10))).unwrap_or_else(|p| p.into_inner()).0;
-        };
-        sig.sleepers.fetch_sub(1, Ordering::SeqCst);
-        r
-    }
-
     /// Puts one trigger on the queue: every operation enqueued since the last start becomes
     /// eligible once the queue reaches this point. Returns at once (it blocks, bounded, only
     /// while more than [`MAX_IN_FLIGHT`] operations are in flight).
@@ -549,14 +496,9 @@ impl CommQueue {
             self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
         }
         let epoch = self.started + 1;
-        if let Path::Host { ch, sig, .. } = &self.path {
-            if ch.in_flight.load(Ordering::Acquire) > MAX_IN_FLIGHT {
-                let (ch, sig) = (ch.clone(), sig.clone());
-                let t0 = Instant::now();
-                let r = self.throttle_host(&ch, &sig);
-                self.blocked += t0.elapsed();
-                r?;
-            }
+        if let Path::Host { ch, .. } = &self.path {
+            let ch = ch.clone();
+            self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
         }
         match &mut self.path {
             Path::Host { ch, q, sig } => {
@@ -568,13 +510,8 @@ impl CommQueue {
                     // Post the batch's sends and receives from this task at once (a batch with
                     // a collective is left to the engine, so the tasks behind this one are not
                     // held while it runs); the engine picks up whatever this does not.
-                    let took = ch.progress(false);
-                    // Whatever is left (operations in flight, a batch with a collective) the
-                    // engine progresses meanwhile; a wake of an engine that is not asleep is a
-                    // plain atomic store.
-                    if !took || ch.running() {
-                        engine().wake();
-                    }
+                    ch.progress(false);
+                    engine().wake();
                 });
             }
             #[cfg(feature = "cuda")]

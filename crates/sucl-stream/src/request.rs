@@ -65,19 +65,6 @@ impl OpState {
         })
     }
 
-    /// An operation complete from the start, having moved nothing (a `PROC_NULL` peer).
-    pub(crate) fn completed(what: What, rank: usize) -> Arc<OpState> {
-        Arc::new(OpState {
-            result: Mutex::new(Some(Ok(0))),
-            done: Condvar::new(),
-            waiters: AtomicU32::new(0),
-            elem: 1,
-            what,
-            rank,
-            device: OnceLock::new(),
-        })
-    }
-
     /// Records the outcome (the first one wins) and wakes every waiter.
     pub(crate) fn complete(&self, r: Result<usize>) {
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
