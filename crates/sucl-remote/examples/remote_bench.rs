@@ -80,26 +80,118 @@ fn raw_tcp_rtt(iters: usize) -> Vec<Duration> {
     v
 }
 
-/// Seconds to stream `bytes` between two threads over one loopback TCP connection.
-fn raw_tcp_stream(bytes: usize) -> f64 {
+/// A verifier that trusts any certificate: only for the raw rustls baseline, which measures
+/// the cipher, not authentication.
+#[derive(Debug)]
+struct TrustAll(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for TrustAll {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The receiving process of a raw stream (`remote_bench --stream-sink tcp|tls BYTES`): prints
+/// its port, takes one connection, reads BYTES, answers one byte, exits.
+fn stream_sink(tls: bool, bytes: usize) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let rx = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0;
-        while got < bytes {
-            got += s.read(&mut buf).unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (s, _) = l.accept().unwrap();
+    let mut s: Box<dyn ReadWrite> = if tls {
+        let ck = rcgen::generate_simple_self_signed(vec!["sink".to_string()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![ck.cert.der().clone()], key)
+            .unwrap();
+        Box::new(rustls::StreamOwned::new(rustls::ServerConnection::new(Arc::new(cfg)).unwrap(), s))
+    } else {
+        Box::new(s)
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    while got < bytes {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        got += n;
+    }
+    s.write_all(&[1]).unwrap();
+    s.flush().unwrap();
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Seconds to stream `bytes` from this process to another over one loopback TCP connection,
+/// plain or TLS (rustls as an application would use it, AES-GCM on one core per side).
+fn raw_stream(bytes: usize, tls: bool) -> f64 {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--stream-sink", if tls { "tls" } else { "tcp" }, &bytes.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the sink process");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let port: u16 = line.trim().strip_prefix("port ").and_then(|p| p.parse().ok()).expect("the sink's port");
+    let sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut c: Box<dyn ReadWrite> = if tls {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(TrustAll(provider)))
+            .with_no_client_auth();
+        let conn = rustls::ClientConnection::new(Arc::new(cfg), "sink".try_into().unwrap()).unwrap();
+        let mut s = rustls::StreamOwned::new(conn, sock);
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock).unwrap();
         }
-        s.write_all(&[1]).unwrap();
-    });
-    let mut c = TcpStream::connect(addr).unwrap();
-    let data = vec![7u8; bytes];
+        Box::new(s)
+    } else {
+        Box::new(sock)
+    };
+    let data = vec![7u8; 1 << 20];
     let t = Instant::now();
-    c.write_all(&data).unwrap();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = data.len().min(bytes - sent);
+        c.write_all(&data[..n]).unwrap();
+        sent += n;
+    }
+    c.flush().unwrap();
     c.read_exact(&mut [0u8; 1]).unwrap();
     let dt = t.elapsed().as_secs_f64();
-    rx.join().unwrap();
+    child.wait().unwrap();
     dt
 }
 
@@ -276,8 +368,11 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
     md.push_str(&format!(
         "\n## Migration of {mib} MiB from daemon A to daemon B (median of {reps}; client links paced at 1 Gbit/s per direction)\n\n"
     ));
-    md.push_str("| path | device | time ms | GB/s | vs via client | vs raw TCP stream |\n|---|---|---:|---:|---:|---:|\n");
-    let raw = median_secs((0..reps).map(|_| raw_tcp_stream(bytes)).collect());
+    md.push_str(
+        "| path | device | time ms | GB/s | vs via client | vs raw TCP stream | vs raw TLS stream |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    let raw = median_secs((0..reps).map(|_| raw_stream(bytes, false)).collect());
+    let raw_tls = median_secs((0..reps).map(|_| raw_stream(bytes, true)).collect());
     let mut rows = Vec::new();
     let mut via_client = 0.0;
     let modes: &[bool] = if external.is_some() { &[true] } else { &[true, false] };
@@ -332,14 +427,16 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
             rows.push((format!("via the client (read A, write B), {label}"), device, via_client));
         }
     }
-    rows.push(("raw TCP stream between two threads (no proxy)".into(), "host".into(), raw));
+    rows.push(("raw TCP stream between two processes (no proxy)".into(), "host".into(), raw));
+    rows.push(("raw TLS stream (rustls, AES-GCM) between two processes".into(), "host".into(), raw_tls));
     for (name, device, t) in rows {
         md.push_str(&format!(
-            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× |\n",
+            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× | {:.2}× |\n",
             t * 1e3,
             bytes as f64 / t / 1e9,
             via_client / t,
-            raw / t
+            raw / t,
+            raw_tls / t
         ));
     }
 }
@@ -454,6 +551,9 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--stream-sink") {
+        return stream_sink(args[i + 1] == "tls", args[i + 2].parse().expect("--stream-sink tcp|tls BYTES"));
+    }
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let num = |name: &str, default: usize| opt(name).map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N"))).unwrap_or(default);
     let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi".into());

@@ -84,9 +84,10 @@ fn a_dependent_chain_crosses_servers_with_notices_only_to_the_servers_that_wait(
     assert!(t0.elapsed() >= Duration::from_millis(90), "the read did wait for the chain");
     assert_eq!(xb.to_vec().unwrap(), [12u64; 16]);
     let delta: Vec<u64> = rs.iter().zip(&frames_before).map(|(r, b)| r.stats().unwrap().peer_frames - b).collect();
-    // A: a notice of B's event (and nothing else); B: the data of the first migration;
-    // C: nothing — no one waited on it and it waited on no one.
-    assert_eq!(delta[0], 2, "A receives B's notice and the migrated flag: {delta:?}");
+    // A: a notice of B's event, the migrated flag, and B's receipt for the first migration's
+    // data (and nothing else); B: the data of the first migration; C: nothing — no one
+    // waited on it and it waited on no one.
+    assert_eq!(delta[0], 3, "A receives B's notice, the migrated flag and B's receipt: {delta:?}");
     assert!(delta[1] >= 2, "B receives A's data and A's subscription: {delta:?}");
     assert_eq!(delta[2], 0, "C takes part in nothing and hears nothing: {delta:?}");
     qc.synchronize().unwrap();

@@ -110,6 +110,19 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u64>(), outcome()).prop_map(|(seq, outcome)| Frame::Reply { seq, outcome }),
         any::<u64>().prop_map(|upto| Frame::Ack { upto }),
         text(12).prop_map(|reason| Frame::Fatal { reason }),
+        (any::<[u8; 16]>(), any::<u32>(), any::<u32>(), any::<[u8; 32]>()).prop_map(|(mesh, from, to, mac)| Frame::PeerOpen {
+            mesh,
+            from,
+            to,
+            mac
+        }),
+        any::<[u8; 32]>().prop_map(|mac| Frame::PeerOpened { mac }),
+        any::<u64>().prop_map(|event| Frame::PeerSubscribe { event }),
+        (any::<u64>(), any::<bool>()).prop_map(|(event, ok)| Frame::PeerNotice { event, ok }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 0..24))
+            .prop_map(|(transfer, total, offset, data)| Frame::PeerData { transfer, total, offset, data }),
+        (any::<u64>(), any::<u64>()).prop_map(|(transfer, received)| Frame::PeerReceived { transfer, received }),
+        any::<u64>().prop_map(|transfer| Frame::PeerResume { transfer }),
     ]
 }
 
