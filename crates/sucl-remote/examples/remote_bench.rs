@@ -80,6 +80,34 @@ fn raw_tcp_rtt(iters: usize) -> Vec<Duration> {
     v
 }
 
+/// Seconds to stream `bytes` between two threads over one loopback TCP connection.
+fn raw_tcp_stream(bytes: usize) -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < bytes {
+            got += s.read(&mut buf).unwrap();
+        }
+        s.write_all(&[1]).unwrap();
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    let data = vec![7u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = data.len().min(bytes - sent);
+        c.write_all(&data[..n]).unwrap();
+        sent += n;
+    }
+    c.read_exact(&mut [0u8; 1]).unwrap();
+    let dt = t.elapsed().as_secs_f64();
+    rx.join().unwrap();
+    dt
+}
+
 /// A verifier that trusts any certificate: only for the raw rustls baseline, which measures
 /// the cipher, not authentication.
 #[derive(Debug)]
@@ -343,8 +371,52 @@ fn reconnect(md: &mut String, n: usize) {
             r.nop().unwrap();
         });
         let (m, p, a) = stats(v);
-        md.push_str(&format!("| {} | {m:.1} | {p:.1} | {a:.1} |\n", if tls { "TLS" } else { "plain TCP" }));
+        md.push_str(&format!("| {} | {m:.1} | {p:.1} | {a:.1} |\n", if tls { "TLS (session resumed)" } else { "plain TCP" }));
     }
+    // Where the time goes: each step of a re-attach alone, against one daemon of each kind.
+    let (d, plain) = (Served::start(true), Served::start(false));
+    let (addr, plain_addr) = (d.addr(), plain.addr());
+    let pin = d.daemon.tls_pin().unwrap();
+    let t = Duration::from_secs(5);
+    let mut rows = vec![(
+        "TCP connect",
+        stats(time(n, 5, || {
+            let s = TcpStream::connect(&plain_addr).unwrap();
+            s.set_nodelay(true).unwrap();
+        })),
+    )];
+    rows.push(("TCP connect + hello / welcome (plain)", stats(time(n, 5, || drop(hello(&plain_addr, &Tls::Off, t, true))))));
+    rows.push((
+        "TCP connect + full TLS 1.3 handshake + hello / welcome",
+        stats(time(n, 5, || {
+            // A pin list no earlier connection used: a fresh client config, no ticket to resume.
+            let fresh = Tls::Pinned(vec![pin, sucl_remote::auth::random()]);
+            assert!(!hello(&addr, &fresh, t, true).resumed());
+        })),
+    ));
+    let pinned = Tls::Pinned(vec![pin]);
+    drop(hello(&addr, &pinned, t, true)); // a first full handshake leaves tickets
+    rows.push((
+        "TCP connect + resumed TLS 1.3 handshake + hello / welcome",
+        stats(time(n, 5, || assert!(hello(&addr, &pinned, t, true).resumed(), "the TLS session was not resumed"))),
+    ));
+    md.push_str("\nWhere a re-attach spends its time (each step measured alone; the rest of a reconnect is the attach exchange, the re-sent command and its reply):\n\n");
+    md.push_str("| step | median µs | p99 µs | mean µs |\n|---|---:|---:|---:|\n");
+    for (name, (m, p, a)) in rows {
+        md.push_str(&format!("| {name} | {m:.1} | {p:.1} | {a:.1} |\n"));
+    }
+}
+
+/// Connects (TLS as `tls` says) and, if `greet`, exchanges hello and welcome.
+fn hello(addr: &str, tls: &Tls, t: Duration, greet: bool) -> sucl_remote::transport::Link {
+    let mut l = sucl_remote::transport::connect(addr, tls, t).unwrap();
+    if greet {
+        use sucl_remote::wire::{read_frame, Frame};
+        let f = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: [1; 16] };
+        l.write_all(&f.encode()).unwrap();
+        assert!(matches!(read_frame(&mut l, &mut Vec::new(), 1024).unwrap(), Frame::Welcome { .. }));
+    }
+    l
 }
 
 fn median_secs(mut v: Vec<f64>) -> f64 {
@@ -369,8 +441,9 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
         "\n## Migration of {mib} MiB from daemon A to daemon B (median of {reps}; client links paced at 1 Gbit/s per direction)\n\n"
     ));
     md.push_str(
-        "| path | device | time ms | GB/s | vs via client | vs raw TCP stream | vs raw TLS stream |\n|---|---|---:|---:|---:|---:|---:|\n",
+        "| path | device | time ms | GB/s | vs via client | vs raw TCP, 2 threads | vs raw TCP, 2 processes | vs raw TLS, 2 processes |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
+    let raw_threads = median_secs((0..reps).map(|_| raw_tcp_stream(bytes)).collect());
     let raw = median_secs((0..reps).map(|_| raw_stream(bytes, false)).collect());
     let raw_tls = median_secs((0..reps).map(|_| raw_stream(bytes, true)).collect());
     let mut rows = Vec::new();
@@ -427,14 +500,16 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
             rows.push((format!("via the client (read A, write B), {label}"), device, via_client));
         }
     }
+    rows.push(("raw TCP stream between two threads of one process (no proxy)".into(), "host".into(), raw_threads));
     rows.push(("raw TCP stream between two processes (no proxy)".into(), "host".into(), raw));
     rows.push(("raw TLS stream (rustls, AES-GCM) between two processes".into(), "host".into(), raw_tls));
     for (name, device, t) in rows {
         md.push_str(&format!(
-            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× | {:.2}× |\n",
+            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× | {:.2}× | {:.2}× |\n",
             t * 1e3,
             bytes as f64 / t / 1e9,
             via_client / t,
+            raw_threads / t,
             raw / t,
             raw_tls / t
         ));

@@ -214,8 +214,6 @@ struct Incoming {
 const STAGE_CHUNK: usize = 256 << 10;
 /// Staging chunks a session keeps for reuse.
 const STAGE_POOL: usize = 32;
-/// Kernel socket buffers of peer links.
-const PEER_SOCKET_BUFFER: usize = 4 << 20;
 /// Completed incoming transfers a session remembers (to acknowledge a re-sent one again).
 const FINISHED_KEPT: usize = 1 << 16;
 
@@ -885,7 +883,6 @@ fn peer_link_loop(
             Ok(x) => x,
             Err(why) => break why,
         };
-        link.set_socket_buffers(PEER_SOCKET_BUFFER);
         let generation = {
             let mut st = lock(&out.st);
             if st.closed {

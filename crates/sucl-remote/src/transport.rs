@@ -374,6 +374,11 @@ impl Link {
         c.conn.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
     }
 
+    /// Whether the TLS handshake resumed an earlier session (no certificate, no signature).
+    pub fn resumed(&self) -> bool {
+        self.inner.tls.as_ref().is_some_and(|t| lock(&t.conn).conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed))
+    }
+
     /// Whether the link is encrypted.
     pub fn is_tls(&self) -> bool {
         self.inner.tls.is_some()
@@ -496,24 +501,6 @@ impl Link {
         match &self.inner.tls {
             None => self.plain_write_all(parts),
             Some(t) => self.tls_write_all(t, parts),
-        }
-    }
-
-    /// Sets the socket's kernel send and receive buffers (bulk links: fewer wake-ups per byte).
-    pub fn set_socket_buffers(&self, bytes: usize) {
-        let v = bytes.min(i32::MAX as usize) as libc::c_int;
-        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-            // SAFETY: a valid socket descriptor, an option of type int, and a pointer to an int
-            // that lives across the call with its size given.
-            unsafe {
-                libc::setsockopt(
-                    self.inner.sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &v as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
         }
     }
 }
