@@ -881,7 +881,8 @@ fn peer_link_loop(
     let why = loop {
         let (link, max_frame) = match peer_connect(shared, spec, id, key, from, first) {
             Ok(x) => x,
-            Err(why) => break why,
+            Err(why) if first => break why,
+            Err(why) => break format!("the link broke and could not be made again: {why}"),
         };
         let generation = {
             let mut st = lock(&out.st);
@@ -1060,7 +1061,8 @@ fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Result<(Arc<Pee
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!("no link to mesh member {to} within {:?}", shared.cfg.peer_timeout));
+            drop(st); // peer_name takes the remote lock, which is taken before this one elsewhere
+            return Err(format!("no link to {} within {:?}", peer_name(s, to), shared.cfg.peer_timeout));
         }
         st = out.cv.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
     }
@@ -1197,8 +1199,20 @@ fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, m
                 }
             }
             Piece::Stage(mut chunk) => {
-                if let Err(e) = reader.read_exact(&mut chunk[..h.len]) {
-                    return peer_receive_end(s, from, Err(e));
+                // Read it all; if the link breaks part way, what did arrive is staged still (in
+                // order and, over TLS, authenticated), so a resumed transfer goes on from there.
+                let mut got = 0;
+                let mut broke = None;
+                while got < h.len {
+                    match reader.read(&mut chunk[got..h.len]) {
+                        Ok(0) => broke = Some(io::Error::new(io::ErrorKind::UnexpectedEof, "the link closed inside a data piece")),
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => broke = Some(e),
+                    }
+                    if broke.is_some() {
+                        break;
+                    }
                 }
                 let mut r = lock(&s.remote);
                 let Some(inc) = r.inbox.get_mut(&key) else {
@@ -1206,10 +1220,10 @@ fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, m
                 };
                 // What is new of it now (the old link's reader may have staged some meanwhile:
                 // after a reconnect, pieces can come over two links).
-                let skip = (inc.received.saturating_sub(h.offset)).min(h.len as u64) as usize;
-                let n = h.len - skip;
+                let skip = (inc.received.saturating_sub(h.offset)).min(got as u64) as usize;
+                let n = got - skip;
                 if skip > 0 {
-                    chunk.copy_within(skip..h.len, 0);
+                    chunk.copy_within(skip..got, 0);
                 }
                 inc.received += n as u64;
                 if n > 0 {
@@ -1220,6 +1234,9 @@ fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, m
                 }
                 drop(r);
                 s.remote_cv.notify_all();
+                if let Some(e) = broke {
+                    return peer_receive_end(s, from, Err(e));
+                }
             }
         }
         if end == Some(h.total) && r_complete(s, key) {
@@ -1277,7 +1294,8 @@ fn wait_remote<T>(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(failed(code::PEER, format!("{what}: nothing from mesh member {peer} within {:?}", shared.cfg.peer_timeout)));
+            drop(r); // peer_name takes the remote lock
+            return Err(failed(code::PEER, format!("{what}: nothing from {} within {:?}", peer_name(s, peer), shared.cfg.peer_timeout)));
         }
         r = s.remote_cv.wait_timeout(r, left).unwrap_or_else(|p| p.into_inner()).0;
     }
@@ -1477,6 +1495,15 @@ fn span(what: &str, offset: u64, len: u64, size: usize) -> Result<std::ops::Rang
 fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Outcome {
     match exec(shared, s, cmd) {
         Ok(x) | Err(x) => x,
+    }
+}
+
+/// How errors name mesh member `peer`: its address and index.
+fn peer_name(s: &Session, peer: u32) -> String {
+    let r = lock(&s.remote);
+    match r.mesh.as_ref().and_then(|m| m.peers.get(&peer)) {
+        Some(p) => format!("peer server {} (mesh member {peer})", p.address),
+        None => format!("mesh member {peer}"),
     }
 }
 
