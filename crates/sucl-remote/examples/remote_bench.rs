@@ -557,50 +557,193 @@ fn chain(md: &mut String, reps: usize) {
     md.push_str(&format!("| client-driven: the client waits for each step | {s:.2} | {:.2} |\n", s / r));
 }
 
-fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
+/// Where an application runs: `d` daemons in this process serving host devices, or the first
+/// `d` of running servers (`--servers`), on their first CUDA device with `--cuda`.
+struct Cluster {
+    _served: Vec<Served>,
+    remotes: Vec<Remote>,
+    queues: Vec<sucl_remote::RemoteQueue>,
+    cuda: bool,
+    _mesh: Option<Mesh>,
+}
+
+impl Cluster {
+    fn new(d: usize, external: Option<&[String]>, cuda: bool, kernels: &[(&str, &str)]) -> Cluster {
+        let served: Vec<Served> = if external.is_some() { Vec::new() } else { (0..d).map(|_| Served::start(true)).collect() };
+        let remotes: Vec<Remote> = match external {
+            Some(list) => {
+                let o = ClientOptions::from_env(None).expect("SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN for --servers");
+                list[..d].iter().map(|a| Remote::connect(a, o.clone()).expect("connecting")).collect()
+            }
+            None => served.iter().map(|s| s.connect(None)).collect(),
+        };
+        let mesh = (d > 1).then(|| Mesh::new(&remotes).unwrap());
+        let queues: Vec<_> = remotes
+            .iter()
+            .map(|r| {
+                let devs = r.devices().unwrap();
+                let want = if cuda { sucl_remote::DeviceKind::Cuda } else { sucl_remote::DeviceKind::Host };
+                let dev =
+                    devs.into_iter().find(|x| x.kind() == want).unwrap_or_else(|| panic!("server {} has no {want:?} device", r.server()));
+                if cuda {
+                    for (src, name) in kernels {
+                        dev.compile(src, name).unwrap();
+                    }
+                }
+                dev.queue().unwrap()
+            })
+            .collect();
+        Cluster { _served: served, remotes, queues, cuda, _mesh: mesh }
+    }
+    fn sync(&self) {
+        self.queues.iter().for_each(|q| q.synchronize().unwrap());
+    }
+    fn device(&self) -> String {
+        if self.cuda {
+            format!("{} GPU(s), one per daemon: {}", self.queues.len(), self.queues[0].device().name())
+        } else {
+            "host".into()
+        }
+    }
+}
+
+/// The same kernels run in this process on the first local GPU (the reference the remote GPU
+/// runs are checked and timed against).
+#[cfg(feature = "cuda")]
+mod local_gpu {
+    use sucl_cuda::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+    use sucl_cuda::{Buffer, Device, Kernel, Queue};
+
+    pub struct Gpu {
+        dev: Device,
+        q: Queue,
+    }
+
+    fn e(x: impl std::fmt::Display) -> String {
+        x.to_string()
+    }
+
+    pub fn open() -> Result<Gpu, String> {
+        sucl_cuda::probe()?;
+        let dev = Device::open(0).map_err(e)?;
+        let q = dev.queue().map_err(e)?;
+        Ok(Gpu { dev, q })
+    }
+
+    fn ptr(b: &Buffer<f64>) -> u64 {
+        let s = b.cuda_slice().expect("a non-empty buffer");
+        let (p, _sync) = s.device_ptr(b.queue().stream());
+        p
+    }
+
+    impl Gpu {
+        fn launch(&self, k: &Kernel, words: &[u64], threads: u64) -> Result<(), String> {
+            let mut b = self.q.stream().launch_builder(k.function());
+            for w in words {
+                b.arg(w);
+            }
+            let cfg = LaunchConfig { grid_dim: (threads.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: every parameter of these kernels is a 64-bit word (a device pointer of a
+            // live buffer of this queue, or an integer), passed in order.
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|x| format!("{x:?}"))
+        }
+
+        /// `steps` Jacobi steps on the whole domain (`nz` interior planes); the result and the
+        /// seconds the kernels took.
+        pub fn jacobi(&self, init: &[f64], nx: usize, ny: usize, nz: usize, steps: usize) -> Result<(Vec<f64>, f64), String> {
+            let k = Kernel::compile(&self.dev, sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64").map_err(e)?;
+            let (mut a, mut b) = (self.q.upload(init).map_err(e)?, self.q.upload(init).map_err(e)?);
+            self.q.synchronize().map_err(e)?;
+            let t = std::time::Instant::now();
+            for _ in 0..steps {
+                self.launch(&k, &[ptr(&b), ptr(&a), nx as u64, ny as u64, nz as u64], (nx * ny * nz) as u64)?;
+                std::mem::swap(&mut a, &mut b);
+            }
+            self.q.synchronize().map_err(e)?;
+            let dt = t.elapsed().as_secs_f64();
+            Ok((a.to_vec().map_err(e)?, dt))
+        }
+
+        /// `C = A·B` (n×n, whole); the result and the seconds the kernel took.
+        pub fn gemm(&self, a: &[f64], b: &[f64], n: usize) -> Result<(Vec<f64>, f64), String> {
+            let k = Kernel::compile(&self.dev, sucl_remote::kernels::cuda_src::GEMM_F64, "gemm_f64").map_err(e)?;
+            let (da, db, dc) = (self.q.upload(a).map_err(e)?, self.q.upload(b).map_err(e)?, self.q.alloc::<f64>(n * n).map_err(e)?);
+            self.q.synchronize().map_err(e)?;
+            let t = std::time::Instant::now();
+            let n64 = n as u64;
+            self.launch(&k, &[ptr(&dc), ptr(&da), ptr(&db), n64, n64, n64, n64, 0], sucl_remote::kernels::cuda_src::gemm_range(n64, n64))?;
+            self.q.synchronize().map_err(e)?;
+            let dt = t.elapsed().as_secs_f64();
+            Ok((dc.to_vec().map_err(e)?, dt))
+        }
+    }
+}
+
+/// The local reference of an application on GPU (`None` without one).
+fn local_gpu_run(f: impl FnOnce() -> Result<(Vec<f64>, f64), String>) -> (Vec<f64>, f64) {
+    f().unwrap_or_else(|e| panic!("the local GPU reference run failed: {e}"))
+}
+
+fn daemon_counts(max: usize, external: Option<&[String]>) -> Vec<usize> {
+    let max = external.map_or(max, |l| l.len().min(max));
+    (1..=max).collect()
+}
+
+fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize, external: Option<&[String]>, cuda: bool) {
     let ny = nx;
     let plane = nx * ny;
     let init = |g: usize| ((g % plane % nx) * 7 + (g % plane / nx) * 13 + (g / plane) * 31) as f64 % 97.0;
     // The local reference: the whole domain, NZ interior planes plus two fixed boundary planes.
-    let mut a: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
-    let mut b = a.clone();
-    let t = Instant::now();
-    for _ in 0..steps {
-        jacobi3d(&mut b, &a, nx, ny).unwrap();
-        std::mem::swap(&mut a, &mut b);
-    }
-    let local = t.elapsed().as_secs_f64();
+    let whole: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
+    let (a, local, local_where) = if cuda {
+        #[cfg(feature = "cuda")]
+        let (r, t) = local_gpu_run(|| local_gpu::open()?.jacobi(&whole, nx, ny, nz, steps));
+        #[cfg(not(feature = "cuda"))]
+        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
+        (r, t, "this process's GPU 0, same CUDA kernel")
+    } else {
+        let (mut a, mut b) = (whole.clone(), whole.clone());
+        let t = Instant::now();
+        for _ in 0..steps {
+            jacobi3d(&mut b, &a, nx, ny).unwrap();
+            std::mem::swap(&mut a, &mut b);
+        }
+        (a, t.elapsed().as_secs_f64(), "one thread, same kernel")
+    };
     let cells = (nx * ny * nz * steps) as f64;
     md.push_str(&format!(
         "\n## Jacobi 3D (7-point, f64), {nx}×{ny}×{nz}, {steps} steps, split in z over 1–4 daemons; halos migrated S2S every step\n\n"
     ));
     md.push_str(&format!(
-        "Local run (one thread, same kernel): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores.\n\n",
+        "Local run ({local_where}): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores. Times: first step to every queue synchronized (uploads and the final read not counted).\n\n",
         local * 1e3,
         cells / local / 1e6,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
-    md.push_str("| daemons | time ms | MLUP/s | speedup vs 1 daemon | vs local | #wrong |\n|---:|---:|---:|---:|---:|---:|\n");
+    md.push_str("| daemons | device | time ms | MLUP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
     let mut one = 0.0;
-    for d in 1..=4usize {
+    for d in daemon_counts(4, external) {
         if !nz.is_multiple_of(d) {
             continue;
         }
         let nzl = nz / d;
-        let servers: Vec<Served> = (0..d).map(|_| Served::start(true)).collect();
-        let rs: Vec<Remote> = servers.iter().map(|s| s.connect(None)).collect();
-        let _mesh = Mesh::new(&rs).unwrap();
-        let qs: Vec<_> = rs.iter().map(|r| r.devices().unwrap()[0].queue().unwrap()).collect();
+        let c = Cluster::new(d, external, cuda, &[(sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64")]);
+        let qs = &c.queues;
         // Block k holds global planes k·nzl ..= (k+1)·nzl + 1 (its interior and two halos).
         let block = |k: usize| -> Vec<f64> { (k * nzl * plane..((k + 1) * nzl + 2) * plane).map(init).collect() };
         let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
         let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
-        qs.iter().for_each(|q| q.synchronize().unwrap());
+        c.sync();
         let t = Instant::now();
         for _ in 0..steps {
             for k in 0..d {
-                let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
-                qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
+                if cuda {
+                    let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64), Arg::U64(nzl as u64)];
+                    qs[k].launch("jacobi3d_f64", &args, (plane * nzl) as u64).unwrap();
+                } else {
+                    let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
+                    qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
+                }
             }
             for k in 0..d.saturating_sub(1) {
                 let (lo, hi) = outs.split_at_mut(k + 1);
@@ -610,17 +753,119 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
             }
             std::mem::swap(&mut ins, &mut outs);
         }
-        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
+        c.sync();
         let dt = t.elapsed().as_secs_f64();
+        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
         let wrong = result
             .iter()
             .enumerate()
-            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x != y).count())
+            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
             .sum::<usize>();
         if d == 1 {
             one = dt;
         }
-        md.push_str(&format!("| {d} | {:.1} | {:.0} | {:.2}× | {:.2}× | {wrong} |\n", dt * 1e3, cells / dt / 1e6, one / dt, local / dt));
+        md.push_str(&format!(
+            "| {d} | {} | {:.1} | {:.0} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+            c.device(),
+            dt * 1e3,
+            cells / dt / 1e6,
+            one / dt,
+            local / dt,
+            100.0 * local / dt / d as f64
+        ));
+        drop(c.remotes);
+    }
+}
+
+/// A blocked matrix product `C = A·B` (n×n, f64) over `d` daemons: daemon k holds rows
+/// `k·n/d ..` of A and C and one column block of B at a time; in step s it multiplies by
+/// block `(k+s) mod d` while passing that block on to daemon `k−1` server to server (a ring),
+/// so every B block visits every daemon once. The whole run is submitted at once.
+fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
+    use sucl_remote::kernels::{cuda_src, gemm, Gemm};
+    let a: Vec<f64> = (0..n * n).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| ((i * 53 % 89) as f64 - 44.0) / 44.0).collect();
+    let (want, local, local_where) = if cuda {
+        #[cfg(feature = "cuda")]
+        let (r, t) = local_gpu_run(|| local_gpu::open()?.gemm(&a, &b, n));
+        #[cfg(not(feature = "cuda"))]
+        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
+        (r, t, "this process's GPU 0, same CUDA kernel")
+    } else {
+        let mut c = vec![0.0; n * n];
+        let t = Instant::now();
+        gemm(&mut c, &a, &b, Gemm { m: n, n, k: n, ldc: n, col0: 0 }).unwrap();
+        (c, t.elapsed().as_secs_f64(), "one thread, same kernel")
+    };
+    let flops = 2.0 * (n as f64).powi(3);
+    md.push_str(&format!(
+        "\n## Blocked matmul (f64), {n}×{n}, rows of A and C split over 1–4 daemons, B's column blocks passed round a ring S2S\n\n"
+    ));
+    md.push_str(&format!(
+        "Local run ({local_where}): {:.1} ms, {:.2} GFLOP/s. Times: first multiply to every queue synchronized (uploads and the final read not counted).\n\n",
+        local * 1e3,
+        flops / local / 1e9
+    ));
+    md.push_str("| daemons | device | time ms | GFLOP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    let mut one = 0.0;
+    for d in daemon_counts(4, external) {
+        if !n.is_multiple_of(d) {
+            continue;
+        }
+        let w = n / d; // rows of A per daemon, columns per B block
+        let c = Cluster::new(d, external, cuda, &[(cuda_src::GEMM_F64, "gemm_f64")]);
+        let qs = &c.queues;
+        let a_rows = |k: usize| a[k * w * n..(k + 1) * w * n].to_vec();
+        let b_cols = |j: usize| -> Vec<f64> { (0..n).flat_map(|r| b[r * n + j * w..r * n + (j + 1) * w].to_vec()).collect() };
+        let ak: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&a_rows(k)).unwrap()).collect();
+        let ck: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(w * n).unwrap()).collect();
+        let mut cur: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&b_cols(k)).unwrap()).collect();
+        let mut next: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(n * w).unwrap()).collect();
+        c.sync();
+        let t = Instant::now();
+        for s in 0..d {
+            // Pass each block on to the previous daemon, then multiply by it (the commands of a
+            // session run in order, so on each daemon the transfer and the multiply take turns).
+            if s + 1 < d {
+                for (k, block) in cur.iter().enumerate() {
+                    next[(k + d - 1) % d].migrate_from(block).unwrap();
+                }
+            }
+            for k in 0..d {
+                let j = (k + s) % d; // the B block daemon k holds in step s
+                let (m64, w64, n64) = (w as u64, w as u64, n as u64);
+                let args = [
+                    ck[k].arg(),
+                    ak[k].arg(),
+                    cur[k].arg(),
+                    Arg::U64(m64),
+                    Arg::U64(w64),
+                    Arg::U64(n64),
+                    Arg::U64(n64),
+                    Arg::U64((j * w) as u64),
+                ];
+                let range = if cuda { cuda_src::gemm_range(m64, w64) } else { 0 };
+                qs[k].launch("gemm_f64", &args, range).unwrap();
+            }
+            std::mem::swap(&mut cur, &mut next);
+        }
+        c.sync();
+        let dt = t.elapsed().as_secs_f64();
+        let wrong: usize = (0..d)
+            .map(|k| ck[k].to_vec().unwrap().iter().zip(&want[k * w * n..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
+            .sum();
+        if d == 1 {
+            one = dt;
+        }
+        md.push_str(&format!(
+            "| {d} | {} | {:.1} | {:.2} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+            c.device(),
+            dt * 1e3,
+            flops / dt / 1e9,
+            one / dt,
+            local / dt,
+            100.0 * local / dt / d as f64
+        ));
     }
 }
 
@@ -631,7 +876,7 @@ fn main() {
     }
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let num = |name: &str, default: usize| opt(name).map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N"))).unwrap_or(default);
-    let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi".into());
+    let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi,matmul".into());
     let on = |s: &str| only.split(',').any(|x| x == s);
     let mut md = format!("# sucl remote devices on loopback\n\nCommand: `{}`\n", args.join(" "));
     if on("latency") {
@@ -648,8 +893,13 @@ fn main() {
     if on("chain") {
         chain(&mut md, num("--chain-reps", 20));
     }
+    let external: Option<Vec<String>> = opt("--servers").map(|s| s.split(',').map(String::from).collect());
+    let cuda = args.iter().any(|a| a == "--cuda");
     if on("jacobi") {
-        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30));
+        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30), external.as_deref(), cuda);
+    }
+    if on("matmul") {
+        matmul(&mut md, num("--matmul-n", 480), external.as_deref(), cuda);
     }
     print!("{md}");
     if let Some(path) = opt("--out") {
