@@ -392,3 +392,68 @@ fn a_severed_link_between_servers_fails_the_waiting_commands_naming_both_servers
     rs[0].nop().unwrap();
     assert_eq!(xb.to_vec().unwrap(), [1, 2, 3]);
 }
+
+#[test]
+fn a_blocked_matmul_round_a_ring_of_three_servers_equals_the_local_product_bit_for_bit() {
+    use sucl_remote::kernels::{gemm, Gemm};
+    let ds = [Sucld::start(&[]), Sucld::start(&[]), Sucld::start(&[])];
+    let rs: Vec<Remote> = ds.iter().map(|d| Remote::connect(&d.addr, d.options()).unwrap()).collect();
+    let _mesh = Mesh::new(&rs).unwrap();
+    let qs: Vec<_> = rs.iter().map(|r| r.devices().unwrap()[0].queue().unwrap()).collect();
+    let (n, d) = (24, 3);
+    let w = n / d;
+    let a: Vec<f64> = (0..n * n).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| ((i * 53 % 89) as f64 - 44.0) / 3.0).collect();
+    let mut want = vec![0.0; n * n];
+    gemm(&mut want, &a, &b, Gemm { m: n, n, k: n, ldc: n, col0: 0 }).unwrap();
+    let b_cols = |j: usize| -> Vec<f64> { (0..n).flat_map(|r| b[r * n + j * w..r * n + (j + 1) * w].to_vec()).collect() };
+    let ak: Vec<_> = (0..d).map(|k| qs[k].upload(&a[k * w * n..(k + 1) * w * n]).unwrap()).collect();
+    let ck: Vec<_> = (0..d).map(|k| qs[k].alloc::<f64>(w * n).unwrap()).collect();
+    let mut cur: Vec<_> = (0..d).map(|k| qs[k].upload(&b_cols(k)).unwrap()).collect();
+    let mut next: Vec<_> = (0..d).map(|k| qs[k].alloc::<f64>(n * w).unwrap()).collect();
+    for s in 0..d {
+        if s + 1 < d {
+            for (k, block) in cur.iter().enumerate() {
+                next[(k + d - 1) % d].migrate_from(block).unwrap();
+            }
+        }
+        for (k, q) in qs.iter().enumerate() {
+            let col0 = ((k + s) % d * w) as u64;
+            let args = [
+                ck[k].arg(),
+                ak[k].arg(),
+                cur[k].arg(),
+                Arg::U64(w as u64),
+                Arg::U64(w as u64),
+                Arg::U64(n as u64),
+                Arg::U64(n as u64),
+                Arg::U64(col0),
+            ];
+            q.launch("gemm_f64", &args, 0).unwrap();
+        }
+        std::mem::swap(&mut cur, &mut next);
+    }
+    for k in 0..d {
+        let got = ck[k].to_vec().unwrap();
+        assert!(got.iter().zip(&want[k * w * n..]).all(|(x, y)| x.to_bits() == y.to_bits()), "rows of server {k} differ");
+    }
+    // A shape that does not fit its buffers is refused by the kernel, naming it.
+    qs[0]
+        .launch(
+            "gemm_f64",
+            &[
+                ck[0].arg(),
+                ak[0].arg(),
+                cur[0].arg(),
+                Arg::U64(n as u64),
+                Arg::U64(w as u64),
+                Arg::U64(n as u64),
+                Arg::U64(n as u64),
+                Arg::U64(0),
+            ],
+            0,
+        )
+        .unwrap();
+    let e = qs[0].synchronize().unwrap_err().to_string();
+    assert!(e.contains("kernel `gemm_f64`") && e.contains("does not fit"), "{e}");
+}
