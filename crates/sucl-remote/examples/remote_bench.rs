@@ -448,8 +448,14 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
     let raw_tls = median_secs((0..reps).map(|_| raw_stream(bytes, true)).collect());
     let mut rows = Vec::new();
     let mut via_client = 0.0;
-    let modes: &[bool] = if external.is_some() { &[true] } else { &[true, false] };
-    for &tls in modes {
+    // Running servers: TLS or plain as the environment says (SUCL_REMOTE_TLS=off for daemons
+    // started with --no-tls).
+    let external_tls = external.map(|_| ClientOptions::from_env(None).map(|o| o.tls != Tls::Off).unwrap_or(true));
+    let modes: Vec<bool> = match external_tls {
+        Some(t) => vec![t],
+        None => vec![true, false],
+    };
+    for tls in modes {
         let served: Vec<Served> = if external.is_some() { Vec::new() } else { vec![Served::start(tls), Served::start(tls)] };
         let targets: Vec<(String, ClientOptions)> = match external {
             Some(list) => {
@@ -487,7 +493,7 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
         assert!(xb.read(n - 4, 4).unwrap() == src[n - 4..], "the migrated bytes are wrong");
         let label = if tls { "TLS" } else { "plain TCP" };
         rows.push((format!("server to server, {label}"), device.clone(), median_secs(s2s)));
-        if tls {
+        if via_client == 0.0 {
             let mut via = Vec::new();
             for _ in 0..reps.min(3) {
                 let t = Instant::now();

@@ -619,7 +619,9 @@ fn serve(shared: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
             write_frame(&mut conn, &mut out, &Frame::PeerOpened { mac })?;
             conn.set_read_timeout(None)?;
             lock(&s.remote).ins.push(conn.clone());
-            return peer_receive(shared, &s, from, conn, max_frame);
+            let result = peer_receive(shared, &s, from, conn.clone(), max_frame);
+            lock(&s.remote).ins.retain(|l| !l.same(&conn)); // a re-made link must not pile up sockets
+            return result;
         }
         Ok(other) => return Err(refuse(&mut conn, &mut out, format!("expected open or attach, got {}", frame_name(&other)))),
         Err(ReadError::Wire(w)) => return Err(refuse(&mut conn, &mut out, format!("malformed handshake: {w}"))),

@@ -379,6 +379,11 @@ impl Link {
         self.inner.tls.as_ref().is_some_and(|t| lock(&t.conn).conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed))
     }
 
+    /// Whether two handles are the same connection.
+    pub fn same(&self, other: &Link) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether the link is encrypted.
     pub fn is_tls(&self) -> bool {
         self.inner.tls.is_some()
