@@ -18,6 +18,18 @@
 //! destination, which answers the client) and completion notices: a member that reaches
 //! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
 //! it — when the event completes, without the client.
+//!
+//! **Data path.** A migration's source writes each piece straight from the buffer (header and
+//! slice in one write) on the migrating command's thread; the destination's link reads the
+//! piece off the socket into a pooled staging chunk, and the receiving command copies chunks
+//! into the buffer as they come. The source's command completes when the destination confirms
+//! it holds every byte ([`Frame::PeerReceived`]).
+//!
+//! **Broken links.** The sending side makes a broken link again (authenticated as the first
+//! time). Peer frames are idempotent and waits re-send what they wait for whenever a link with
+//! that member broke or was made again: subscriptions again, and a migration's source asks how
+//! much arrived ([`Frame::PeerResume`]) and sends the rest. A member that cannot be reached
+//! within the peer timeout is lost: every wait on it fails, naming it.
 
 use crate::auth::{random, MeshKey, Nonces, SessionSecret, Token};
 use crate::kernels::{HostMem, KernelCall, KernelRegistry};

@@ -297,18 +297,18 @@ extern "C" __global__ void jacobi3d_f64(double* out, const double* in, unsigned 
 extern "C" __global__ void gemm_f64(double* c, const double* a, const double* b, unsigned long long m,
                                     unsigned long long n, unsigned long long k, unsigned long long ldc,
                                     unsigned long long col0) {
-    __shared__ double as[16][16];
-    __shared__ double bs[16][16];
+    __shared__ double tile_a[16][16];
+    __shared__ double tile_b[16][16];
     unsigned long long tiles_n = (n + 15) / 16;
     unsigned long long bi = blockIdx.x / tiles_n, bj = blockIdx.x % tiles_n;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     unsigned long long i = bi * 16 + ty, j = bj * 16 + tx;
     double acc = 0.0;
     for (unsigned long long k0 = 0; k0 < k; k0 += 16) {
-        as[ty][tx] = (i < m && k0 + tx < k) ? a[i * k + k0 + tx] : 0.0;
-        bs[ty][tx] = (k0 + ty < k && j < n) ? b[(k0 + ty) * n + j] : 0.0;
+        tile_a[ty][tx] = (i < m && k0 + tx < k) ? a[i * k + k0 + tx] : 0.0;
+        tile_b[ty][tx] = (k0 + ty < k && j < n) ? b[(k0 + ty) * n + j] : 0.0;
         __syncthreads();
-        for (int q = 0; q < 16; ++q) acc = fma(as[ty][q], bs[q][tx], acc);
+        for (int q = 0; q < 16; ++q) acc = fma(tile_a[ty][q], tile_b[q][tx], acc);
         __syncthreads();
     }
     if (i < m && j < n) c[i * ldc + col0 + j] = acc;
