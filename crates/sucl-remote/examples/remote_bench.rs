@@ -2,13 +2,17 @@
 //! run (a benchmark, not a test):
 //!
 //! ```sh
-//! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi]
-//!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--servers A,B] [--out FILE.md]
+//! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi,matmul]
+//!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--jacobi-n 96 --jacobi-nz 96 --jacobi-steps 30]
+//!     [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
 //! ```
 //!
-//! `--servers A,B` runs the migration between two running `sucld`s instead (e.g. one per GPU;
-//! the token and pins come from the environment as for any client; each moves its first CUDA
-//! device's buffer if it has one).
+//! `--servers A,B,...` runs the migration, the stencil and the matmul on running `sucld`s
+//! instead (e.g. one per GPU; the token and pins come from the environment as for any client;
+//! the migration moves the first CUDA device's buffer if a server has one); `--cuda` runs the
+//! applications on the servers' CUDA devices with the CUDA C kernels of
+//! `sucl_remote::kernels::cuda_src`, checked against and timed with the same kernels run on
+//! this process's GPU 0.
 //!
 //! Daemons run in this process (the same library `sucld` runs; every byte still crosses real
 //! loopback TCP, TLS unless a row says plain).
@@ -16,16 +20,20 @@
 //! - **latency**: raw TCP round trip (a no-op command's and reply's sizes) vs a no-op command
 //!   (enqueue + wait) over TLS and over plain TCP, and a kernel launch + synchronize;
 //!   median, p99, mean.
-//! - **reconnect**: the connection is cut, then a no-op re-attaches and runs (median of 100).
+//! - **reconnect**: the connection is cut, then a no-op re-attaches and runs (median of 100);
+//!   and each step of a re-attach alone (TCP connect, hello, full and resumed TLS).
 //! - **migrate**: 64 MiB from daemon A to daemon B, the client's links throttled to 1 Gbit/s
 //!   per direction by a pacing proxy: server to server (TLS and plain) vs through the client
-//!   (read from A, write to B); and S2S vs a raw TCP stream between two threads.
+//!   (read from A, write to B); and S2S vs raw TCP streams (two threads; two processes) and a
+//!   raw rustls stream between two processes.
 //! - **chain**: kernel on A → migrate to B → kernel on B → read, with 5 ms added to the
 //!   client's round trip by a delay proxy: submitted at once with the servers ordering it
 //!   among themselves, vs the client waiting for each step.
 //! - **jacobi**: a 7-point Jacobi 3D stencil split in z over 1–4 daemons, halo planes migrated
-//!   S2S every step, the whole run submitted at once; checked cell by cell against the same
-//!   kernel run locally (`#wrong`).
+//!   S2S every step, the whole run submitted at once; checked cell by cell, bit for bit,
+//!   against the same kernel run locally (`#wrong`).
+//! - **matmul**: a blocked `C = A·B` over 1–4 daemons, rows of A and C split, B's column blocks
+//!   passed round a ring S2S; checked bit for bit against the same kernel run locally.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -160,7 +160,7 @@ impl KernelRegistry {
     /// The built-in kernels: `gemm_f64(c, a, b, m, n, k, ldc, col0)` (see [`gemm`]),
     /// `noop()`, `increment_u64(buf)`, `fill_u64(buf, value)`,
     /// `axpy_f32(y, x, a)` and `axpy_f64(y, x, a)` (y ← a·x + y), `stencil3_f32(out, in)`
-    /// (out[i] ← mean of in[i-1..=i+1] inside, copied at the ends), `sleep_ms(ms)` (at most
+    /// (`out[i]` ← mean of `in[i-1..=i+1]` inside, copied at the ends), `sleep_ms(ms)` (at most
     /// 10 000), and `jacobi3d_f64(out, in, nx, ny)`: one 7-point Jacobi step on a block of
     /// `nz` planes of `nx`×`ny` stored with one halo plane below and above (`(nz+2)·nx·ny`
     /// elements): interior cells of planes 1..=nz become the mean of their six neighbours,
