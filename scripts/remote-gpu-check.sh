@@ -3,10 +3,16 @@
 #  1. starts `sucld --cuda` on loopback (TLS, a fresh certificate) and runs the
 #     remote_cuda_check example against it (upload, fill, copy, an NVRTC kernel compiled on the
 #     server, events, on every GPU), then the loopback latency and reconnect benchmark;
-#  2. with 2+ GPUs: one daemon per GPU (CUDA_VISIBLE_DEVICES=0 and =1), made one mesh by the
-#     benchmark, which migrates 64 MiB GPU0 → GPU1 server to server vs through the client
-#     (client links paced at 1 Gbit/s), checking the bytes.
-# Fails if a daemon cannot open a GPU or any check fails.
+#  2. the applications on GPU daemons — a Jacobi 3D stencil (halos migrated server to server
+#     each step) and a blocked matmul (B's column blocks passed round the daemons S2S) — with
+#     CUDA C kernels compiled by NVRTC on the servers, checked bit for bit (#wrong) against
+#     the same kernels run locally on GPU 0, and timed against them (efficiency):
+#     with 1 GPU on the one daemon; with 2+ GPUs on one daemon per GPU
+#     (CUDA_VISIBLE_DEVICES=0 and =1), split over 1 and 2 daemons;
+#  3. with 2+ GPUs: the benchmark makes the two daemons one mesh and migrates 64 MiB GPU0 →
+#     GPU1 server to server vs through the client (client links paced at 1 Gbit/s).
+# Fails if a daemon cannot open a GPU, any check fails, or any #wrong is not 0.
+# Sizes: JACOBI_N (256), JACOBI_NZ (256), JACOBI_STEPS (50), MATMUL_N (4096).
 # usage: [OUT=dir] scripts/remote-gpu-check.sh   (builds what it needs in release)
 #        SUCLD=path CHECK=path BENCH=path scripts/remote-gpu-check.sh   (prebuilt binaries, no cargo)
 set -uo pipefail
@@ -47,14 +53,28 @@ grep -q "NVRTC kernel, events: OK" "$OUT/check.txt" || status=1
 # The whole host benchmark (in-process daemons on host devices), on an idle machine.
 "$BENCH" --out "$OUT/host_loopback.md" || status=1
 
+# every_right FILE: the application tables of FILE ran and every #wrong (last column) is 0.
+every_right() {
+  awk -F'|' '/^\| [0-9]+ \|/ { rows++; if ($(NF-1) + 0 != 0) bad = 1 } END { exit (bad || rows == 0) }' "$1" \
+    || { echo "remote-gpu-check: $1: an application run is missing or computed wrong results" >&2; status=1; }
+}
+APPS="--only jacobi,matmul --cuda --jacobi-n ${JACOBI_N:-256} --jacobi-nz ${JACOBI_NZ:-256} --jacobi-steps ${JACOBI_STEPS:-50} --matmul-n ${MATMUL_N:-4096}"
+
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$ngpu" -ge 2 ]; then
+  kill "${PIDS[0]}" 2>/dev/null  # the all-GPU daemon is not needed any more
   start_daemon g0 CUDA_VISIBLE_DEVICES=0
   start_daemon g1 CUDA_VISIBLE_DEVICES=1
+  SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_g0,$PIN_g1 \
+    "$BENCH" $APPS --servers "$ADDR_g0,$ADDR_g1" --out "$OUT/apps_gpu.md" || status=1
+  every_right "$OUT/apps_gpu.md"
   SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_g0,$PIN_g1 \
     "$BENCH" --only migrate --servers "$ADDR_g0,$ADDR_g1" --out "$OUT/migrate_2gpu.md" || status=1
   grep -q "Cuda → Cuda" "$OUT/migrate_2gpu.md" || { echo "remote-gpu-check: the migration did not run GPU to GPU" >&2; status=1; }
 else
-  echo "remote-gpu-check: $ngpu GPU(s): skipping the two-daemon migration" >&2
+  SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_all \
+    "$BENCH" $APPS --servers "$ADDR_all" --out "$OUT/apps_gpu.md" || status=1
+  every_right "$OUT/apps_gpu.md"
+  echo "remote-gpu-check: $ngpu GPU(s): the applications ran on one daemon; skipping the two-daemon runs" >&2
 fi
 exit $status

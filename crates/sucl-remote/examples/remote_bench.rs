@@ -2,13 +2,17 @@
 //! run (a benchmark, not a test):
 //!
 //! ```sh
-//! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi]
-//!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--servers A,B] [--out FILE.md]
+//! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi,matmul]
+//!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--jacobi-n 96 --jacobi-nz 96 --jacobi-steps 30]
+//!     [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
 //! ```
 //!
-//! `--servers A,B` runs the migration between two running `sucld`s instead (e.g. one per GPU;
-//! the token and pins come from the environment as for any client; each moves its first CUDA
-//! device's buffer if it has one).
+//! `--servers A,B,...` runs the migration, the stencil and the matmul on running `sucld`s
+//! instead (e.g. one per GPU; the token and pins come from the environment as for any client;
+//! the migration moves the first CUDA device's buffer if a server has one); `--cuda` runs the
+//! applications on the servers' CUDA devices with the CUDA C kernels of
+//! `sucl_remote::kernels::cuda_src`, checked against and timed with the same kernels run on
+//! this process's GPU 0.
 //!
 //! Daemons run in this process (the same library `sucld` runs; every byte still crosses real
 //! loopback TCP, TLS unless a row says plain).
@@ -16,16 +20,20 @@
 //! - **latency**: raw TCP round trip (a no-op command's and reply's sizes) vs a no-op command
 //!   (enqueue + wait) over TLS and over plain TCP, and a kernel launch + synchronize;
 //!   median, p99, mean.
-//! - **reconnect**: the connection is cut, then a no-op re-attaches and runs (median of 100).
+//! - **reconnect**: the connection is cut, then a no-op re-attaches and runs (median of 100);
+//!   and each step of a re-attach alone (TCP connect, hello, full and resumed TLS).
 //! - **migrate**: 64 MiB from daemon A to daemon B, the client's links throttled to 1 Gbit/s
 //!   per direction by a pacing proxy: server to server (TLS and plain) vs through the client
-//!   (read from A, write to B); and S2S vs a raw TCP stream between two threads.
+//!   (read from A, write to B); and S2S vs raw TCP streams (two threads; two processes) and a
+//!   raw rustls stream between two processes.
 //! - **chain**: kernel on A → migrate to B → kernel on B → read, with 5 ms added to the
 //!   client's round trip by a delay proxy: submitted at once with the servers ordering it
 //!   among themselves, vs the client waiting for each step.
 //! - **jacobi**: a 7-point Jacobi 3D stencil split in z over 1–4 daemons, halo planes migrated
-//!   S2S every step, the whole run submitted at once; checked cell by cell against the same
-//!   kernel run locally (`#wrong`).
+//!   S2S every step, the whole run submitted at once; checked cell by cell, bit for bit,
+//!   against the same kernel run locally (`#wrong`).
+//! - **matmul**: a blocked `C = A·B` over 1–4 daemons, rows of A and C split, B's column blocks
+//!   passed round a ring S2S; checked bit for bit against the same kernel run locally.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -94,12 +102,132 @@ fn raw_tcp_stream(bytes: usize) -> f64 {
         s.write_all(&[1]).unwrap();
     });
     let mut c = TcpStream::connect(addr).unwrap();
-    let data = vec![7u8; bytes];
+    let data = vec![7u8; 1 << 20];
     let t = Instant::now();
-    c.write_all(&data).unwrap();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = data.len().min(bytes - sent);
+        c.write_all(&data[..n]).unwrap();
+        sent += n;
+    }
     c.read_exact(&mut [0u8; 1]).unwrap();
     let dt = t.elapsed().as_secs_f64();
     rx.join().unwrap();
+    dt
+}
+
+/// A verifier that trusts any certificate: only for the raw rustls baseline, which measures
+/// the cipher, not authentication.
+#[derive(Debug)]
+struct TrustAll(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for TrustAll {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The receiving process of a raw stream (`remote_bench --stream-sink tcp|tls BYTES`): prints
+/// its port, takes one connection, reads BYTES, answers one byte, exits.
+fn stream_sink(tls: bool, bytes: usize) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (s, _) = l.accept().unwrap();
+    let mut s: Box<dyn ReadWrite> = if tls {
+        let ck = rcgen::generate_simple_self_signed(vec!["sink".to_string()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.key_pair.serialize_der().into());
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![ck.cert.der().clone()], key)
+            .unwrap();
+        Box::new(rustls::StreamOwned::new(rustls::ServerConnection::new(Arc::new(cfg)).unwrap(), s))
+    } else {
+        Box::new(s)
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    while got < bytes {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        got += n;
+    }
+    s.write_all(&[1]).unwrap();
+    s.flush().unwrap();
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Seconds to stream `bytes` from this process to another over one loopback TCP connection,
+/// plain or TLS (rustls as an application would use it, AES-GCM on one core per side).
+fn raw_stream(bytes: usize, tls: bool) -> f64 {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--stream-sink", if tls { "tls" } else { "tcp" }, &bytes.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the sink process");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let port: u16 = line.trim().strip_prefix("port ").and_then(|p| p.parse().ok()).expect("the sink's port");
+    let sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut c: Box<dyn ReadWrite> = if tls {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(TrustAll(provider)))
+            .with_no_client_auth();
+        let conn = rustls::ClientConnection::new(Arc::new(cfg), "sink".try_into().unwrap()).unwrap();
+        let mut s = rustls::StreamOwned::new(conn, sock);
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock).unwrap();
+        }
+        Box::new(s)
+    } else {
+        Box::new(sock)
+    };
+    let data = vec![7u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = data.len().min(bytes - sent);
+        c.write_all(&data[..n]).unwrap();
+        sent += n;
+    }
+    c.flush().unwrap();
+    c.read_exact(&mut [0u8; 1]).unwrap();
+    let dt = t.elapsed().as_secs_f64();
+    child.wait().unwrap();
     dt
 }
 
@@ -251,8 +379,52 @@ fn reconnect(md: &mut String, n: usize) {
             r.nop().unwrap();
         });
         let (m, p, a) = stats(v);
-        md.push_str(&format!("| {} | {m:.1} | {p:.1} | {a:.1} |\n", if tls { "TLS" } else { "plain TCP" }));
+        md.push_str(&format!("| {} | {m:.1} | {p:.1} | {a:.1} |\n", if tls { "TLS (session resumed)" } else { "plain TCP" }));
     }
+    // Where the time goes: each step of a re-attach alone, against one daemon of each kind.
+    let (d, plain) = (Served::start(true), Served::start(false));
+    let (addr, plain_addr) = (d.addr(), plain.addr());
+    let pin = d.daemon.tls_pin().unwrap();
+    let t = Duration::from_secs(5);
+    let mut rows = vec![(
+        "TCP connect",
+        stats(time(n, 5, || {
+            let s = TcpStream::connect(&plain_addr).unwrap();
+            s.set_nodelay(true).unwrap();
+        })),
+    )];
+    rows.push(("TCP connect + hello / welcome (plain)", stats(time(n, 5, || drop(hello(&plain_addr, &Tls::Off, t, true))))));
+    rows.push((
+        "TCP connect + full TLS 1.3 handshake + hello / welcome",
+        stats(time(n, 5, || {
+            // A pin list no earlier connection used: a fresh client config, no ticket to resume.
+            let fresh = Tls::Pinned(vec![pin, sucl_remote::auth::random()]);
+            assert!(!hello(&addr, &fresh, t, true).resumed());
+        })),
+    ));
+    let pinned = Tls::Pinned(vec![pin]);
+    drop(hello(&addr, &pinned, t, true)); // a first full handshake leaves tickets
+    rows.push((
+        "TCP connect + resumed TLS 1.3 handshake + hello / welcome",
+        stats(time(n, 5, || assert!(hello(&addr, &pinned, t, true).resumed(), "the TLS session was not resumed"))),
+    ));
+    md.push_str("\nWhere a re-attach spends its time (each step measured alone; the rest of a reconnect is the attach exchange, the re-sent command and its reply):\n\n");
+    md.push_str("| step | median µs | p99 µs | mean µs |\n|---|---:|---:|---:|\n");
+    for (name, (m, p, a)) in rows {
+        md.push_str(&format!("| {name} | {m:.1} | {p:.1} | {a:.1} |\n"));
+    }
+}
+
+/// Connects (TLS as `tls` says) and, if `greet`, exchanges hello and welcome.
+fn hello(addr: &str, tls: &Tls, t: Duration, greet: bool) -> sucl_remote::transport::Link {
+    let mut l = sucl_remote::transport::connect(addr, tls, t).unwrap();
+    if greet {
+        use sucl_remote::wire::{read_frame, Frame};
+        let f = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: [1; 16] };
+        l.write_all(&f.encode()).unwrap();
+        assert!(matches!(read_frame(&mut l, &mut Vec::new(), 1024).unwrap(), Frame::Welcome { .. }));
+    }
+    l
 }
 
 fn median_secs(mut v: Vec<f64>) -> f64 {
@@ -276,12 +448,22 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
     md.push_str(&format!(
         "\n## Migration of {mib} MiB from daemon A to daemon B (median of {reps}; client links paced at 1 Gbit/s per direction)\n\n"
     ));
-    md.push_str("| path | device | time ms | GB/s | vs via client | vs raw TCP stream |\n|---|---|---:|---:|---:|---:|\n");
-    let raw = median_secs((0..reps).map(|_| raw_tcp_stream(bytes)).collect());
+    md.push_str(
+        "| path | device | time ms | GB/s | vs via client | vs raw TCP, 2 threads | vs raw TCP, 2 processes | vs raw TLS, 2 processes |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let raw_threads = median_secs((0..reps).map(|_| raw_tcp_stream(bytes)).collect());
+    let raw = median_secs((0..reps).map(|_| raw_stream(bytes, false)).collect());
+    let raw_tls = median_secs((0..reps).map(|_| raw_stream(bytes, true)).collect());
     let mut rows = Vec::new();
     let mut via_client = 0.0;
-    let modes: &[bool] = if external.is_some() { &[true] } else { &[true, false] };
-    for &tls in modes {
+    // Running servers: TLS or plain as the environment says (SUCL_REMOTE_TLS=off for daemons
+    // started with --no-tls).
+    let external_tls = external.map(|_| ClientOptions::from_env(None).map(|o| o.tls != Tls::Off).unwrap_or(true));
+    let modes: Vec<bool> = match external_tls {
+        Some(t) => vec![t],
+        None => vec![true, false],
+    };
+    for tls in modes {
         let served: Vec<Served> = if external.is_some() { Vec::new() } else { vec![Served::start(tls), Served::start(tls)] };
         let targets: Vec<(String, ClientOptions)> = match external {
             Some(list) => {
@@ -319,7 +501,7 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
         assert!(xb.read(n - 4, 4).unwrap() == src[n - 4..], "the migrated bytes are wrong");
         let label = if tls { "TLS" } else { "plain TCP" };
         rows.push((format!("server to server, {label}"), device.clone(), median_secs(s2s)));
-        if tls {
+        if via_client == 0.0 {
             let mut via = Vec::new();
             for _ in 0..reps.min(3) {
                 let t = Instant::now();
@@ -332,14 +514,18 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
             rows.push((format!("via the client (read A, write B), {label}"), device, via_client));
         }
     }
-    rows.push(("raw TCP stream between two threads (no proxy)".into(), "host".into(), raw));
+    rows.push(("raw TCP stream between two threads of one process (no proxy)".into(), "host".into(), raw_threads));
+    rows.push(("raw TCP stream between two processes (no proxy)".into(), "host".into(), raw));
+    rows.push(("raw TLS stream (rustls, AES-GCM) between two processes".into(), "host".into(), raw_tls));
     for (name, device, t) in rows {
         md.push_str(&format!(
-            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× |\n",
+            "| {name} | {device} | {:.1} | {:.2} | {:.1}× | {:.2}× | {:.2}× | {:.2}× |\n",
             t * 1e3,
             bytes as f64 / t / 1e9,
             via_client / t,
-            raw / t
+            raw_threads / t,
+            raw / t,
+            raw_tls / t
         ));
     }
 }
@@ -385,50 +571,193 @@ fn chain(md: &mut String, reps: usize) {
     md.push_str(&format!("| client-driven: the client waits for each step | {s:.2} | {:.2} |\n", s / r));
 }
 
-fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
+/// Where an application runs: `d` daemons in this process serving host devices, or the first
+/// `d` of running servers (`--servers`), on their first CUDA device with `--cuda`.
+struct Cluster {
+    _served: Vec<Served>,
+    remotes: Vec<Remote>,
+    queues: Vec<sucl_remote::RemoteQueue>,
+    cuda: bool,
+    _mesh: Option<Mesh>,
+}
+
+impl Cluster {
+    fn new(d: usize, external: Option<&[String]>, cuda: bool, kernels: &[(&str, &str)]) -> Cluster {
+        let served: Vec<Served> = if external.is_some() { Vec::new() } else { (0..d).map(|_| Served::start(true)).collect() };
+        let remotes: Vec<Remote> = match external {
+            Some(list) => {
+                let o = ClientOptions::from_env(None).expect("SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN for --servers");
+                list[..d].iter().map(|a| Remote::connect(a, o.clone()).expect("connecting")).collect()
+            }
+            None => served.iter().map(|s| s.connect(None)).collect(),
+        };
+        let mesh = (d > 1).then(|| Mesh::new(&remotes).unwrap());
+        let queues: Vec<_> = remotes
+            .iter()
+            .map(|r| {
+                let devs = r.devices().unwrap();
+                let want = if cuda { sucl_remote::DeviceKind::Cuda } else { sucl_remote::DeviceKind::Host };
+                let dev =
+                    devs.into_iter().find(|x| x.kind() == want).unwrap_or_else(|| panic!("server {} has no {want:?} device", r.server()));
+                if cuda {
+                    for (src, name) in kernels {
+                        dev.compile(src, name).unwrap();
+                    }
+                }
+                dev.queue().unwrap()
+            })
+            .collect();
+        Cluster { _served: served, remotes, queues, cuda, _mesh: mesh }
+    }
+    fn sync(&self) {
+        self.queues.iter().for_each(|q| q.synchronize().unwrap());
+    }
+    fn device(&self) -> String {
+        if self.cuda {
+            format!("{} GPU(s), one per daemon: {}", self.queues.len(), self.queues[0].device().name())
+        } else {
+            "host".into()
+        }
+    }
+}
+
+/// The same kernels run in this process on the first local GPU (the reference the remote GPU
+/// runs are checked and timed against).
+#[cfg(feature = "cuda")]
+mod local_gpu {
+    use sucl_cuda::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+    use sucl_cuda::{Buffer, Device, Kernel, Queue};
+
+    pub struct Gpu {
+        dev: Device,
+        q: Queue,
+    }
+
+    fn e(x: impl std::fmt::Display) -> String {
+        x.to_string()
+    }
+
+    pub fn open() -> Result<Gpu, String> {
+        sucl_cuda::probe()?;
+        let dev = Device::open(0).map_err(e)?;
+        let q = dev.queue().map_err(e)?;
+        Ok(Gpu { dev, q })
+    }
+
+    fn ptr(b: &Buffer<f64>) -> u64 {
+        let s = b.cuda_slice().expect("a non-empty buffer");
+        let (p, _sync) = s.device_ptr(b.queue().stream());
+        p
+    }
+
+    impl Gpu {
+        fn launch(&self, k: &Kernel, words: &[u64], threads: u64) -> Result<(), String> {
+            let mut b = self.q.stream().launch_builder(k.function());
+            for w in words {
+                b.arg(w);
+            }
+            let cfg = LaunchConfig { grid_dim: (threads.div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: every parameter of these kernels is a 64-bit word (a device pointer of a
+            // live buffer of this queue, or an integer), passed in order.
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|x| format!("{x:?}"))
+        }
+
+        /// `steps` Jacobi steps on the whole domain (`nz` interior planes); the result and the
+        /// seconds the kernels took.
+        pub fn jacobi(&self, init: &[f64], nx: usize, ny: usize, nz: usize, steps: usize) -> Result<(Vec<f64>, f64), String> {
+            let k = Kernel::compile(&self.dev, sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64").map_err(e)?;
+            let (mut a, mut b) = (self.q.upload(init).map_err(e)?, self.q.upload(init).map_err(e)?);
+            self.q.synchronize().map_err(e)?;
+            let t = std::time::Instant::now();
+            for _ in 0..steps {
+                self.launch(&k, &[ptr(&b), ptr(&a), nx as u64, ny as u64, nz as u64], (nx * ny * nz) as u64)?;
+                std::mem::swap(&mut a, &mut b);
+            }
+            self.q.synchronize().map_err(e)?;
+            let dt = t.elapsed().as_secs_f64();
+            Ok((a.to_vec().map_err(e)?, dt))
+        }
+
+        /// `C = A·B` (n×n, whole); the result and the seconds the kernel took.
+        pub fn gemm(&self, a: &[f64], b: &[f64], n: usize) -> Result<(Vec<f64>, f64), String> {
+            let k = Kernel::compile(&self.dev, sucl_remote::kernels::cuda_src::GEMM_F64, "gemm_f64").map_err(e)?;
+            let (da, db, dc) = (self.q.upload(a).map_err(e)?, self.q.upload(b).map_err(e)?, self.q.alloc::<f64>(n * n).map_err(e)?);
+            self.q.synchronize().map_err(e)?;
+            let t = std::time::Instant::now();
+            let n64 = n as u64;
+            self.launch(&k, &[ptr(&dc), ptr(&da), ptr(&db), n64, n64, n64, n64, 0], sucl_remote::kernels::cuda_src::gemm_range(n64, n64))?;
+            self.q.synchronize().map_err(e)?;
+            let dt = t.elapsed().as_secs_f64();
+            Ok((dc.to_vec().map_err(e)?, dt))
+        }
+    }
+}
+
+/// The local reference of an application on GPU (`None` without one).
+fn local_gpu_run(f: impl FnOnce() -> Result<(Vec<f64>, f64), String>) -> (Vec<f64>, f64) {
+    f().unwrap_or_else(|e| panic!("the local GPU reference run failed: {e}"))
+}
+
+fn daemon_counts(max: usize, external: Option<&[String]>) -> Vec<usize> {
+    let max = external.map_or(max, |l| l.len().min(max));
+    (1..=max).collect()
+}
+
+fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize, external: Option<&[String]>, cuda: bool) {
     let ny = nx;
     let plane = nx * ny;
     let init = |g: usize| ((g % plane % nx) * 7 + (g % plane / nx) * 13 + (g / plane) * 31) as f64 % 97.0;
     // The local reference: the whole domain, NZ interior planes plus two fixed boundary planes.
-    let mut a: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
-    let mut b = a.clone();
-    let t = Instant::now();
-    for _ in 0..steps {
-        jacobi3d(&mut b, &a, nx, ny).unwrap();
-        std::mem::swap(&mut a, &mut b);
-    }
-    let local = t.elapsed().as_secs_f64();
+    let whole: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
+    let (a, local, local_where) = if cuda {
+        #[cfg(feature = "cuda")]
+        let (r, t) = local_gpu_run(|| local_gpu::open()?.jacobi(&whole, nx, ny, nz, steps));
+        #[cfg(not(feature = "cuda"))]
+        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
+        (r, t, "this process's GPU 0, same CUDA kernel")
+    } else {
+        let (mut a, mut b) = (whole.clone(), whole.clone());
+        let t = Instant::now();
+        for _ in 0..steps {
+            jacobi3d(&mut b, &a, nx, ny).unwrap();
+            std::mem::swap(&mut a, &mut b);
+        }
+        (a, t.elapsed().as_secs_f64(), "one thread, same kernel")
+    };
     let cells = (nx * ny * nz * steps) as f64;
     md.push_str(&format!(
         "\n## Jacobi 3D (7-point, f64), {nx}×{ny}×{nz}, {steps} steps, split in z over 1–4 daemons; halos migrated S2S every step\n\n"
     ));
     md.push_str(&format!(
-        "Local run (one thread, same kernel): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores.\n\n",
+        "Local run ({local_where}): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores. Times: first step to every queue synchronized (uploads and the final read not counted).\n\n",
         local * 1e3,
         cells / local / 1e6,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
-    md.push_str("| daemons | time ms | MLUP/s | speedup vs 1 daemon | vs local | #wrong |\n|---:|---:|---:|---:|---:|---:|\n");
+    md.push_str("| daemons | device | time ms | MLUP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
     let mut one = 0.0;
-    for d in 1..=4usize {
+    for d in daemon_counts(4, external) {
         if !nz.is_multiple_of(d) {
             continue;
         }
         let nzl = nz / d;
-        let servers: Vec<Served> = (0..d).map(|_| Served::start(true)).collect();
-        let rs: Vec<Remote> = servers.iter().map(|s| s.connect(None)).collect();
-        let _mesh = Mesh::new(&rs).unwrap();
-        let qs: Vec<_> = rs.iter().map(|r| r.devices().unwrap()[0].queue().unwrap()).collect();
+        let c = Cluster::new(d, external, cuda, &[(sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64")]);
+        let qs = &c.queues;
         // Block k holds global planes k·nzl ..= (k+1)·nzl + 1 (its interior and two halos).
         let block = |k: usize| -> Vec<f64> { (k * nzl * plane..((k + 1) * nzl + 2) * plane).map(init).collect() };
         let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
         let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
-        qs.iter().for_each(|q| q.synchronize().unwrap());
+        c.sync();
         let t = Instant::now();
         for _ in 0..steps {
             for k in 0..d {
-                let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
-                qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
+                if cuda {
+                    let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64), Arg::U64(nzl as u64)];
+                    qs[k].launch("jacobi3d_f64", &args, (plane * nzl) as u64).unwrap();
+                } else {
+                    let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
+                    qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
+                }
             }
             for k in 0..d.saturating_sub(1) {
                 let (lo, hi) = outs.split_at_mut(k + 1);
@@ -438,25 +767,130 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize) {
             }
             std::mem::swap(&mut ins, &mut outs);
         }
-        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
+        c.sync();
         let dt = t.elapsed().as_secs_f64();
+        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
         let wrong = result
             .iter()
             .enumerate()
-            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x != y).count())
+            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
             .sum::<usize>();
         if d == 1 {
             one = dt;
         }
-        md.push_str(&format!("| {d} | {:.1} | {:.0} | {:.2}× | {:.2}× | {wrong} |\n", dt * 1e3, cells / dt / 1e6, one / dt, local / dt));
+        md.push_str(&format!(
+            "| {d} | {} | {:.1} | {:.0} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+            c.device(),
+            dt * 1e3,
+            cells / dt / 1e6,
+            one / dt,
+            local / dt,
+            100.0 * local / dt / d as f64
+        ));
+        drop(c.remotes);
+    }
+}
+
+/// A blocked matrix product `C = A·B` (n×n, f64) over `d` daemons: daemon k holds rows
+/// `k·n/d ..` of A and C and one column block of B at a time; in step s it multiplies by
+/// block `(k+s) mod d` while passing that block on to daemon `k−1` server to server (a ring),
+/// so every B block visits every daemon once. The whole run is submitted at once.
+fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
+    use sucl_remote::kernels::{cuda_src, gemm, Gemm};
+    let a: Vec<f64> = (0..n * n).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect();
+    let b: Vec<f64> = (0..n * n).map(|i| ((i * 53 % 89) as f64 - 44.0) / 44.0).collect();
+    let (want, local, local_where) = if cuda {
+        #[cfg(feature = "cuda")]
+        let (r, t) = local_gpu_run(|| local_gpu::open()?.gemm(&a, &b, n));
+        #[cfg(not(feature = "cuda"))]
+        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
+        (r, t, "this process's GPU 0, same CUDA kernel")
+    } else {
+        let mut c = vec![0.0; n * n];
+        let t = Instant::now();
+        gemm(&mut c, &a, &b, Gemm { m: n, n, k: n, ldc: n, col0: 0 }).unwrap();
+        (c, t.elapsed().as_secs_f64(), "one thread, same kernel")
+    };
+    let flops = 2.0 * (n as f64).powi(3);
+    md.push_str(&format!(
+        "\n## Blocked matmul (f64), {n}×{n}, rows of A and C split over 1–4 daemons, B's column blocks passed round a ring S2S\n\n"
+    ));
+    md.push_str(&format!(
+        "Local run ({local_where}): {:.1} ms, {:.2} GFLOP/s. Times: first multiply to every queue synchronized (uploads and the final read not counted).\n\n",
+        local * 1e3,
+        flops / local / 1e9
+    ));
+    md.push_str("| daemons | device | time ms | GFLOP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    let mut one = 0.0;
+    for d in daemon_counts(4, external) {
+        if !n.is_multiple_of(d) {
+            continue;
+        }
+        let w = n / d; // rows of A per daemon, columns per B block
+        let c = Cluster::new(d, external, cuda, &[(cuda_src::GEMM_F64, "gemm_f64")]);
+        let qs = &c.queues;
+        let a_rows = |k: usize| a[k * w * n..(k + 1) * w * n].to_vec();
+        let b_cols = |j: usize| -> Vec<f64> { (0..n).flat_map(|r| b[r * n + j * w..r * n + (j + 1) * w].to_vec()).collect() };
+        let ak: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&a_rows(k)).unwrap()).collect();
+        let ck: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(w * n).unwrap()).collect();
+        let mut cur: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&b_cols(k)).unwrap()).collect();
+        let mut next: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(n * w).unwrap()).collect();
+        c.sync();
+        let t = Instant::now();
+        for s in 0..d {
+            // Pass each block on to the previous daemon, then multiply by it (the commands of a
+            // session run in order, so on each daemon the transfer and the multiply take turns).
+            if s + 1 < d {
+                for (k, block) in cur.iter().enumerate() {
+                    next[(k + d - 1) % d].migrate_from(block).unwrap();
+                }
+            }
+            for k in 0..d {
+                let j = (k + s) % d; // the B block daemon k holds in step s
+                let (m64, w64, n64) = (w as u64, w as u64, n as u64);
+                let args = [
+                    ck[k].arg(),
+                    ak[k].arg(),
+                    cur[k].arg(),
+                    Arg::U64(m64),
+                    Arg::U64(w64),
+                    Arg::U64(n64),
+                    Arg::U64(n64),
+                    Arg::U64((j * w) as u64),
+                ];
+                let range = if cuda { cuda_src::gemm_range(m64, w64) } else { 0 };
+                qs[k].launch("gemm_f64", &args, range).unwrap();
+            }
+            std::mem::swap(&mut cur, &mut next);
+        }
+        c.sync();
+        let dt = t.elapsed().as_secs_f64();
+        let wrong: usize = (0..d)
+            .map(|k| ck[k].to_vec().unwrap().iter().zip(&want[k * w * n..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
+            .sum();
+        if d == 1 {
+            one = dt;
+        }
+        md.push_str(&format!(
+            "| {d} | {} | {:.1} | {:.2} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+            c.device(),
+            dt * 1e3,
+            flops / dt / 1e9,
+            one / dt,
+            local / dt,
+            100.0 * local / dt / d as f64
+        ));
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--stream-sink") {
+        return stream_sink(args[i + 1] == "tls", args[i + 2].parse().expect("--stream-sink tcp|tls BYTES"));
+    }
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let num = |name: &str, default: usize| opt(name).map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N"))).unwrap_or(default);
-    let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi".into());
+    let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi,matmul".into());
     let on = |s: &str| only.split(',').any(|x| x == s);
     let mut md = format!("# sucl remote devices on loopback\n\nCommand: `{}`\n", args.join(" "));
     if on("latency") {
@@ -473,8 +907,13 @@ fn main() {
     if on("chain") {
         chain(&mut md, num("--chain-reps", 20));
     }
+    let external: Option<Vec<String>> = opt("--servers").map(|s| s.split(',').map(String::from).collect());
+    let cuda = args.iter().any(|a| a == "--cuda");
     if on("jacobi") {
-        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30));
+        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30), external.as_deref(), cuda);
+    }
+    if on("matmul") {
+        matmul(&mut md, num("--matmul-n", 480), external.as_deref(), cuda);
     }
     print!("{md}");
     if let Some(path) = opt("--out") {

@@ -257,6 +257,10 @@ struct State {
     deferred: Option<RemoteError>,
     out: Vec<u8>,
     reconnects: u64,
+    /// Re-attaches whose TLS session was resumed (no full handshake).
+    resumed: u64,
+    /// The read side of a connection made by a re-attach, for the reader thread.
+    next_reader: Option<Link>,
 }
 
 struct Conn {
@@ -359,6 +363,8 @@ impl Remote {
                 deferred: None,
                 out: Vec::new(),
                 reconnects: 0,
+                resumed: 0,
+                next_reader: None,
             }),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -388,6 +394,11 @@ impl Remote {
     /// How many times the connection was re-established.
     pub fn reconnects(&self) -> u64 {
         self.conn.lock().reconnects
+    }
+
+    /// How many re-attaches resumed the TLS session (an abbreviated handshake).
+    pub fn resumed_reconnects(&self) -> u64 {
+        self.conn.lock().resumed
     }
 
     /// The server's devices.
@@ -490,16 +501,25 @@ impl Conn {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes `s` the connection: starts its reader and re-sends every unanswered command.
+    /// Makes `s` the connection and re-sends every unanswered command. The first connection
+    /// starts the session's reader thread; later ones are handed to it (it is the thread that
+    /// re-attaches), so a reconnect starts no thread.
     fn install(self: &Arc<Self>, st: &mut State, s: Link) -> std::result::Result<(), String> {
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
         st.generation += 1;
-        let (generation, me, reader) = (st.generation, self.clone(), s.try_clone().map_err(|e| e.to_string())?);
-        let max_frame = st.keys.max_frame;
-        std::thread::Builder::new()
-            .name("sucl-remote-reader".into())
-            .spawn(move || me.read_loop(reader, generation, max_frame))
-            .map_err(|e| e.to_string())?;
+        if s.resumed() {
+            st.resumed += 1;
+        }
+        let reader = s.try_clone().map_err(|e| e.to_string())?;
+        if st.generation == 1 {
+            let (me, max_frame) = (self.clone(), st.keys.max_frame);
+            std::thread::Builder::new()
+                .name("sucl-remote-reader".into())
+                .spawn(move || me.read_loop(reader, 1, max_frame))
+                .map_err(|e| e.to_string())?;
+        } else {
+            st.next_reader = Some(reader);
+        }
         let mut w = s;
         for (_, frame) in &st.unanswered {
             // Commands the server already received are kept as empty placeholders.
@@ -510,16 +530,46 @@ impl Conn {
         Ok(())
     }
 
-    fn read_loop(self: Arc<Self>, s: Link, generation: u64, max_frame: u32) {
+    /// Reads replies until the connection breaks, then re-attaches at once — rather than at
+    /// the next call on this server: another server may be waiting (for a migration's bytes,
+    /// for an event) on commands this one has not received yet — and reads the new one.
+    fn read_loop(self: Arc<Self>, mut s: Link, mut generation: u64, max_frame: u32) {
+        loop {
+            let why = self.read_replies(s, generation, max_frame);
+            let mut st = self.lock();
+            if st.generation != generation {
+                return;
+            }
+            if let Some(w) = st.writer.take() {
+                w.shutdown();
+            }
+            st.broken = Some(why);
+            self.changed.notify_all();
+            if st.dead.is_some() {
+                return;
+            }
+            self.reattach(&mut st);
+            match st.next_reader.take() {
+                Some(next) if st.dead.is_none() => {
+                    s = next;
+                    generation = st.generation;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Reads replies from `s` until it breaks; returns why.
+    fn read_replies(&self, s: Link, generation: u64, max_frame: u32) -> String {
         let mut r = BufReader::with_capacity(1 << 16, s);
         let mut buf = Vec::new();
         loop {
             let f = read_frame(&mut r, &mut buf, max_frame);
             let mut st = self.lock();
             if st.generation != generation {
-                return;
+                return "replaced".into();
             }
-            let why = match f {
+            return match f {
                 Ok(Frame::Reply { seq, outcome }) if seq == st.last_reply + 1 => {
                     st.last_reply = seq;
                     while st.unanswered.front().is_some_and(|(s, _)| *s <= seq) {
@@ -548,23 +598,6 @@ impl Conn {
                 Ok(other) => format!("unexpected frame {other:?}"),
                 Err(e) => e.to_string(),
             };
-            if let Some(w) = st.writer.take() {
-                w.shutdown();
-            }
-            st.broken = Some(why);
-            self.changed.notify_all();
-            drop(st);
-            // Re-attach now rather than at the next call on this server: another server may be
-            // waiting (for a migration's bytes, for an event) on commands this one has not
-            // received yet.
-            let me = self.clone();
-            let _ = std::thread::Builder::new().name("sucl-remote-reattach".into()).spawn(move || {
-                let mut st = me.lock();
-                if st.generation == generation && st.broken.is_some() && st.dead.is_none() {
-                    me.reattach(&mut st);
-                }
-            });
-            return;
         }
     }
 
@@ -618,17 +651,11 @@ impl Conn {
     }
 
     /// Waits for something to change: a reply, a break (then re-attaches), or the deadline.
-    fn progress<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, State>, deadline: Instant, what: &str) -> Result<MutexGuard<'a, State>> {
+    fn progress<'a>(self: &'a Arc<Self>, st: MutexGuard<'a, State>, deadline: Instant, what: &str) -> Result<MutexGuard<'a, State>> {
         if let Some(e) = &st.dead {
             return Err(e.clone());
         }
-        if st.broken.is_some() {
-            self.reattach(&mut st);
-            return match &st.dead {
-                Some(e) => Err(e.clone()),
-                None => Ok(st),
-            };
-        }
+        // A broken connection is re-attached by the reader thread; wait for it like for a reply.
         let now = Instant::now();
         if now >= deadline {
             return Err(RemoteError::Timeout { server: self.server.clone(), what: what.into(), after: self.opts.call_timeout });

@@ -150,6 +150,16 @@ impl CudaMem {
         Ok(v)
     }
 
+    /// Reads bytes `r` into `out` (of the same length), without allocating.
+    pub(crate) fn read_into(&self, r: Range<usize>, out: &mut [u8]) -> Result<(), Outcome> {
+        if r.is_empty() {
+            return Ok(());
+        }
+        let stream = self.0.queue().stream();
+        stream.memcpy_dtoh(&self.slice()?.slice(r), out).map_err(|e| dev_err("reading", format!("{e:?}")))?;
+        self.0.queue().synchronize().map_err(|e| dev_err("reading", e))
+    }
+
     pub(crate) fn fill(&mut self, r: Range<usize>, pattern: &[u8]) -> Result<(), Outcome> {
         let host: Vec<u8> = pattern.iter().copied().cycle().take(r.len()).collect();
         self.write(r.start, &host)

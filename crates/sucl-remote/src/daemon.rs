@@ -18,6 +18,18 @@
 //! destination, which answers the client) and completion notices: a member that reaches
 //! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
 //! it — when the event completes, without the client.
+//!
+//! **Data path.** A migration's source writes each piece straight from the buffer (header and
+//! slice in one write) on the migrating command's thread; the destination's link reads the
+//! piece off the socket into a pooled staging chunk, and the receiving command copies chunks
+//! into the buffer as they come. The source's command completes when the destination confirms
+//! it holds every byte ([`Frame::PeerReceived`]).
+//!
+//! **Broken links.** The sending side makes a broken link again (authenticated as the first
+//! time). Peer frames are idempotent and waits re-send what they wait for whenever a link with
+//! that member broke or was made again: subscriptions again, and a migration's source asks how
+//! much arrived ([`Frame::PeerResume`]) and sends the rest. A member that cannot be reached
+//! within the peer timeout is lost: every wait on it fails, naming it.
 
 use crate::auth::{random, MeshKey, Nonces, SessionSecret, Token};
 use crate::kernels::{HostMem, KernelCall, KernelRegistry};
@@ -199,26 +211,59 @@ struct MeshInfo {
     peers: HashMap<u32, PeerSpec>,
 }
 
-/// A transfer arriving from a peer.
+/// A transfer arriving from a peer: pieces staged as they come (in pooled chunks), taken by
+/// the receiving command as soon as it runs, so that its copy into the buffer overlaps the
+/// link's next reads.
 struct Incoming {
-    data: Vec<u8>,
     total: u64,
+    /// Bytes staged so far (pieces received in order; a re-sent prefix is skipped).
+    received: u64,
+    /// Staged pieces not yet taken: (chunk, bytes used in it).
+    chunks: VecDeque<(Vec<u8>, usize)>,
 }
 
-/// Frames queued for one outgoing peer link, sent by that link's own thread, so that no
-/// thread that reads (a peer link, a client connection) ever blocks on a peer's socket.
+/// The bytes of one staging chunk (and the largest piece a migration sends).
+const STAGE_CHUNK: usize = 256 << 10;
+/// Staging chunks a session keeps for reuse.
+const STAGE_POOL: usize = 32;
+/// Completed incoming transfers a session remembers (to acknowledge a re-sent one again).
+const FINISHED_KEPT: usize = 1 << 16;
+
+/// One outgoing link to a mesh member. Its thread (re)connects it and writes the small frames
+/// queued here (notices, subscriptions, acknowledgements), so that no thread that reads (a
+/// peer link, a client connection) ever blocks on a peer's socket; a migrating command writes
+/// its data straight from the buffer instead, holding `write` for each whole frame.
 struct PeerOut {
-    q: Mutex<OutQueue>,
+    st: Mutex<OutState>,
     cv: Condvar,
+    write: Mutex<()>,
 }
 
 #[derive(Default)]
-struct OutQueue {
+struct OutState {
+    /// The connection in use (`None` while it is being made or re-made).
+    link: Option<Link>,
+    /// Counts connections made; a break reported for an older one changes nothing.
+    generation: u64,
     frames: VecDeque<Vec<u8>>,
-    bytes: usize,
-    closed: bool,
-    error: Option<String>,
     max_frame: u32,
+    /// Why the member cannot be reached any more (the link will not be re-made).
+    error: Option<String>,
+    closed: bool,
+}
+
+impl PeerOut {
+    /// Connection `generation` broke: drop it (its thread makes a new one).
+    fn broken(&self, generation: u64) {
+        let mut st = lock(&self.st);
+        if st.generation == generation {
+            if let Some(l) = st.link.take() {
+                l.shutdown();
+            }
+        }
+        drop(st);
+        self.cv.notify_all();
+    }
 }
 
 /// What a session knows of its mesh: links, local events peers wait for, remote events and
@@ -234,9 +279,48 @@ struct RemoteState {
     subscribers: HashMap<u64, Vec<u32>>,
     /// Events of peers that completed, or (false) never will.
     remote_done: HashMap<(u32, u64), bool>,
-    subscribed: HashSet<(u32, u64)>,
     inbox: HashMap<(u32, u64), Incoming>,
+    /// Bytes staged in `inbox`.
+    staged: u64,
+    /// Incoming transfers taken by their command, with their sizes, oldest first (bounded).
+    finished: HashMap<(u32, u64), u64>,
+    finished_order: VecDeque<(u32, u64)>,
+    /// Outgoing transfers: the bytes the destination said it holds.
+    progress: HashMap<(u32, u64), u64>,
+    /// Members that have opened a link to this session (a later one is a re-made link).
+    linked_from: HashSet<u32>,
+    /// Per member: bumped whenever a link with it breaks or a new one from it opens (frames
+    /// in flight may have been lost: waiters re-send what they are waiting on).
+    epoch: HashMap<u32, u64>,
+    /// Staging chunks for reuse.
+    pool: Vec<Vec<u8>>,
     lost: HashMap<u32, String>,
+}
+
+impl RemoteState {
+    fn epoch(&self, peer: u32) -> u64 {
+        self.epoch.get(&peer).copied().unwrap_or(0)
+    }
+    fn chunk(&mut self, len: usize) -> Vec<u8> {
+        match self.pool.pop() {
+            Some(c) if c.len() >= len => c,
+            _ => vec![0u8; len.max(STAGE_CHUNK)],
+        }
+    }
+    fn recycle(&mut self, c: Vec<u8>) {
+        if self.pool.len() < STAGE_POOL && c.len() == STAGE_CHUNK {
+            self.pool.push(c);
+        }
+    }
+    fn finish(&mut self, key: (u32, u64), total: u64) {
+        if self.finished.insert(key, total).is_none() {
+            self.finished_order.push_back(key);
+            if self.finished_order.len() > FINISHED_KEPT {
+                let old = self.finished_order.pop_front().expect("non-empty");
+                self.finished.remove(&old);
+            }
+        }
+    }
 }
 
 struct Session {
@@ -265,13 +349,19 @@ impl Session {
         }
         let mut r = lock(&self.remote);
         for out in r.outs.values() {
-            lock(&out.q).closed = true;
+            let mut st = lock(&out.st);
+            st.closed = true;
+            if let Some(l) = st.link.take() {
+                l.shutdown();
+            }
+            drop(st);
             out.cv.notify_all();
         }
         for l in r.ins.drain(..) {
             l.shutdown();
         }
         r.inbox.clear();
+        r.pool.clear();
         drop(r);
         self.remote_cv.notify_all();
     }
@@ -541,7 +631,9 @@ fn serve(shared: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
             write_frame(&mut conn, &mut out, &Frame::PeerOpened { mac })?;
             conn.set_read_timeout(None)?;
             lock(&s.remote).ins.push(conn.clone());
-            return peer_receive(shared, &s, from, conn, max_frame);
+            let result = peer_receive(shared, &s, from, conn.clone(), max_frame);
+            lock(&s.remote).ins.retain(|l| !l.same(&conn)); // a re-made link must not pile up sockets
+            return result;
         }
         Ok(other) => return Err(refuse(&mut conn, &mut out, format!("expected open or attach, got {}", frame_name(&other)))),
         Err(ReadError::Wire(w)) => return Err(refuse(&mut conn, &mut out, format!("malformed handshake: {w}"))),
@@ -577,6 +669,8 @@ fn frame_name(f: &Frame) -> &'static str {
         Frame::PeerSubscribe { .. } => "peer subscribe",
         Frame::PeerNotice { .. } => "peer notice",
         Frame::PeerData { .. } => "peer data",
+        Frame::PeerReceived { .. } => "peer received",
+        Frame::PeerResume { .. } => "peer resume",
     }
 }
 
@@ -701,7 +795,7 @@ fn forget_replies(st: &mut SessionState, upto: u64) {
 fn would_block(s: &Session, cmd: &Command) -> bool {
     let r = lock(&s.remote);
     match cmd {
-        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.data.len() as u64 != i.total),
+        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.received != i.total),
         Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
         _ => false,
     }
@@ -772,56 +866,120 @@ fn peer_out(shared: &Arc<Shared>, s: &Arc<Session>, r: &mut RemoteState, to: u32
     }
     let m = r.mesh.as_ref().ok_or("this session is not in a mesh (JoinMesh first)")?;
     let spec = m.peers.get(&to).ok_or_else(|| format!("mesh member {to} does not exist"))?.clone();
-    let out = Arc::new(PeerOut { q: Mutex::new(OutQueue::default()), cv: Condvar::new() });
+    let out = Arc::new(PeerOut { st: Mutex::new(OutState::default()), cv: Condvar::new(), write: Mutex::new(()) });
     let (sh, se, o2, id, key, from) = (shared.clone(), s.clone(), out.clone(), m.id, m.key.clone(), m.index);
     std::thread::Builder::new()
         .name("sucld-peer-out".into())
-        .spawn(move || {
-            let why = match peer_connect(&sh, &spec, id, &key, from) {
-                Ok((link, max_frame)) => {
-                    lock(&o2.q).max_frame = max_frame;
-                    o2.cv.notify_all();
-                    watch_link(&se, to, &spec.address, link.clone());
-                    peer_send_loop(&o2, link)
-                }
-                Err(e) => e,
-            };
-            if !se.closed.load(Ordering::SeqCst) {
-                warn!(peer = %spec.address, "peer link to member {to} lost: {why}");
-            }
-            let mut q = lock(&o2.q);
-            q.error = Some(why.clone());
-            q.frames.clear();
-            q.bytes = 0;
-            drop(q);
-            o2.cv.notify_all();
-            mark_lost(&se, to, format!("peer server {} (mesh member {to}): {why}", spec.address));
-        })
+        .spawn(move || peer_link_loop(&sh, &se, &o2, to, &spec, id, &key, from))
         .map_err(|e| e.to_string())?;
     r.outs.insert(to, out.clone());
     Ok(out)
 }
 
+/// Keeps the link to member `to` up: connects, sends queued frames, and when the connection
+/// breaks, connects again (authenticated as the first time) — until the session closes or the
+/// member cannot be reached within the peer timeout (then it is lost: every wait on it fails,
+/// naming it).
+#[allow(clippy::too_many_arguments)]
+fn peer_link_loop(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    out: &Arc<PeerOut>,
+    to: u32,
+    spec: &PeerSpec,
+    id: [u8; 16],
+    key: &MeshKey,
+    from: u32,
+) {
+    let mut first = true;
+    let why = loop {
+        let (link, max_frame) = match peer_connect(shared, spec, id, key, from, first) {
+            Ok(x) => x,
+            Err(why) if first => break why,
+            Err(why) => break format!("the link broke and could not be made again: {why}"),
+        };
+        let generation = {
+            let mut st = lock(&out.st);
+            if st.closed {
+                link.shutdown();
+                break String::new();
+            }
+            st.generation += 1;
+            st.link = Some(link.clone());
+            st.max_frame = max_frame;
+            st.generation
+        };
+        out.cv.notify_all();
+        if !first {
+            info!(peer = %spec.address, "peer link to mesh member {to} re-established");
+        }
+        watch_link(out, generation, link.clone());
+        send_queued(out, generation, link.clone());
+        out.broken(generation);
+        if lock(&out.st).closed {
+            break String::new();
+        }
+        debug!(peer = %spec.address, "peer link to mesh member {to} broke; reconnecting");
+        link_changed(s, to);
+        first = false;
+    };
+    if why.is_empty() || s.closed.load(Ordering::SeqCst) {
+        return;
+    }
+    warn!(peer = %spec.address, "peer link to mesh member {to} lost: {why}");
+    let why = format!("peer server {} (mesh member {to}): {why}", spec.address);
+    let mut st = lock(&out.st);
+    st.error = Some(why.clone());
+    st.frames.clear();
+    drop(st);
+    out.cv.notify_all();
+    mark_lost(s, to, why);
+}
+
+/// Writes the queued frames on connection `generation` until it breaks or the session closes.
+fn send_queued(out: &PeerOut, generation: u64, mut link: Link) {
+    loop {
+        let frame = {
+            let mut st = lock(&out.st);
+            loop {
+                if st.closed || st.generation != generation || st.link.is_none() {
+                    return;
+                }
+                if let Some(f) = st.frames.pop_front() {
+                    break f;
+                }
+                st = out.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let _w = lock(&out.write);
+        if link.write_all(&frame).is_err() {
+            // Goes again on the next connection (every peer frame may arrive twice).
+            lock(&out.st).frames.push_front(frame);
+            return;
+        }
+    }
+}
+
 /// The receiving end of an outgoing link sends nothing back: a read that returns means the
-/// peer closed or died, which must fail this session's waits on it at once (not after the
-/// peer timeout), even while nothing is being sent.
-fn watch_link(s: &Arc<Session>, to: u32, address: &str, mut link: Link) {
-    let (s, address) = (s.clone(), address.to_string());
+/// link broke (or the peer died), which starts a reconnect at once, even while nothing is
+/// being sent.
+fn watch_link(out: &Arc<PeerOut>, generation: u64, mut link: Link) {
+    let out = out.clone();
     let spawned = std::thread::Builder::new().name("sucld-peer-watch".into()).spawn(move || {
         let mut b = [0u8; 64];
-        let why = match link.read(&mut b) {
-            Ok(0) => "the peer closed the link".to_string(),
-            Ok(_) => "the peer sent data on an outgoing link".to_string(),
-            Err(e) => e.to_string(),
-        };
-        link.shutdown();
-        if !s.closed.load(Ordering::SeqCst) {
-            mark_lost(&s, to, format!("peer server {address} (mesh member {to}): {why}"));
-        }
+        let _ = link.read(&mut b);
+        out.broken(generation);
     });
     if let Err(e) = spawned {
         warn!("cannot watch a peer link: {e}");
     }
+}
+
+/// A link with `peer` broke or a new one opened: whatever was in flight on the old one may be
+/// lost, so the waits on that peer re-send what they wait on.
+fn link_changed(s: &Session, peer: u32) {
+    *lock(&s.remote).epoch.entry(peer).or_default() += 1;
+    s.remote_cv.notify_all();
 }
 
 fn mark_lost(s: &Session, peer: u32, why: String) {
@@ -829,16 +987,19 @@ fn mark_lost(s: &Session, peer: u32, why: String) {
     s.remote_cv.notify_all();
 }
 
-/// Connects to a mesh member and proves this server holds the mesh key; retries while the
-/// member has not joined the mesh yet, up to the peer timeout.
-fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey, from: u32) -> Result<(Link, u32), String> {
+/// Connects to a mesh member and proves this server holds the mesh key. The first time it
+/// retries while the member has not joined the mesh yet, up to the peer timeout; when it
+/// re-connects a link that broke, a refused connection or an unknown mesh means the member
+/// (or its session) is gone, and ends it at once.
+fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey, from: u32, first: bool) -> Result<(Link, u32), String> {
     let deadline = Instant::now() + shared.cfg.peer_timeout;
     let tls = if spec.pin == [0; 32] { Tls::Off } else { Tls::Pinned(vec![spec.pin]) };
     let mut pause = Duration::from_millis(1);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let r = (|| -> Result<(Link, u32), (bool, String)> {
-            let mut l = transport::connect(&spec.address, &tls, left.max(Duration::from_millis(1))).map_err(|e| (true, e.to_string()))?;
+            let mut l = transport::connect(&spec.address, &tls, left.max(Duration::from_millis(1)))
+                .map_err(|e| (first || e.kind() != io::ErrorKind::ConnectionRefused, e.to_string()))?;
             l.set_read_timeout(Some(left.max(Duration::from_millis(1)))).map_err(|e| (true, e.to_string()))?;
             let (mut buf, mut out) = (Vec::new(), Vec::new());
             let client: [u8; 16] = random();
@@ -858,7 +1019,7 @@ fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey,
             match read_frame(&mut l, &mut buf, HANDSHAKE_MAX_FRAME) {
                 Ok(Frame::PeerOpened { mac }) if key.check_opened(&n, &mesh, &mac) => {}
                 Ok(Frame::PeerOpened { .. }) => return Err((false, "the peer could not prove it holds the mesh key".into())),
-                Ok(Frame::Refused { reason }) => return Err((reason.contains("no such mesh"), reason)),
+                Ok(Frame::Refused { reason }) => return Err((first && reason.contains("no such mesh"), reason)),
                 Ok(f) => return Err((false, format!("unexpected {} in the handshake", frame_name(&f)))),
                 Err(e) => return Err((true, e.to_string())),
             }
@@ -878,79 +1039,47 @@ fn peer_connect(shared: &Shared, spec: &PeerSpec, mesh: [u8; 16], key: &MeshKey,
     }
 }
 
-/// Sends queued frames until the queue closes (`Ok`) or the link fails; returns why it ended.
-fn peer_send_loop(out: &PeerOut, mut link: Link) -> String {
-    loop {
-        let frame = {
-            let mut q = lock(&out.q);
-            loop {
-                if q.closed {
-                    link.shutdown();
-                    return "closed".into();
-                }
-                if let Some(f) = q.frames.pop_front() {
-                    q.bytes -= f.len();
-                    break f;
-                }
-                q = out.cv.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        out.cv.notify_all(); // room for a waiting sender
-        if let Err(e) = link.write_all(&frame) {
-            link.shutdown();
-            return e.to_string();
-        }
-    }
-}
-
-/// Bytes a sender may queue on one link before it waits (notices never wait).
-const PEER_QUEUE_BYTES: usize = 8 << 20;
-
-/// Queues `frame` for member `to`. `bounded`: wait (up to the peer timeout) while the link has
-/// more than [`PEER_QUEUE_BYTES`] queued — for bulk data only, never on a reading thread.
-fn peer_send(shared: &Arc<Shared>, s: &Arc<Session>, to: u32, frame: Vec<u8>, bounded: bool) -> Result<(), String> {
+/// Queues a small `frame` for member `to` (never waits: reading threads call it).
+fn peer_send(shared: &Arc<Shared>, s: &Arc<Session>, to: u32, frame: Vec<u8>) -> Result<(), String> {
     let out = peer_out(shared, s, &mut lock(&s.remote), to)?;
-    let deadline = Instant::now() + shared.cfg.peer_timeout;
-    let mut q = lock(&out.q);
-    loop {
-        if let Some(e) = &q.error {
-            return Err(e.clone());
-        }
-        if q.closed {
-            return Err("the session is closing".into());
-        }
-        if !bounded || q.bytes < PEER_QUEUE_BYTES {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("peer member {to} took no data for {:?}", shared.cfg.peer_timeout));
-        }
-        q = out.cv.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+    let mut st = lock(&out.st);
+    if let Some(e) = &st.error {
+        return Err(e.clone());
     }
-    q.bytes += frame.len();
-    q.frames.push_back(frame);
-    drop(q);
+    if st.closed {
+        return Err("the session is closing".into());
+    }
+    st.frames.push_back(frame);
+    drop(st);
     out.cv.notify_all();
     Ok(())
 }
 
-/// The largest data piece member `to` accepts in one frame (known once its link is up).
-fn peer_chunk(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Result<usize, String> {
+/// The link to member `to` as it is now (waiting, up to the peer timeout, while it is being
+/// made): the link, its generation and the largest frame the member accepts.
+fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Result<(Arc<PeerOut>, Link, u64, u32), String> {
     let out = peer_out(shared, s, &mut lock(&s.remote), to)?;
     let deadline = Instant::now() + shared.cfg.peer_timeout;
-    let mut q = lock(&out.q);
-    while q.max_frame == 0 {
-        if let Some(e) = &q.error {
+    let mut st = lock(&out.st);
+    loop {
+        if let Some(e) = &st.error {
             return Err(e.clone());
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || q.closed {
-            return Err(format!("no link to member {to} within {:?}", shared.cfg.peer_timeout));
+        if st.closed {
+            return Err("the session is closing".into());
         }
-        q = out.cv.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+        if let Some(l) = &st.link {
+            let (l, generation, max_frame) = (l.clone(), st.generation, st.max_frame);
+            drop(st);
+            return Ok((out, l, generation, max_frame));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            drop(st); // peer_name takes the remote lock, which is taken before this one elsewhere
+            return Err(format!("no link to {} within {:?}", peer_name(s, to), shared.cfg.peer_timeout));
+        }
+        st = out.cv.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
     }
-    Ok((q.max_frame as usize - wire::PEER_DATA_OVERHEAD).min(1 << 20))
 }
 
 /// Tells the peers waiting for local event `event` that it completed.
@@ -964,80 +1093,200 @@ fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64) {
         r.subscribers.remove(&event).unwrap_or_default()
     };
     for p in waiting {
-        let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok: true }.encode(), false);
+        let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok: true }.encode());
     }
 }
 
-/// The receiving side of a peer link from member `from`.
+/// What to do with a data piece that arrived.
+enum Piece {
+    /// Read it into this chunk and stage what is new of it.
+    Stage(Vec<u8>),
+    /// All of it was had before (a re-sent transfer): read and drop it.
+    Drop,
+}
+
+/// The receiving side of a peer link from member `from`. Data pieces go from the socket
+/// straight into staging chunks (no frame buffer); once a transfer is complete the source is
+/// told ([`Frame::PeerReceived`]).
 fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, conn: Link, max_frame: u32) -> io::Result<()> {
-    let mut reader = BufReader::with_capacity(1 << 16, conn.clone());
+    // Small: headers and notices come through it; data bypasses it.
+    let mut reader = BufReader::with_capacity(8 << 10, conn.clone());
     let mut buf = Vec::new();
-    let addr = lock(&s.remote).mesh.as_ref().and_then(|m| m.peers.get(&from)).map(|p| p.address.clone()).unwrap_or_default();
+    let mut scratch = Vec::new();
     let limit = shared.cfg.limits.max_bytes;
+    if !lock(&s.remote).linked_from.insert(from) {
+        link_changed(s, from); // a link made again: what went over the old one may be lost
+    }
     let result = loop {
-        let f = match read_frame(&mut reader, &mut buf, max_frame) {
+        let f = match wire::read_peer_frame(&mut reader, &mut buf, max_frame) {
             Ok(f) => f,
             Err(e) => break Err(io::Error::other(e.to_string())),
         };
         s.peer_frames.fetch_add(1, Ordering::Relaxed);
-        match f {
-            Frame::PeerSubscribe { event } => {
+        let h = match f {
+            wire::PeerRead::Data(h) => h,
+            wire::PeerRead::Frame(Frame::PeerSubscribe { event }) => {
                 let done = {
                     let mut r = lock(&s.remote);
                     let done = r.done.contains(&event);
                     if !done {
-                        r.subscribers.entry(event).or_default().push(from);
+                        let subs = r.subscribers.entry(event).or_default();
+                        if !subs.contains(&from) {
+                            subs.push(from);
+                        }
                     }
                     done
                 };
                 if done {
-                    let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok: true }.encode(), false);
+                    let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok: true }.encode());
                 }
+                continue;
             }
-            Frame::PeerNotice { event, ok } => {
+            wire::PeerRead::Frame(Frame::PeerNotice { event, ok }) => {
                 lock(&s.remote).remote_done.insert((from, event), ok);
                 s.remote_cv.notify_all();
+                continue;
             }
-            Frame::PeerData { transfer, total, offset, data } => {
+            wire::PeerRead::Frame(Frame::PeerReceived { transfer, received }) => {
                 let mut r = lock(&s.remote);
-                if total > limit {
+                let p = r.progress.entry((from, transfer)).or_default();
+                *p = (*p).max(received);
+                drop(r);
+                s.remote_cv.notify_all();
+                continue;
+            }
+            wire::PeerRead::Frame(Frame::PeerResume { transfer }) => {
+                let held = {
+                    let r = lock(&s.remote);
+                    match (r.finished.get(&(from, transfer)), r.inbox.get(&(from, transfer))) {
+                        (Some(total), _) => *total,
+                        (None, Some(i)) => i.received,
+                        (None, None) => 0,
+                    }
+                };
+                let _ = peer_send(shared, s, from, Frame::PeerReceived { transfer, received: held }.encode());
+                continue;
+            }
+            wire::PeerRead::Frame(other) => break Err(io::Error::other(format!("unexpected {} on a peer link", frame_name(&other)))),
+        };
+        let key = (from, h.transfer);
+        let end = h.offset.checked_add(h.len as u64).filter(|e| *e <= h.total);
+        let piece = {
+            let mut r = lock(&s.remote);
+            if end.is_none() || h.total > limit {
+                break Err(io::Error::other(format!(
+                    "transfer {}: a piece at {} of {} bytes does not fit its {} bytes (or the session's limit {limit})",
+                    h.transfer, h.offset, h.len, h.total
+                )));
+            }
+            if r.finished.contains_key(&key) {
+                Piece::Drop
+            } else {
+                let staged = r.staged;
+                let inc = r.inbox.entry(key).or_insert_with(|| Incoming { total: h.total, received: 0, chunks: VecDeque::new() });
+                if inc.total != h.total || h.offset > inc.received {
                     break Err(io::Error::other(format!(
-                        "transfer {transfer} of {total} bytes exceeds the session's memory limit {limit}"
+                        "transfer {}: a piece at {} does not follow the {} bytes received",
+                        h.transfer, h.offset, inc.received
                     )));
                 }
-                let inc = r.inbox.entry((from, transfer)).or_insert_with(|| Incoming { data: Vec::new(), total });
-                if inc.total != total || offset != inc.data.len() as u64 || offset + data.len() as u64 > total {
-                    break Err(io::Error::other(format!("transfer {transfer}: piece at {offset} does not follow the bytes received")));
-                }
-                if inc.data.is_empty() {
-                    inc.data.reserve_exact(total as usize);
-                }
-                inc.data.extend_from_slice(&data);
-                if inc.data.len() as u64 == total {
-                    drop(r);
-                    s.remote_cv.notify_all();
+                let skip = (inc.received - h.offset).min(h.len as u64) as usize;
+                if skip == h.len {
+                    Piece::Drop
+                } else if staged + (h.len - skip) as u64 > limit {
+                    break Err(io::Error::other(format!("more than the session's limit of {limit} bytes staged for transfers")));
+                } else {
+                    Piece::Stage(r.chunk(h.len))
                 }
             }
-            other => break Err(io::Error::other(format!("unexpected {} on a peer link", frame_name(&other)))),
+        };
+        match piece {
+            Piece::Drop => {
+                scratch.resize(h.len.min(STAGE_CHUNK), 0);
+                let mut left = h.len;
+                while left > 0 {
+                    let n = left.min(scratch.len());
+                    if let Err(e) = reader.read_exact(&mut scratch[..n]) {
+                        return peer_receive_end(s, from, Err(e));
+                    }
+                    left -= n;
+                }
+            }
+            Piece::Stage(mut chunk) => {
+                // Read it all; if the link breaks part way, what did arrive is staged still (in
+                // order and, over TLS, authenticated), so a resumed transfer goes on from there.
+                let mut got = 0;
+                let mut broke = None;
+                while got < h.len {
+                    match reader.read(&mut chunk[got..h.len]) {
+                        Ok(0) => broke = Some(io::Error::new(io::ErrorKind::UnexpectedEof, "the link closed inside a data piece")),
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => broke = Some(e),
+                    }
+                    if broke.is_some() {
+                        break;
+                    }
+                }
+                let mut r = lock(&s.remote);
+                let Some(inc) = r.inbox.get_mut(&key) else {
+                    continue; // the session is closing, or the transfer was given up
+                };
+                // What is new of it now (the old link's reader may have staged some meanwhile:
+                // after a reconnect, pieces can come over two links).
+                let skip = (inc.received.saturating_sub(h.offset)).min(got as u64) as usize;
+                let n = got - skip;
+                if skip > 0 {
+                    chunk.copy_within(skip..got, 0);
+                }
+                inc.received += n as u64;
+                if n > 0 {
+                    inc.chunks.push_back((chunk, n));
+                    r.staged += n as u64;
+                } else {
+                    r.recycle(chunk);
+                }
+                drop(r);
+                s.remote_cv.notify_all();
+                if let Some(e) = broke {
+                    return peer_receive_end(s, from, Err(e));
+                }
+            }
+        }
+        if end == Some(h.total) && r_complete(s, key) {
+            let _ = peer_send(shared, s, from, Frame::PeerReceived { transfer: h.transfer, received: h.total }.encode());
         }
     };
-    if let Err(e) = &result {
-        if !s.closed.load(Ordering::SeqCst) {
-            mark_lost(s, from, format!("peer server {addr} (mesh member {from}): link lost: {e}"));
-        }
+    peer_receive_end(s, from, result)
+}
+
+/// Whether every byte of incoming transfer `key` arrived (staged, or already taken).
+fn r_complete(s: &Session, key: (u32, u64)) -> bool {
+    let r = lock(&s.remote);
+    r.finished.contains_key(&key) || r.inbox.get(&key).is_some_and(|i| i.received == i.total)
+}
+
+fn peer_receive_end(s: &Session, from: u32, result: io::Result<()>) -> io::Result<()> {
+    if !s.closed.load(Ordering::SeqCst) {
+        // The source re-connects and re-sends; waits here see the change.
+        link_changed(s, from);
     }
     result
 }
 
-/// Waits (up to the peer timeout) until `ready` says yes or a failure ends the wait.
+/// Waits (up to the peer timeout) until `ready` says yes or a failure ends the wait. `resend`
+/// runs first and again whenever a link with `peer` broke or was made again (what it sent may
+/// have been lost on the way; every peer frame may arrive twice).
 fn wait_remote<T>(
     shared: &Shared,
     s: &Session,
     peer: u32,
     what: &str,
     mut ready: impl FnMut(&mut RemoteState) -> Option<Result<T, String>>,
+    mut resend: impl FnMut() -> Result<(), String>,
 ) -> Result<T, Outcome> {
     let deadline = Instant::now() + shared.cfg.peer_timeout;
+    let mut seen = None;
     let mut r = lock(&s.remote);
     loop {
         if let Some(x) = ready(&mut r) {
@@ -1049,11 +1298,199 @@ fn wait_remote<T>(
         if s.closed.load(Ordering::SeqCst) {
             return Err(failed(code::PEER, format!("{what}: the session is closing")));
         }
+        let epoch = r.epoch(peer);
+        if seen != Some(epoch) {
+            seen = Some(epoch);
+            drop(r);
+            resend().map_err(|e| failed(code::PEER, format!("{what}: {e}")))?;
+            r = lock(&s.remote);
+            continue;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(failed(code::PEER, format!("{what}: nothing from mesh member {peer} within {:?}", shared.cfg.peer_timeout)));
+            drop(r); // peer_name takes the remote lock
+            return Err(failed(code::PEER, format!("{what}: nothing from {} within {:?}", peer_name(s, peer), shared.cfg.peer_timeout)));
         }
         r = s.remote_cv.wait_timeout(r, left).unwrap_or_else(|p| p.into_inner()).0;
+    }
+}
+
+/// Gives up incoming transfer `key`: its staged bytes are freed and later pieces dropped.
+fn abandon(s: &Session, key: (u32, u64)) {
+    let mut r = lock(&s.remote);
+    if let Some(inc) = r.inbox.remove(&key) {
+        r.staged -= inc.chunks.iter().map(|c| c.1 as u64).sum::<u64>();
+        for (c, _) in inc.chunks {
+            r.recycle(c);
+        }
+        r.finish(key, inc.total);
+    }
+}
+
+/// Receives transfer `key` into buffer `id` at `offset` (at most `len` bytes), copying each
+/// staged piece into the buffer as soon as it is there (while the link reads the next ones).
+/// Returns the transfer's size.
+fn receive_transfer(shared: &Shared, s: &Session, key: (u32, u64), id: u64, offset: u64, len: u64) -> Result<u64, Outcome> {
+    let (peer, transfer) = key;
+    let what = format!("receiving transfer {transfer} from mesh member {peer}");
+    let mut copied = 0u64;
+    let mut checked = false;
+    loop {
+        let (pieces, total) = wait_remote(
+            shared,
+            s,
+            peer,
+            &what,
+            |r| {
+                let inc = r.inbox.get_mut(&key)?;
+                if inc.chunks.is_empty() && inc.received != inc.total {
+                    return None;
+                }
+                let total = inc.total;
+                let pieces = std::mem::take(&mut inc.chunks);
+                r.staged -= pieces.iter().map(|c| c.1 as u64).sum::<u64>();
+                Some(Ok((pieces, total)))
+            },
+            || Ok(()),
+        )?;
+        let r = (|| {
+            let mut o = lock(&s.objects);
+            let b = buffer(&mut o, id)?;
+            if !checked {
+                if total > len {
+                    return Err(failed(code::INVALID, format!("transfer {transfer} brings {total} bytes, more than the {len} expected")));
+                }
+                span("migration destination", offset, total, b.mem.len())?;
+                checked = true;
+            }
+            for (chunk, n) in &pieces {
+                let at = (offset + copied) as usize;
+                match &mut b.mem {
+                    Mem::Host(m) => m.bytes_mut()[at..at + n].copy_from_slice(&chunk[..*n]),
+                    #[cfg(feature = "cuda")]
+                    Mem::Cuda(m) => m.write(at, &chunk[..*n])?,
+                }
+                copied += *n as u64;
+            }
+            Ok(())
+        })();
+        let mut rs = lock(&s.remote);
+        for (c, _) in pieces {
+            rs.recycle(c);
+        }
+        drop(rs);
+        if let Err(e) = r {
+            abandon(s, key);
+            return Err(e);
+        }
+        if copied == total {
+            abandon(s, key); // nothing is left: only marks it finished
+            return Ok(total);
+        }
+    }
+}
+
+/// Sends bytes `range` of `mem` to member `peer` as transfer `transfer`, straight from the
+/// buffer (a frame header, then the bytes, in one write), and waits until the member confirms
+/// it holds them all. When the link breaks on the way, it asks the member (over the link made
+/// again) how much arrived and sends the rest.
+fn send_transfer(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    mem: &Mem,
+    range: std::ops::Range<usize>,
+    peer: u32,
+    transfer: u64,
+) -> Result<(), Outcome> {
+    let what = format!("migrating to mesh member {peer}");
+    let key = (peer, transfer);
+    let total = range.len() as u64;
+    let mut from = 0u64; // what the member holds
+    let mut resumed = false;
+    #[cfg(feature = "cuda")]
+    let mut staging = Vec::new();
+    loop {
+        let (out, link, generation, max_frame) = peer_link(shared, s, peer).map_err(|e| failed(code::PEER, format!("{what}: {e}")))?;
+        let epoch = lock(&s.remote).epoch(peer);
+        if resumed {
+            lock(&s.remote).progress.remove(&key);
+            let q = Frame::PeerResume { transfer }.encode();
+            let sent = {
+                let _w = lock(&out.write);
+                link.write_parts(&[&q])
+            };
+            if sent.is_err() {
+                out.broken(generation);
+                continue;
+            }
+            // The answer, or `None` when the link broke again before it came (ask again).
+            let held = wait_remote(
+                shared,
+                s,
+                peer,
+                &what,
+                |r| match r.progress.get(&key) {
+                    Some(n) => Some(Ok(Some(*n))),
+                    None => (r.epoch(peer) != epoch).then_some(Ok(None)),
+                },
+                || Ok(()),
+            )?;
+            match held {
+                Some(n) if n <= total => from = n,
+                Some(n) => return Err(failed(code::PEER, format!("{what}: the member holds {n} bytes of a {total}-byte transfer"))),
+                None => continue,
+            }
+        }
+        let piece = (max_frame as usize).saturating_sub(wire::PEER_DATA_OVERHEAD).clamp(1, STAGE_CHUNK);
+        let mut at = range.start + from as usize;
+        let mut broke = false;
+        loop {
+            let end = (at + piece).min(range.end);
+            let head = wire::peer_data_head(transfer, total, (at - range.start) as u64, end - at);
+            let data: &[u8] = match mem {
+                Mem::Host(m) => &m.bytes()[at..end],
+                #[cfg(feature = "cuda")]
+                Mem::Cuda(m) => {
+                    staging.resize(end - at, 0);
+                    m.read_into(at..end, &mut staging)?;
+                    &staging
+                }
+            };
+            let w = {
+                let _w = lock(&out.write);
+                link.write_parts(&[&head, data])
+            };
+            if w.is_err() {
+                out.broken(generation);
+                broke = true;
+                break;
+            }
+            at = end;
+            if at >= range.end {
+                break;
+            }
+        }
+        resumed = true;
+        if broke {
+            continue;
+        }
+        let confirmed = wait_remote(
+            shared,
+            s,
+            peer,
+            &what,
+            |r| {
+                if r.progress.get(&key) == Some(&total) {
+                    r.progress.remove(&key);
+                    return Some(Ok(true));
+                }
+                (r.epoch(peer) != epoch).then_some(Ok(false))
+            },
+            || Ok(()),
+        )?;
+        if confirmed {
+            return Ok(());
+        }
     }
 }
 
@@ -1072,6 +1509,15 @@ fn span(what: &str, offset: u64, len: u64, size: usize) -> Result<std::ops::Rang
 fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Outcome {
     match exec(shared, s, cmd) {
         Ok(x) | Err(x) => x,
+    }
+}
+
+/// How errors name mesh member `peer`: its address and index.
+fn peer_name(s: &Session, peer: u32) -> String {
+    let r = lock(&s.remote);
+    match r.mesh.as_ref().and_then(|m| m.peers.get(&peer)) {
+        Some(p) => format!("peer server {} (mesh member {peer})", p.address),
+        None => format!("mesh member {peer}"),
     }
 }
 
@@ -1095,48 +1541,35 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
         Command::WaitRemote { peer, event } => {
             lock(&s.objects).stats.executed += 1;
             check_peer(s, peer)?;
-            let subscribe = {
-                let mut r = lock(&s.remote);
-                !r.remote_done.contains_key(&(peer, event)) && r.subscribed.insert((peer, event))
-            };
-            if subscribe {
-                peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode(), false)
-                    .map_err(|e| failed(code::PEER, format!("waiting for event {event} of mesh member {peer}: {e}")))?;
-            }
-            wait_remote(shared, s, peer, &format!("waiting for event {event} of mesh member {peer}"), |r| {
-                r.remote_done
-                    .get(&(peer, event))
-                    .map(|ok| if *ok { Ok(()) } else { Err(format!("event {event} of mesh member {peer} failed")) })
-            })?;
+            let what = format!("waiting for event {event} of mesh member {peer}");
+            wait_remote(
+                shared,
+                s,
+                peer,
+                &what,
+                |r| {
+                    r.remote_done.get(&(peer, event)).map(|ok| {
+                        if *ok {
+                            Ok(())
+                        } else {
+                            Err(format!("event {event} of mesh member {peer} failed"))
+                        }
+                    })
+                },
+                || peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode()),
+            )?;
             Ok(Outcome::Done)
         }
         Command::MigrateIn { buffer: id, offset, len, peer, transfer } => {
             lock(&s.objects).stats.executed += 1;
             check_peer(s, peer)?;
-            // A link to the source, though nothing goes out on it: its watcher fails this wait
-            // at once if the source dies.
+            // A link to the source, though nothing goes out on it: if the source dies, its
+            // re-connection is refused and this wait fails at once.
             peer_out(shared, s, &mut lock(&s.remote), peer).map_err(|e| failed(code::PEER, e))?;
-            let data = wait_remote(shared, s, peer, &format!("receiving transfer {transfer} from mesh member {peer}"), |r| {
-                let complete = r.inbox.get(&(peer, transfer)).is_some_and(|i| i.data.len() as u64 == i.total);
-                complete.then(|| Ok(r.inbox.remove(&(peer, transfer)).expect("seen").data))
-            })?;
+            let total = receive_transfer(shared, s, (peer, transfer), id, offset, len)?;
             let mut o = lock(&s.objects);
-            if data.len() as u64 > len {
-                return Err(failed(
-                    code::INVALID,
-                    format!("transfer {transfer} brought {} bytes, more than the {len} expected", data.len()),
-                ));
-            }
-            let b = buffer(&mut o, id)?;
-            let r = span("migration destination", offset, data.len() as u64, b.mem.len())?;
-            let content = b.content;
-            match &mut b.mem {
-                Mem::Host(m) => m.bytes_mut()[r].copy_from_slice(&data),
-                #[cfg(feature = "cuda")]
-                Mem::Cuda(m) => m.write(r.start, &data)?,
-            }
-            if let Some(sb) = content {
-                set_content_len(&mut o, sb, offset + data.len() as u64)?;
+            if let Some(sb) = buffer(&mut o, id)?.content {
+                set_content_len(&mut o, sb, offset + total)?;
             }
             Ok(Outcome::Done)
         }
@@ -1147,23 +1580,7 @@ fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome,
             let len = trimmed(&mut o, id, offset, len)?;
             let b = buffer(&mut o, id)?;
             let r = span("migration source", offset, len, b.mem.len())?;
-            let chunk = peer_chunk(shared, s, peer).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
-            let total = len;
-            let mut at = r.start;
-            loop {
-                let end = (at + chunk).min(r.end);
-                let mut frame = Vec::with_capacity(end - at + wire::PEER_DATA_OVERHEAD + 4);
-                match &b.mem {
-                    Mem::Host(m) => wire::encode_peer_data(&mut frame, transfer, total, (at - r.start) as u64, &m.bytes()[at..end]),
-                    #[cfg(feature = "cuda")]
-                    Mem::Cuda(m) => wire::encode_peer_data(&mut frame, transfer, total, (at - r.start) as u64, &m.read(at..end)?),
-                }
-                peer_send(shared, s, peer, frame, true).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
-                at = end;
-                if at >= r.end {
-                    break;
-                }
-            }
+            send_transfer(shared, s, &b.mem, r, peer, transfer)?;
             Ok(Outcome::Done)
         }
         other => {

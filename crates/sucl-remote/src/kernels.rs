@@ -104,6 +104,22 @@ impl<'a> KernelCall<'a> {
         }
     }
 
+    /// Arguments `idx` (strictly increasing), all buffers, as elements of `T`.
+    pub fn buffers<T: bytemuck::Pod, const N: usize>(&mut self, idx: [usize; N]) -> Result<[&mut [T]; N], String> {
+        if idx.windows(2).any(|w| w[0] >= w[1]) || idx.last().is_some_and(|&l| l >= self.mems.len()) {
+            return Err(format!("arguments {idx:?} must be {N} buffers"));
+        }
+        let mut out = Vec::with_capacity(N);
+        let mut rest = self.mems.iter_mut().enumerate();
+        for want in idx {
+            match rest.find(|(i, _)| *i == want) {
+                Some((i, Some(m))) => out.push(view(m, i)?),
+                _ => return Err(format!("argument {want} must be a buffer")),
+            }
+        }
+        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one view per index")))
+    }
+
     /// Argument `i` as a `u64` (unsigned integers only).
     pub fn u64(&self, i: usize) -> Result<u64, String> {
         match self.args.get(i) {
@@ -141,9 +157,10 @@ impl KernelRegistry {
         KernelRegistry::default()
     }
 
-    /// The built-in kernels: `noop()`, `increment_u64(buf)`, `fill_u64(buf, value)`,
+    /// The built-in kernels: `gemm_f64(c, a, b, m, n, k, ldc, col0)` (see [`gemm`]),
+    /// `noop()`, `increment_u64(buf)`, `fill_u64(buf, value)`,
     /// `axpy_f32(y, x, a)` and `axpy_f64(y, x, a)` (y ← a·x + y), `stencil3_f32(out, in)`
-    /// (out[i] ← mean of in[i-1..=i+1] inside, copied at the ends), `sleep_ms(ms)` (at most
+    /// (`out[i]` ← mean of `in[i-1..=i+1]` inside, copied at the ends), `sleep_ms(ms)` (at most
     /// 10 000), and `jacobi3d_f64(out, in, nx, ny)`: one 7-point Jacobi step on a block of
     /// `nz` planes of `nx`×`ny` stored with one halo plane below and above (`(nz+2)·nx·ny`
     /// elements): interior cells of planes 1..=nz become the mean of their six neighbours,
@@ -190,6 +207,12 @@ impl KernelRegistry {
             let (nx, ny) = (c.u64(2)? as usize, c.u64(3)? as usize);
             let (out, inp) = c.buffer_pair::<f64>(0, 1)?;
             jacobi3d(out, inp, nx, ny)
+        });
+        r.register("gemm_f64", |c| {
+            c.expect_args(8)?;
+            let dims = [c.u64(3)?, c.u64(4)?, c.u64(5)?, c.u64(6)?, c.u64(7)?].map(|v| v as usize);
+            let [out, a, b] = c.buffers::<f64, 3>([0, 1, 2])?;
+            gemm(out, a, b, Gemm { m: dims[0], n: dims[1], k: dims[2], ldc: dims[3], col0: dims[4] })
         });
         r.register("sleep_ms", |c| {
             c.expect_args(1)?;
@@ -245,6 +268,103 @@ pub fn jacobi3d(out: &mut [f64], inp: &[f64], nx: usize, ny: usize) -> Result<()
     Ok(())
 }
 
+/// CUDA C versions of the benchmark kernels, for CUDA devices (compiled by NVRTC on the server,
+/// or locally for a reference run). Each thread computes one element with the same arithmetic
+/// in the same order wherever it runs, so a split run equals a whole one bit for bit.
+pub mod cuda_src {
+    /// `jacobi3d_f64(out, in, nx, ny, nz)` over `nx·ny·nz` threads: [`super::jacobi3d`] on a block
+    /// of `nz` planes with one halo plane below and above.
+    pub const JACOBI3D_F64: &str = r#"
+extern "C" __global__ void jacobi3d_f64(double* out, const double* in, unsigned long long nx,
+                                        unsigned long long ny, unsigned long long nz) {
+    unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long plane = nx * ny;
+    if (t >= plane * nz) return;
+    unsigned long long i = t + plane;
+    unsigned long long x = i % nx, y = (i / nx) % ny;
+    if (x == 0 || y == 0 || x + 1 == nx || y + 1 == ny) {
+        out[i] = in[i];
+    } else {
+        out[i] = (in[i - 1] + in[i + 1] + in[i - nx] + in[i + nx] + in[i - plane] + in[i + plane]) / 6.0;
+    }
+}
+"#;
+
+    /// `gemm_f64(c, a, b, m, n, k, ldc, col0)` over `256 · ⌈m/16⌉ · ⌈n/16⌉` threads: the
+    /// product of [`super::gemm`] in 16×16 tiles through shared memory, each element an `fma`
+    /// chain over `k` in order.
+    pub const GEMM_F64: &str = r#"
+extern "C" __global__ void gemm_f64(double* c, const double* a, const double* b, unsigned long long m,
+                                    unsigned long long n, unsigned long long k, unsigned long long ldc,
+                                    unsigned long long col0) {
+    __shared__ double tile_a[16][16];
+    __shared__ double tile_b[16][16];
+    unsigned long long tiles_n = (n + 15) / 16;
+    unsigned long long bi = blockIdx.x / tiles_n, bj = blockIdx.x % tiles_n;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    unsigned long long i = bi * 16 + ty, j = bj * 16 + tx;
+    double acc = 0.0;
+    for (unsigned long long k0 = 0; k0 < k; k0 += 16) {
+        tile_a[ty][tx] = (i < m && k0 + tx < k) ? a[i * k + k0 + tx] : 0.0;
+        tile_b[ty][tx] = (k0 + ty < k && j < n) ? b[(k0 + ty) * n + j] : 0.0;
+        __syncthreads();
+        for (int q = 0; q < 16; ++q) acc = fma(tile_a[ty][q], tile_b[q][tx], acc);
+        __syncthreads();
+    }
+    if (i < m && j < n) c[i * ldc + col0 + j] = acc;
+}
+"#;
+
+    /// The threads `gemm_f64` is launched over for an `m×n` block.
+    pub fn gemm_range(m: u64, n: u64) -> u64 {
+        256 * m.div_ceil(16) * n.div_ceil(16)
+    }
+}
+
+/// The shape of one [`gemm`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B (and of the block of C written).
+    pub n: usize,
+    /// Columns of A, rows of B.
+    pub k: usize,
+    /// Row stride of C (≥ `col0 + n`).
+    pub ldc: usize,
+    /// The first column of C written.
+    pub col0: usize,
+}
+
+/// `C[i, col0 + j] = Σ_k A[i, k] · B[k, j]` for `i < m`, `j < n` (A is `m×k`, B `k×n`, both
+/// row-major and dense; C row-major with stride `ldc`): one block of a blocked matrix product.
+/// Each element sums its `k` products in order, so a product computed in column blocks equals
+/// the one computed whole, bit for bit. Kernel `gemm_f64` (arguments C, A, B, m, n, k, ldc,
+/// col0); public so that a benchmark can check a remote run against a local one.
+pub fn gemm(c: &mut [f64], a: &[f64], b: &[f64], g: Gemm) -> Result<(), String> {
+    let Gemm { m, n, k, ldc, col0 } = g;
+    let need = |x: usize, y: usize| x.checked_mul(y).ok_or_else(|| format!("{x}×{y} overflows"));
+    let c_need = if m == 0 { 0 } else { need(m - 1, ldc)?.checked_add(col0 + n).ok_or("C overflows")? };
+    if col0.checked_add(n).is_none_or(|e| e > ldc) || a.len() < need(m, k)? || b.len() < need(k, n)? || c.len() < c_need {
+        return Err(format!(
+            "gemm {m}×{n}×{k} (C stride {ldc}, first column {col0}) does not fit A ({}), B ({}) and C ({}) elements",
+            a.len(),
+            b.len(),
+            c.len()
+        ));
+    }
+    for i in 0..m {
+        let row = &mut c[i * ldc + col0..i * ldc + col0 + n];
+        row.fill(0.0);
+        for (kk, aik) in a[i * k..(i + 1) * k].iter().enumerate() {
+            for (cj, bj) in row.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
+                *cj += aik * bj;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn c_extent(range: u64, len: usize) -> Result<usize, String> {
     match range {
         0 => Ok(len),
@@ -285,5 +405,23 @@ mod tests {
         assert_eq!(bytemuck::cast_slice::<u8, f32>(out.bytes()), &[3., 4., 5., 6.]);
         let e = r.get("axpy_f32").unwrap()(&mut KernelCall::new(&args[..2], vec![Some(&mut out), Some(&mut y)], 0)).unwrap_err();
         assert!(e.contains("takes 3 arguments"), "{e}");
+    }
+
+    #[test]
+    fn gemm_in_column_blocks_equals_gemm_whole_and_refuses_shapes_that_do_not_fit() {
+        let (m, n, k) = (5, 6, 7);
+        let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
+        let mut whole = vec![0.0; m * n];
+        gemm(&mut whole, &a, &b, Gemm { m, n, k, ldc: n, col0: 0 }).unwrap();
+        assert!((whole[n + 2] - (0..k).map(|kk| a[k + kk] * b[kk * n + 2]).sum::<f64>()).abs() < 1e-12);
+        let mut blocked = vec![f64::NAN; m * n];
+        for (col0, w) in [(0, 2), (2, 3), (5, 1)] {
+            let bb: Vec<f64> = (0..k).flat_map(|kk| b[kk * n + col0..kk * n + col0 + w].to_vec()).collect();
+            gemm(&mut blocked, &a, &bb, Gemm { m, n: w, k, ldc: n, col0 }).unwrap();
+        }
+        assert_eq!(blocked, whole, "column blocks give the same bits");
+        let e = gemm(&mut blocked, &a, &b, Gemm { m, n, k, ldc: n, col0: 1 }).unwrap_err();
+        assert!(e.contains("does not fit"), "{e}");
     }
 }

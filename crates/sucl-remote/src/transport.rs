@@ -211,7 +211,24 @@ pub enum Tls {
     Pinned(Vec<Pin>),
 }
 
+/// The client configuration that trusts `pins`, one per set of pins for the life of the
+/// process: its session store is what lets a reconnect to the same server *resume* its TLS
+/// session (an abbreviated handshake: no certificate, no signature) instead of a full one.
 fn client_config(pins: &[Pin]) -> Arc<rustls::ClientConfig> {
+    static CONFIGS: Mutex<Vec<(Vec<Pin>, Arc<rustls::ClientConfig>)>> = Mutex::new(Vec::new());
+    let mut configs = lock(&CONFIGS);
+    if let Some((_, c)) = configs.iter().find(|(p, _)| p == pins) {
+        return c.clone();
+    }
+    let c = new_client_config(pins);
+    if configs.len() >= 1024 {
+        configs.remove(0); // a process that trusts ever new servers keeps a bounded list
+    }
+    configs.push((pins.to_vec(), c.clone()));
+    c
+}
+
+fn new_client_config(pins: &[Pin]) -> Arc<rustls::ClientConfig> {
     let provider = provider();
     let verifier = Arc::new(PinVerifier { pins: pins.to_vec(), provider: provider.clone() });
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
@@ -224,7 +241,45 @@ fn client_config(pins: &[Pin]) -> Arc<rustls::ClientConfig> {
 }
 
 struct TlsSide {
-    conn: Mutex<rustls::Connection>,
+    conn: Mutex<TlsState>,
+}
+
+/// A TLS connection and the socket bytes read for it but not yet fed to it: rustls asks for
+/// at most 4 KiB per read, so reads from the socket go through this buffer (one system call
+/// per [`TLS_READ_BUFFER`] bytes instead of one per 4 KiB).
+struct TlsState {
+    conn: rustls::Connection,
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rlen: usize,
+}
+
+/// Bytes read from a TLS link's socket at once.
+const TLS_READ_BUFFER: usize = 256 << 10;
+
+/// The socket as rustls reads it: through the link's read buffer.
+struct Buffered<'a> {
+    sock: &'a TcpStream,
+    buf: &'a mut [u8],
+    pos: &'a mut usize,
+    len: &'a mut usize,
+}
+
+impl Read for Buffered<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if *self.pos == *self.len {
+            let n = (&mut &*self.sock).read(self.buf)?;
+            *self.pos = 0;
+            *self.len = n;
+            if n == 0 {
+                return Ok(0);
+            }
+        }
+        let n = out.len().min(*self.len - *self.pos);
+        out[..n].copy_from_slice(&self.buf[*self.pos..*self.pos + n]);
+        *self.pos += n;
+        Ok(n)
+    }
 }
 
 struct Inner {
@@ -308,14 +363,25 @@ impl Link {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
         sock.set_nonblocking(true)?;
-        Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(conn) }), read_timeout: Mutex::new(None) }) })
+        let state = TlsState { conn, rbuf: vec![0u8; TLS_READ_BUFFER].into_boxed_slice(), rpos: 0, rlen: 0 };
+        Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(state) }), read_timeout: Mutex::new(None) }) })
     }
 
     /// The pin of the certificate the other side presented (TLS client links only).
     pub fn peer_pin(&self) -> Option<Pin> {
         let t = self.inner.tls.as_ref()?;
         let c = lock(&t.conn);
-        c.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
+        c.conn.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
+    }
+
+    /// Whether the TLS handshake resumed an earlier session (no certificate, no signature).
+    pub fn resumed(&self) -> bool {
+        self.inner.tls.as_ref().is_some_and(|t| lock(&t.conn).conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed))
+    }
+
+    /// Whether two handles are the same connection.
+    pub fn same(&self, other: &Link) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Whether the link is encrypted.
@@ -365,17 +431,19 @@ impl Link {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             {
-                let mut c = lock(&t.conn);
-                match c.reader().read(buf) {
+                let mut g = lock(&t.conn);
+                let st = &mut *g;
+                match st.conn.reader().read(buf) {
                     Ok(n) => return Ok(n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
-                match c.read_tls(&mut &self.inner.sock) {
+                let mut from = Buffered { sock: &self.inner.sock, buf: &mut st.rbuf, pos: &mut st.rpos, len: &mut st.rlen };
+                match st.conn.read_tls(&mut from) {
                     Ok(0) => return Ok(0),
                     Ok(_) => {
-                        c.process_new_packets().map_err(tls_err)?;
-                        let _ = Link::flush_tls(&self.inner.sock, &mut c); // alerts, key updates
+                        st.conn.process_new_packets().map_err(tls_err)?;
+                        let _ = Link::flush_tls(&self.inner.sock, &mut st.conn); // alerts, key updates, tickets
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -397,22 +465,47 @@ impl Link {
         }
     }
 
-    fn tls_write_all(&self, t: &TlsSide, mut data: &[u8]) -> io::Result<()> {
+    fn tls_write_all(&self, t: &TlsSide, parts: &[&[u8]]) -> io::Result<()> {
         let mut c = lock(&t.conn);
-        while !data.is_empty() {
-            let n = c.writer().write(data)?;
-            data = &data[n..];
+        let mut parts = Parts::new(parts);
+        while !parts.is_empty() {
+            // One vectored write: the parts share TLS records (a frame's header does not make
+            // a record of its own).
+            let n = c.conn.writer().write_vectored(&parts.slices()[..parts.count()])?;
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::WriteZero, "TLS would not take more data"));
             }
+            parts.advance(n);
         }
         loop {
-            if Link::flush_tls(&self.inner.sock, &mut c)? {
+            if Link::flush_tls(&self.inner.sock, &mut c.conn)? {
                 return Ok(());
             }
             drop(c);
             wait_fd(&self.inner.sock, libc::POLLOUT, None)?;
             c = lock(&t.conn);
+        }
+    }
+
+    fn plain_write_all(&self, parts: &[&[u8]]) -> io::Result<()> {
+        let mut parts = Parts::new(parts);
+        while !parts.is_empty() {
+            match (&self.inner.sock).write_vectored(&parts.slices()[..parts.count()]) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the connection took no more data")),
+                Ok(n) => parts.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `parts` one after the other as one write (a frame's header and its data from
+    /// wherever they lie, without first copying them together).
+    pub fn write_parts(&self, parts: &[&[u8]]) -> io::Result<()> {
+        match &self.inner.tls {
+            None => self.plain_write_all(parts),
+            Some(t) => self.tls_write_all(t, parts),
         }
     }
 }
@@ -434,11 +527,58 @@ impl Write for Link {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         match &self.inner.tls {
             None => (&self.inner.sock).write_all(buf),
-            Some(t) => self.tls_write_all(t, buf),
+            Some(t) => self.tls_write_all(t, &[buf]),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// Up to [`MAX_PARTS`] byte slices written in order, with what was already written cut off
+/// the front (kept on the stack: no allocation per write).
+struct Parts<'a> {
+    parts: [&'a [u8]; MAX_PARTS],
+    first: usize,
+}
+
+/// The most slices one [`Link::write_parts`] takes.
+pub const MAX_PARTS: usize = 4;
+
+impl<'a> Parts<'a> {
+    fn new(parts: &[&'a [u8]]) -> Parts<'a> {
+        assert!(parts.len() <= MAX_PARTS, "at most {MAX_PARTS} parts per write");
+        let mut p = Parts { parts: [&[]; MAX_PARTS], first: MAX_PARTS - parts.len() };
+        p.parts[p.first..].copy_from_slice(parts);
+        p.skip_empty();
+        p
+    }
+    fn skip_empty(&mut self) {
+        while self.first < MAX_PARTS && self.parts[self.first].is_empty() {
+            self.first += 1;
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.first == MAX_PARTS
+    }
+    fn slices(&self) -> [io::IoSlice<'a>; MAX_PARTS] {
+        let mut out = [io::IoSlice::new(&[]); MAX_PARTS];
+        for (o, p) in out.iter_mut().zip(&self.parts[self.first..]) {
+            *o = io::IoSlice::new(p);
+        }
+        out
+    }
+    fn count(&self) -> usize {
+        MAX_PARTS - self.first
+    }
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 && !self.is_empty() {
+            let p = self.parts[self.first];
+            let k = n.min(p.len());
+            self.parts[self.first] = &p[k..];
+            n -= k;
+            self.skip_empty();
+        }
     }
 }
 

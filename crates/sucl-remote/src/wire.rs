@@ -508,6 +508,21 @@ pub enum Frame {
         /// The bytes.
         data: Vec<u8>,
     },
+    /// Peer → peer: the first `received` bytes of transfer `transfer` arrived — sent once all
+    /// of them did (the source's migrating command completes on it), and in answer to
+    /// [`Frame::PeerResume`].
+    PeerReceived {
+        /// The transfer.
+        transfer: u64,
+        /// Bytes held, from the start.
+        received: u64,
+    },
+    /// Peer → peer, after a link broke and was made again: how much of transfer `transfer` do
+    /// you hold? (The source then sends the rest.)
+    PeerResume {
+        /// The transfer.
+        transfer: u64,
+    },
 }
 
 /// The bytes a [`Frame::PeerData`] needs besides its data.
@@ -807,6 +822,15 @@ impl Frame {
                 e.u64(*offset);
                 e.bytes(data);
             }
+            Frame::PeerReceived { transfer, received } => {
+                e.u8(23);
+                e.u64(*transfer);
+                e.u64(*received);
+            }
+            Frame::PeerResume { transfer } => {
+                e.u8(24);
+                e.u64(*transfer);
+            }
         }
         let body = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -1050,6 +1074,8 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
             offset: d.u64("offset")?,
             data: d.bytes("peer data", usize::MAX)?,
         },
+        23 => Frame::PeerReceived { transfer: d.u64("transfer")?, received: d.u64("received")? },
+        24 => Frame::PeerResume { transfer: d.u64("transfer")? },
         t => return Err(WireError::UnknownTag { what: "frame", tag: t }),
     };
     if d.left() != 0 {
@@ -1084,17 +1110,77 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Resul
     Ok(decode(buf)?)
 }
 
-/// Appends a [`Frame::PeerData`] carrying `data` to `out` (the same bytes as encoding the
-/// frame, without first copying `data` into one).
-pub fn encode_peer_data(out: &mut Vec<u8>, transfer: u64, total: u64, offset: u64, data: &[u8]) {
-    let body = (PEER_DATA_OVERHEAD + data.len()) as u32;
-    out.extend_from_slice(&body.to_le_bytes());
-    out.push(22);
-    for v in [transfer, total, offset] {
-        out.extend_from_slice(&v.to_le_bytes());
+/// The fixed fields of a [`Frame::PeerData`], read before its data (which the reader then
+/// reads straight to where they go).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerDataHead {
+    /// The transfer.
+    pub transfer: u64,
+    /// Its length in bytes.
+    pub total: u64,
+    /// Where this piece goes.
+    pub offset: u64,
+    /// The piece's length (the bytes that follow on the link).
+    pub len: usize,
+}
+
+/// The length prefix and fixed fields of a [`Frame::PeerData`] carrying `len` bytes: the same
+/// bytes as encoding the frame, up to its data, which the caller writes right after.
+pub fn peer_data_head(transfer: u64, total: u64, offset: u64, len: usize) -> [u8; 4 + PEER_DATA_OVERHEAD] {
+    let mut h = [0u8; 4 + PEER_DATA_OVERHEAD];
+    h[..4].copy_from_slice(&((PEER_DATA_OVERHEAD + len) as u32).to_le_bytes());
+    h[4] = 22;
+    for (i, v) in [transfer, total, offset].into_iter().enumerate() {
+        h[5 + 8 * i..13 + 8 * i].copy_from_slice(&v.to_le_bytes());
     }
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(data);
+    h[29..33].copy_from_slice(&(len as u32).to_le_bytes());
+    h
+}
+
+/// What [`read_peer_frame`] found.
+#[derive(Debug)]
+pub enum PeerRead {
+    /// A data piece: its fixed fields were read; its `len` bytes are next on the link.
+    Data(PeerDataHead),
+    /// Any other frame, decoded.
+    Frame(Frame),
+}
+
+/// Reads one frame from a peer link. A [`Frame::PeerData`] is returned as its fixed fields
+/// only, checked (its data's count must be the rest of the frame), so that the caller reads
+/// the data straight into place; other frames are read into `buf` and decoded as
+/// [`read_frame`] does. A length prefix over `max_frame` is refused before anything is read.
+pub fn read_peer_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Result<PeerRead, ReadError> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head)?;
+    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+    if len > max_frame {
+        return Err(WireError::TooLong { what: "frame length", len: len as u64, limit: max_frame as u64 }.into());
+    }
+    if len == 0 {
+        return Err(WireError::Empty.into());
+    }
+    if head[4] == 22 && len as usize >= PEER_DATA_OVERHEAD {
+        let mut f = [0u8; PEER_DATA_OVERHEAD - 1];
+        r.read_exact(&mut f)?;
+        let word = |i: usize| u64::from_le_bytes(f[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let count = u32::from_le_bytes(f[24..28].try_into().expect("4 bytes")) as usize;
+        let rest = len as usize - PEER_DATA_OVERHEAD;
+        if count != rest {
+            return Err(if count > rest {
+                WireError::Truncated { what: "peer data", need: count, left: rest }
+            } else {
+                WireError::Trailing(rest - count)
+            }
+            .into());
+        }
+        return Ok(PeerRead::Data(PeerDataHead { transfer: word(0), total: word(1), offset: word(2), len: count }));
+    }
+    buf.clear();
+    buf.resize(len as usize, 0);
+    buf[0] = head[4];
+    r.read_exact(&mut buf[1..])?;
+    Ok(PeerRead::Frame(decode(buf)?))
 }
 
 /// Encodes `frame` into `buf` (reused between calls) and writes it to `w` in one write.
@@ -1118,12 +1204,28 @@ mod tests {
     }
 
     #[test]
-    fn peer_data_encodes_like_its_frame() {
+    fn peer_data_heads_encode_like_their_frame_and_read_back() {
         let f = Frame::PeerData { transfer: 9, total: 100, offset: 40, data: vec![1, 2, 3] };
-        let mut v = Vec::new();
-        encode_peer_data(&mut v, 9, 100, 40, &[1, 2, 3]);
+        let mut v = peer_data_head(9, 100, 40, 3).to_vec();
+        v.extend_from_slice(&[1, 2, 3]);
         assert_eq!(v, f.encode());
         assert_eq!(decode(&v[4..]).unwrap(), f);
+        v.extend_from_slice(&Frame::PeerNotice { event: 5, ok: true }.encode());
+        let (mut r, mut buf) = (&v[..], Vec::new());
+        match read_peer_frame(&mut r, &mut buf, 1024).unwrap() {
+            PeerRead::Data(h) => assert_eq!(h, PeerDataHead { transfer: 9, total: 100, offset: 40, len: 3 }),
+            other => panic!("{other:?}"),
+        }
+        let mut data = [0u8; 3];
+        r.read_exact(&mut data).unwrap();
+        assert_eq!(data, [1, 2, 3]);
+        assert!(matches!(read_peer_frame(&mut r, &mut buf, 1024).unwrap(), PeerRead::Frame(Frame::PeerNotice { event: 5, ok: true })));
+        // A count that disagrees with the frame's length is refused before any data is read.
+        let mut bad = peer_data_head(9, 100, 40, 3).to_vec();
+        bad[29] = 200;
+        bad.extend_from_slice(&[1, 2, 3]);
+        let e = read_peer_frame(&mut &bad[..], &mut buf, 1024).unwrap_err();
+        assert!(e.to_string().contains("peer data needs 200 more bytes, 3 left"), "{e}");
     }
 
     #[test]

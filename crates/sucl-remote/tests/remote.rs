@@ -398,3 +398,20 @@ fn the_server_runs_a_resent_command_once() {
     s.write_all(&Frame::Command { seq: 4, ack: 3, cmd: Command::Read { buffer: 2, offset: 0, len: 8 } }.encode()).unwrap();
     assert_eq!(read(&mut s), Some(Frame::Reply { seq: 4, outcome: Outcome::Data(1u64.to_le_bytes().to_vec()) }));
 }
+
+#[test]
+fn a_reconnect_resumes_the_tls_session_and_runs_each_command_once() {
+    let d = Sucld::start(&[]);
+    let r = Remote::connect(&d.addr, d.options()).unwrap();
+    let q = r.devices().unwrap()[0].queue().unwrap();
+    let x = q.alloc::<u64>(1).unwrap();
+    // The server's session tickets come before its first reply, so the client holds some now.
+    for _ in 0..3 {
+        r.drop_connection();
+        q.launch("increment_u64", &[x.arg()], 0).unwrap();
+        r.nop().unwrap();
+    }
+    assert_eq!(r.reconnects(), 3);
+    assert_eq!(r.resumed_reconnects(), 3, "every re-attach resumed its TLS session (no full handshake)");
+    assert_eq!(x.to_vec().unwrap(), [3], "each launch ran once");
+}
