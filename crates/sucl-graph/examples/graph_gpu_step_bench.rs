@@ -348,7 +348,11 @@ fn run() -> Result<(), GraphError> {
                 round(r, &mut || jacobi_graph(&mut q, &src, &mut u, &mut v, steps), &mut || h.steps(&comm, &hand, steps))?;
             }
             let (lo, hi) = slab(n, comm.size(), comm.rank());
-            let mine = q.fence(&u, sucl_graph::GridBox::new([lo, 0, 0], [hi, n, 1]))?;
+            // A fence is a task like any other: every rank must submit the same one (a region
+            // that differs per rank makes each rank push to the others what it thinks they
+            // fence, and no one receives). Fence the whole grid, keep this rank's rows.
+            let all = q.fence_all(&u)?;
+            let mine = all[lo * n..hi * n].to_vec();
             wrong(&comm, &mine, &h.rows()?)?
         }
         "nbody" => {
@@ -359,7 +363,8 @@ fn run() -> Result<(), GraphError> {
                 round(r, &mut || nbody_graph(&mut q, &src, pos, vel, steps), &mut || h.steps(&comm, &hand, steps))?;
             }
             let (lo, hi) = slab(n, comm.size(), comm.rank());
-            let mine = q.fence(&pos, sucl_graph::GridBox::new([lo, 0, 0], [hi, 3, 1]))?;
+            let all = q.fence_all(&pos)?;
+            let mine = all[3 * lo..3 * hi].to_vec();
             wrong(&comm, &mine, &h.rows()?)?
         }
         other => return Err(fail(format!("want `jacobi` or `nbody`, got {other:?}"))),
