@@ -410,7 +410,8 @@ pub(crate) fn group_messages(lists: Vec<TransferLists>) -> Result<Vec<TaskTransf
     Ok(out)
 }
 
-/// The tag of a message of `task` (the host executor's scheme: task, buffer, collective flag).
+/// The tag of a message of `task` on a GPU queue's staged path: task, buffer and whether it
+/// belongs to a collective command (both sides of a transfer run this same function).
 pub(crate) fn transfer_tag(task: usize, m: &Message, buffers: usize) -> u32 {
     let id = (task as u64 * buffers.max(1) as u64 + m.buffer.0 as u64) * 2 + u64::from(m.collective);
     (id % (MAX_TAG as u64 + 1)) as u32

@@ -356,6 +356,26 @@ fn check<const D: usize>(allowed: &GridBox, exact: Option<&[GridBox]>, p: Index,
     assert!(inside, "kernel {what} cell {idx:?} outside the cells its accessor declared (within {:?}..{:?})", allowed.min, allowed.max);
 }
 
+/// [`check`] for the `len` cells from `p` along the last dimension (a slice): its ends, and
+/// every cell where the accessor's region has several boxes (which may leave gaps in a row).
+/// `what`: the verb for the first cell, the last, and those between.
+fn check_run<const D: usize>(allowed: &GridBox, exact: Option<&[GridBox]>, p: Index, idx: [usize; D], len: usize, what: [&str; 3]) {
+    if len == 0 {
+        return;
+    }
+    let mut last = p;
+    last[D - 1] += len - 1;
+    check(allowed, exact, p, idx, what[0]);
+    check(allowed, exact, last, idx, what[1]);
+    if exact.is_some() {
+        for k in 1..len {
+            let mut q = p;
+            q[D - 1] += k;
+            check(allowed, exact, q, idx, what[2]);
+        }
+    }
+}
+
 /// A kernel's view of a read accessor.
 pub struct ReadView<'a, T, const D: usize> {
     ptr: *const T,
@@ -385,20 +405,7 @@ impl<T: Element, const D: usize> ReadView<'_, T, D> {
     pub fn slice(&self, idx: [usize; D], len: usize) -> &[T] {
         assert!(self.sole, "slice() on a buffer this task also writes; use get()");
         let p = pad(idx, 0);
-        if len > 0 {
-            let mut last = p;
-            last[D - 1] += len - 1;
-            check(&self.allowed, self.exact, p, idx, "read");
-            check(&self.allowed, self.exact, last, idx, "read (slice end)");
-            if self.exact.is_some() {
-                // A region of several boxes may leave gaps inside a row: check every cell.
-                for k in 1..len {
-                    let mut q = p;
-                    q[D - 1] += k;
-                    check(&self.allowed, self.exact, q, idx, "read (inside a slice)");
-                }
-            }
-        }
+        check_run(&self.allowed, self.exact, p, idx, len, ["read", "read (slice end)", "read (inside a slice)"]);
         // SAFETY: the cells lie in the buffer and the allowed box; the buffer is not written by
         // any piece of this task (sole), so a shared slice for the view's lifetime is sound.
         unsafe { std::slice::from_raw_parts(self.ptr.add(linear(self.extent, p)), len) }
@@ -450,20 +457,7 @@ impl<T: Element, const D: usize> WriteView<'_, T, D> {
     pub fn slice_mut(&mut self, idx: [usize; D], len: usize) -> &mut [T] {
         assert!(self.sole, "slice_mut() on a buffer with several accessors in this task; use set()");
         let p = pad(idx, 0);
-        if len > 0 {
-            let mut last = p;
-            last[D - 1] += len - 1;
-            check(&self.allowed, self.exact, p, idx, "wrote");
-            check(&self.allowed, self.exact, last, idx, "wrote (slice end)");
-            if self.exact.is_some() {
-                // A region of several boxes may leave gaps inside a row: check every cell.
-                for k in 1..len {
-                    let mut q = p;
-                    q[D - 1] += k;
-                    check(&self.allowed, self.exact, q, idx, "wrote (inside a slice)");
-                }
-            }
-        }
+        check_run(&self.allowed, self.exact, p, idx, len, ["wrote", "wrote (slice end)", "wrote (inside a slice)"]);
         // SAFETY: the cells lie in the buffer and this piece's declared box, which no other
         // piece reads or writes (disjoint pieces) and no other view of this thread can reach
         // (sole accessor, opened once); `&mut self` keeps the slice unique within the view.
