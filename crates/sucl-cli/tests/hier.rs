@@ -92,10 +92,12 @@ fn hier_matrix_3_hosts_x_2() {
 }
 
 /// A rank killed in the middle of hierarchical all_reduces: every other rank, on its own host
-/// and on the others, fails naming it, well before the timeout. The victim is world rank 2:
-/// host 1's local index 0, cross-host index 1, so a level that named its own rank numbers
-/// ("rank 0" or "rank 1") instead of the world's fails the test. The all_reduces are large
-/// enough to run pipelined (the cross-host level on the helper thread).
+/// and on the others, fails naming it, well before the timeout. The victim is world rank 2
+/// (host 1's local index 0, cross-host index 1). The all_reduces are large enough to run
+/// pipelined (the cross-host level on the helper thread). What names the victim here is the
+/// job's lost-rank detection (the rendezvous store), which reaches every rank first: the test
+/// still passed with the cross-host level given wrong world ranks (tried), so it does not check
+/// how each level alone would name a lost peer.
 #[test]
 fn killed_rank_of_a_hierarchical_job_is_an_error_on_every_rank() {
     let victim = 2;
