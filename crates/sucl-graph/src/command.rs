@@ -334,7 +334,13 @@ pub struct CommandGraphGenerator {
     ranks: usize,
     rank: usize,
     buffers: Vec<BufferView>,
+    /// The commands kept: ids `first..first + commands.len()`.
     commands: Vec<Command>,
+    first: usize,
+    /// Ids below this were handed out by [`CommandGraphGenerator::take_new`].
+    taken: usize,
+    /// Keep handed-out commands (for dumps) instead of dropping them.
+    keep_taken: bool,
     front: BTreeSet<CommandId>,
     effective_epoch: Option<CommandId>,
     last_horizon: Option<CommandId>,
@@ -409,6 +415,9 @@ impl CommandGraphGenerator {
             rank,
             buffers: Vec::new(),
             commands: Vec::new(),
+            first: 0,
+            taken: 0,
+            keep_taken: true,
             front: BTreeSet::new(),
             effective_epoch: None,
             last_horizon: None,
@@ -427,9 +436,49 @@ impl CommandGraphGenerator {
         self.rank
     }
 
-    /// The commands generated so far, in order (a valid execution order).
+    /// The commands kept, in order (a valid execution order): every command generated so far
+    /// while handed-out commands are kept (the default), else those not yet handed out.
     pub fn commands(&self) -> &[Command] {
         &self.commands
+    }
+
+    /// Keeps the commands [`CommandGraphGenerator::take_new`] hands out (on, the default: for
+    /// dumps and tests) or drops them (off: a live rank, whose command graph must not grow
+    /// with the length of the program).
+    pub fn keep_taken(&mut self, on: bool) {
+        self.keep_taken = on;
+        if !on {
+            let done = self.taken - self.first;
+            self.commands.drain(..done);
+            self.first = self.taken;
+        }
+    }
+
+    /// The commands generated since the last call, in order.
+    pub fn take_new(&mut self) -> Vec<Command> {
+        let start = self.taken - self.first;
+        self.taken = self.first + self.commands.len();
+        if self.keep_taken {
+            self.commands[start..].to_vec()
+        } else {
+            self.first = self.taken;
+            std::mem::take(&mut self.commands)
+        }
+    }
+
+    /// The id the next command will get.
+    fn next_id(&self) -> CommandId {
+        CommandId(self.first + self.commands.len())
+    }
+
+    /// A command generated for the current task (never handed out yet).
+    fn command_mut(&mut self, id: CommandId) -> &mut Command {
+        &mut self.commands[id.0 - self.first]
+    }
+
+    /// Reader entries kept over all buffers (bounded by horizons).
+    pub fn reader_entries(&self) -> usize {
+        self.buffers.iter().map(|b| b.local_readers.len()).sum()
     }
 
     /// Emits this rank's commands for task `id` of `graph` (tasks must come in submission order).
@@ -791,7 +840,7 @@ impl CommandGraphGenerator {
         deps.extend(self.write_deps(f.buffer, &received));
         let consumer = coll.consumer.clone();
         let id = self.emit(CommandKind::Collective, task.id, Some(f.buffer), received.clone(), Vec::new(), deps);
-        self.commands[id.0].collective = Some(coll);
+        self.command_mut(id).collective = Some(coll);
         if !sent.is_empty() {
             self.buffers[f.buffer.0].local_readers.push((id, sent));
         }
@@ -871,7 +920,7 @@ impl CommandGraphGenerator {
             deps.extend(self.write_deps(buffer, writes));
         }
         let deps = strongest(deps);
-        let id = CommandId(self.commands.len());
+        let id = self.next_id();
         for (&buffer, (reads, writes)) in own {
             if !writes.is_empty() {
                 self.produced(buffer, writes, id);
@@ -883,7 +932,7 @@ impl CommandGraphGenerator {
         }
         let emitted = self.emit_with(CommandKind::Execution, task.id, None, Region::empty(), Vec::new(), deps);
         debug_assert_eq!(emitted, id);
-        let cmd = &mut self.commands[id.0];
+        let cmd = self.command_mut(id);
         cmd.chunk = Some(chunk.as_box());
         cmd.accesses = accesses;
     }
@@ -941,9 +990,7 @@ impl CommandGraphGenerator {
             let redirect = |c: CommandId| if c < epoch { epoch } else { c };
             for view in &mut self.buffers {
                 view.local_writer.map_values(|w| w.map(redirect));
-                for (c, _) in &mut view.local_readers {
-                    *c = redirect(*c);
-                }
+                crate::geometry::fold_old_readers(&mut view.local_readers, epoch);
             }
             self.effective_epoch = Some(epoch);
         }
@@ -970,7 +1017,7 @@ impl CommandGraphGenerator {
         peers: Vec<PeerRegion>,
         mut dependencies: Vec<CommandDep>,
     ) -> CommandId {
-        let id = CommandId(self.commands.len());
+        let id = self.next_id();
         if dependencies.is_empty() {
             if let Some(e) = self.effective_epoch {
                 dependencies.push(CommandDep { command: e, kind: DepKind::Order });
@@ -1078,25 +1125,98 @@ pub struct RankGraph {
     pub commands: Vec<Command>,
 }
 
+/// What a [`Scheduler`] holds at one moment. In a live rank every count stays bounded in a
+/// loop of any length (horizons drop old tasks and fold old readers; executed commands are
+/// dropped); in a simulation that records for dumps, commands and recorded tasks grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Tasks in the task graph.
+    pub tasks: usize,
+    /// Reader entries in the task graph's per-buffer tracking.
+    pub task_readers: usize,
+    /// Commands kept, over all generated ranks.
+    pub commands: usize,
+    /// Reader entries in the command generators' per-buffer tracking.
+    pub command_readers: usize,
+    /// Tasks copied for dumps.
+    pub recorded_tasks: usize,
+}
+
 /// Builds a task graph and the command graphs of chosen ranks as tasks are submitted.
 pub struct Scheduler {
     graph: TaskGraph,
     generators: Vec<CommandGraphGenerator>,
     /// Every task made so far, kept for dumps (horizons drop old tasks from the graph).
     recorded: Option<Vec<Task>>,
+    /// Warnings handed out by [`Scheduler::take_warnings`] while recording.
+    warned: usize,
+    program: ProgramPrint,
+}
+
+/// A fingerprint of the program submitted so far: its length and a hash of every buffer
+/// creation, task structure (kind, target, range, granularity, accessors) and epoch, so that
+/// ranks can check that they run the same program (names are left out: they only label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramPrint {
+    /// Submissions so far (buffers, tasks and epochs).
+    pub steps: u64,
+    /// FNV-1a over their descriptions.
+    pub hash: u64,
+}
+
+impl Default for ProgramPrint {
+    fn default() -> Self {
+        ProgramPrint { steps: 0, hash: 0xcbf2_9ce4_8422_2325 }
+    }
+}
+
+impl std::fmt::Write for ProgramPrint {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for b in s.bytes() {
+            self.hash = (self.hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        Ok(())
+    }
+}
+
+impl ProgramPrint {
+    /// Adds one submission, described by its `Debug` forms (no allocation).
+    fn add(&mut self, what: std::fmt::Arguments<'_>) {
+        self.steps += 1;
+        self.mix(what);
+    }
+
+    /// Adds more of the same submission's description.
+    fn mix(&mut self, what: std::fmt::Arguments<'_>) {
+        // Writing into the hasher cannot fail.
+        let _ = std::fmt::Write::write_fmt(self, what);
+    }
 }
 
 impl Scheduler {
     /// Generates the command graphs of all `ranks` ranks (a simulation, for tests and dumps).
     pub fn simulate(ranks: usize, horizon_step: usize) -> Result<Self, GraphError> {
         let generators = (0..ranks.max(1)).map(|r| CommandGraphGenerator::new(ranks, r)).collect::<Result<_, _>>()?;
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: Some(Vec::new()) })
+        Ok(Scheduler {
+            graph: TaskGraph::new(ranks, horizon_step),
+            generators,
+            recorded: Some(Vec::new()),
+            warned: 0,
+            program: ProgramPrint::default(),
+        })
     }
 
     /// Generates only `rank`'s command graph (what a real rank does).
     pub fn for_rank(ranks: usize, rank: usize, horizon_step: usize) -> Result<Self, GraphError> {
-        let generators = vec![CommandGraphGenerator::new(ranks, rank)?];
-        Ok(Scheduler { graph: TaskGraph::new(ranks, horizon_step), generators, recorded: None })
+        let mut generators = vec![CommandGraphGenerator::new(ranks, rank)?];
+        generators[0].keep_taken(false);
+        Ok(Scheduler {
+            graph: TaskGraph::new(ranks, horizon_step),
+            generators,
+            recorded: None,
+            warned: 0,
+            program: ProgramPrint::default(),
+        })
     }
 
     /// Turns collective pattern discovery on (the default) or off for the tasks submitted
@@ -1114,12 +1234,23 @@ impl Scheduler {
 
     /// Creates a buffer (see [`TaskGraph::create_buffer`]).
     pub fn create_buffer(&mut self, dims: &[usize], host_initialized: bool) -> Result<BufferId, GraphError> {
-        self.graph.create_buffer(dims, host_initialized)
+        let id = self.graph.create_buffer(dims, host_initialized)?;
+        self.program.add(format_args!("buffer {dims:?} {host_initialized};"));
+        Ok(id)
     }
 
     /// Submits a task and generates its commands (and a horizon's, if one follows).
     pub fn submit(&mut self, spec: crate::task::TaskSpec) -> Result<TaskId, GraphError> {
+        let print = {
+            let mut p = self.program;
+            p.add(format_args!("{:?} {:?} {:?} {:?}", spec.kind, spec.target, spec.range, spec.granularity));
+            for a in &spec.accessors {
+                p.mix(format_args!(" {} {:?} {:?}", a.buffer.0, a.mode, a.mapper));
+            }
+            p
+        };
         let id = self.graph.submit(spec)?;
+        self.program = print;
         self.flush()?;
         Ok(id)
     }
@@ -1127,21 +1258,45 @@ impl Scheduler {
     /// Submits an epoch.
     pub fn epoch(&mut self) -> Result<TaskId, GraphError> {
         let id = self.graph.epoch();
+        self.program.add(format_args!("epoch;"));
         self.flush()?;
         Ok(id)
     }
 
-    /// Keeps (or stops keeping) a copy of every task for dumps; on by default in simulations,
-    /// off for a single rank (where it costs memory in long loops).
+    /// Keeps (or stops keeping) every task and every command for dumps; on by default in
+    /// simulations, off for a single rank, where horizons drop old tasks and
+    /// [`Scheduler::take_commands`] drops the commands it hands out, so that the scheduler's
+    /// memory does not grow with the length of the program.
     pub fn record_tasks(&mut self, on: bool) {
         if on != self.recorded.is_some() {
             self.recorded = on.then(Vec::new);
+        }
+        for g in &mut self.generators {
+            g.keep_taken(on);
+        }
+    }
+
+    /// Warnings (reads of never-written cells) since the last call. While recording, the
+    /// task graph keeps them for dumps; otherwise they are handed out once and forgotten.
+    pub fn take_warnings(&mut self) -> Vec<crate::task::Warning> {
+        if self.recorded.is_some() {
+            let new = self.graph.warnings()[self.warned..].to_vec();
+            self.warned += new.len();
+            new
+        } else {
+            self.graph.take_warnings()
         }
     }
 
     /// Every task made while recording was on, in order (see [`Scheduler::record_tasks`]).
     pub fn recorded_tasks(&self) -> &[Task] {
         self.recorded.as_deref().unwrap_or(&[])
+    }
+
+    /// The fingerprint of the program submitted so far (what [`crate::DistrQueue::sync`]
+    /// compares across ranks).
+    pub fn program_print(&self) -> ProgramPrint {
+        self.program
     }
 
     /// The number of simulated ranks.
@@ -1161,9 +1316,27 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The command graph of `rank`, if this scheduler generates it.
+    /// The command graph of `rank` as far as it is kept (see [`Scheduler::record_tasks`]),
+    /// if this scheduler generates it.
     pub fn commands(&self, rank: usize) -> Option<&[Command]> {
         self.generators.iter().find(|g| g.rank == rank).map(|g| g.commands())
+    }
+
+    /// The commands of `rank` generated since the last call (what an executor runs next), if
+    /// this scheduler generates them.
+    pub fn take_commands(&mut self, rank: usize) -> Option<Vec<Command>> {
+        self.generators.iter_mut().find(|g| g.rank == rank).map(|g| g.take_new())
+    }
+
+    /// What the scheduler holds now: the measure of whether horizons bound it.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            tasks: self.graph.live_tasks(),
+            task_readers: self.graph.reader_entries(),
+            commands: self.generators.iter().map(|g| g.commands.len()).sum(),
+            command_readers: self.generators.iter().map(|g| g.reader_entries()).sum(),
+            recorded_tasks: self.recorded.as_ref().map_or(0, Vec::len),
+        }
     }
 
     /// The generated command graphs, one per generated rank.

@@ -435,3 +435,20 @@ impl<T: Clone + PartialEq> RegionMap<T> {
         }
     }
 }
+
+/// Folds the readers of `readers` up to `epoch` (whose ids a horizon just redirected to it) into
+/// one entry: without this, a buffer that is read every step but never written again would
+/// gain an entry per step, and every later write would scan them all.
+pub(crate) fn fold_old_readers<T: Copy + Ord>(readers: &mut Vec<(T, Region)>, epoch: T) {
+    let mut folded = Region::empty();
+    readers.retain(|(t, r)| {
+        let old = *t <= epoch;
+        if old {
+            folded = folded.union(r);
+        }
+        !old
+    });
+    if !folded.is_empty() {
+        readers.insert(0, (epoch, folded));
+    }
+}

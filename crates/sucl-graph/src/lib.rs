@@ -76,6 +76,19 @@ pub enum GraphError {
         /// What went wrong.
         message: String,
     },
+    /// Ranks submitted different programs (found where they synchronise).
+    #[error(
+        "rank {rank}: ranks {ranks:?} submitted a different program from rank 0 (compared after {steps} submissions on this rank); \
+         every rank must create the same buffers and submit the same command groups in the same order"
+    )]
+    ProgramMismatch {
+        /// This rank.
+        rank: usize,
+        /// The ranks whose program differs from rank 0's.
+        ranks: Vec<usize>,
+        /// Buffers, tasks and epochs this rank submitted.
+        steps: u64,
+    },
     /// A communication error of the executor.
     #[error(transparent)]
     Comm(#[from] sucl_runtime::Error),
@@ -83,8 +96,8 @@ pub enum GraphError {
 pub mod command;
 
 pub use command::{
-    chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, PeerRegion,
-    RankGraph, Scheduler, SplitAccess,
+    chunk_of, Collective, CollectiveOp, Command, CommandAccess, CommandDep, CommandGraphGenerator, CommandId, CommandKind, Footprint,
+    PeerRegion, RankGraph, Scheduler, SplitAccess,
 };
 pub mod device;
 pub mod dump;

@@ -44,6 +44,7 @@ use crate::task::{AccessMode, Accessor, BufferId, SplitHint, TaskId, TaskSpec};
 use crate::GraphError;
 use std::any::Any;
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use sucl_runtime::{Communicator, Element, MAX_TAG};
@@ -599,8 +600,9 @@ pub struct DistrQueue<'c> {
     comm: &'c Communicator,
     scheduler: Scheduler,
     stores: Vec<Box<dyn Store>>,
-    executed: usize,
     options: QueueOptions,
+    /// Buffers already warned about (a loop re-reading unwritten cells warns once).
+    warned: BTreeSet<BufferId>,
     /// A GPU rank's device side ([`DistrQueue::on_device`]).
     device: Option<DeviceRank>,
 }
@@ -621,7 +623,7 @@ impl<'c> DistrQueue<'c> {
         if options.dump_dir.is_some() {
             scheduler.record_tasks(true);
         }
-        Ok(DistrQueue { comm, scheduler, stores: Vec::new(), executed: 0, options, device: None })
+        Ok(DistrQueue { comm, scheduler, stores: Vec::new(), options, warned: BTreeSet::new(), device: None })
     }
 
     /// A queue whose rank runs on GPU `device` (collective), settings from the environment
@@ -742,8 +744,22 @@ impl<'c> DistrQueue<'c> {
             self.check_buffer(a.buffer)?;
         }
         let id = self.scheduler.submit(spec)?;
+        self.log_warnings();
         self.run_pending(&mut action)?;
         Ok(id)
+    }
+
+    /// Logs reads of never-written cells: the first per buffer as a warning, later ones at
+    /// debug level (a loop would repeat it every step).
+    fn log_warnings(&mut self) {
+        for w in self.scheduler.take_warnings() {
+            let (rank, task, buffer) = (self.comm.rank(), w.task.0, w.buffer.0);
+            if self.warned.insert(w.buffer) {
+                tracing::warn!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
+            } else {
+                tracing::debug!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
+            }
+        }
     }
 
     fn check_buffer(&self, b: BufferId) -> Result<(), GraphError> {
@@ -790,13 +806,21 @@ impl<'c> DistrQueue<'c> {
     }
 
     /// An epoch followed by a barrier of all ranks: when it returns, every rank has finished
-    /// every earlier task.
+    /// every earlier task. The barrier is an all_gather of every rank's program fingerprint
+    /// (as cheap): ranks that submitted different programs get
+    /// [`GraphError::ProgramMismatch`] here instead of wrong data.
     pub fn sync(&mut self) -> Result<(), GraphError> {
         self.epoch()?;
         if let Some(d) = self.device.as_mut() {
             d.synchronize(self.comm)?;
         }
-        self.comm.barrier()?;
+        let mine = self.scheduler.program_print();
+        let mut all = vec![0u64; 2 * self.comm.size()];
+        self.comm.all_gather(&[mine.steps, mine.hash][..], &mut all[..])?;
+        let ranks: Vec<usize> = (1..self.comm.size()).filter(|&r| all[2 * r..2 * r + 2] != all[..2]).collect();
+        if !ranks.is_empty() {
+            return Err(GraphError::ProgramMismatch { rank: self.comm.rank(), ranks, steps: mine.steps });
+        }
         Ok(())
     }
 
@@ -806,10 +830,7 @@ impl<'c> DistrQueue<'c> {
     }
 
     fn run_pending(&mut self, action: &mut Option<Run<'_>>) -> Result<(), GraphError> {
-        let rank = self.comm.rank();
-        let all = self.scheduler.commands(rank).unwrap_or(&[]);
-        let commands: Vec<Command> = all[self.executed..].to_vec();
-        self.executed = all.len();
+        let commands = self.scheduler.take_commands(self.comm.rank()).unwrap_or_default();
         let mut i = 0;
         while i < commands.len() {
             let c = &commands[i];

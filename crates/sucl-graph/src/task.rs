@@ -360,9 +360,21 @@ impl TaskGraph {
         self.tasks.len()
     }
 
-    /// Warnings so far (reads of never-written data).
+    /// Warnings so far (reads of never-written data), or since the last
+    /// [`TaskGraph::take_warnings`].
     pub fn warnings(&self) -> &[Warning] {
         &self.warnings
+    }
+
+    /// Hands out the warnings so far and forgets them (a live queue logs them; keeping them
+    /// would grow without bound in a loop that keeps reading unwritten cells).
+    pub fn take_warnings(&mut self) -> Vec<Warning> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Reader entries kept over all buffers (bounded by horizons, see [`Footprint`]).
+    pub fn reader_entries(&self) -> usize {
+        self.buffers.iter().map(|b| b.readers.len()).sum()
     }
 
     /// Ids of the tasks made since the last call (submitted tasks and horizons), in order.
@@ -433,9 +445,7 @@ impl TaskGraph {
         let redirect = |t: TaskId| if t < epoch { epoch } else { t };
         for b in &mut self.buffers {
             b.last_writers.map_values(|w| w.map(redirect));
-            for (t, _) in &mut b.readers {
-                *t = redirect(*t);
-            }
+            crate::geometry::fold_old_readers(&mut b.readers, epoch);
         }
         self.effective_epoch = Some(epoch);
         self.tasks = self.tasks.split_off(&epoch);

@@ -172,6 +172,36 @@ fn collective_discovery_on_and_off_give_identical_results_on_1_to_4_ranks() {
     }
 }
 
+/// A rank of the divergent-program test: rank 2 writes a buffer with a task of another range
+/// (no transfer depends on it, so nothing waits for data that never comes).
+#[test]
+#[ignore = "a rank of divergent_programs_are_a_mismatch_at_sync, started by it"]
+fn divergent_program_rank() {
+    use sucl_graph::{mappers::*, DistrQueue, GraphError};
+    let comm = sucl_runtime::init().unwrap();
+    let mut q = DistrQueue::new(&comm).unwrap();
+    let a = q.buffer::<f64, 1>([12]).unwrap();
+    let range = if comm.rank() == 2 { 6 } else { 12 };
+    q.submit(|cgh| {
+        cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([range], |_, _| {})
+    })
+    .unwrap();
+    match q.sync() {
+        Err(GraphError::ProgramMismatch { ranks, .. }) => eprintln!("PROGRAM-MISMATCH {ranks:?}"),
+        other => eprintln!("NO-MISMATCH {other:?}"),
+    }
+}
+
+#[test]
+fn divergent_programs_are_a_mismatch_at_sync() {
+    let mut ranks = start(3, "divergent_program_rank", "20", 1);
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let (ok, out) = wait(c, Duration::from_secs(60), &format!("rank {r}"));
+        assert!(ok && out.contains("PROGRAM-MISMATCH [2]"), "rank {r} must name rank 2: {out}");
+    }
+}
+
 #[test]
 fn a_lost_rank_is_an_error_not_a_hang() {
     let mut ranks = start(2, "lost_peer_rank", "3", 1);
