@@ -60,7 +60,7 @@ impl Hosts {
     }
 
     /// `sucl ARGS` as world rank `rank` of `n` on host `h` (its own network and hostname).
-    fn rank(&self, h: usize, rank: usize, local: usize, n: usize, port: u16, args: &[&str], env: &[(&str, &str)]) -> Reaped {
+    fn rank(&self, h: usize, rank: usize, local: usize, n: usize, port: u16, args: &[&str]) -> Reaped {
         let bin = sucl().get_program().to_owned();
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns(h), "unshare", "--uts", "sh", "-c", "hostname \"$1\" && shift && exec \"$@\"", "sh"])
@@ -74,8 +74,7 @@ impl Hosts {
             .env("MASTER_ADDR", self.addr(0))
             .env("MASTER_PORT", port.to_string())
             .env("SUCL_TIMEOUT", "60")
-            .env("TORCHELASTIC_RUN_ID", format!("ns{}x{}", std::process::id(), self.tag))
-            .envs(env.iter().copied());
+            .env("TORCHELASTIC_RUN_ID", format!("ns{}x{}", std::process::id(), self.tag));
         spawn(cmd)
     }
 }
@@ -115,10 +114,10 @@ const MATRIX: &[&str] = &[
 
 /// Runs `sucl ARGS` on `hosts × per` ranks (hosts in blocks) and returns every rank's output,
 /// asserting that each succeeded.
-fn run_grid(ns: &Hosts, per: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<Outcome> {
+fn run_grid(ns: &Hosts, per: usize, args: &[&str]) -> Vec<Outcome> {
     let n = ns.hosts * per;
     let port = free_port();
-    let ranks: Vec<Reaped> = (0..n).map(|r| ns.rank(r / per, r, r % per, n, port, args, env)).collect();
+    let ranks: Vec<Reaped> = (0..n).map(|r| ns.rank(r / per, r, r % per, n, port, args)).collect();
     let what = format!("{}x{per} in namespaces", ns.hosts);
     ranks
         .into_iter()
@@ -136,7 +135,7 @@ fn check_in_namespaces(hosts: usize, per: usize, tag: u8, test: &str) {
     let Some(ns) = hosts_or_skip(hosts, tag, test) else { return };
     let mut args = vec!["check", "--backend", "hier"];
     args.extend_from_slice(MATRIX);
-    let outs = run_grid(&ns, per, &args, &[]);
+    let outs = run_grid(&ns, per, &args);
     let line = outs[0].stdout.lines().find(|l| l.contains("sucl check:")).unwrap_or_else(|| panic!("no summary:\n{}", outs[0].stdout));
     assert!(line.contains(&format!("{} ranks, backend hier", hosts * per)) && line.contains(" 0 wrong"), "{line}");
 }
@@ -157,7 +156,7 @@ fn hier_matrix_3_hosts_x_2_in_network_namespaces() {
 fn ranks_in_namespaces_see_two_hosts_and_advertise_their_veth_address() {
     let test = "ranks_in_namespaces_see_two_hosts_and_advertise_their_veth_address";
     let Some(ns) = hosts_or_skip(2, 3, test) else { return };
-    let outs = run_grid(&ns, 2, &["info"], &[]);
+    let outs = run_grid(&ns, 2, &["info"]);
     for (r, o) in outs.iter().enumerate() {
         let h = r / 2;
         let want = [format!("host identity netns-host{h} (the hostname"), format!("tcp endpoints: sv{h} {}", ns.addr(h))];
