@@ -89,6 +89,21 @@ pub enum GraphError {
         /// Buffers, tasks and epochs this rank submitted.
         steps: u64,
     },
+    /// The transfers of a task (pushes, await-pushes, collectives) failed.
+    #[error("rank {rank}: the transfers of task {task} ('{name}') failed: {source}{hint}")]
+    Transfer {
+        /// This rank.
+        rank: usize,
+        /// The task whose data was moving.
+        task: usize,
+        /// Its name.
+        name: String,
+        /// What else may be behind it (for timeouts).
+        hint: &'static str,
+        /// The communication error.
+        #[source]
+        source: sucl_runtime::Error,
+    },
     /// A communication error of the executor.
     #[error(transparent)]
     Comm(#[from] sucl_runtime::Error),

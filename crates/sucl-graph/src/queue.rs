@@ -749,6 +749,25 @@ impl<'c> DistrQueue<'c> {
         Ok(id)
     }
 
+    /// Names the task whose transfers failed with a communication error (other errors already
+    /// say what they are about). A timeout, an abort or a mismatch also says that ranks which
+    /// submitted different programs end this way.
+    fn transfer_failed(&self, first: &Command, e: GraphError) -> GraphError {
+        let GraphError::Comm(source) = e else { return e };
+        let task = first.task;
+        let name = self.scheduler.graph().task(task).map_or_else(String::new, |t| t.name.clone());
+        let hint = match source {
+            sucl_runtime::Error::Timeout { .. } | sucl_runtime::Error::Aborted { .. } => {
+                " (a lost or stalled rank, or ranks that submitted different programs, end this way; DistrQueue::sync compares the programs)"
+            }
+            sucl_runtime::Error::Mismatch { .. } => {
+                " (ranks that submitted different programs end this way; DistrQueue::sync compares the programs)"
+            }
+            _ => "",
+        };
+        GraphError::Transfer { rank: self.comm.rank(), task: task.0, name, hint, source }
+    }
+
     /// Logs reads of never-written cells: the first per buffer as a warning, later ones at
     /// debug level (a loop would repeat it every step).
     fn log_warnings(&mut self) {
@@ -840,7 +859,7 @@ impl<'c> DistrQueue<'c> {
                         .iter()
                         .position(|c| !matches!(c.kind, CommandKind::Push | CommandKind::AwaitPush | CommandKind::Collective))
                         .map_or(commands.len(), |n| i + n);
-                    self.transfer(&commands[i..end])?;
+                    self.transfer(&commands[i..end]).map_err(|e| self.transfer_failed(&commands[i], e))?;
                     i = end;
                     continue;
                 }

@@ -193,6 +193,53 @@ fn divergent_program_rank() {
     }
 }
 
+/// A rank of the divergent-transfer test: rank 0 reads all of `a` (it awaits rank 1's half),
+/// rank 1 reads only its own half, so its graph pushes nothing.
+#[test]
+#[ignore = "a rank of a_divergent_program_that_waits_for_data_names_the_task, started by it"]
+fn divergent_transfer_rank() {
+    use sucl_graph::{mappers::*, DistrQueue};
+    let comm = sucl_runtime::init().unwrap();
+    let mut q = DistrQueue::new(&comm).unwrap();
+    let a = q.buffer::<f64, 1>([8]).unwrap();
+    q.submit(|cgh| {
+        cgh.name("fill");
+        cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([8], |_, _| {})
+    })
+    .unwrap();
+    let mapper = if comm.rank() == 0 { all() } else { one_to_one() };
+    let r = q
+        .submit(|cgh| {
+            cgh.name("use");
+            cgh.read(&a, mapper);
+            cgh.parallel_for([8], |_, _| {})
+        })
+        .and_then(|_| q.sync());
+    eprintln!("RESULT rank {}: {r:?}", comm.rank());
+    eprintln!("ERROR rank {}: {}", comm.rank(), r.map_or_else(|e| e.to_string(), |_| "none".into()));
+}
+
+#[test]
+fn a_divergent_program_that_waits_for_data_names_the_task() {
+    // With discovery rank 0 expects an all-gather (rank 1's sync meets it: a mismatch at
+    // once); without, an await-push that never comes (a timeout).
+    for (cpd, cause) in [("1", "disagree"), ("0", "timed out")] {
+        let mut ranks = start_env(2, "divergent_transfer_rank", "3", 1, None, Some(cpd));
+        let (_, zero) = wait(&mut ranks[0], Duration::from_secs(60), "rank 0");
+        let (_, one) = wait(&mut ranks[1], Duration::from_secs(60), "rank 1");
+        let named = zero.contains("ERROR rank 0: rank 0: the transfers of task 1 ('use') failed");
+        assert!(
+            named && zero.contains(cause) && zero.contains("submitted different programs"),
+            "cpd {cpd}: rank 0 must name the task, {cause:?} and the likely cause: {zero}"
+        );
+        assert!(
+            one.contains("ERROR rank 1:") && !one.contains("ERROR rank 1: none"),
+            "cpd {cpd}: rank 1 must end with an error too: {one}"
+        );
+    }
+}
+
 #[test]
 fn divergent_programs_are_a_mismatch_at_sync() {
     let mut ranks = start(3, "divergent_program_rank", "20", 1);
