@@ -81,12 +81,16 @@ impl TlsIdentity {
     }
 
     fn from_der(cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> Result<TlsIdentity, String> {
-        let config = rustls::ServerConfig::builder_with_provider(provider())
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_no_client_auth()
             .with_single_cert(vec![cert.clone()], key.clone_key())
             .map_err(|e| format!("the certificate and key do not make a TLS identity: {e}"))?;
+        // One session ticket per handshake (rustls sends two by default): a reconnect uses one
+        // and receives the next, and the server makes it between the client's Finished and
+        // the client's first frame — on the critical path of every re-attach.
+        config.send_tls13_tickets = 1;
         Ok(TlsIdentity { cert, config: Arc::new(config) })
     }
 
@@ -246,21 +250,26 @@ struct TlsSide {
 
 /// A TLS connection and the socket bytes read for it but not yet fed to it: rustls asks for
 /// at most 4 KiB per read, so reads from the socket go through this buffer (one system call
-/// per [`TLS_READ_BUFFER`] bytes instead of one per 4 KiB).
+/// per buffer's worth instead of one per 4 KiB).
 struct TlsState {
     conn: rustls::Connection,
-    rbuf: Box<[u8]>,
+    rbuf: Vec<u8>,
     rpos: usize,
     rlen: usize,
 }
 
-/// Bytes read from a TLS link's socket at once.
+/// The read buffer's first size (two whole TLS records): a link that carries small frames
+/// (a client's commands, a re-attach) never needs more, and a new link costs no large zeroed
+/// allocation.
+const TLS_READ_FIRST: usize = 34 << 10;
+/// The read buffer's largest size: a read that fills the buffer (bulk data arriving) doubles
+/// it, up to this.
 const TLS_READ_BUFFER: usize = 256 << 10;
 
 /// The socket as rustls reads it: through the link's read buffer.
 struct Buffered<'a> {
     sock: &'a TcpStream,
-    buf: &'a mut [u8],
+    buf: &'a mut Vec<u8>,
     pos: &'a mut usize,
     len: &'a mut usize,
 }
@@ -268,11 +277,17 @@ struct Buffered<'a> {
 impl Read for Buffered<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if *self.pos == *self.len {
+            if self.buf.is_empty() {
+                self.buf.resize(TLS_READ_FIRST, 0);
+            }
             let n = (&mut &*self.sock).read(self.buf)?;
             *self.pos = 0;
             *self.len = n;
             if n == 0 {
                 return Ok(0);
+            }
+            if n == self.buf.len() && n < TLS_READ_BUFFER {
+                self.buf.resize((2 * n).min(TLS_READ_BUFFER), 0); // keeps the bytes just read
             }
         }
         let n = out.len().min(*self.len - *self.pos);
@@ -363,7 +378,7 @@ impl Link {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
         sock.set_nonblocking(true)?;
-        let state = TlsState { conn, rbuf: vec![0u8; TLS_READ_BUFFER].into_boxed_slice(), rpos: 0, rlen: 0 };
+        let state = TlsState { conn, rbuf: Vec::new(), rpos: 0, rlen: 0 };
         Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(state) }), read_timeout: Mutex::new(None) }) })
     }
 
@@ -372,6 +387,19 @@ impl Link {
         let t = self.inner.tls.as_ref()?;
         let c = lock(&t.conn);
         c.conn.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
+    }
+
+    /// A value only the two ends of this TLS 1.3 connection can compute: an exporter value
+    /// (RFC 8446 §7.5), derived from both sides' handshake randomness and key exchange. A
+    /// proof that covers it cannot be replayed on any other connection. `None` on plain TCP
+    /// (and on TLS 1.2, whose exporter is not bound to one connection without extensions).
+    pub fn channel_binding(&self) -> Option<[u8; 32]> {
+        let t = self.inner.tls.as_ref()?;
+        let c = lock(&t.conn);
+        if c.conn.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
+            return None;
+        }
+        c.conn.export_keying_material([0u8; 32], b"EXPORTER-sucl-channel-binding", None).ok()
     }
 
     /// Whether the TLS handshake resumed an earlier session (no certificate, no signature).
