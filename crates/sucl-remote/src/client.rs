@@ -1212,3 +1212,34 @@ impl Mesh {
         &self.members
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attach_carries_an_unbroken_run_of_unanswered_commands_within_its_budget() {
+        // Commands 1-2 the server holds (placeholders); 3-6 wait for it; 5 is too big to fit
+        // after 3 and 4, so 6 (which would fit) must not go either: the server would see 5
+        // skipped.
+        let frame = |n: usize| vec![7u8; n];
+        let q: VecDeque<(u64, Vec<u8>)> = VecDeque::from(vec![
+            (1, Vec::new()),
+            (2, Vec::new()),
+            (3, frame(100)),
+            (4, frame(200)),
+            (5, frame(PIPELINE_BYTES)),
+            (6, frame(10)),
+        ]);
+        let mut out = vec![9u8];
+        assert_eq!(pipeline(&q, &mut out), 4);
+        assert_eq!(out.len(), 1 + 100 + 200, "the frames of 3 and 4, after what was there");
+        // Nothing to send, or a first command over the budget: none go.
+        let mut out = Vec::new();
+        assert_eq!(pipeline(&VecDeque::from(vec![(1, Vec::new())]), &mut out), 0);
+        assert_eq!(pipeline(&VecDeque::from(vec![(8, frame(PIPELINE_BYTES + 1)), (9, frame(1))]), &mut out), 0);
+        assert!(out.is_empty());
+        // Exactly the budget fits.
+        assert_eq!(pipeline(&VecDeque::from(vec![(3, frame(PIPELINE_BYTES))]), &mut out), 3);
+    }
+}

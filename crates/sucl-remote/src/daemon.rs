@@ -383,13 +383,21 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     next_conn: AtomicU64,
     listener: TcpListener,
-    /// How many threads wait in `accept` now.
-    idle_acceptors: Mutex<usize>,
+    acceptors: Mutex<Acceptors>,
     acceptors_cv: Condvar,
 }
 
 /// Bytes of retained replies gathered into one write when a client re-attaches.
 const RESEND_BATCH: usize = 64 << 10;
+
+/// The threads that serve connections.
+#[derive(Default)]
+struct Acceptors {
+    /// Waiting in `accept` now.
+    idle: usize,
+    /// Alive (waiting or serving).
+    live: usize,
+}
 
 /// Threads kept waiting in `accept`: one takes the next connection while another may still be
 /// on its way back from the connection it served (a reconnect meets one waiting).
@@ -441,7 +449,7 @@ impl Daemon {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
             listener,
-            idle_acceptors: Mutex::new(0),
+            acceptors: Mutex::new(Acceptors::default()),
             acceptors_cv: Condvar::new(),
         });
         let s = shared.clone();
@@ -464,6 +472,13 @@ impl Daemon {
     /// The pin of its TLS certificate (`None`: plain TCP).
     pub fn tls_pin(&self) -> Option<Pin> {
         self.shared.cfg.tls.as_ref().map(TlsIdentity::pin)
+    }
+
+    /// How many threads serve connections or wait in `accept` for one (each connection has
+    /// one; a few more wait, and a thread whose connection ended waits again only while fewer
+    /// than two others do).
+    pub fn connection_threads(&self) -> usize {
+        lock(&self.shared.acceptors).live
     }
 
     /// How many sessions it holds (attached or waiting for their client to re-attach).
@@ -494,14 +509,11 @@ impl Daemon {
             let _ = c.shutdown(Shutdown::Both);
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut idle = lock(&self.shared.idle_acceptors);
-        while *idle > 0 && Instant::now() < deadline {
-            drop(idle);
+        while lock(&self.shared.acceptors).idle > 0 && Instant::now() < deadline {
             let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(100));
-            idle = lock(&self.shared.idle_acceptors);
-            idle = self.shared.acceptors_cv.wait_timeout(idle, Duration::from_millis(10)).unwrap_or_else(|p| p.into_inner()).0;
+            let a = lock(&self.shared.acceptors);
+            drop(self.shared.acceptors_cv.wait_timeout(a, Duration::from_millis(10)));
         }
-        drop(idle);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -521,30 +533,46 @@ impl Drop for Daemon {
 
 /// Starts one more thread waiting in `accept`.
 fn start_acceptor(shared: &Arc<Shared>) -> io::Result<()> {
-    *lock(&shared.idle_acceptors) += 1;
+    {
+        let mut a = lock(&shared.acceptors);
+        a.idle += 1;
+        a.live += 1;
+    }
     let s = shared.clone();
     match std::thread::Builder::new().name("sucld-conn".into()).spawn(move || acceptor(&s)) {
         Ok(_) => Ok(()),
         Err(e) => {
-            *lock(&shared.idle_acceptors) -= 1;
+            let mut a = lock(&shared.acceptors);
+            a.idle -= 1;
+            a.live -= 1;
             warn!("cannot start a connection thread: {e}");
             Err(e)
         }
     }
 }
 
+/// Counts a connection thread out when it ends, however it ends.
+struct Leaving<'a>(&'a Shared);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.acceptors).live -= 1;
+        self.0.acceptors_cv.notify_all();
+    }
+}
+
 /// One thread of the accept pool: accepts a connection and serves it; then waits for the next
 /// one unless [`SPARE_ACCEPTORS`] threads wait already (then it ends).
 fn acceptor(shared: &Arc<Shared>) {
+    let _leaving = Leaving(shared);
     loop {
         let accepted = shared.listener.accept();
         let spares_left = {
-            let mut idle = lock(&shared.idle_acceptors);
-            *idle -= 1;
-            *idle
+            let mut a = lock(&shared.acceptors);
+            a.idle -= 1;
+            a.idle
         };
         if shared.stop.load(Ordering::SeqCst) {
-            shared.acceptors_cv.notify_all();
             return;
         }
         if spares_left == 0 {
@@ -558,11 +586,11 @@ fn acceptor(shared: &Arc<Shared>) {
                 std::thread::sleep(Duration::from_millis(10)); // out of descriptors: no hot loop
             }
         }
-        let mut idle = lock(&shared.idle_acceptors);
-        if *idle >= SPARE_ACCEPTORS || shared.stop.load(Ordering::SeqCst) {
+        let mut a = lock(&shared.acceptors);
+        if a.idle >= SPARE_ACCEPTORS || shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        *idle += 1;
+        a.idle += 1;
     }
 }
 
@@ -658,13 +686,22 @@ fn serve(shared: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
     if max_frame < MIN_MAX_FRAME {
         return Err(refuse(&mut conn, &mut out, format!("frame limit {max_frame} is under the minimum {MIN_MAX_FRAME}")));
     }
-    let mut ours = feature::HOST_KERNELS | feature::MESH | feature::CONTENT_SIZE;
+    let mut ours = feature::HOST_KERNELS | feature::MESH | feature::CONTENT_SIZE | feature::CHANNEL_BOUND_ATTACH;
     if shared.devices.iter().any(|d| d.info().kind == DeviceKind::Cuda) {
         ours |= feature::CUDA_KERNELS;
     }
     let nonces = Nonces { client: client_nonce, server: random() };
     let features = features & ours;
-    write_frame(&mut conn, &mut out, &Frame::Welcome { version: VERSION, features, max_frame, nonce: nonces.server })?;
+    let welcome = Frame::Welcome { version: VERSION, features, max_frame, nonce: nonces.server };
+    if conn.has_buffered_input() {
+        // The client did not wait for the welcome (a channel-bound attach follows its hello):
+        // the welcome goes out with the answer to what follows, in one segment.
+        out.clear();
+        welcome.encode_into(&mut out);
+        conn.write_deferred(&out)?;
+    } else {
+        write_frame(&mut conn, &mut out, &welcome)?;
+    }
     let session = match read_frame(&mut conn, &mut buf, HANDSHAKE_MAX_FRAME) {
         Ok(Frame::Open { mac }) => {
             if !shared.cfg.token.check_open(&nonces, &mac) {

@@ -361,23 +361,43 @@ impl Link {
         Link::handshake(sock, rustls::Connection::Server(conn), timeout)
     }
 
-    fn handshake(mut sock: TcpStream, mut conn: rustls::Connection, timeout: Duration) -> io::Result<Link> {
+    /// Runs the handshake on the (from now on non-blocking) socket within `timeout`. Its last
+    /// records (the client's Finished; the server's session ticket) are not sent here: they go
+    /// out with the first frame written on the link, in the same segment (the protocol always
+    /// has the client write first, and the server answer it).
+    fn handshake(sock: TcpStream, mut conn: rustls::Connection, timeout: Duration) -> io::Result<Link> {
         let deadline = Instant::now() + timeout;
-        sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        sock.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        while conn.is_handshaking() {
-            if Instant::now() >= deadline {
+        sock.set_nonblocking(true)?;
+        let wait = |events: i16| -> io::Result<()> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"));
             }
-            conn.complete_io(&mut sock)?;
-        }
-        while conn.wants_write() {
-            conn.write_tls(&mut sock)?;
+            wait_fd(&sock, events, Some(left)).map(|_| ())
+        };
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                match conn.write_tls(&mut &sock) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(libc::POLLOUT)?,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match conn.read_tls(&mut &sock) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed during the TLS handshake")),
+                Ok(_) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        let _ = conn.write_tls(&mut &sock); // the alert that says why, if it fits
+                        return Err(tls_err(e));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(libc::POLLIN)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         conn.set_buffer_limit(None);
-        sock.set_read_timeout(None)?;
-        sock.set_write_timeout(None)?;
-        sock.set_nonblocking(true)?;
         let state = TlsState { conn, rbuf: Vec::new(), rpos: 0, rlen: 0 };
         Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(state) }), read_timeout: Mutex::new(None) }) })
     }
@@ -470,8 +490,14 @@ impl Link {
                 match st.conn.read_tls(&mut from) {
                     Ok(0) => return Ok(0),
                     Ok(_) => {
+                        // Records already waiting to go (the handshake's last ones, or a writer's
+                        // that is waiting for room) go with the next write; what reading
+                        // produces (alerts, key updates) goes now.
+                        let waiting = st.conn.wants_write();
                         st.conn.process_new_packets().map_err(tls_err)?;
-                        let _ = Link::flush_tls(&self.inner.sock, &mut st.conn); // alerts, key updates, tickets
+                        if !waiting {
+                            let _ = Link::flush_tls(&self.inner.sock, &mut st.conn);
+                        }
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -526,6 +552,23 @@ impl Link {
             }
         }
         Ok(())
+    }
+
+    /// Queues `bytes` to go out with the next write on this link, in the same segment (an
+    /// answer that another answer follows at once); on plain TCP, writes them now. Whoever
+    /// calls this writes again (or closes the link) without waiting to read first.
+    pub fn write_deferred(&self, bytes: &[u8]) -> io::Result<()> {
+        match &self.inner.tls {
+            None => self.plain_write_all(&[bytes]),
+            Some(t) => lock(&t.conn).conn.writer().write_all(bytes),
+        }
+    }
+
+    /// Whether decrypted bytes are waiting to be read (TLS links; plain ones say `false`): the
+    /// peer sent more than what was read so far without waiting for an answer.
+    pub fn has_buffered_input(&self) -> bool {
+        let Some(t) = &self.inner.tls else { return false };
+        lock(&t.conn).conn.process_new_packets().is_ok_and(|io| io.plaintext_bytes_to_read() > 0)
     }
 
     /// Writes `parts` one after the other as one write (a frame's header and its data from
@@ -610,7 +653,8 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says.
+/// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says
+/// (the TLS handshake's last flight goes out with the first write: write before reading).
 pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
     use std::net::ToSocketAddrs;
     let a = addr.to_socket_addrs()?.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address"))?;
