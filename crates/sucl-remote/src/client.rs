@@ -580,8 +580,7 @@ impl Conn {
         let mut w = s;
         // Commands the server already received are kept as empty placeholders; the rest go in
         // as few writes as they fit.
-        let mut batch = std::mem::take(&mut st.out);
-        batch.clear();
+        let mut batch = Vec::new();
         for (_, frame) in st.unanswered.iter().filter(|(seq, _)| *seq > sent) {
             if !batch.is_empty() && batch.len() + frame.len() > RESEND_BATCH {
                 w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
@@ -596,7 +595,6 @@ impl Conn {
         if !batch.is_empty() {
             w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
         }
-        st.out = batch;
         st.writer = Some(w);
         st.broken = None;
         Ok(())
