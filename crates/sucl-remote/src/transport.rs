@@ -55,7 +55,101 @@ pub fn pin_of_pem_file(path: &Path) -> Result<Pin, String> {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    for g in p.kx_groups.iter_mut() {
+        if g.name() == rustls::NamedGroup::X25519 {
+            *g = x25519_ahead();
+        }
+    }
+    Arc::new(p)
+}
+
+use rustls::crypto::{ActiveKeyExchange, SupportedKxGroup};
+
+/// X25519 with its ephemeral key pairs made ahead of need by a background thread, so that
+/// neither a client's hello nor a server's answer to one waits for a key pair to be made (one
+/// scalar multiplication, on the critical path of every handshake on each side). Each pair
+/// serves exactly one handshake, as one made on the spot would (forward secrecy is unchanged);
+/// pairs made in another process (before a `fork`) are dropped, never used twice.
+struct KxAhead {
+    inner: &'static dyn SupportedKxGroup,
+    /// Pairs made, with the id of the process that made them.
+    ready: Mutex<Vec<(u32, Box<dyn ActiveKeyExchange>)>>,
+    wanted: std::sync::Condvar,
+    refiller: std::sync::Once,
+}
+
+/// Key pairs kept ready.
+const KX_AHEAD: usize = 4;
+
+impl std::fmt::Debug for KxAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KxAhead({:?})", self.inner.name())
+    }
+}
+
+fn x25519_ahead() -> &'static KxAhead {
+    static GROUP: std::sync::OnceLock<KxAhead> = std::sync::OnceLock::new();
+    GROUP.get_or_init(|| KxAhead {
+        inner: rustls::crypto::ring::kx_group::X25519,
+        ready: Mutex::new(Vec::with_capacity(KX_AHEAD)),
+        wanted: std::sync::Condvar::new(),
+        refiller: std::sync::Once::new(),
+    })
+}
+
+impl KxAhead {
+    /// A pair made by process `pid` (else one made now), and a wake-up for the refiller.
+    fn take(&self, pid: u32) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let taken = lock(&self.ready).pop();
+        self.wanted.notify_one();
+        match taken {
+            Some((made_by, kx)) if made_by == pid => Ok(kx),
+            _ => self.inner.start(),
+        }
+    }
+
+    /// Keeps [`KX_AHEAD`] pairs ready (runs for the life of the process, asleep while they are),
+    /// at the lowest scheduling priority: on a busy machine it yields to the handshakes it
+    /// serves rather than compete with them for a core.
+    fn refill(&self) {
+        // SAFETY: plain system calls on this thread's own id; a failure leaves the priority as is.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        loop {
+            let mut ready = lock(&self.ready);
+            while ready.len() >= KX_AHEAD {
+                ready = self.wanted.wait(ready).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(ready);
+            match self.inner.start() {
+                Ok(kx) => lock(&self.ready).push((std::process::id(), kx)),
+                Err(_) => return, // the group cannot make keys: handshakes make their own (and fail)
+            }
+        }
+    }
+}
+
+impl SupportedKxGroup for KxAhead {
+    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let me = x25519_ahead();
+        me.refiller.call_once(|| {
+            // Without the thread, every handshake makes its own pair, as rustls would.
+            let _ = std::thread::Builder::new().name("sucl-tls-keys".into()).spawn(move || me.refill());
+        });
+        self.take(std::process::id())
+    }
+
+    fn name(&self) -> rustls::NamedGroup {
+        self.inner.name()
+    }
+
+    fn fips(&self) -> bool {
+        self.inner.fips()
+    }
+
+    fn usable_for_version(&self, version: rustls::ProtocolVersion) -> bool {
+        self.inner.usable_for_version(version)
+    }
 }
 
 /// A daemon's TLS certificate and key.
@@ -669,6 +763,37 @@ pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_pair_made_ahead_serves_one_handshake_of_the_process_that_made_it() {
+        let group = KxAhead {
+            inner: rustls::crypto::ring::kx_group::X25519,
+            ready: Mutex::new(Vec::new()),
+            wanted: std::sync::Condvar::new(),
+            refiller: std::sync::Once::new(),
+        };
+        let me = std::process::id();
+        let made = |pid: u32| {
+            let kx = group.inner.start().unwrap();
+            let public = kx.pub_key().to_vec();
+            lock(&group.ready).push((pid, kx));
+            public
+        };
+        // Made here: taken as it is, once.
+        let ours = made(me);
+        assert_eq!(group.take(me).unwrap().pub_key(), &ours[..]);
+        assert!(lock(&group.ready).is_empty());
+        // Made by another process (this one's parent before a fork): dropped, a fresh one made.
+        let theirs = made(me.wrapping_add(1));
+        let fresh = group.take(me).unwrap();
+        assert_ne!(fresh.pub_key(), &theirs[..]);
+        assert!(lock(&group.ready).is_empty(), "the other process's pair is gone");
+        // Each handshake gets its own pair; one made on the spot completes an exchange.
+        let other = group.take(me).unwrap();
+        assert_ne!(other.pub_key(), fresh.pub_key());
+        let (a, b) = (fresh.pub_key().to_vec(), other.pub_key().to_vec());
+        assert_eq!(fresh.complete(&b).unwrap().secret_bytes(), other.complete(&a).unwrap().secret_bytes());
+    }
 
     #[test]
     fn a_pinned_tls_link_carries_bytes_both_ways_and_an_unpinned_one_is_refused() {
