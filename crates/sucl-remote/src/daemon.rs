@@ -5,13 +5,12 @@
 //! A small pool of threads waits in `accept`; the thread that accepts a connection serves it
 //! and then, while too few others wait, waits in `accept` again (so a new connection — a
 //! client's re-attach above all — neither starts a thread nor waits for one to be handed it).
-//! A session outlives its
-//! connection for the reconnect window: its buffers, queues and events stay, and so do the
-//! replies the client has not acknowledged. Commands of a session run in sequence-number order,
-//! each exactly once: a command whose number the session already received is not run again.
-//! The connection's thread runs commands as they arrive; a command that must wait for a peer
-//! (a migration's bytes, a remote event) is handed to the session's executor thread, and the
-//! commands after it queue behind it.
+//! A session outlives its connection for the reconnect window: its buffers, queues and events
+//! stay, and so do the replies the client has not acknowledged. Commands of a session run in
+//! sequence-number order, each exactly once: a command whose number the session already
+//! received is not run again. The connection's thread runs commands as they arrive; a command
+//! that must wait for a peer (a migration's bytes, a remote event) is handed to the session's
+//! executor thread, and the commands after it queue behind it.
 //!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
