@@ -12,6 +12,13 @@
 //! - **Attach** (after a lost connection): the client proves it holds the session's secret
 //!   (`HMAC(secret, "attach" ‖ id ‖ sn ‖ cn ‖ last reply)`); the connection is bound to that
 //!   session from then on. Requests carry no session field at all.
+//! - **Channel-bound attach** (TLS links of sessions that negotiated
+//!   [`crate::wire::feature::CHANNEL_BOUND_ATTACH`]): the proof covers, instead of the server's
+//!   nonce, a TLS exporter value of the connection (RFC 8446 §7.5: derived from both sides'
+//!   handshake randomness and key exchange, known only to the two ends of this one TLS
+//!   connection) — `HMAC(secret, "attach-tls" ‖ id ‖ exporter ‖ cn ‖ last reply)` — so the client
+//!   sends it with its hello instead of waiting a round trip for the server's nonce, and it can
+//!   no more be replayed on another connection than a nonce-bound one.
 //! - **Peer links** (server to server, for one client's mesh): the client hands every member a
 //!   random 32-byte [`MeshKey`]; a link opens with `HMAC(key, "peer-open" ‖ mesh ‖ from ‖ to ‖
 //!   sn ‖ cn)` and the receiver proves it holds the key as well.
@@ -163,6 +170,26 @@ impl SessionSecret {
     }
 }
 
+impl SessionSecret {
+    /// The client's proof for [`crate::wire::Frame::Attach`] on a TLS link, bound to the
+    /// link's exporter value `channel` (see the module doc) and the client's nonce.
+    pub fn attach_proof_channel(&self, channel: &[u8; 32], client: &[u8; 16], session: &[u8; 16], last_reply: u64) -> Tag {
+        mac(&self.0, &[b"sucl-attach-tls", session, channel, client, &last_reply.to_le_bytes()])
+    }
+    /// Checks a channel-bound attach proof.
+    pub fn check_attach_channel(&self, channel: &[u8; 32], client: &[u8; 16], session: &[u8; 16], last_reply: u64, tag: &Tag) -> bool {
+        verify(&self.0, &[b"sucl-attach-tls", session, channel, client, &last_reply.to_le_bytes()], tag)
+    }
+    /// The server's channel-bound proof in [`crate::wire::Frame::Attached`].
+    pub fn attached_proof_channel(&self, channel: &[u8; 32], client: &[u8; 16], last_received: u64) -> Tag {
+        mac(&self.0, &[b"sucl-attached-tls", channel, client, &last_received.to_le_bytes()])
+    }
+    /// Checks the server's channel-bound attach proof.
+    pub fn check_attached_channel(&self, channel: &[u8; 32], client: &[u8; 16], last_received: u64, tag: &Tag) -> bool {
+        verify(&self.0, &[b"sucl-attached-tls", channel, client, &last_received.to_le_bytes()], tag)
+    }
+}
+
 /// The credential a client hands every member of a peer mesh: a peer link proves it holds it.
 #[derive(Clone)]
 pub struct MeshKey(pub [u8; 32]);
@@ -201,5 +228,28 @@ mod tests {
         assert!(!t.check_open(&n2, &p), "another server nonce (a replay)");
         assert_eq!(Token::from_hex(&t.to_hex()).unwrap().0, t.0);
         assert!(Token::from_hex("zz").is_err());
+    }
+
+    #[test]
+    fn channel_bound_attach_proofs_bind_the_channel_the_session_and_the_secret() {
+        let t = Token::generate();
+        let n = Nonces { client: random(), server: random() };
+        let id: [u8; 16] = random();
+        let secret = t.session_secret(&n, &id);
+        let (channel, client): ([u8; 32], [u8; 16]) = (random(), random());
+        let p = secret.attach_proof_channel(&channel, &client, &id, 5);
+        assert!(secret.check_attach_channel(&channel, &client, &id, 5, &p));
+        assert!(!secret.check_attach_channel(&random(), &client, &id, 5, &p), "another TLS connection (a replay)");
+        assert!(!secret.check_attach_channel(&channel, &random(), &id, 5, &p), "another client nonce");
+        assert!(!secret.check_attach_channel(&channel, &client, &random(), 5, &p), "another session");
+        assert!(!secret.check_attach_channel(&channel, &client, &id, 6, &p), "another last reply");
+        let other = Token::generate().session_secret(&n, &id);
+        assert!(!other.check_attach_channel(&channel, &client, &id, 5, &p), "another secret");
+        // The server's answer is not the client's proof read back.
+        let a = secret.attached_proof_channel(&channel, &client, 5);
+        assert!(secret.check_attached_channel(&channel, &client, 5, &a));
+        assert!(!secret.check_attached_channel(&channel, &client, 4, &a));
+        assert!(!secret.check_attached_channel(&random(), &client, 5, &a));
+        assert_ne!(a, p);
     }
 }

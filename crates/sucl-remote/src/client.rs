@@ -231,6 +231,8 @@ struct SessionKeys {
     secret: SessionSecret,
     max_frame: u32,
     max_inflight: u32,
+    /// The features negotiated when the session was opened.
+    features: u64,
 }
 
 struct State {
@@ -287,18 +289,29 @@ fn refused_or_protocol(server: &str, f: Frame) -> RemoteError {
     }
 }
 
-/// Connects and runs the hello/welcome exchange; returns the stream, nonces and frame limit.
-fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(Link, Nonces, u32)> {
+/// Connects (TLS as `opts` say) with the handshake's reads bounded by `timeout`.
+fn dial(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<Link> {
     let connect_err = |why: String| RemoteError::Connect { server: server.into(), why };
-    let mut s = transport::connect(server, &opts.tls, timeout).map_err(|e| connect_err(e.to_string()))?;
+    let s = transport::connect(server, &opts.tls, timeout).map_err(|e| connect_err(e.to_string()))?;
     s.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).map_err(|e| connect_err(e.to_string()))?;
-    let client: [u8; 16] = random();
-    let mut out = Vec::new();
-    let hello =
-        Frame::Hello { min_version: VERSION, max_version: VERSION, features: wire::feature::ALL, max_frame: opts.max_frame, nonce: client };
-    write_frame(&mut s, &mut out, &hello).map_err(|e| connect_err(e.to_string()))?;
-    match read_handshake(server, &mut s)? {
-        Frame::Welcome { version, max_frame, nonce, .. } => {
+    Ok(s)
+}
+
+fn hello(opts: &ClientOptions, nonce: [u8; 16]) -> Frame {
+    Frame::Hello { min_version: VERSION, max_version: VERSION, features: wire::feature::ALL, max_frame: opts.max_frame, nonce }
+}
+
+/// What a welcome says: the server's nonce, the frame limit and the features in force.
+struct Welcome {
+    nonce: [u8; 16],
+    max_frame: u32,
+    features: u64,
+}
+
+/// Reads the server's answer to a hello and checks it.
+fn read_welcome(server: &str, opts: &ClientOptions, s: &mut Link) -> Result<Welcome> {
+    match read_handshake(server, s)? {
+        Frame::Welcome { version, max_frame, nonce, features } => {
             if version != VERSION {
                 return Err(RemoteError::Protocol {
                     server: server.into(),
@@ -308,10 +321,47 @@ fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(Link,
             if !(wire::MIN_MAX_FRAME..=opts.max_frame).contains(&max_frame) {
                 return Err(RemoteError::Protocol { server: server.into(), why: format!("server chose frame limit {max_frame}") });
             }
-            Ok((s, Nonces { client, server: nonce }, max_frame))
+            Ok(Welcome { nonce, max_frame, features })
         }
         other => Err(refused_or_protocol(server, other)),
     }
+}
+
+/// Connects and runs the hello/welcome exchange; returns the stream, nonces and welcome.
+fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(Link, Nonces, Welcome)> {
+    let mut s = dial(server, opts, timeout)?;
+    let client: [u8; 16] = random();
+    let mut out = Vec::new();
+    write_frame(&mut s, &mut out, &hello(opts, client)).map_err(|e| RemoteError::Connect { server: server.into(), why: e.to_string() })?;
+    let w = read_welcome(server, opts, &mut s)?;
+    Ok((s, Nonces { client, server: w.nonce }, w))
+}
+
+/// Bytes of re-sent commands gathered into one write.
+const RESEND_BATCH: usize = 64 << 10;
+
+/// The most bytes of unanswered commands sent along with an attach, before the server has
+/// said which it already holds (those it holds it ignores; the rest go after its answer).
+/// Small, so that the bytes always fit the sockets' buffers while the server writes its
+/// answer and the replies it re-sends before it reads them.
+const PIPELINE_BYTES: usize = 16 << 10;
+
+/// Appends to `out` the frames at the front of `unanswered` (skipping placeholders of
+/// commands the server already holds) that fit in [`PIPELINE_BYTES`]; returns the last
+/// sequence number appended (0: none). The frames form an unbroken run of sequence numbers,
+/// so the server never sees one skipped.
+fn pipeline(unanswered: &VecDeque<(u64, Vec<u8>)>, out: &mut Vec<u8>) -> u64 {
+    let mut budget = PIPELINE_BYTES;
+    let mut upto = 0;
+    for (seq, frame) in unanswered.iter().filter(|(_, f)| !f.is_empty()) {
+        if frame.len() > budget {
+            break;
+        }
+        budget -= frame.len();
+        out.extend_from_slice(frame);
+        upto = *seq;
+    }
+    upto
 }
 
 fn read_handshake(server: &str, s: &mut Link) -> Result<Frame> {
@@ -325,7 +375,7 @@ fn read_handshake(server: &str, s: &mut Link) -> Result<Frame> {
 impl Remote {
     /// Opens a session on the daemon at `server` (`host:port`).
     pub fn connect(server: &str, opts: ClientOptions) -> Result<Remote> {
-        let (mut s, nonces, max_frame) = greet(server, &opts, opts.call_timeout)?;
+        let (mut s, nonces, welcome) = greet(server, &opts, opts.call_timeout)?;
         let mut out = Vec::new();
         write_frame(&mut s, &mut out, &Frame::Open { mac: opts.token.open_proof(&nonces) })
             .map_err(|e| RemoteError::Connect { server: server.into(), why: e.to_string() })?;
@@ -341,7 +391,13 @@ impl Remote {
             }
             other => return Err(refused_or_protocol(server, other)),
         };
-        let keys = SessionKeys { id, secret: opts.token.session_secret(&nonces, &id), max_frame, max_inflight };
+        let keys = SessionKeys {
+            id,
+            secret: opts.token.session_secret(&nonces, &id),
+            max_frame: welcome.max_frame,
+            max_inflight,
+            features: welcome.features,
+        };
         let pin = s.peer_pin().unwrap_or([0; 32]);
         let conn = Arc::new(Conn {
             server: server.into(),
@@ -371,7 +427,7 @@ impl Remote {
         });
         {
             let mut st = conn.lock();
-            conn.install(&mut st, s).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
+            conn.install(&mut st, s, 0).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
         }
         Ok(Remote { conn })
     }
@@ -501,10 +557,11 @@ impl Conn {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes `s` the connection and re-sends every unanswered command. The first connection
-    /// starts the session's reader thread; later ones are handed to it (it is the thread that
-    /// re-attaches), so a reconnect starts no thread.
-    fn install(self: &Arc<Self>, st: &mut State, s: Link) -> std::result::Result<(), String> {
+    /// Makes `s` the connection and re-sends every unanswered command after `sent` (those up
+    /// to it went with the attach). The first connection starts the session's reader thread;
+    /// later ones are handed to it (it is the thread that re-attaches), so a reconnect starts
+    /// no thread.
+    fn install(self: &Arc<Self>, st: &mut State, s: Link, sent: u64) -> std::result::Result<(), String> {
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
         st.generation += 1;
         if s.resumed() {
@@ -521,9 +578,22 @@ impl Conn {
             st.next_reader = Some(reader);
         }
         let mut w = s;
-        for (_, frame) in &st.unanswered {
-            // Commands the server already received are kept as empty placeholders.
-            w.write_all(frame).map_err(|e| format!("re-sending: {e}"))?;
+        // Commands the server already received are kept as empty placeholders; the rest go in
+        // as few writes as they fit.
+        let mut batch = Vec::new();
+        for (_, frame) in st.unanswered.iter().filter(|(seq, _)| *seq > sent) {
+            if !batch.is_empty() && batch.len() + frame.len() > RESEND_BATCH {
+                w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
+                batch.clear();
+            }
+            if frame.len() > RESEND_BATCH {
+                w.write_all(frame).map_err(|e| format!("re-sending: {e}"))?; // as it is, not copied
+            } else {
+                batch.extend_from_slice(frame);
+            }
+        }
+        if !batch.is_empty() {
+            w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
         }
         st.writer = Some(w);
         st.broken = None;
@@ -697,43 +767,75 @@ impl Conn {
         }
     }
 
+    /// Connects and re-attaches: hello, attach (with the front of the unanswered commands
+    /// behind it) and the server's answer. On a TLS link of a session that negotiated
+    /// [`wire::feature::CHANNEL_BOUND_ATTACH`] the attach's proof is bound to the TLS channel
+    /// and goes with the hello in one write: one round trip after the TLS handshake. Else it
+    /// is bound to the server's nonce and waits for the welcome: two.
     fn try_attach(self: &Arc<Self>, st: &mut State, timeout: Duration) -> Result<()> {
-        let (mut s, nonces, max_frame) = greet(&self.server, &self.opts, timeout)?;
-        if max_frame != st.keys.max_frame {
+        let server = self.server.as_str();
+        let send_err = |e: std::io::Error| RemoteError::Connect { server: server.into(), why: e.to_string() };
+        let mut s = dial(server, &self.opts, timeout)?;
+        let client: [u8; 16] = random();
+        let (id, last_reply) = (st.keys.id, st.last_reply);
+        let channel = if st.keys.features & wire::feature::CHANNEL_BOUND_ATTACH != 0 { s.channel_binding() } else { None };
+        let mut out = Vec::new();
+        hello(&self.opts, client).encode_into(&mut out);
+        let (welcome, sent) = match &channel {
+            Some(ch) => {
+                Frame::Attach { session: id, last_reply, mac: st.keys.secret.attach_proof_channel(ch, &client, &id, last_reply) }
+                    .encode_into(&mut out);
+                let sent = pipeline(&st.unanswered, &mut out);
+                s.write_all(&out).map_err(send_err)?;
+                (read_welcome(server, &self.opts, &mut s)?, sent)
+            }
+            None => {
+                s.write_all(&out).map_err(send_err)?;
+                let welcome = read_welcome(server, &self.opts, &mut s)?;
+                let nonces = Nonces { client, server: welcome.nonce };
+                out.clear();
+                Frame::Attach { session: id, last_reply, mac: st.keys.secret.attach_proof(&nonces, &id, last_reply) }.encode_into(&mut out);
+                let sent = pipeline(&st.unanswered, &mut out);
+                s.write_all(&out).map_err(send_err)?;
+                (welcome, sent)
+            }
+        };
+        if welcome.max_frame != st.keys.max_frame {
             return Err(RemoteError::Protocol {
-                server: self.server.clone(),
-                why: format!("frame limit changed from {} to {max_frame}", st.keys.max_frame),
+                server: server.into(),
+                why: format!("frame limit changed from {} to {}", st.keys.max_frame, welcome.max_frame),
             });
         }
-        let k = &st.keys;
-        let attach = Frame::Attach { session: k.id, last_reply: st.last_reply, mac: k.secret.attach_proof(&nonces, &k.id, st.last_reply) };
-        let mut out = Vec::new();
-        write_frame(&mut s, &mut out, &attach).map_err(|e| RemoteError::Connect { server: self.server.clone(), why: e.to_string() })?;
-        match read_handshake(&self.server, &mut s)? {
+        match read_handshake(server, &mut s)? {
             Frame::Attached { last_received, mac } => {
-                if !st.keys.secret.check_attached(&nonces, last_received, &mac) {
+                let proved = match &channel {
+                    Some(ch) => st.keys.secret.check_attached_channel(ch, &client, last_received, &mac),
+                    None => st.keys.secret.check_attached(&Nonces { client, server: welcome.nonce }, last_received, &mac),
+                };
+                if !proved {
                     return Err(RemoteError::Refused {
-                        server: self.server.clone(),
+                        server: server.into(),
                         why: "the server could not prove it holds the session".into(),
                     });
                 }
                 if last_received >= st.next_seq {
                     return Err(RemoteError::Protocol {
-                        server: self.server.clone(),
+                        server: server.into(),
                         why: format!("server received command {last_received}, never sent"),
                     });
                 }
                 // Everything up to `last_received` arrived and runs (or ran) once; the server
-                // re-sends the replies we lack. Only what it never received goes again — but
-                // those it received stay counted as unanswered until their replies come.
-                let resend: VecDeque<_> = st.unanswered.iter().filter(|(seq, _)| *seq > last_received).cloned().collect();
-                let received: VecDeque<_> =
-                    st.unanswered.drain(..).filter(|(seq, _)| *seq <= last_received).map(|(seq, _)| (seq, Vec::new())).collect();
-                st.unanswered = received;
-                st.unanswered.extend(resend);
-                self.install(st, s).map_err(|why| RemoteError::Connect { server: self.server.clone(), why })
+                // re-sends the replies we lack. Only what it never received goes again (less
+                // what went with the attach) — but those it received stay counted as
+                // unanswered until their replies come.
+                for (seq, frame) in st.unanswered.iter_mut() {
+                    if *seq <= last_received {
+                        *frame = Vec::new();
+                    }
+                }
+                self.install(st, s, sent.max(last_received)).map_err(|why| RemoteError::Connect { server: server.into(), why })
             }
-            other => Err(refused_or_protocol(&self.server, other)),
+            other => Err(refused_or_protocol(server, other)),
         }
     }
 }
@@ -1106,5 +1208,36 @@ impl Mesh {
     /// Its members, in index order.
     pub fn members(&self) -> &[Remote] {
         &self.members
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attach_carries_an_unbroken_run_of_unanswered_commands_within_its_budget() {
+        // Commands 1-2 the server holds (placeholders); 3-6 wait for it; 5 is too big to fit
+        // after 3 and 4, so 6 (which would fit) must not go either: the server would see 5
+        // skipped.
+        let frame = |n: usize| vec![7u8; n];
+        let q: VecDeque<(u64, Vec<u8>)> = VecDeque::from(vec![
+            (1, Vec::new()),
+            (2, Vec::new()),
+            (3, frame(100)),
+            (4, frame(200)),
+            (5, frame(PIPELINE_BYTES)),
+            (6, frame(10)),
+        ]);
+        let mut out = vec![9u8];
+        assert_eq!(pipeline(&q, &mut out), 4);
+        assert_eq!(out.len(), 1 + 100 + 200, "the frames of 3 and 4, after what was there");
+        // Nothing to send, or a first command over the budget: none go.
+        let mut out = Vec::new();
+        assert_eq!(pipeline(&VecDeque::from(vec![(1, Vec::new())]), &mut out), 0);
+        assert_eq!(pipeline(&VecDeque::from(vec![(8, frame(PIPELINE_BYTES + 1)), (9, frame(1))]), &mut out), 0);
+        assert!(out.is_empty());
+        // Exactly the budget fits.
+        assert_eq!(pipeline(&VecDeque::from(vec![(3, frame(PIPELINE_BYTES))]), &mut out), 3);
     }
 }

@@ -2,13 +2,15 @@
 //! [`Daemon::shutdown`]. The `sucld` binary is a thin command line over it; a program that wants
 //! its own host kernels builds a [`DaemonConfig`] with its [`KernelRegistry`] and starts one.
 //!
-//! One thread accepts connections and one thread serves each connection. A session outlives its
-//! connection for the reconnect window: its buffers, queues and events stay, and so do the
-//! replies the client has not acknowledged. Commands of a session run in sequence-number order,
-//! each exactly once: a command whose number the session already received is not run again.
-//! The connection's thread runs commands as they arrive; a command that must wait for a peer
-//! (a migration's bytes, a remote event) is handed to the session's executor thread, and the
-//! commands after it queue behind it.
+//! A small pool of threads waits in `accept`; the thread that accepts a connection serves it
+//! and then, while too few others wait, waits in `accept` again (so a new connection — a
+//! client's re-attach above all — neither starts a thread nor waits for one to be handed it).
+//! A session outlives its connection for the reconnect window: its buffers, queues and events
+//! stay, and so do the replies the client has not acknowledged. Commands of a session run in
+//! sequence-number order, each exactly once: a command whose number the session already
+//! received is not run again. The connection's thread runs commands as they arrive; a command
+//! that must wait for a peer (a migration's bytes, a remote event) is handed to the session's
+//! executor thread, and the commands after it queue behind it.
 //!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
@@ -41,6 +43,7 @@ use crate::wire::{
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
@@ -327,6 +330,8 @@ struct Session {
     id: [u8; 16],
     secret: SessionSecret,
     max_frame: u32,
+    /// The features negotiated when it was opened (they decide how a re-attach is proved).
+    features: u64,
     binding: Mutex<Binding>,
     state: Mutex<SessionState>,
     exec_cv: Condvar,
@@ -373,8 +378,29 @@ struct Shared {
     sessions: Mutex<HashMap<[u8; 16], Arc<Session>>>,
     meshes: Mutex<HashMap<[u8; 16], Weak<Session>>>,
     stop: AtomicBool,
-    conns: Mutex<Vec<TcpStream>>,
+    /// A handle on every open connection (to close it at shutdown), by a number of its own.
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    next_conn: AtomicU64,
+    listener: TcpListener,
+    acceptors: Mutex<Acceptors>,
+    acceptors_cv: Condvar,
 }
+
+/// Bytes of retained replies gathered into one write when a client re-attaches.
+const RESEND_BATCH: usize = 64 << 10;
+
+/// The threads that serve connections.
+#[derive(Default)]
+struct Acceptors {
+    /// Waiting in `accept` now.
+    idle: usize,
+    /// Alive (waiting or serving).
+    live: usize,
+}
+
+/// Threads kept waiting in `accept`: one takes the next connection while another may still be
+/// on its way back from the connection it served (a reconnect meets one waiting).
+const SPARE_ACCEPTORS: usize = 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in one connection's thread must not take the daemon down with it.
@@ -419,13 +445,22 @@ impl Daemon {
             sessions: Mutex::new(HashMap::new()),
             meshes: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            listener,
+            acceptors: Mutex::new(Acceptors::default()),
+            acceptors_cv: Condvar::new(),
         });
         let s = shared.clone();
-        let accept = std::thread::Builder::new().name("sucld-accept".into()).spawn(move || accept_loop(&s, listener))?;
-        let s = shared.clone();
         let reaper = std::thread::Builder::new().name("sucld-reaper".into()).spawn(move || reap_loop(&s))?;
-        Ok(Daemon { addr, shared, threads: vec![accept, reaper] })
+        let mut daemon = Daemon { addr, shared, threads: vec![reaper] };
+        for _ in 0..SPARE_ACCEPTORS {
+            if let Err(e) = start_acceptor(&daemon.shared) {
+                daemon.stop();
+                return Err(e);
+            }
+        }
+        Ok(daemon)
     }
 
     /// The address it listens on.
@@ -436,6 +471,13 @@ impl Daemon {
     /// The pin of its TLS certificate (`None`: plain TCP).
     pub fn tls_pin(&self) -> Option<Pin> {
         self.shared.cfg.tls.as_ref().map(TlsIdentity::pin)
+    }
+
+    /// How many threads serve connections or wait in `accept` for one (each connection has
+    /// one; a few more wait, and a thread whose connection ended waits again only while fewer
+    /// than two others do).
+    pub fn connection_threads(&self) -> usize {
+        lock(&self.shared.acceptors).live
     }
 
     /// How many sessions it holds (attached or waiting for their client to re-attach).
@@ -458,9 +500,18 @@ impl Daemon {
 
     fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr); // wakes the accept loop
-        for c in lock(&self.shared.conns).drain(..) {
+        // Shutting the listening socket down closes the port and wakes every thread waiting in
+        // `accept` (with an error); a connection wakes one where that does not.
+        // SAFETY: the descriptor is the listener's, open for as long as `shared` lives.
+        unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for (_, c) in lock(&self.shared.conns).drain() {
             let _ = c.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&self.shared.acceptors).idle > 0 && Instant::now() < deadline {
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(100));
+            let a = lock(&self.shared.acceptors);
+            drop(self.shared.acceptors_cv.wait_timeout(a, Duration::from_millis(10)));
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -479,41 +530,91 @@ impl Drop for Daemon {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
-    for conn in listener.incoming() {
+/// Starts one more thread waiting in `accept`.
+fn start_acceptor(shared: &Arc<Shared>) -> io::Result<()> {
+    {
+        let mut a = lock(&shared.acceptors);
+        a.idle += 1;
+        a.live += 1;
+    }
+    let s = shared.clone();
+    match std::thread::Builder::new().name("sucld-conn".into()).spawn(move || acceptor(&s)) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let mut a = lock(&shared.acceptors);
+            a.idle -= 1;
+            a.live -= 1;
+            warn!("cannot start a connection thread: {e}");
+            Err(e)
+        }
+    }
+}
+
+/// Counts a connection thread out when it ends, however it ends.
+struct Leaving<'a>(&'a Shared);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.acceptors).live -= 1;
+        self.0.acceptors_cv.notify_all();
+    }
+}
+
+/// One thread of the accept pool: accepts a connection and serves it; then waits for the next
+/// one unless [`SPARE_ACCEPTORS`] threads wait already (then it ends).
+fn acceptor(shared: &Arc<Shared>) {
+    let _leaving = Leaving(shared);
+    loop {
+        let accepted = shared.listener.accept();
+        let spares_left = {
+            let mut a = lock(&shared.acceptors);
+            a.idle -= 1;
+            a.idle
+        };
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let conn = match conn {
-            Ok(c) => c,
+        if spares_left == 0 {
+            // Someone must wait for the next connection while this one is served.
+            let _ = start_acceptor(shared);
+        }
+        match accepted {
+            Ok((conn, _)) => serve_connection(shared, conn),
             Err(e) => {
                 warn!("accept failed: {e}");
-                continue;
+                std::thread::sleep(Duration::from_millis(10)); // out of descriptors: no hot loop
             }
-        };
-        if let Ok(c) = conn.try_clone() {
-            let mut conns = lock(&shared.conns);
-            conns.retain(|c| c.peer_addr().is_ok());
-            conns.push(c);
         }
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new().name("sucld-conn".into()).spawn(move || {
-            let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-            let closer = conn.try_clone();
-            match serve(&s, conn) {
-                Ok(()) => debug!(%peer, "connection closed"),
-                Err(e) => info!(%peer, "connection ended: {e}"),
-            }
-            // Other handles on the socket (the daemon keeps one to close it at shutdown) must
-            // not keep it open: the other side learns at once that it ended.
-            if let Ok(c) = closer {
-                let _ = c.shutdown(Shutdown::Both);
-            }
-        });
-        if let Err(e) = spawned {
-            warn!("cannot start a connection thread: {e}");
+        let mut a = lock(&shared.acceptors);
+        if a.idle >= SPARE_ACCEPTORS || shared.stop.load(Ordering::SeqCst) {
+            return;
         }
+        a.idle += 1;
     }
+}
+
+/// Serves one accepted connection to its end.
+fn serve_connection(shared: &Arc<Shared>, conn: TcpStream) {
+    let number = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    if let Ok(c) = conn.try_clone() {
+        lock(&shared.conns).insert(number, c);
+    }
+    if shared.stop.load(Ordering::SeqCst) {
+        lock(&shared.conns).remove(&number); // shutdown has begun: it closed the others already
+        return;
+    }
+    let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let closer = conn.try_clone();
+    match serve(shared, conn) {
+        Ok(()) => debug!(%peer, "connection closed"),
+        Err(e) => info!(%peer, "connection ended: {e}"),
+    }
+    // Other handles on the socket (the daemon keeps one to close it at shutdown) must not keep
+    // it open: the other side learns at once that it ended.
+    if let Ok(c) = closer {
+        let _ = c.shutdown(Shutdown::Both);
+    }
+    lock(&shared.conns).remove(&number);
 }
 
 fn reap_loop(shared: &Arc<Shared>) {
@@ -584,31 +685,51 @@ fn serve(shared: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
     if max_frame < MIN_MAX_FRAME {
         return Err(refuse(&mut conn, &mut out, format!("frame limit {max_frame} is under the minimum {MIN_MAX_FRAME}")));
     }
-    let mut ours = feature::HOST_KERNELS | feature::MESH | feature::CONTENT_SIZE;
+    let mut ours = feature::HOST_KERNELS | feature::MESH | feature::CONTENT_SIZE | feature::CHANNEL_BOUND_ATTACH;
     if shared.devices.iter().any(|d| d.info().kind == DeviceKind::Cuda) {
         ours |= feature::CUDA_KERNELS;
     }
     let nonces = Nonces { client: client_nonce, server: random() };
-    write_frame(&mut conn, &mut out, &Frame::Welcome { version: VERSION, features: features & ours, max_frame, nonce: nonces.server })?;
+    let features = features & ours;
+    let welcome = Frame::Welcome { version: VERSION, features, max_frame, nonce: nonces.server };
+    if conn.has_buffered_input() {
+        // The client did not wait for the welcome (a channel-bound attach follows its hello):
+        // the welcome goes out with the answer to what follows, in one segment.
+        out.clear();
+        welcome.encode_into(&mut out);
+        conn.write_deferred(&out)?;
+    } else {
+        write_frame(&mut conn, &mut out, &welcome)?;
+    }
     let session = match read_frame(&mut conn, &mut buf, HANDSHAKE_MAX_FRAME) {
         Ok(Frame::Open { mac }) => {
             if !shared.cfg.token.check_open(&nonces, &mac) {
                 return Err(refuse(&mut conn, &mut out, "authentication failed: the client does not hold this server's token".into()));
             }
-            open_session(shared, &mut conn, &mut out, &nonces, max_frame)?
+            open_session(shared, &mut conn, &mut out, &nonces, max_frame, features)?
         }
         Ok(Frame::Attach { session, last_reply, mac }) => {
             let found = lock(&shared.sessions).get(&session).cloned();
             let Some(s) = found else {
                 return Err(refuse(&mut conn, &mut out, "no such session (it expired or never existed)".into()));
             };
-            if !s.secret.check_attach(&nonces, &session, last_reply, &mac) {
+            // On a TLS link of a session that negotiated it, the proofs are bound to the TLS
+            // channel (the client sent this without waiting for our nonce); else to the nonces.
+            let channel = if s.features & feature::CHANNEL_BOUND_ATTACH != 0 { conn.channel_binding() } else { None };
+            let proved = match &channel {
+                Some(ch) => s.secret.check_attach_channel(ch, &nonces.client, &session, last_reply, &mac),
+                None => s.secret.check_attach(&nonces, &session, last_reply, &mac),
+            };
+            if !proved {
                 return Err(refuse(&mut conn, &mut out, "authentication failed: wrong proof for this session".into()));
             }
             if max_frame != s.max_frame {
                 return Err(refuse(&mut conn, &mut out, format!("frame limit {max_frame} differs from the session's {}", s.max_frame)));
             }
-            attach_session(&s, &mut conn, &mut out, &nonces, last_reply)?;
+            attach_session(&s, &mut conn, &mut out, last_reply, |last_received| match &channel {
+                Some(ch) => s.secret.attached_proof_channel(ch, &nonces.client, last_received),
+                None => s.secret.attached_proof(&nonces, last_received),
+            })?;
             s
         }
         Ok(Frame::PeerOpen { mesh, from, to, mac }) => {
@@ -674,12 +795,20 @@ fn frame_name(f: &Frame) -> &'static str {
     }
 }
 
-fn open_session(shared: &Arc<Shared>, conn: &mut Link, out: &mut Vec<u8>, nonces: &Nonces, max_frame: u32) -> io::Result<Arc<Session>> {
+fn open_session(
+    shared: &Arc<Shared>,
+    conn: &mut Link,
+    out: &mut Vec<u8>,
+    nonces: &Nonces,
+    max_frame: u32,
+    features: u64,
+) -> io::Result<Arc<Session>> {
     let id: [u8; 16] = random();
     let s = Arc::new(Session {
         id,
         secret: shared.cfg.token.session_secret(nonces, &id),
         max_frame,
+        features,
         binding: Mutex::new(Binding { generation: 1, conn: Some(conn.clone()), detached_since: None }),
         state: Mutex::new(SessionState {
             last_received: 0,
@@ -705,8 +834,14 @@ fn open_session(shared: &Arc<Shared>, conn: &mut Link, out: &mut Vec<u8>, nonces
 }
 
 /// Binds `conn` to `s` (cutting off the connection it had), says the last sequence number
-/// received, then re-sends the replies the client has not received.
-fn attach_session(s: &Session, conn: &mut Link, out: &mut Vec<u8>, nonces: &Nonces, last_reply: u64) -> io::Result<()> {
+/// received (with `proof` of it), then re-sends the replies the client has not received.
+fn attach_session(
+    s: &Session,
+    conn: &mut Link,
+    out: &mut Vec<u8>,
+    last_reply: u64,
+    proof: impl Fn(u64) -> crate::auth::Tag,
+) -> io::Result<()> {
     {
         // Cut the old connection first (without the state lock, which its threads may hold
         // while blocked on it).
@@ -723,9 +858,22 @@ fn attach_session(s: &Session, conn: &mut Link, out: &mut Vec<u8>, nonces: &Nonc
     lock(&s.binding).conn = Some(conn.clone());
     forget_replies(&mut st, last_reply);
     let last_received = st.last_received;
-    write_frame(conn, out, &Frame::Attached { last_received, mac: s.secret.attached_proof(nonces, last_received) })?;
+    // The answer and the retained replies in as few writes as they fit (one, usually).
+    out.clear();
+    Frame::Attached { last_received, mac: proof(last_received) }.encode_into(out);
     for (_, reply) in &st.retained {
-        conn.write_all(reply)?;
+        if out.len() + reply.len() > RESEND_BATCH {
+            conn.write_all(out)?;
+            out.clear();
+            if reply.len() > RESEND_BATCH {
+                conn.write_all(reply)?; // a large reply goes as it is, not copied
+                continue;
+            }
+        }
+        out.extend_from_slice(reply);
+    }
+    if !out.is_empty() {
+        conn.write_all(out)?;
     }
     info!(session = %hex(&s.id), last_received, resent = st.retained.len(), "session re-attached");
     Ok(())

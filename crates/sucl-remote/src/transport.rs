@@ -55,7 +55,101 @@ pub fn pin_of_pem_file(path: &Path) -> Result<Pin, String> {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    for g in p.kx_groups.iter_mut() {
+        if g.name() == rustls::NamedGroup::X25519 {
+            *g = x25519_ahead();
+        }
+    }
+    Arc::new(p)
+}
+
+use rustls::crypto::{ActiveKeyExchange, SupportedKxGroup};
+
+/// X25519 with its ephemeral key pairs made ahead of need by a background thread, so that
+/// neither a client's hello nor a server's answer to one waits for a key pair to be made (one
+/// scalar multiplication, on the critical path of every handshake on each side). Each pair
+/// serves exactly one handshake, as one made on the spot would (forward secrecy is unchanged);
+/// pairs made in another process (before a `fork`) are dropped, never used twice.
+struct KxAhead {
+    inner: &'static dyn SupportedKxGroup,
+    /// Pairs made, with the id of the process that made them.
+    ready: Mutex<Vec<(u32, Box<dyn ActiveKeyExchange>)>>,
+    wanted: std::sync::Condvar,
+    refiller: std::sync::Once,
+}
+
+/// Key pairs kept ready.
+const KX_AHEAD: usize = 4;
+
+impl std::fmt::Debug for KxAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KxAhead({:?})", self.inner.name())
+    }
+}
+
+fn x25519_ahead() -> &'static KxAhead {
+    static GROUP: std::sync::OnceLock<KxAhead> = std::sync::OnceLock::new();
+    GROUP.get_or_init(|| KxAhead {
+        inner: rustls::crypto::ring::kx_group::X25519,
+        ready: Mutex::new(Vec::with_capacity(KX_AHEAD)),
+        wanted: std::sync::Condvar::new(),
+        refiller: std::sync::Once::new(),
+    })
+}
+
+impl KxAhead {
+    /// A pair made by process `pid` (else one made now), and a wake-up for the refiller.
+    fn take(&self, pid: u32) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let taken = lock(&self.ready).pop();
+        self.wanted.notify_one();
+        match taken {
+            Some((made_by, kx)) if made_by == pid => Ok(kx),
+            _ => self.inner.start(),
+        }
+    }
+
+    /// Keeps [`KX_AHEAD`] pairs ready (runs for the life of the process, asleep while they are),
+    /// at the lowest scheduling priority: on a busy machine it yields to the handshakes it
+    /// serves rather than compete with them for a core.
+    fn refill(&self) {
+        // SAFETY: plain system calls on this thread's own id; a failure leaves the priority as is.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        loop {
+            let mut ready = lock(&self.ready);
+            while ready.len() >= KX_AHEAD {
+                ready = self.wanted.wait(ready).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(ready);
+            match self.inner.start() {
+                Ok(kx) => lock(&self.ready).push((std::process::id(), kx)),
+                Err(_) => return, // the group cannot make keys: handshakes make their own (and fail)
+            }
+        }
+    }
+}
+
+impl SupportedKxGroup for KxAhead {
+    fn start(&self) -> Result<Box<dyn ActiveKeyExchange>, rustls::Error> {
+        let me = x25519_ahead();
+        me.refiller.call_once(|| {
+            // Without the thread, every handshake makes its own pair, as rustls would.
+            let _ = std::thread::Builder::new().name("sucl-tls-keys".into()).spawn(move || me.refill());
+        });
+        self.take(std::process::id())
+    }
+
+    fn name(&self) -> rustls::NamedGroup {
+        self.inner.name()
+    }
+
+    fn fips(&self) -> bool {
+        self.inner.fips()
+    }
+
+    fn usable_for_version(&self, version: rustls::ProtocolVersion) -> bool {
+        self.inner.usable_for_version(version)
+    }
 }
 
 /// A daemon's TLS certificate and key.
@@ -81,12 +175,16 @@ impl TlsIdentity {
     }
 
     fn from_der(cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> Result<TlsIdentity, String> {
-        let config = rustls::ServerConfig::builder_with_provider(provider())
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_no_client_auth()
             .with_single_cert(vec![cert.clone()], key.clone_key())
             .map_err(|e| format!("the certificate and key do not make a TLS identity: {e}"))?;
+        // One session ticket per handshake (rustls sends two by default): a reconnect uses one
+        // and receives the next, and the server makes it between the client's Finished and
+        // the client's first frame — on the critical path of every re-attach.
+        config.send_tls13_tickets = 1;
         Ok(TlsIdentity { cert, config: Arc::new(config) })
     }
 
@@ -246,21 +344,26 @@ struct TlsSide {
 
 /// A TLS connection and the socket bytes read for it but not yet fed to it: rustls asks for
 /// at most 4 KiB per read, so reads from the socket go through this buffer (one system call
-/// per [`TLS_READ_BUFFER`] bytes instead of one per 4 KiB).
+/// per buffer's worth instead of one per 4 KiB).
 struct TlsState {
     conn: rustls::Connection,
-    rbuf: Box<[u8]>,
+    rbuf: Vec<u8>,
     rpos: usize,
     rlen: usize,
 }
 
-/// Bytes read from a TLS link's socket at once.
+/// The read buffer's first size (two whole TLS records): a link that carries small frames
+/// (a client's commands, a re-attach) never needs more, and a new link costs no large zeroed
+/// allocation.
+const TLS_READ_FIRST: usize = 34 << 10;
+/// The read buffer's largest size: a read that fills the buffer (bulk data arriving) doubles
+/// it, up to this.
 const TLS_READ_BUFFER: usize = 256 << 10;
 
 /// The socket as rustls reads it: through the link's read buffer.
 struct Buffered<'a> {
     sock: &'a TcpStream,
-    buf: &'a mut [u8],
+    buf: &'a mut Vec<u8>,
     pos: &'a mut usize,
     len: &'a mut usize,
 }
@@ -268,11 +371,17 @@ struct Buffered<'a> {
 impl Read for Buffered<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if *self.pos == *self.len {
+            if self.buf.is_empty() {
+                self.buf.resize(TLS_READ_FIRST, 0);
+            }
             let n = (&mut &*self.sock).read(self.buf)?;
             *self.pos = 0;
             *self.len = n;
             if n == 0 {
                 return Ok(0);
+            }
+            if n == self.buf.len() && n < TLS_READ_BUFFER {
+                self.buf.resize((2 * n).min(TLS_READ_BUFFER), 0); // keeps the bytes just read
             }
         }
         let n = out.len().min(*self.len - *self.pos);
@@ -346,24 +455,44 @@ impl Link {
         Link::handshake(sock, rustls::Connection::Server(conn), timeout)
     }
 
-    fn handshake(mut sock: TcpStream, mut conn: rustls::Connection, timeout: Duration) -> io::Result<Link> {
+    /// Runs the handshake on the (from now on non-blocking) socket within `timeout`. Its last
+    /// records (the client's Finished; the server's session ticket) are not sent here: they go
+    /// out with the first frame written on the link, in the same segment (the protocol always
+    /// has the client write first, and the server answer it).
+    fn handshake(sock: TcpStream, mut conn: rustls::Connection, timeout: Duration) -> io::Result<Link> {
         let deadline = Instant::now() + timeout;
-        sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        sock.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-        while conn.is_handshaking() {
-            if Instant::now() >= deadline {
+        sock.set_nonblocking(true)?;
+        let wait = |events: i16| -> io::Result<()> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"));
             }
-            conn.complete_io(&mut sock)?;
-        }
-        while conn.wants_write() {
-            conn.write_tls(&mut sock)?;
+            wait_fd(&sock, events, Some(left)).map(|_| ())
+        };
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                match conn.write_tls(&mut &sock) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(libc::POLLOUT)?,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match conn.read_tls(&mut &sock) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed during the TLS handshake")),
+                Ok(_) => {
+                    if let Err(e) = conn.process_new_packets() {
+                        let _ = conn.write_tls(&mut &sock); // the alert that says why, if it fits
+                        return Err(tls_err(e));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait(libc::POLLIN)?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         conn.set_buffer_limit(None);
-        sock.set_read_timeout(None)?;
-        sock.set_write_timeout(None)?;
-        sock.set_nonblocking(true)?;
-        let state = TlsState { conn, rbuf: vec![0u8; TLS_READ_BUFFER].into_boxed_slice(), rpos: 0, rlen: 0 };
+        let state = TlsState { conn, rbuf: Vec::new(), rpos: 0, rlen: 0 };
         Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(state) }), read_timeout: Mutex::new(None) }) })
     }
 
@@ -372,6 +501,19 @@ impl Link {
         let t = self.inner.tls.as_ref()?;
         let c = lock(&t.conn);
         c.conn.peer_certificates().and_then(|certs| certs.first()).map(|c| pin_of(c))
+    }
+
+    /// A value only the two ends of this TLS 1.3 connection can compute: an exporter value
+    /// (RFC 8446 §7.5), derived from both sides' handshake randomness and key exchange. A
+    /// proof that covers it cannot be replayed on any other connection. `None` on plain TCP
+    /// (and on TLS 1.2, whose exporter is not bound to one connection without extensions).
+    pub fn channel_binding(&self) -> Option<[u8; 32]> {
+        let t = self.inner.tls.as_ref()?;
+        let c = lock(&t.conn);
+        if c.conn.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
+            return None;
+        }
+        c.conn.export_keying_material([0u8; 32], b"EXPORTER-sucl-channel-binding", None).ok()
     }
 
     /// Whether the TLS handshake resumed an earlier session (no certificate, no signature).
@@ -442,8 +584,14 @@ impl Link {
                 match st.conn.read_tls(&mut from) {
                     Ok(0) => return Ok(0),
                     Ok(_) => {
+                        // Records already waiting to go (the handshake's last ones, or a writer's
+                        // that is waiting for room) go with the next write; what reading
+                        // produces (alerts, key updates) goes now.
+                        let waiting = st.conn.wants_write();
                         st.conn.process_new_packets().map_err(tls_err)?;
-                        let _ = Link::flush_tls(&self.inner.sock, &mut st.conn); // alerts, key updates, tickets
+                        if !waiting {
+                            let _ = Link::flush_tls(&self.inner.sock, &mut st.conn);
+                        }
                         continue;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -498,6 +646,23 @@ impl Link {
             }
         }
         Ok(())
+    }
+
+    /// Queues `bytes` to go out with the next write on this link, in the same segment (an
+    /// answer that another answer follows at once); on plain TCP, writes them now. Whoever
+    /// calls this writes again (or closes the link) without waiting to read first.
+    pub fn write_deferred(&self, bytes: &[u8]) -> io::Result<()> {
+        match &self.inner.tls {
+            None => self.plain_write_all(&[bytes]),
+            Some(t) => lock(&t.conn).conn.writer().write_all(bytes),
+        }
+    }
+
+    /// Whether decrypted bytes are waiting to be read (TLS links; plain ones say `false`): the
+    /// peer sent more than what was read so far without waiting for an answer.
+    pub fn has_buffered_input(&self) -> bool {
+        let Some(t) = &self.inner.tls else { return false };
+        lock(&t.conn).conn.process_new_packets().is_ok_and(|io| io.plaintext_bytes_to_read() > 0)
     }
 
     /// Writes `parts` one after the other as one write (a frame's header and its data from
@@ -582,7 +747,8 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says.
+/// Connects to `addr` within `timeout` with `TCP_NODELAY`, then secures the link as `tls` says
+/// (the TLS handshake's last flight goes out with the first write: write before reading).
 pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
     use std::net::ToSocketAddrs;
     let a = addr.to_socket_addrs()?.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address"))?;
@@ -597,6 +763,37 @@ pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_pair_made_ahead_serves_one_handshake_of_the_process_that_made_it() {
+        let group = KxAhead {
+            inner: rustls::crypto::ring::kx_group::X25519,
+            ready: Mutex::new(Vec::new()),
+            wanted: std::sync::Condvar::new(),
+            refiller: std::sync::Once::new(),
+        };
+        let me = std::process::id();
+        let made = |pid: u32| {
+            let kx = group.inner.start().unwrap();
+            let public = kx.pub_key().to_vec();
+            lock(&group.ready).push((pid, kx));
+            public
+        };
+        // Made here: taken as it is, once.
+        let ours = made(me);
+        assert_eq!(group.take(me).unwrap().pub_key(), &ours[..]);
+        assert!(lock(&group.ready).is_empty());
+        // Made by another process (this one's parent before a fork): dropped, a fresh one made.
+        let theirs = made(me.wrapping_add(1));
+        let fresh = group.take(me).unwrap();
+        assert_ne!(fresh.pub_key(), &theirs[..]);
+        assert!(lock(&group.ready).is_empty(), "the other process's pair is gone");
+        // Each handshake gets its own pair; one made on the spot completes an exchange.
+        let other = group.take(me).unwrap();
+        assert_ne!(other.pub_key(), fresh.pub_key());
+        let (a, b) = (fresh.pub_key().to_vec(), other.pub_key().to_vec());
+        assert_eq!(fresh.complete(&b).unwrap().secret_bytes(), other.complete(&a).unwrap().secret_bytes());
+    }
 
     #[test]
     fn a_pinned_tls_link_carries_bytes_both_ways_and_an_unpinned_one_is_refused() {

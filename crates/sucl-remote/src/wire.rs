@@ -11,7 +11,9 @@
 //! A connection opens with [`Frame::Hello`] (client: magic, version range, features, largest
 //! frame it accepts, a fresh nonce) and [`Frame::Welcome`] (server: the chosen version, the
 //! common features, the smaller frame limit, its own nonce). The client then either opens a new
-//! session ([`Frame::Open`]) or re-attaches to one ([`Frame::Attach`]); see [`crate::auth`].
+//! session ([`Frame::Open`]) or re-attaches to one ([`Frame::Attach`]; on a TLS link of a
+//! session with [`feature::CHANNEL_BOUND_ATTACH`], sent right behind the hello, with the
+//! commands to re-send behind it); see [`crate::auth`].
 //! After that the client sends [`Frame::Command`]s, each with a sequence number, and the server
 //! answers each with a [`Frame::Reply`] carrying the same number.
 
@@ -51,8 +53,14 @@ pub mod feature {
     pub const MESH: u64 = 4;
     /// Content-size buffers.
     pub const CONTENT_SIZE: u64 = 8;
+    /// On TLS links, a re-attach's proofs are bound to the TLS channel (an exporter value)
+    /// instead of the server's nonce, so the client sends [`super::Frame::Attach`] — and the
+    /// commands it re-sends — right after its [`super::Frame::Hello`], without waiting for the
+    /// [`super::Frame::Welcome`] (see [`crate::auth`]). In force for a session when it was
+    /// negotiated at [`super::Frame::Open`]; plain TCP links always use the nonces.
+    pub const CHANNEL_BOUND_ATTACH: u64 = 16;
     /// Every feature this build knows.
-    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS | MESH | CONTENT_SIZE;
+    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS | MESH | CONTENT_SIZE | CHANNEL_BOUND_ATTACH;
 }
 
 /// Why a frame could not be decoded.
@@ -416,7 +424,9 @@ pub enum Frame {
         session: [u8; 16],
         /// The last reply sequence number the client received.
         last_reply: u64,
-        /// HMAC of the session, nonces and `last_reply` under the session secret.
+        /// HMAC of the session, nonces (or, with [`feature::CHANNEL_BOUND_ATTACH`] on a TLS
+        /// link, the TLS channel and the client's nonce) and `last_reply` under the session
+        /// secret.
         mac: [u8; 32],
     },
     /// Server → client: the session is open.
