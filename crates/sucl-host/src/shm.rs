@@ -21,13 +21,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use sucl_core::backend::{Backend, CollDesc, CollOp};
+use sucl_core::backend::{Backend, CollDesc, CollOp, VAgreement, VCollDesc};
 use sucl_core::chunk::{block_range, bytes};
 use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
 use sucl_core::{AbortState, Error, ReduceOp, Result};
+
+mod vcoll;
 
 const MAGIC: u64 = 0x5355_434c_5348_4d32; // "SUCLSHM2"
 const HEADER_BYTES: usize = 4096;
@@ -431,6 +433,8 @@ pub struct ShmBackend {
     cfg: HostConfig,
     barrier_seq: u64,
     step: u64,
+    /// The v-collectives' plan, kept between calls so that planning does not allocate.
+    vplan: vcoll::VPlan,
 }
 
 impl ShmBackend {
@@ -514,7 +518,19 @@ impl ShmBackend {
             .collect();
         let engine = Engine::new(rank, channels, world_ranks, abort.clone(), cfg.engine());
         let ctl = Controls::new(seg.clone(), n);
-        Ok(ShmBackend { seg, ctl, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
+        Ok(ShmBackend {
+            seg,
+            ctl,
+            lay,
+            rank,
+            world_rank: wr,
+            engine,
+            abort,
+            cfg: cfg.clone(),
+            barrier_seq: 0,
+            step: 0,
+            vplan: Default::default(),
+        })
     }
 
     /// A rank other than 0: its settings must be the ones rank 0 wrote into the header, and the
@@ -547,7 +563,7 @@ impl ShmBackend {
 
     /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
     #[inline(always)]
-    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
+    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
         if reached(a, seq) {
             return Ok(());
         }
@@ -556,11 +572,11 @@ impl ShmBackend {
 
     /// [`ShmBackend::wait_for`] once the peer is not there yet: spin, yield, sleep, time out.
     #[inline(never)]
-    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
+    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
         wait_until(a, seq, || {
-            w.pause(&self.abort, self.world_rank, &|| format!("{} (waiting for rank {peer} {place})", op.name()), false).inspect_err(|e| {
+            w.pause(&self.abort, self.world_rank, &|| format!("{op} (waiting for rank {peer} {place})"), false).inspect_err(|e| {
                 if matches!(e, Error::Timeout { .. }) {
                     self.abort.raise(e.abort_info());
                 }
@@ -569,7 +585,7 @@ impl ShmBackend {
     }
 
     #[inline]
-    fn barrier(&mut self, op: CollOp) -> Result<()> {
+    fn barrier(&mut self, op: &'static str) -> Result<()> {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
         arrive(self.ctl.counter(self.rank), seq);
@@ -601,46 +617,78 @@ impl ShmBackend {
     /// descriptor equals ours. Returns the parity.
     #[inline(always)]
     fn inline_step(&mut self, d: &CollDesc, data: Option<&[u8]>) -> Result<usize> {
-        self.step += 1;
-        let h = (self.step % 2) as usize;
-        self.barrier_seq += 1;
-        let seq = self.barrier_seq;
         let w = d.encode();
-        let mine = self.ctl.mailbox(self.rank, h);
-        mine[1].store(w[0], Ordering::Relaxed);
-        mine[2].store(w[1], Ordering::Relaxed);
+        let h = self.begin_inline(w);
         if let Some(data) = data {
-            let p = self.ctl.payload(self.rank, h, data.len());
-            // SAFETY: p..p + data.len() is in the mapping (`payload`) and ours to write now:
-            // peers read mailbox h only after seeing its sequence word reach `seq` (released
-            // below), and finished reading what it held two steps ago before arriving at the
-            // previous step, which we passed. `data` is private memory: no overlap.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+            self.write_inline(h, 0, data);
         }
-        arrive(&mine[0], seq);
-        arrive(self.ctl.counter(self.rank), seq);
-        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`; any
-        // difference sends us to `check_descs`, which names it the same way on every rank.
-        let mut differs = 0;
-        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            let theirs = self.ctl.mailbox(j, h);
-            self.wait_for(j, &theirs[0], seq, d.op, "in shared memory")?;
-            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
-        }
-        if differs != 0 {
+        // Any difference sends us to `check_descs`, which names it the same way on every rank.
+        if self.end_inline(h, w, d.op.name())? {
             self.check_descs(d, h)?;
         }
         Ok(h)
     }
 
+    /// Opens a step whose payload travels in the mailbox: stores the descriptor words `w` in
+    /// this rank's mailbox of the step's parity (returned); the payload is written next
+    /// ([`ShmBackend::write_inline`]), then [`ShmBackend::end_inline`] publishes both.
+    #[inline(always)]
+    fn begin_inline(&mut self, w: [u64; 2]) -> usize {
+        self.step += 1;
+        let h = (self.step % 2) as usize;
+        self.barrier_seq += 1;
+        let mine = self.ctl.mailbox(self.rank, h);
+        mine[1].store(w[0], Ordering::Relaxed);
+        mine[2].store(w[1], Ordering::Relaxed);
+        h
+    }
+
+    /// Copies `src` to byte `at` of this rank's mailbox payload `h`, between
+    /// [`ShmBackend::begin_inline`] and [`ShmBackend::end_inline`].
+    #[inline(always)]
+    fn write_inline(&self, h: usize, at: usize, src: &[u8]) {
+        assert!(at <= INLINE_MAX && src.len() <= INLINE_MAX - at, "inline payload {at}+{} past {INLINE_MAX}", src.len());
+        let p = self.ctl.payload(self.rank, h, at + src.len());
+        // SAFETY: p + at .. p + at + src.len() is in the mapping (`payload` checked the whole
+        // length) and ours to write now: peers read mailbox h only after seeing its sequence
+        // word reach this step's number (released by `end_inline`), and finished reading what
+        // it held two steps ago before arriving at the previous step, which we passed. `src`
+        // is private memory: no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p.add(at), src.len()) };
+    }
+
+    /// Closes an inline step: publishes this rank's mailbox and waits until every peer
+    /// published the same step. Returns whether any peer's descriptor words differ from `w`.
+    #[inline(always)]
+    fn end_inline(&mut self, h: usize, w: [u64; 2], op: &'static str) -> Result<bool> {
+        let seq = self.barrier_seq;
+        arrive(&self.ctl.mailbox(self.rank, h)[0], seq);
+        arrive(self.ctl.counter(self.rank), seq);
+        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`.
+        let mut differs = 0;
+        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
+            let theirs = self.ctl.mailbox(j, h);
+            self.wait_for(j, &theirs[0], seq, op, "in shared memory")?;
+            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
+        }
+        Ok(differs != 0)
+    }
+
     /// Rank `r`'s inline payload of the current step (parity `h`), as published.
     #[inline(always)]
     fn inline_data(&self, r: usize, h: usize, len: usize) -> &[u8] {
-        // SAFETY: every rank published its mailbox h for this step (inline_step waited for it),
+        self.inline_at(r, h, 0, len)
+    }
+
+    /// Bytes `at..at + len` of rank `r`'s inline payload of the current step (parity `h`).
+    #[inline(always)]
+    fn inline_at(&self, r: usize, h: usize, at: usize, len: usize) -> &[u8] {
+        assert!(at <= INLINE_MAX && len <= INLINE_MAX - at, "inline payload {at}+{len} past {INLINE_MAX}");
+        // SAFETY: every rank published its mailbox h for this step (end_inline waited for it),
         // and none writes it again before passing the next step, which needs us there first;
         // the borrow of `self` ends before we can take that step (it needs `&mut self`). The
-        // bytes lie in the mapping (`payload`), which outlives `self`.
-        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, len), len) }
+        // bytes lie in the mapping (`payload` checked at + len), which outlives `self`.
+        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, at + len).add(at), len) }
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
@@ -741,7 +789,7 @@ impl ShmBackend {
                 } else if one_step && len <= hb {
                     let h = self.begin_step(Some(d));
                     self.publish(h, 0, send.unwrap_or(recv));
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     self.check_descs(d, h)?;
                     if all || me == root {
                         // Same order on every rank: bitwise-identical results everywhere.
@@ -765,13 +813,13 @@ impl ShmBackend {
                             self.publish(h, 0, &input[..p.start]);
                             self.publish(h, p.end, &input[p.end..]);
                         }
-                        self.barrier(d.op)?;
+                        self.barrier(d.op.name())?;
                         if first {
                             self.check_descs(d, h)?;
                             first = false;
                         }
                         self.reduce_portion(d, h, p.clone(), &send.unwrap_or(recv)[off + p.start..off + p.end]);
-                        self.barrier(d.op)?;
+                        self.barrier(d.op.name())?;
                         if all || me == root {
                             for j in 0..n {
                                 let pj = bytes(block_range(c / es, n, j), es);
@@ -804,7 +852,7 @@ impl ShmBackend {
                     if me == d.root {
                         self.publish(h, 0, &recv[off..off + c]);
                     }
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
@@ -831,7 +879,7 @@ impl ShmBackend {
                         None => &recv[me * blk + off..me * blk + off + c],
                     };
                     self.publish(h, 0, mine);
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
@@ -865,7 +913,7 @@ impl ShmBackend {
                             self.publish(h, j * c, &s[j * blk + off..j * blk + off + c]);
                         }
                     }
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
@@ -916,6 +964,16 @@ impl Backend for ShmBackend {
             self.abort.check(self.world_rank, desc.op.name())?;
         }
         self.collective_inner(desc, send, recv)
+    }
+
+    fn v_collective_agreeing(
+        &mut self,
+        agree: VAgreement<'_>,
+        desc: Option<&VCollDesc<'_>>,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Option<Result<bool>> {
+        Some(self.v_agreeing(agree, desc, send, recv))
     }
 }
 

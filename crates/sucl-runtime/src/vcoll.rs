@@ -36,7 +36,7 @@
 
 use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
 use std::ops::Range;
-use sucl_core::backend::{CollOp, VCollDesc, VCollOp};
+use sucl_core::backend::{CollOp, VAgreement, VCollDesc, VCollOp};
 use sucl_core::ReduceOp;
 
 /// Tag bit of v-collective messages: above every user tag, below the engine's own collective
@@ -78,6 +78,56 @@ fn table_hash(counts: &[usize]) -> u64 {
         }
     }
     h
+}
+
+/// One rank's fingerprint of a v-collective call (what the agreement step compares).
+fn fingerprint(op: VOp, dtype: u64, root: usize, counts: &[usize], ok: bool) -> [u64; VFP_WORDS] {
+    [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok as u64]
+}
+
+/// A host call's counts and displacements in bytes, MPI style (see [`VCollDesc`]), in one
+/// allocation: send counts, send displacements, receive counts, receive displacements, and
+/// the whole agreed counts table.
+struct ByteTables {
+    words: Vec<usize>,
+    ends: [usize; 5],
+}
+
+impl ByteTables {
+    fn new(es: usize, parts: [&[usize]; 5]) -> ByteTables {
+        let mut words = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut ends = [0; 5];
+        for (e, p) in ends.iter_mut().zip(parts) {
+            words.extend(p.iter().map(|x| x * es));
+            *e = words.len();
+        }
+        ByteTables { words, ends }
+    }
+
+    fn part(&self, i: usize) -> &[usize] {
+        &self.words[if i == 0 { 0 } else { self.ends[i - 1] }..self.ends[i]]
+    }
+
+    fn desc(&self, op: VCollOp, root: usize) -> VCollDesc<'_> {
+        VCollDesc {
+            op,
+            root,
+            send_counts: self.part(0),
+            send_displs: self.part(1),
+            recv_counts: self.part(2),
+            recv_displs: self.part(3),
+            table: self.part(4),
+        }
+    }
+}
+
+/// The data side of a host v-collective on a rank whose arguments are valid.
+struct HostCall<'s, 'r> {
+    op: VCollOp,
+    root: usize,
+    tables: ByteTables,
+    send: &'s [u8],
+    recv: &'r mut [u8],
 }
 
 /// The element range `displ .. displ + count` checked against a buffer of `len` elements.
@@ -135,30 +185,78 @@ impl Communicator {
         Ok(())
     }
 
-    /// The agreement step (see the module docs): every rank learns whether all ranks passed
-    /// valid arguments and the same counts table. Returns the tag for the call's messages.
+    /// The agreement step (see the module docs) on its own, for the paths that run it before
+    /// their data (device memory): every rank learns whether all ranks passed valid arguments
+    /// and the same counts table. Returns the tag for the call's messages.
     fn agree_v(&self, op: VOp, dtype: u64, root: usize, counts: &[usize], local: Result<()>) -> Result<u64> {
+        self.agree(op, fingerprint(op, dtype, root, counts, local.is_ok()), local, None).map(|a| a.unwrap_or(0))
+    }
+
+    /// The agreement step with fingerprint `mine`, and the host data with it where it can:
+    /// `host` (this rank's byte tables and buffers; only with valid arguments) goes to the
+    /// point-to-point backend's fused v-collective when it offers one (then `Ok(None)`: the
+    /// data moved), else to its native one after the agreement collective (`Ok(None)` too);
+    /// `Ok(Some(tag))` leaves the data to the generic algorithm, with the tag of its messages.
+    /// Whatever the path, ranks whose arguments are invalid or whose tables differ get the
+    /// same errors, and nothing is delivered before every rank's fingerprint was compared.
+    fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, host: Option<HostCall<'_, '_>>) -> Result<Option<u64>> {
         self.check_poisoned()?;
-        let ok = local.is_ok() as u64;
-        let mine: [u64; VFP_WORDS] = [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok];
-        let mut all = vec![0u64; VFP_WORDS * self.size];
-        // The exchange has the same shape on every rank, valid arguments or not.
         let d = Self::desc::<u64>(CollOp::AllGather, VFP_WORDS, ReduceOp::Sum, 0);
-        self.protocol_coll(d, bytemuck::cast_slice(&mine[..]), bytemuck::cast_slice_mut(&mut all[..]))?;
+        self.enter_collective(&d)?;
+        let mut all = vec![0u64; VFP_WORDS * self.size];
+        let (call, s, r): (_, &[u8], &mut [u8]) = match host {
+            Some(h) => (Some((h.op, h.root, h.tables)), h.send, h.recv),
+            None => (None, &[], &mut []),
+        };
+        let desc = call.as_ref().map(|(op, root, t)| t.desc(*op, *root));
+        // Offered or not regardless of the arguments: every rank takes the same path.
+        let agree = VAgreement { mine: &mine[..], all: &mut all[..] };
+        let fused = self.backend_mut().v_collective_agreeing(agree, desc.as_ref(), s, r);
+        let fused = match fused {
+            Some(r) => Some(self.settle(r)?),
+            None => {
+                // The exchange has the same shape on every rank, valid arguments or not. It is
+                // sucl's own protocol, so the test-only fault hook (which stands for a backend
+                // corrupting users' results) never touches it.
+                let r = self.coll_unhooked(d, Some(bytemuck::cast_slice(&mine[..])), bytemuck::cast_slice_mut(&mut all[..]));
+                self.settle(r)?;
+                None
+            }
+        };
         local?;
-        let rows: Vec<&[u64]> = all.chunks(VFP_WORDS).collect();
-        let bad: Vec<usize> = (0..self.size).filter(|&r| rows[r][5] != 1).collect();
+        self.compare_fingerprints_v(op, &mine, &all)?;
+        if fused == Some(true) {
+            return Ok(None);
+        }
+        if fused == Some(false) {
+            // The backend saw a difference that the comparison above should have named.
+            return Err(self.poison(Error::Mismatch { rank: self.wr(), what: format!("{op:?}: the ranks' fingerprints differ") }));
+        }
+        if let Some(d) = desc {
+            if let Some(res) = self.backend_mut().v_collective(&d, s, r) {
+                self.settle(res)?;
+                return Ok(None);
+            }
+        }
+        Ok(Some(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1))))
+    }
+
+    /// Every rank's fingerprint against this rank's: ranks that rejected their arguments, then
+    /// ranks whose call differs, as `Mismatch` (the same on every rank).
+    fn compare_fingerprints_v(&self, op: VOp, mine: &[u64; VFP_WORDS], all: &[u64]) -> Result<()> {
+        let rows = || all.chunks(VFP_WORDS);
+        let bad: Vec<usize> = rows().enumerate().filter(|(_, w)| w[5] != 1).map(|(r, _)| r).collect();
         if !bad.is_empty() {
             return Err(Error::Mismatch { rank: self.wr(), what: format!("{op:?} arguments: rank(s) {bad:?} rejected theirs") });
         }
-        let differ: Vec<usize> = (0..self.size).filter(|&r| rows[r][..5] != mine[..5]).collect();
+        let differ: Vec<usize> = rows().enumerate().filter(|(_, w)| w[..5] != mine[..5]).map(|(r, _)| r).collect();
         if !differ.is_empty() {
             return Err(Error::Mismatch {
                 rank: self.wr(),
                 what: format!("{op:?} (operation, element type, root or counts table): rank(s) {differ:?} differ from rank {}", self.rank),
             });
         }
-        Ok(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1)))
+        Ok(())
     }
 
     /// Sends `send` to `dest` and receives exactly `recv.len()` bytes from `src` (either may be
@@ -217,26 +315,6 @@ impl Communicator {
             }
         }
         Ok(())
-    }
-
-    /// Offers the call to the point-to-point backend's native v-collective (MPI's); `None` if it
-    /// has none. Counts and displacements are in elements here, scaled to bytes for it.
-    #[allow(clippy::too_many_arguments)]
-    fn try_native(
-        &self,
-        op: VCollOp,
-        root: usize,
-        es: usize,
-        sends: (&[usize], &[usize]),
-        recvs: (&[usize], &[usize]),
-        s: &[u8],
-        r: &mut [u8],
-    ) -> Option<Result<()>> {
-        let bytes = |v: &[usize]| v.iter().map(|x| x * es).collect::<Vec<usize>>();
-        let (sc, sd, rc, rd) = (bytes(sends.0), bytes(sends.1), bytes(recvs.0), bytes(recvs.1));
-        let d = VCollDesc { op, root, send_counts: &sc, send_displs: &sd, recv_counts: &rc, recv_displs: &rd };
-        let res = self.backend_mut().v_collective(&d, s, r)?;
-        Some(self.settle(res))
     }
 
     fn host_only<'a>(&self, op: &str, m: Mem<'a>) -> Result<&'a [u8]> {
@@ -310,20 +388,23 @@ impl Communicator {
             }
             Ok(())
         })();
-        let tag = self.agree_v(VOp::Gatherv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::Gatherv, dtype, root, counts, local)?;
             let sends: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
             let recvs: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
         }
         let s = self.host_only("gatherv", send.mem())?;
         let r = self.host_only_mut("gatherv", recv.mem_mut())?;
-        let own = [counts[me]];
-        let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
-        if let Some(done) = self.try_native(VCollOp::Gatherv, root, es, (&own, &[0]), (rc, rd), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::Gatherv, dtype, root, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+            let tables = ByteTables::new(es, [&[counts[me]], &[0], rc, rd, counts]);
+            HostCall { op: VCollOp::Gatherv, root, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::Gatherv, fp, local, host)? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, Some((root, s)), None));
@@ -434,20 +515,23 @@ impl Communicator {
             }
             Ok(())
         })();
-        let tag = self.agree_v(VOp::Scatterv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::Scatterv, dtype, root, counts, local)?;
             let sends: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
             let recvs: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
         }
         let r = self.host_only_mut("scatterv", recv.mem_mut())?;
         let s = self.host_only("scatterv", send.mem())?;
-        let own = [counts[me]];
-        let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
-        if let Some(done) = self.try_native(VCollOp::Scatterv, root, es, (sc, sd), (&own, &[0]), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::Scatterv, dtype, root, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+            let tables = ByteTables::new(es, [sc, sd, &[counts[me]], &[0], counts]);
+            HostCall { op: VCollOp::Scatterv, root, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::Scatterv, fp, local, host)? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, None, Some((root, r))));
@@ -478,17 +562,21 @@ impl Communicator {
             self.own_len("send", send.len(), counts[me])?;
             self.blocks("displs", counts, displs, recv.len(), true).map(|_| ())
         })();
-        let tag = self.agree_v(VOp::AllGatherv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::AllGatherv, dtype, 0, counts, local)?;
             let sends: Vec<Peer> = if counts[me] > 0 { (0..n).map(|p| (p, 0..counts[me])).collect() } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &spans(counts, displs));
         }
         let s = self.host_only("all_gatherv", send.mem())?;
         let r = self.host_only_mut("all_gatherv", recv.mem_mut())?;
-        if let Some(done) = self.try_native(VCollOp::AllGatherv, 0, es, (&[counts[me]], &[0]), (counts, displs), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::AllGatherv, dtype, 0, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let tables = ByteTables::new(es, [&[counts[me]], &[0], counts, displs, counts]);
+            HostCall { op: VCollOp::AllGatherv, root: 0, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::AllGatherv, fp, local, host)? else { return Ok(()) };
         let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         for k in 1..n {
@@ -526,16 +614,20 @@ impl Communicator {
             self.blocks("sdispls", &row, sdispls, send.len(), false)?;
             self.blocks("rdispls", &col, rdispls, recv.len(), true).map(|_| ())
         })();
-        let tag = self.agree_v(VOp::AllToAllv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::AllToAllv, dtype, 0, counts, local)?;
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &spans(&row, sdispls), &spans(&col, rdispls));
         }
         let s = self.host_only("all_to_allv", send.mem())?;
         let r = self.host_only_mut("all_to_allv", recv.mem_mut())?;
-        if let Some(done) = self.try_native(VCollOp::AllToAllv, 0, es, (&row, sdispls), (&col, rdispls), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::AllToAllv, dtype, 0, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let tables = ByteTables::new(es, [&row, sdispls, &col, rdispls, counts]);
+            HostCall { op: VCollOp::AllToAllv, root: 0, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::AllToAllv, fp, local, host)? else { return Ok(()) };
         let sb = self.blocks("sdispls", &row, sdispls, s.len() / es, false)?;
         let rb = self.blocks("rdispls", &col, rdispls, r.len() / es, true)?;
         r[rb[me].start * es..rb[me].end * es].copy_from_slice(&s[sb[me].start * es..sb[me].end * es]);
