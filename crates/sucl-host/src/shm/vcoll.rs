@@ -19,18 +19,13 @@
 //! table but planned differently fail with `Mismatch` instead of waiting for each other, and
 //! a peer inside a plain collective sees a descriptor it cannot decode and reports that.
 
-use super::{ShmBackend, INLINE_MAX};
+use super::{copy_bytes, ShmBackend, INLINE_MAX};
 use sucl_core::backend::{VAgreement, VCollDesc, VCollOp};
 use sucl_core::{Error, Result};
 
 /// Op byte of a v-collective step's descriptor: above every `CollOp` code, so that a peer in a
 /// plain collective sees a descriptor it cannot decode (and reports it) rather than a match.
 const V_DESC: u64 = 0xf0;
-
-/// Most bytes of a v-collective arena step's window per rank: large enough that the barrier is
-/// a small part of a step, small enough that a window written by one core is still in the
-/// shared cache when the others copy it out.
-const V_WINDOW: usize = 1 << 20;
 
 /// What one rank moves in one v-collective, derived from the agreed table (reused between
 /// calls: planning allocates nothing once the vectors have grown).
@@ -248,7 +243,7 @@ impl ShmBackend {
             self.v_arena_steps(plan, send, recv, name)?;
         }
         if let Some((s, r, c)) = plan.own {
-            recv[r..r + c].copy_from_slice(&send[s..s + c]);
+            copy_bytes(&mut recv[r..r + c], &send[s..s + c]);
         }
         Ok(true)
     }
@@ -283,15 +278,24 @@ impl ShmBackend {
                 continue;
             }
             if let Some((at, to, len)) = clip(read, a, b) {
-                recv[to..to + len].copy_from_slice(src(self, j, at, len));
+                copy_bytes(&mut recv[to..to + len], src(self, j, at, len));
             }
         }
+    }
+
+    /// Bytes of a v-collective arena step's window per rank: `shm.chunk_bytes` (the same on
+    /// every rank), large enough that the barrier is a small part of a step, small enough that a
+    /// window one core wrote is still in cache when the others copy it out. Measured at 2 ranks
+    /// (bench/results/vcoll): 128 KiB to 512 KiB windows take 0.6–0.8× the time of whole
+    /// 4 MiB halves from 1 MiB to 64 MiB.
+    fn v_window(&self) -> usize {
+        self.cfg.shm_chunk_bytes.clamp(4096, self.half_bytes())
     }
 
     /// The arena steps of a call whose streams do not fit the mailbox: window `k` of every
     /// stream in step `k`.
     fn v_arena_steps(&mut self, plan: &VPlan, send: &[u8], recv: &mut [u8], name: &'static str) -> Result<()> {
-        let win = self.half_bytes().min(V_WINDOW);
+        let win = self.v_window();
         let steps = plan.longest.div_ceil(win);
         for k in 0..steps {
             let (a, b) = (k * win, (k + 1) * win);
