@@ -75,23 +75,21 @@ fn reference(len: usize, call: usize, blocks: impl Iterator<Item = (usize, usize
     want
 }
 
-fn compare(what: &str, got: &[u32], want: &[u32]) -> Result<()> {
+/// Records the first difference of `got` from `want` in `failed` (the rank keeps calling, so
+/// that the others are not left waiting for it).
+fn compare(failed: &mut Option<String>, what: &str, got: &[u32], want: &[u32]) {
     if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
         let wrong = got.iter().zip(want).filter(|(a, b)| a != b).count();
-        return Err(Error::Config(format!(
-            "{what}: {wrong} of {} elements wrong, first at {i}: {:#x}, want {:#x}",
-            want.len(),
-            got[i],
-            want[i]
-        )));
+        let why = format!("{what}: {wrong} of {} elements wrong, first at {i}: {:#x}, want {:#x}", want.len(), got[i], want[i]);
+        failed.get_or_insert(why);
     }
-    Ok(())
 }
 
 /// One call of each kind per round, `rounds` rounds, blocks up to `big` elements.
 fn rank_main(comm: &Communicator, rounds: usize, big: usize) -> Result<()> {
     let (n, me) = (comm.size(), comm.rank());
     let mut g = Gen(0x5eed + n as u64);
+    let mut failed = None;
     for call in 0..4 * rounds {
         let root = g.below(n);
         let counts: Vec<usize> = (0..n).map(|_| g.count(big)).collect();
@@ -106,20 +104,20 @@ fn rank_main(comm: &Communicator, rounds: usize, big: usize) -> Result<()> {
                 let mut recv = vec![SENTINEL; if me == root { len } else { 0 }];
                 comm.gatherv(&send[..], &mut recv[..], &counts, &displs, root)?;
                 if me == root {
-                    compare(&what, &recv, &reference(len, call, (0..n).map(|r| (displs[r], counts[r], r, root))))?;
+                    compare(&mut failed, &what, &recv, &reference(len, call, (0..n).map(|r| (displs[r], counts[r], r, root))));
                 }
             }
             1 => {
                 let send = if me == root { reference(len, call, (0..n).map(|r| (displs[r], counts[r], root, r))) } else { Vec::new() };
                 let mut recv = vec![SENTINEL; counts[me]];
                 comm.scatterv(&send[..], &mut recv[..], &counts, &displs, root)?;
-                compare(&what, &recv, &reference(counts[me], call, std::iter::once((0, counts[me], root, me))))?;
+                compare(&mut failed, &what, &recv, &reference(counts[me], call, std::iter::once((0, counts[me], root, me))));
             }
             2 => {
                 let send: Vec<u32> = (0..counts[me]).map(|k| val(call, me, n, k)).collect();
                 let mut recv = vec![SENTINEL; len];
                 comm.all_gatherv(&send[..], &mut recv[..], &counts, &displs)?;
-                compare(&what, &recv, &reference(len, call, (0..n).map(|r| (displs[r], counts[r], r, n))))?;
+                compare(&mut failed, &what, &recv, &reference(len, call, (0..n).map(|r| (displs[r], counts[r], r, n))));
             }
             _ => {
                 let matrix: Vec<usize> = (0..n * n).map(|_| g.count(big)).collect();
@@ -131,7 +129,7 @@ fn rank_main(comm: &Communicator, rounds: usize, big: usize) -> Result<()> {
                 let mut recv = vec![SENTINEL; rlen];
                 comm.all_to_allv(&send[..], &sd, &mut recv[..], &rd, &matrix)?;
                 let what = format!("{what}, matrix {matrix:?}");
-                compare(&what, &recv, &reference(rlen, call, (0..n).map(|i| (rd[i], col[i], i, me))))?;
+                compare(&mut failed, &what, &recv, &reference(rlen, call, (0..n).map(|i| (rd[i], col[i], i, me))));
             }
         }
         if call % 3 == 0 {
@@ -139,7 +137,7 @@ fn rank_main(comm: &Communicator, rounds: usize, big: usize) -> Result<()> {
             comm.barrier()?;
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), |why| Err(Error::Config(why)))
 }
 
 /// The victim (rank `victim`) exits before the `at`-th call, or with `midway` from another
