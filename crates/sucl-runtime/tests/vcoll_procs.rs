@@ -166,6 +166,35 @@ fn lost_main(comm: &Communicator, victim: usize, at: usize, midway: bool) -> Res
     Ok(())
 }
 
+/// Rank 1's table gives rank 0 one element more than everyone else's: every rank must get
+/// `Mismatch`, with nothing delivered — its receive buffer (the root's own block included)
+/// still all sentinel.
+fn mismatch_main(comm: &Communicator, op: usize, each: usize) -> Result<()> {
+    let (n, me) = (comm.size(), comm.rank());
+    let mut counts = vec![each; if op == 3 { n * n } else { n }];
+    if me == 1 {
+        counts[0] += 1;
+    }
+    let d: Vec<usize> = (0..n).map(|r| r * (each + 1)).collect();
+    let send = vec![7u32; n * (each + 1)];
+    let mut recv = vec![SENTINEL; n * (each + 1)];
+    let own = counts[me];
+    let r = match op {
+        0 => comm.gatherv(&send[..own], &mut recv[..], &counts, &d, 0),
+        1 => comm.scatterv(&send[..], &mut recv[..own], &counts, &d, 0),
+        2 => comm.all_gatherv(&send[..own], &mut recv[..], &counts, &d),
+        _ => comm.all_to_allv(&send[..], &d, &mut recv[..], &d, &counts),
+    };
+    match r {
+        Err(Error::Mismatch { .. }) => {}
+        other => return Err(Error::Config(format!("op {op}: a differing table gave {other:?}, not Mismatch"))),
+    }
+    match recv.iter().position(|&x| x != SENTINEL) {
+        Some(i) => Err(Error::Config(format!("op {op}: element {i} was written although the tables differ"))),
+        None => Ok(()),
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -296,6 +325,26 @@ fn a_rank_lost_before_or_during_v_collectives_is_an_error_on_every_other_rank() 
             assert!(o.out.contains(&format!("RANK {r} FAILED")), "{case}: rank {r} must fail:\n{}", o.out);
             assert!(o.out.contains("lost peer rank 2"), "{case}: rank {r} must name rank 2:\n{}", o.out);
             assert!(o.elapsed < Duration::from_secs(20), "{case}: rank {r} waited {:?}, near its 30 s timeout", o.elapsed);
+        }
+    }
+}
+
+#[test]
+fn a_differing_table_is_a_mismatch_everywhere_and_delivers_nothing() {
+    if as_rank(|c| mismatch_main(c, env_usize("SUCL_VTEST_OP"), env_usize("SUCL_VTEST_BIG"))) {
+        return;
+    }
+    // Small calls (shm: one mailbox step with the data) and large ones (arena steps after it).
+    for backend in ["shm", "tcp"] {
+        for op in 0..4 {
+            for each in [10, 100_000] {
+                let (op_s, each_s) = (op.to_string(), each.to_string());
+                let env = [("SUCL_BACKEND", backend), ("SUCL_TIMEOUT", "30"), ("SUCL_VTEST_OP", &op_s), ("SUCL_VTEST_BIG", &each_s)];
+                let outcomes = world("a_differing_table_is_a_mismatch_everywhere_and_delivers_nothing", 3, &env, Duration::from_secs(60));
+                for (r, o) in outcomes.iter().enumerate() {
+                    assert!(o.out.contains(&format!("RANK {r} OK")), "{backend} op {op}, {each} elements: rank {r}:\n{}", o.out);
+                }
+            }
         }
     }
 }
