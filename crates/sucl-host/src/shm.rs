@@ -11,6 +11,10 @@
 //! reached only once done reading it, so one barrier per step suffices. Large reductions use two
 //! barriers per step: each rank reduces a 1/n portion of the chunk in place, then everyone
 //! copies every portion out; every rank's memory bandwidth works at once.
+//!
+//! The v-collectives (gatherv, all_gatherv, scatterv, all_to_allv) use the same steps, their
+//! first step fused with the runtime's agreement (module `vcoll`). Every copy into or out of
+//! the segment goes through [`copy_bytes`], which avoids a slow case of memcpy on AMD CPUs.
 
 use crate::shm_sync::{arrive, reached, wait_until, Consumer, Producer, RingMemory};
 use crate::HostConfig;

@@ -1,6 +1,6 @@
 //! V-collectives: `gatherv`, `all_gatherv`, `scatterv`, `all_to_allv` — per-rank counts and
-//! displacements, MPI style — built on the point-to-point engine of the communicator's host
-//! backend.
+//! displacements, MPI style — run by the communicator's point-to-point host backend: natively
+//! where it can, else over its point-to-point engine.
 //!
 //! **API contract (so that disagreements are found, never truncated or hung on).** Every rank
 //! passes the *whole* counts table of the call, not only its own part: `counts[r]` elements for
@@ -14,7 +14,12 @@
 //! all_gather a fixed-size fingerprint: operation, element type, root, a hash of the counts
 //! table and whether the rank's own arguments were valid. A rank with bad arguments returns its
 //! `InvalidArgument`; every other rank returns `Mismatch` naming it; ranks whose tables differ
-//! all return `Mismatch` naming the ranks that differ. Cost: one small all_gather per call.
+//! all return `Mismatch` naming the ranks that differ. Cost: one small all_gather per call —
+//! or nothing extra where the point-to-point backend runs the exchange itself as the first
+//! step of its native v-collective ([`sucl_core::Backend::v_collective_agreeing`]; shm does:
+//! the fingerprints travel in its mailboxes, with the data too when it fits, and nothing is
+//! copied out before every fingerprint was compared). Validation allocates nothing for
+//! communicators of up to 32 ranks (`PAIRWISE_MAX`).
 //!
 //! **Messages** carry the tag `VCOLL_TAG_BIT | sequence`, where the sequence is the
 //! communicator's collective number (the same on every rank; it rises on every collective), so
@@ -23,12 +28,13 @@
 //! know it from the agreed table). A received block whose length differs from the table is a
 //! `Mismatch`.
 //!
-//! Algorithms: linear for gatherv and scatterv (the root posts all its receives or sends at
-//! once); pairwise exchange for all_to_allv and all_gatherv (step `k`: send to `rank + k`,
-//! receive from `rank − k`), which keeps one send and one receive in flight per rank.
-//!
-//! A backend with native v-collectives (MPI: MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
-//! MPI_Ialltoallv) runs them instead, after the same validation and agreement.
+//! Algorithms: a backend with native v-collectives runs them — shm fused with the agreement
+//! (its streams of blocks go through the mailboxes or arena windows, as its plain collectives
+//! do; see `sucl_host::shm`), MPI after it (MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
+//! MPI_Ialltoallv). Otherwise (tcp) the generic algorithms over point-to-point: linear for
+//! gatherv and scatterv (the root posts all its receives or sends at once); pairwise exchange
+//! for all_to_allv and all_gatherv (step `k`: send to `rank + k`, receive from `rank − k`),
+//! which keeps one send and one receive in flight per rank.
 //!
 //! Device memory goes over NCCL as one group of sends and receives per call (the same
 //! validation and agreement first); without NCCL (staged) a device v-collective is an error
