@@ -14,7 +14,7 @@
 //!
 //! The v-collectives (gatherv, all_gatherv, scatterv, all_to_allv) use the same steps, their
 //! first step fused with the runtime's agreement (module `vcoll`). Every copy into or out of
-//! the segment goes through [`copy_bytes`], which avoids a slow case of memcpy on AMD CPUs.
+//! the segment goes through `copy_bytes`, which avoids a slow case of memcpy on AMD CPUs.
 
 use crate::shm_sync::{arrive, reached, wait_until, Consumer, Producer, RingMemory};
 use crate::HostConfig;
