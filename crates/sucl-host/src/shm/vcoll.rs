@@ -178,7 +178,7 @@ impl ShmBackend {
             self.abort.check(self.world_rank, name)?;
         }
         let (n, fw) = (self.lay.n, agree.mine.len());
-        if fw * 8 > INLINE_MAX || agree.all.len() != n * fw {
+        if fw == 0 || fw * 8 > INLINE_MAX || agree.all.len() != n * fw {
             return Err(Error::invalid(self.world_rank, "agreement words", format!("{fw} words per rank, {} in all", agree.all.len())));
         }
         let mut plan = std::mem::take(&mut self.vplan);
@@ -209,8 +209,12 @@ impl ShmBackend {
             _ => [V_DESC | 1 << 17, 0], // never equal to a good rank's words
         };
         let h = self.begin_inline(w);
-        for (k, x) in agree.mine.iter().enumerate() {
-            self.write_inline(h, 8 * k, &x.to_ne_bytes());
+        for (k, words) in agree.mine.chunks(16).enumerate() {
+            let mut b = [0u8; 128];
+            for (d, w) in b.chunks_exact_mut(8).zip(words) {
+                d.copy_from_slice(&w.to_ne_bytes());
+            }
+            self.write_inline(h, 128 * k, &b[..8 * words.len()]);
         }
         if inline {
             window_of(&plan.segs, 0, plan.longest, |from, to, len| self.write_inline(h, fb + to, &send[from..from + len]));
@@ -218,10 +222,9 @@ impl ShmBackend {
         let differs = self.end_inline(h, w, name)?;
         // Everyone's agreement words, before anything is delivered.
         let fw = agree.mine.len();
-        for j in 0..self.lay.n {
-            for k in 0..fw {
-                let b = self.inline_at(j, h, 8 * k, 8);
-                agree.all[j * fw + k] = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+        for (j, row) in agree.all.chunks_exact_mut(fw).enumerate() {
+            for (w, b) in row.iter_mut().zip(self.inline_at(j, h, 0, fb).chunks_exact(8)) {
+                *w = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
             }
         }
         let same = agree.all.chunks(fw).all(|row| row == agree.mine);
