@@ -293,7 +293,8 @@ fn v_collectives_put_every_block_in_its_place() {
     // default (blocks of 70000 u32 span two); the small settings make it 4 KiB in 4 KiB arena
     // halves, so 3000-element blocks span three and every all_to_allv row many.
     let small: &[(&str, &str)] = &[("SUCL_SHM_ARENA_BYTES", "8192"), ("SUCL_SHM_CHUNK_BYTES", "4096")];
-    let runs: [(&str, usize, usize, &[(&str, &str)]); 5] =
+    type Run<'a> = (&'a str, usize, usize, &'a [(&'a str, &'a str)]);
+    let runs: [Run; 5] =
         [("shm", 2, 70000, &[]), ("shm", 3, 3000, small), ("shm", 4, 3000, small), ("shm", 4, 70000, &[]), ("tcp", 3, 20000, &[])];
     for (backend, n, big, extra) in runs {
         let big = big.to_string();
