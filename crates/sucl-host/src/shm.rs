@@ -758,8 +758,9 @@ impl ShmBackend {
     fn publish(&self, h: usize, at: usize, src: &[u8]) {
         assert!(at + src.len() <= self.lay.half);
         // SAFETY (step protocol): before the step's barrier our half h is ours alone — peers read
-        // it only after that barrier, and finished reading it two steps ago before arriving at
-        // the previous step's barrier, which we passed.
+        // it only after that barrier (or, in a v-collective's first step, after seeing our
+        // mailbox's sequence word, raised after this copy), and finished reading it two steps
+        // ago before arriving at the previous step's barrier, which we passed.
         unsafe { self.seg.write(self.half(self.rank, h) + at, src) }
     }
 

@@ -11,10 +11,14 @@
 //!
 //! **The first step is the agreement.** Its mailbox payload carries the runtime's agreement
 //! words, then — when every stream fits the rest of the mailbox ([`INLINE_MAX`] bytes in all)
-//! — the whole streams: a small call costs one barrier, like a small plain collective. Nobody
-//! copies anything out before it has compared every rank's agreement words with its own; if
-//! any differ, nothing is delivered and the caller reports the disagreement. Larger calls then
-//! take `ceil(longest stream / window)` arena steps. The descriptor words of the first step
+//! — the whole streams: a small call costs one barrier, like a small plain collective; else
+//! the streams' first window goes into the arena half of the step's parity. Nobody copies
+//! anything out before it has compared every rank's agreement words with its own; if any
+//! differ, nothing is delivered and the caller reports the disagreement. A call takes
+//! `ceil(longest stream / window)` steps in all, as many as its data needs. A rank whose own
+//! arguments were invalid takes the first step only (publishing no data): the step's shape
+//! (publish, then raise the mailbox's and the barrier's words, then wait for every peer's
+//! mailbox) does not depend on where the data goes. The descriptor words of the first step
 //! (op, whether the data is inline, longest stream) must match too: ranks that agreed on the
 //! table but planned differently fail with `Mismatch` instead of waiting for each other, and
 //! a peer inside a plain collective sees a descriptor it cannot decode and reports that.
@@ -216,8 +220,13 @@ impl ShmBackend {
             }
             self.write_inline(h, 128 * k, &b[..8 * words.len()]);
         }
+        let win = self.v_window();
         if inline {
             window_of(&plan.segs, 0, plan.longest, |from, to, len| self.write_inline(h, fb + to, &send[from..from + len]));
+        } else if good {
+            // The first window goes with the agreement too, in the arena half of this step's
+            // parity (published before the mailbox, so whoever sees the mailbox sees it).
+            window_of(&plan.segs, 0, win, |from, to, len| self.publish(h, to, &send[from..from + len]));
         }
         let differs = self.end_inline(h, w, name)?;
         // Everyone's agreement words, before anything is delivered.
@@ -243,6 +252,7 @@ impl ShmBackend {
         if inline {
             self.v_read_window(plan, recv, 0, plan.longest, |me, j, at, len| me.inline_at(j, h, fb + at, len));
         } else {
+            self.v_read_window(plan, recv, 0, win, |me, j, at, len| me.peek(j, h, at, len));
             self.v_arena_steps(plan, send, recv, name)?;
         }
         if let Some((s, r, c)) = plan.own {
@@ -295,12 +305,12 @@ impl ShmBackend {
         self.cfg.shm_chunk_bytes.clamp(4096, self.half_bytes())
     }
 
-    /// The arena steps of a call whose streams do not fit the mailbox: window `k` of every
-    /// stream in step `k`.
+    /// The arena steps of a call whose streams do not fit the mailbox, after the first (which
+    /// moved window 0 with the agreement): window `k` of every stream in step `k`.
     fn v_arena_steps(&mut self, plan: &VPlan, send: &[u8], recv: &mut [u8], name: &'static str) -> Result<()> {
         let win = self.v_window();
         let steps = plan.longest.div_ceil(win);
-        for k in 0..steps {
+        for k in 1..steps {
             let (a, b) = (k * win, (k + 1) * win);
             let h = self.begin_step(None);
             window_of(&plan.segs, a, b, |from, to, len| self.publish(h, to, &send[from..from + len]));
