@@ -166,31 +166,39 @@ fn lost_main(comm: &Communicator, victim: usize, at: usize, midway: bool) -> Res
     Ok(())
 }
 
-/// Rank 1's table gives rank 0 one element more than everyone else's: every rank must get
-/// `Mismatch`, with nothing delivered — its receive buffer (the root's own block included)
+/// Rank 1's call differs: its table gives rank 0 one element more than everyone else's, or
+/// (`invalid`) its own arguments are wrong (a send or receive buffer one element too long, a
+/// send block past the end). Every rank must get `Mismatch` — rank 1 its `InvalidArgument`
+/// when invalid — with nothing delivered: its receive buffer, the root's own block included,
 /// still all sentinel.
-fn mismatch_main(comm: &Communicator, op: usize, each: usize) -> Result<()> {
+fn mismatch_main(comm: &Communicator, op: usize, each: usize, invalid: bool) -> Result<()> {
     let (n, me) = (comm.size(), comm.rank());
+    let bad = me == 1;
     let mut counts = vec![each; if op == 3 { n * n } else { n }];
-    if me == 1 {
+    if bad && !invalid {
         counts[0] += 1;
     }
     let d: Vec<usize> = (0..n).map(|r| r * (each + 1)).collect();
+    let mut sd = d.clone();
+    if bad && invalid {
+        sd[n - 1] = n * (each + 1);
+    }
     let send = vec![7u32; n * (each + 1)];
     let mut recv = vec![SENTINEL; n * (each + 1)];
-    let own = counts[me];
+    let own = counts[me] + usize::from(bad && invalid);
     let r = match op {
         0 => comm.gatherv(&send[..own], &mut recv[..], &counts, &d, 0),
         1 => comm.scatterv(&send[..], &mut recv[..own], &counts, &d, 0),
         2 => comm.all_gatherv(&send[..own], &mut recv[..], &counts, &d),
-        _ => comm.all_to_allv(&send[..], &d, &mut recv[..], &d, &counts),
+        _ => comm.all_to_allv(&send[..], &sd, &mut recv[..], &d, &counts),
     };
     match r {
-        Err(Error::Mismatch { .. }) => {}
-        other => return Err(Error::Config(format!("op {op}: a differing table gave {other:?}, not Mismatch"))),
+        Err(Error::InvalidArgument { .. }) if bad && invalid => {}
+        Err(Error::Mismatch { .. }) if !(bad && invalid) => {}
+        other => return Err(Error::Config(format!("op {op}: rank 1's differing call gave {other:?} here"))),
     }
     match recv.iter().position(|&x| x != SENTINEL) {
-        Some(i) => Err(Error::Config(format!("op {op}: element {i} was written although the tables differ"))),
+        Some(i) => Err(Error::Config(format!("op {op}: element {i} was written although the calls differ"))),
         None => Ok(()),
     }
 }
@@ -331,19 +339,29 @@ fn a_rank_lost_before_or_during_v_collectives_is_an_error_on_every_other_rank() 
 }
 
 #[test]
-fn a_differing_table_is_a_mismatch_everywhere_and_delivers_nothing() {
-    if as_rank(|c| mismatch_main(c, env_usize("SUCL_VTEST_OP"), env_usize("SUCL_VTEST_BIG"))) {
+fn a_differing_call_is_an_error_everywhere_and_delivers_nothing() {
+    let invalid = std::env::var("SUCL_VTEST_INVALID").is_ok();
+    if as_rank(|c| mismatch_main(c, env_usize("SUCL_VTEST_OP"), env_usize("SUCL_VTEST_BIG"), invalid)) {
         return;
     }
-    // Small calls (shm: one mailbox step with the data) and large ones (arena steps after it).
-    for backend in ["shm", "tcp"] {
+    // Small calls (shm: one mailbox step with the data) and large ones (the first window in the
+    // arena with the agreement); a differing table, and invalid arguments on one rank.
+    for (backend, invalid) in [("shm", false), ("shm", true), ("tcp", false), ("tcp", true)] {
         for op in 0..4 {
             for each in [10, 100_000] {
                 let (op_s, each_s) = (op.to_string(), each.to_string());
-                let env = [("SUCL_BACKEND", backend), ("SUCL_TIMEOUT", "30"), ("SUCL_VTEST_OP", &op_s), ("SUCL_VTEST_BIG", &each_s)];
-                let outcomes = world("a_differing_table_is_a_mismatch_everywhere_and_delivers_nothing", 3, &env, Duration::from_secs(60));
+                let mut env =
+                    vec![("SUCL_BACKEND", backend), ("SUCL_TIMEOUT", "30"), ("SUCL_VTEST_OP", &op_s), ("SUCL_VTEST_BIG", &each_s)];
+                if invalid {
+                    env.push(("SUCL_VTEST_INVALID", "1"));
+                }
+                let outcomes = world("a_differing_call_is_an_error_everywhere_and_delivers_nothing", 3, &env, Duration::from_secs(60));
                 for (r, o) in outcomes.iter().enumerate() {
-                    assert!(o.out.contains(&format!("RANK {r} OK")), "{backend} op {op}, {each} elements: rank {r}:\n{}", o.out);
+                    assert!(
+                        o.out.contains(&format!("RANK {r} OK")),
+                        "{backend} op {op}, {each} elements, invalid {invalid}: rank {r}:\n{}",
+                        o.out
+                    );
                 }
             }
         }
