@@ -1,27 +1,32 @@
 //! Native v-collectives of the shm backend (gatherv, all_gatherv, scatterv, all_to_allv): the
 //! same step protocol as the plain collectives, fused with the runtime's agreement step.
 //!
-//! **Streams.** Each rank's outgoing bytes form one *stream*: its own block (gatherv,
-//! all_gatherv), or its blocks for every other rank concatenated in rank order (scatterv's
-//! root, all_to_allv). Every rank derives every stream's length, and where in each stream its
-//! own part lies, from the agreed counts table alone ([`VCollDesc::table`]). A step moves a
-//! window of every stream at once: each rank copies its window into its own staging memory,
-//! all pass one flag barrier, then each copies its parts out of the others' windows. A rank's
-//! own block never goes through shared memory (one copy, send to recv).
+//! **Slots.** In every step each rank copies part of its outgoing blocks into its own staging
+//! memory (a *window*: the mailbox payload, or an arena half), all pass one synchronization,
+//! then each copies its parts out of the others' windows. Where a block goes in a window is a
+//! *slot*: `per` bytes at offset `at`, block bytes `k × per ..` in step `k`. gatherv's and
+//! all_gatherv's blocks go to everyone alike, so a rank's window is one slot that all readers
+//! share. scatterv's root and all_to_allv's ranks send a different block to each rank: their
+//! window is cut into one slot per destination, sized in proportion to the blocks, so that every
+//! destination reads in every step (all ranks copy at once, and every block finishes in about
+//! the same step). Every rank derives every slot, and the number of steps, from the agreed
+//! counts table alone ([`VCollDesc::table`]). A rank's own block never goes through shared
+//! memory (one copy, send to recv).
 //!
 //! **The first step is the agreement.** Its mailbox payload carries the runtime's agreement
-//! words, then — when every stream fits the rest of the mailbox ([`INLINE_MAX`] bytes in all)
-//! — the whole streams: a small call costs one barrier, like a small plain collective; else
-//! the streams' first window goes into the arena half of the step's parity. Nobody copies
-//! anything out before it has compared every rank's agreement words with its own; if any
-//! differ, nothing is delivered and the caller reports the disagreement. A call takes
-//! `ceil(longest stream / window)` steps in all, as many as its data needs. A rank whose own
-//! arguments were invalid takes the first step only (publishing no data): the step's shape
-//! (publish, then raise the mailbox's and the barrier's words, then wait for every peer's
-//! mailbox) does not depend on where the data goes. The descriptor words of the first step
-//! (op, whether the data is inline, longest stream) must match too: ranks that agreed on the
-//! table but planned differently fail with `Mismatch` instead of waiting for each other, and
-//! a peer inside a plain collective sees a descriptor it cannot decode and reports that.
+//! words, then — when every rank's outgoing bytes fit the rest of the mailbox ([`INLINE_MAX`]
+//! bytes in all; slots then hold whole blocks) — the data: a small call costs one
+//! synchronization, like a small plain collective; else the first step's slots go into the
+//! arena half of its parity and the call takes as many steps as its largest block needs
+//! (`shm.chunk_bytes` windows). Nobody copies anything out before it has compared every rank's
+//! agreement words with its own; if any differ, nothing is delivered and the caller reports the
+//! disagreement. A rank whose own arguments were invalid takes the first step only (publishing
+//! no data): the step's shape (publish, then raise the mailbox's and the barrier's words, then
+//! wait for every peer's mailbox) does not depend on where the data goes. The descriptor words
+//! of the first step (op, root, whether the data is inline, step count) must match too: ranks
+//! that agreed on the table but planned differently fail with `Mismatch` instead of waiting
+//! for each other, and a peer inside a plain collective sees a descriptor it cannot decode and
+//! reports that.
 
 use super::{copy_bytes, ShmBackend, INLINE_MAX};
 use sucl_core::backend::{VAgreement, VCollDesc, VCollOp};
@@ -31,30 +36,112 @@ use sucl_core::{Error, Result};
 /// plain collective sees a descriptor it cannot decode (and reports it) rather than a match.
 const V_DESC: u64 = 0xf0;
 
+/// One block in the windows of a call: `len` bytes at `buf` in this rank's send buffer (an
+/// outgoing block) or receive buffer (an incoming one), `per` bytes a step in the slot at
+/// offset `at` of the sender's window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    buf: usize,
+    len: usize,
+    at: usize,
+    per: usize,
+}
+
+impl Slot {
+    /// The piece `(offset in the block, bytes)` that travels in step `k`, if any.
+    #[inline]
+    fn piece(&self, k: usize) -> Option<(usize, usize)> {
+        let a = k.checked_mul(self.per)?;
+        (a < self.len).then(|| (a, self.per.min(self.len - a)))
+    }
+
+    fn steps(&self) -> usize {
+        if self.len == 0 {
+            0
+        } else {
+            self.len.div_ceil(self.per)
+        }
+    }
+}
+
 /// What one rank moves in one v-collective, derived from the agreed table (reused between
 /// calls: planning allocates nothing once the vectors have grown).
 #[derive(Default)]
 pub(super) struct VPlan {
-    /// Bytes of each rank's stream.
-    totals: Vec<usize>,
-    /// This rank's stream: `(offset in send, bytes)` of each block, in stream order.
-    segs: Vec<(usize, usize)>,
-    /// Per source rank: `(offset in its stream, bytes, offset in recv)` of what this rank reads.
-    reads: Vec<(usize, usize, usize)>,
+    /// This rank's outgoing blocks (send offsets), except its own.
+    outs: Vec<Slot>,
+    /// Per source rank: the block this rank reads from it (receive offset; `len` 0: none).
+    ins: Vec<Slot>,
     /// This rank's own block: `(offset in send, offset in recv, bytes)`.
     own: Option<(usize, usize, usize)>,
-    /// The longest stream.
-    longest: usize,
+    /// Whether the data travels in the mailbox (one step).
+    inline: bool,
+    /// Steps of the call (0: nothing moves between ranks).
+    steps: usize,
+    /// `(at, per)` of each destination in one sender's window (scratch).
+    row: Vec<(usize, usize)>,
+}
+
+/// `a × b / c` without overflow (c > 0, result ≤ a when b ≤ c).
+fn mul_div(a: usize, b: usize, c: usize) -> usize {
+    (a as u128 * b as u128 / c as u128) as usize
+}
+
+/// Cuts a window into the slots of one sender's blocks `counts(0..n)` (0 for none), in rank
+/// order, into `row`; returns the steps they take. Inline, every slot holds its whole block
+/// (the caller checked that they fit). Otherwise `win` bytes are shared in proportion to the
+/// blocks, in multiples of a granule (64 bytes, less for very many ranks) with one granule
+/// more each: `per_j = g × (⌊B × c_j / (total × g)⌋ + 1)` with `B = win − g × blocks`, so the
+/// slots fit (`Σ per ≤ B + g × blocks = win`) and no block needs more than `⌈total / B⌉` steps.
+/// A window cannot be cut for more blocks than half its bytes (thousands of ranks): an error.
+fn cut_window(
+    row: &mut Vec<(usize, usize)>,
+    n: usize,
+    counts: impl Fn(usize) -> usize,
+    inline: bool,
+    win: usize,
+) -> std::result::Result<usize, String> {
+    row.clear();
+    let (total, blocks) = (0..n).map(&counts).fold((0, 0), |(t, b), c| (t + c, b + usize::from(c > 0)));
+    if !inline && 2 * blocks > win {
+        return Err(format!("{blocks} blocks from one rank do not fit a {win}-byte window (raise shm.chunk_bytes)"));
+    }
+    let g = (win / (2 * blocks.max(1))).clamp(1, 64);
+    let budget = win - g * blocks;
+    let (mut at, mut steps) = (0, 0);
+    for j in 0..n {
+        let c = counts(j);
+        let per = match (c, inline) {
+            (0, _) => 0,
+            (_, true) => c,
+            (_, false) => g * (mul_div(budget, c, total) / g + 1),
+        };
+        row.push((at, per));
+        at += per;
+        if c > 0 {
+            steps = steps.max(c.div_ceil(per));
+        }
+    }
+    Ok(steps)
 }
 
 impl VPlan {
-    /// Plans `d` for rank `me` of `n`, checking every block against the buffers' lengths.
-    fn make(&mut self, d: &VCollDesc<'_>, n: usize, me: usize, send_len: usize, recv_len: usize) -> std::result::Result<(), String> {
-        self.totals.clear();
-        self.totals.resize(n, 0);
-        self.segs.clear();
-        self.reads.clear();
-        self.reads.resize(n, (0, 0, 0));
+    /// Plans `d` for rank `me` of `n`: inline if every rank's outgoing bytes fit `cap`, else in
+    /// windows of `win` bytes; checks every block against the buffers' lengths.
+    #[allow(clippy::too_many_arguments)]
+    fn make(
+        &mut self,
+        d: &VCollDesc<'_>,
+        n: usize,
+        me: usize,
+        send_len: usize,
+        recv_len: usize,
+        cap: usize,
+        win: usize,
+    ) -> std::result::Result<(), String> {
+        self.outs.clear();
+        self.ins.clear();
+        self.ins.resize(n, Slot::default());
         self.own = None;
         let t = d.table;
         let want = if d.op == VCollOp::AllToAllv { n * n } else { n };
@@ -66,79 +153,104 @@ impl VPlan {
         }
         let at = |v: &[usize], i: usize, what: &str| v.get(i).copied().ok_or_else(|| format!("no {what} entry {i}"));
         match d.op {
-            VCollOp::Gatherv | VCollOp::AllGatherv => {
-                // Every rank's stream is its block; all_gatherv's ranks read every other's,
-                // gatherv's root alone reads (and publishes nothing: its block stays home).
-                let all = d.op == VCollOp::AllGatherv;
-                for (i, &c) in t.iter().enumerate() {
-                    self.totals[i] = if all || i != d.root { c } else { 0 };
-                }
-                let s = at(d.send_displs, 0, "send")?;
-                if all || me != d.root {
-                    self.segs.push((s, t[me]));
-                }
-                if all || me == d.root {
-                    for (i, &c) in t.iter().enumerate() {
-                        let r = at(d.recv_displs, i, "recv")?;
-                        if i == me {
-                            self.own = Some((s, r, c));
-                        } else {
-                            self.reads[i] = (0, c, r);
-                        }
-                    }
-                }
-            }
-            VCollOp::Scatterv => {
-                let root = d.root;
-                self.totals[root] = t.iter().enumerate().filter(|&(j, _)| j != root).map(|(_, &c)| c).sum();
-                if me == root {
-                    for (j, &c) in t.iter().enumerate() {
-                        let s = at(d.send_displs, j, "send")?;
-                        if j == root {
-                            self.own = Some((s, at(d.recv_displs, 0, "recv")?, c));
-                        } else {
-                            self.segs.push((s, c));
-                        }
-                    }
-                } else {
-                    let before: usize = t[..me].iter().enumerate().filter(|&(j, _)| j != root).map(|(_, &c)| c).sum();
-                    self.reads[root] = (before, t[me], at(d.recv_displs, 0, "recv")?);
-                }
-            }
-            VCollOp::AllToAllv => {
-                for i in 0..n {
-                    let row = &t[i * n..(i + 1) * n];
-                    self.totals[i] = row.iter().sum::<usize>() - row[i];
-                    if i != me {
-                        let before: usize = row[..me].iter().sum::<usize>() - if i < me { row[i] } else { 0 };
-                        self.reads[i] = (before, row[me], at(d.recv_displs, i, "recv")?);
-                    }
-                }
-                for j in 0..n {
-                    let (s, c) = (at(d.send_displs, j, "send")?, t[me * n + j]);
-                    if j == me {
-                        self.own = Some((s, at(d.recv_displs, me, "recv")?, c));
-                    } else {
-                        self.segs.push((s, c));
-                    }
-                }
-            }
+            VCollOp::Gatherv | VCollOp::AllGatherv => self.plan_shared(d, n, me, cap, win, &at)?,
+            VCollOp::Scatterv | VCollOp::AllToAllv => self.plan_personal(d, n, me, cap, win, &at)?,
         }
-        if n == 1 {
-            self.totals[0] = 0; // nobody reads it
-        }
-        self.longest = self.totals.iter().copied().max().unwrap_or(0);
         self.check(send_len, recv_len)
+    }
+
+    /// gatherv and all_gatherv: each rank's block, one slot read by all (all_gatherv) or by
+    /// the root (gatherv, whose own block stays home).
+    fn plan_shared(
+        &mut self,
+        d: &VCollDesc<'_>,
+        n: usize,
+        me: usize,
+        cap: usize,
+        win: usize,
+        at: &dyn Fn(&[usize], usize, &str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<(), String> {
+        let (t, all) = (d.table, d.op == VCollOp::AllGatherv);
+        let sends = |i: usize| n > 1 && (all || i != d.root);
+        let longest = (0..n).filter(|&i| sends(i)).map(|i| t[i]).max().unwrap_or(0);
+        self.inline = longest <= cap;
+        let per = |c: usize| if self.inline { c } else { win };
+        self.steps = (0..n).filter(|&i| sends(i) && t[i] > 0).map(|i| t[i].div_ceil(per(t[i]))).max().unwrap_or(0);
+        let s = at(d.send_displs, 0, "send")?;
+        if sends(me) && t[me] > 0 {
+            self.outs.push(Slot { buf: s, len: t[me], at: 0, per: per(t[me]) });
+        }
+        if all || me == d.root {
+            for (i, &c) in t.iter().enumerate() {
+                let r = at(d.recv_displs, i, "recv")?;
+                if i == me {
+                    self.own = Some((s, r, c));
+                } else if c > 0 {
+                    self.ins[i] = Slot { buf: r, len: c, at: 0, per: per(c) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// scatterv and all_to_allv: every sender's window cut into one slot per destination.
+    fn plan_personal(
+        &mut self,
+        d: &VCollDesc<'_>,
+        n: usize,
+        me: usize,
+        cap: usize,
+        win: usize,
+        at: &dyn Fn(&[usize], usize, &str) -> std::result::Result<usize, String>,
+    ) -> std::result::Result<(), String> {
+        let t = d.table;
+        let a2a = d.op == VCollOp::AllToAllv;
+        // Bytes from sender `i` to `j`, the own block excluded; scatterv's root alone sends.
+        let count = |i: usize, j: usize| match (i == j, a2a) {
+            (true, _) => 0,
+            (false, true) => t[i * n + j],
+            (false, false) if i == d.root => t[j],
+            _ => 0,
+        };
+        let senders = if a2a { 0..n } else { d.root..d.root + 1 };
+        let longest = senders.clone().map(|i| (0..n).map(|j| count(i, j)).sum::<usize>()).max().unwrap_or(0);
+        self.inline = longest <= cap;
+        self.steps = 0;
+        let mut row = std::mem::take(&mut self.row);
+        for i in senders {
+            let steps = cut_window(&mut row, n, |j| count(i, j), self.inline, win);
+            let Ok(steps) = steps else {
+                self.row = row;
+                return steps.map(|_| ());
+            };
+            self.steps = self.steps.max(steps);
+            if i == me {
+                for (j, &(w, per)) in row.iter().enumerate().filter(|&(j, _)| j != me) {
+                    let s = at(d.send_displs, j, "send")?;
+                    self.outs.push(Slot { buf: s, len: count(me, j), at: w, per });
+                }
+            } else if count(i, me) > 0 {
+                let r = at(d.recv_displs, if a2a { i } else { 0 }, "recv")?;
+                let (w, per) = row[me];
+                self.ins[i] = Slot { buf: r, len: count(i, me), at: w, per };
+            }
+        }
+        self.row = row;
+        let own = if a2a { Some(t[me * n + me]) } else { (me == d.root).then(|| t[me]) };
+        if let Some(c) = own {
+            self.own = Some((at(d.send_displs, me, "send")?, at(d.recv_displs, if a2a { me } else { 0 }, "recv")?, c));
+        }
+        Ok(())
     }
 
     /// Every block this rank touches lies inside its buffers.
     fn check(&self, send_len: usize, recv_len: usize) -> std::result::Result<(), String> {
         let fits = |off: usize, len: usize, cap: usize| off.checked_add(len).is_some_and(|e| e <= cap);
-        if let Some((s, _)) = self.segs.iter().find(|&&(s, c)| !fits(s, c, send_len)) {
-            return Err(format!("a send block at byte {s} past the {send_len}-byte send buffer"));
+        if let Some(o) = self.outs.iter().find(|o| !fits(o.buf, o.len, send_len)) {
+            return Err(format!("a send block at byte {} past the {send_len}-byte send buffer", o.buf));
         }
-        if let Some((_, _, r)) = self.reads.iter().find(|&&(_, c, r)| !fits(r, c, recv_len)) {
-            return Err(format!("a receive block at byte {r} past the {recv_len}-byte receive buffer"));
+        if let Some(i) = self.ins.iter().find(|i| !fits(i.buf, i.len, recv_len)) {
+            return Err(format!("a receive block at byte {} past the {recv_len}-byte receive buffer", i.buf));
         }
         if let Some((s, r, c)) = self.own {
             if !fits(s, c, send_len) || !fits(r, c, recv_len) {
@@ -147,31 +259,6 @@ impl VPlan {
         }
         Ok(())
     }
-}
-
-/// Calls `f(from, to, len)` for the part of this rank's stream (its `segs`) inside the window
-/// `[a, b)`: `from` indexes the send buffer, `to` the window.
-fn window_of(segs: &[(usize, usize)], a: usize, b: usize, mut f: impl FnMut(usize, usize, usize)) {
-    let mut pos = 0;
-    for &(s, c) in segs {
-        let (lo, hi) = (pos.max(a), (pos + c).min(b));
-        if lo < hi {
-            f(s + lo - pos, lo - a, hi - lo);
-        }
-        pos += c;
-        if pos >= b {
-            break;
-        }
-    }
-}
-
-/// The part `(offset in window, offset in recv, len)` of a read `(stream offset, len, recv
-/// offset)` inside the window `[a, b)`, if any.
-#[inline]
-fn clip(read: (usize, usize, usize), a: usize, b: usize) -> Option<(usize, usize, usize)> {
-    let (p, c, r) = read;
-    let (lo, hi) = (p.max(a), (p + c).min(b));
-    (lo < hi).then(|| (lo - a, r + lo - p, hi - lo))
 }
 
 impl ShmBackend {
@@ -186,7 +273,8 @@ impl ShmBackend {
             return Err(Error::invalid(self.world_rank, "agreement words", format!("{fw} words per rank, {} in all", agree.all.len())));
         }
         let mut plan = std::mem::take(&mut self.vplan);
-        let planned = desc.map(|d| plan.make(d, n, self.rank, send.len(), recv.len()));
+        let (cap, win) = (INLINE_MAX - fw * 8, self.v_window());
+        let planned = desc.map(|d| plan.make(d, n, self.rank, send.len(), recv.len(), cap, win));
         let r = self.v_run(&plan, planned, agree, desc, send, recv, name);
         self.vplan = plan;
         r
@@ -207,9 +295,8 @@ impl ShmBackend {
     ) -> Result<bool> {
         let fb = agree.mine.len() * 8;
         let good = matches!(planned, Some(Ok(())));
-        let inline = good && plan.longest <= INLINE_MAX - fb;
         let w = match desc {
-            Some(d) if good => [V_DESC | (d.op as u64) << 8 | (inline as u64) << 16 | (d.root as u64) << 32, plan.longest as u64],
+            Some(d) if good => [V_DESC | (d.op as u64) << 8 | (plan.inline as u64) << 16 | (d.root as u64) << 32, plan.steps as u64],
             _ => [V_DESC | 1 << 17, 0], // never equal to a good rank's words
         };
         let h = self.begin_inline(w);
@@ -220,13 +307,12 @@ impl ShmBackend {
             }
             self.write_inline(h, 128 * k, &b[..8 * words.len()]);
         }
-        let win = self.v_window();
-        if inline {
-            window_of(&plan.segs, 0, plan.longest, |from, to, len| self.write_inline(h, fb + to, &send[from..from + len]));
+        if good && plan.inline {
+            self.v_write(plan, send, 0, |me, at, src| me.write_inline(h, fb + at, src));
         } else if good {
-            // The first window goes with the agreement too, in the arena half of this step's
-            // parity (published before the mailbox, so whoever sees the mailbox sees it).
-            window_of(&plan.segs, 0, win, |from, to, len| self.publish(h, to, &send[from..from + len]));
+            // The first step's slots go with the agreement, in the arena half of its parity
+            // (published before the mailbox, so whoever sees the mailbox sees them).
+            self.v_write(plan, send, 0, |me, at, src| me.publish(h, at, src));
         }
         let differs = self.end_inline(h, w, name)?;
         // Everyone's agreement words, before anything is delivered.
@@ -249,10 +335,10 @@ impl ShmBackend {
         if differs {
             return Err(self.v_plan_mismatch(h, w, name));
         }
-        if inline {
-            self.v_read_window(plan, recv, 0, plan.longest, |me, j, at, len| me.inline_at(j, h, fb + at, len));
+        if plan.inline {
+            self.v_read(plan, recv, 0, |me, j, at, len| me.inline_at(j, h, fb + at, len));
         } else {
-            self.v_read_window(plan, recv, 0, win, |me, j, at, len| me.peek(j, h, at, len));
+            self.v_read(plan, recv, 0, |me, j, at, len| me.peek(j, h, at, len));
             self.v_arena_steps(plan, send, recv, name)?;
         }
         if let Some((s, r, c)) = plan.own {
@@ -275,23 +361,24 @@ impl ShmBackend {
         }
     }
 
-    /// Copies this rank's parts of every other stream's window `[a, b)` into `recv`; `src(self,
-    /// rank, at, len)` gives bytes of a rank's published window.
+    /// Step `k`'s pieces of this rank's outgoing blocks: `put(self, at, bytes)` copies one to
+    /// offset `at` of this rank's window.
     #[inline]
-    fn v_read_window<'s>(
-        &'s self,
-        plan: &VPlan,
-        recv: &mut [u8],
-        a: usize,
-        b: usize,
-        src: impl Fn(&'s Self, usize, usize, usize) -> &'s [u8],
-    ) {
-        for (j, &read) in plan.reads.iter().enumerate() {
-            if j == self.rank || read.1 == 0 {
-                continue;
+    fn v_write(&self, plan: &VPlan, send: &[u8], k: usize, put: impl Fn(&Self, usize, &[u8])) {
+        for o in &plan.outs {
+            if let Some((a, len)) = o.piece(k) {
+                put(self, o.at, &send[o.buf + a..o.buf + a + len]);
             }
-            if let Some((at, to, len)) = clip(read, a, b) {
-                copy_bytes(&mut recv[to..to + len], src(self, j, at, len));
+        }
+    }
+
+    /// Step `k`'s pieces of the blocks this rank reads, into `recv`; `src(self, rank, at, len)`
+    /// gives bytes of a rank's published window.
+    #[inline]
+    fn v_read<'s>(&'s self, plan: &VPlan, recv: &mut [u8], k: usize, src: impl Fn(&'s Self, usize, usize, usize) -> &'s [u8]) {
+        for (j, i) in plan.ins.iter().enumerate() {
+            if let Some((a, len)) = i.piece(k) {
+                copy_bytes(&mut recv[i.buf + a..i.buf + a + len], src(self, j, i.at, len));
             }
         }
     }
@@ -305,17 +392,13 @@ impl ShmBackend {
         self.cfg.shm_chunk_bytes.clamp(4096, self.half_bytes())
     }
 
-    /// The arena steps of a call whose streams do not fit the mailbox, after the first (which
-    /// moved window 0 with the agreement): window `k` of every stream in step `k`.
+    /// The arena steps after the first (which moved with the agreement).
     fn v_arena_steps(&mut self, plan: &VPlan, send: &[u8], recv: &mut [u8], name: &'static str) -> Result<()> {
-        let win = self.v_window();
-        let steps = plan.longest.div_ceil(win);
-        for k in 1..steps {
-            let (a, b) = (k * win, (k + 1) * win);
+        for k in 1..plan.steps {
             let h = self.begin_step(None);
-            window_of(&plan.segs, a, b, |from, to, len| self.publish(h, to, &send[from..from + len]));
+            self.v_write(plan, send, k, |me, at, src| me.publish(h, at, src));
             self.barrier(name)?;
-            self.v_read_window(plan, recv, a, b, |me, j, at, len| me.peek(j, h, at, len));
+            self.v_read(plan, recv, k, |me, j, at, len| me.peek(j, h, at, len));
         }
         Ok(())
     }
@@ -325,54 +408,84 @@ impl ShmBackend {
 mod tests {
     use super::*;
 
+    const CAP: usize = 4000;
+    const WIN: usize = 4096;
+
     fn plan(op: VCollOp, root: usize, me: usize, n: usize, table: &[usize], sd: &[usize], rd: &[usize]) -> VPlan {
         let mut p = VPlan::default();
         let d = VCollDesc { op, root, send_counts: &[], send_displs: sd, recv_counts: &[], recv_displs: rd, table };
-        p.make(&d, n, me, 1 << 20, 1 << 20).expect("plan");
+        p.make(&d, n, me, 1 << 30, 1 << 30, CAP, WIN).expect("plan");
         p
     }
 
     #[test]
-    fn all_to_allv_reads_its_part_of_each_stream() {
+    fn inline_all_to_allv_packs_each_senders_blocks_in_rank_order() {
         // 3 ranks; row i = what i sends to 0, 1, 2.
         let t = [1, 2, 3, 4, 5, 6, 7, 8, 9];
         let p = plan(VCollOp::AllToAllv, 0, 1, 3, &t, &[100, 200, 300], &[10, 20, 30]);
-        assert_eq!(p.totals, vec![2 + 3, 4 + 6, 7 + 8]);
-        // From rank 0: its stream is [to 1: 2 bytes][to 2: 3 bytes]; ours starts at 0.
-        assert_eq!(p.reads[0], (0, 2, 10));
-        // From rank 2: [to 0: 7][to 1: 8]; ours starts at 7.
-        assert_eq!(p.reads[2], (7, 8, 30));
-        assert_eq!(p.segs, vec![(100, 4), (300, 6)]);
+        assert!(p.inline && p.steps == 1);
+        // Rank 0's window: [to 1: 2 bytes][to 2: 3 bytes]; ours first.
+        assert_eq!(p.ins[0], Slot { buf: 10, len: 2, at: 0, per: 2 });
+        // Rank 2's window: [to 0: 7][to 1: 8]; ours after rank 0's.
+        assert_eq!(p.ins[2], Slot { buf: 30, len: 8, at: 7, per: 8 });
+        assert_eq!(p.outs, vec![Slot { buf: 100, len: 4, at: 0, per: 4 }, Slot { buf: 300, len: 6, at: 4, per: 6 }]);
         assert_eq!(p.own, Some((200, 20, 5)));
-        assert_eq!(p.longest, 15);
     }
 
     #[test]
-    fn scatterv_and_gatherv_skip_the_roots_own_block() {
+    fn large_all_to_allv_gives_every_destination_a_slot_in_every_step() {
+        // Rank 0 sends 30000 bytes to 1 and 10000 to 2: slots of about 3:1 of the window.
+        let t = [0, 30000, 10000, 5000, 0, 5000, 1, 1, 0];
+        let p = plan(VCollOp::AllToAllv, 0, 0, 3, &t, &[0, 0, 0], &[0, 0, 0]);
+        assert!(!p.inline);
+        let [a, b] = [p.outs[0], p.outs[1]];
+        assert!(a.at == 0 && b.at == a.per && a.per + b.per <= WIN, "{a:?} {b:?}");
+        assert!(a.per > 2 * b.per && b.per > 0, "proportional: {a:?} {b:?}");
+        assert_eq!(p.steps, a.steps().max(b.steps()));
+        assert!(p.steps <= 40000usize.div_ceil(WIN - 2 * 64), "no more steps than the window needs: {}", p.steps);
+        // Each block's pieces tile it exactly.
+        for s in [a, b] {
+            let got: usize = (0..p.steps).filter_map(|k| s.piece(k)).map(|(_, len)| len).sum();
+            assert_eq!(got, s.len);
+        }
+    }
+
+    #[test]
+    fn scatterv_and_gatherv_keep_the_roots_own_block_home() {
         let t = [3, 0, 5, 2];
         let s = plan(VCollOp::Scatterv, 2, 3, 4, &t, &[], &[0]);
-        assert_eq!(s.totals, vec![0, 0, 5, 0], "the root's stream: blocks for 0, 1, 3");
-        assert_eq!(s.reads[2], (3, 2, 0), "rank 3's block follows rank 0's and 1's");
+        assert_eq!(s.ins[2], Slot { buf: 0, len: 2, at: 3, per: 2 }, "rank 3's block follows rank 0's");
+        assert!(s.outs.is_empty() && s.own.is_none());
         let r = plan(VCollOp::Scatterv, 2, 2, 4, &t, &[9, 8, 7, 6], &[0]);
-        assert_eq!(r.segs, vec![(9, 3), (8, 0), (6, 2)]);
+        assert_eq!(r.outs.iter().map(|o| (o.buf, o.len)).collect::<Vec<_>>(), vec![(9, 3), (8, 0), (6, 2)]);
         assert_eq!(r.own, Some((7, 0, 5)));
         let g = plan(VCollOp::Gatherv, 1, 1, 4, &t, &[0], &[40, 30, 20, 10]);
-        assert_eq!(g.totals, vec![3, 0, 5, 2]);
-        assert!(g.segs.is_empty(), "the root publishes nothing");
-        assert_eq!((g.reads[0], g.reads[3], g.own), ((0, 3, 40), (0, 2, 10), Some((0, 30, 0))));
+        assert!(g.outs.is_empty(), "the root publishes nothing");
+        assert_eq!((g.ins[0].len, g.ins[3].buf, g.own), (3, 10, Some((0, 30, 0))));
+        let big = [9000, 20, 0, 1];
+        let g = plan(VCollOp::AllGatherv, 0, 3, 4, &big, &[0], &[0, 9000, 9020, 9020]);
+        assert!(!g.inline);
+        assert_eq!((g.steps, g.ins[0].per, g.ins[1].per), (3, WIN, WIN), "one shared slot: the whole window");
     }
 
     #[test]
-    fn windows_split_streams_at_any_boundary() {
-        let segs = [(100, 3), (0, 0), (200, 4)];
-        let mut got = vec![];
-        for (a, b) in [(0, 2), (2, 5), (5, 100)] {
-            window_of(&segs, a, b, |from, to, len| got.push((a, from, to, len)));
+    fn windows_cut_for_many_ranks_still_fit() {
+        let mut row = vec![];
+        for n in [1, 2, 7, 64, 3000] {
+            let counts = |j: usize| if j % 3 == 0 { 0 } else { 1 + j * 1000 };
+            let steps = cut_window(&mut row, n, counts, false, WIN).expect("fits");
+            let used: usize = row.iter().map(|r| r.1).sum();
+            assert!(used <= WIN, "{n} ranks: slots of {used} bytes in a {WIN}-byte window");
+            let total: usize = (0..n).map(counts).sum();
+            let need = (0..n).filter(|&j| counts(j) > 0).map(|j| counts(j).div_ceil(row[j].1)).max().unwrap_or(0);
+            assert_eq!(steps, need);
+            if total > 0 && n <= 64 {
+                assert!(steps <= total.div_ceil(WIN / 2), "{n} ranks: {steps} steps for {total} bytes");
+            }
         }
-        assert_eq!(got, vec![(0, 100, 0, 2), (2, 102, 0, 1), (2, 200, 1, 2), (5, 202, 0, 2)]);
-        assert_eq!(clip((3, 4, 50), 0, 5), Some((3, 50, 2)));
-        assert_eq!(clip((3, 4, 50), 5, 10), Some((0, 52, 2)));
-        assert_eq!(clip((3, 4, 50), 7, 10), None);
+        let e = cut_window(&mut row, 9000, |_| 5, false, WIN).unwrap_err();
+        assert!(e.contains("9000 blocks from one rank do not fit a 4096-byte window"), "{e}");
+        assert_eq!(cut_window(&mut row, 9000, |j| usize::from(j == 7), true, WIN), Ok(1), "inline: whole blocks, no cut");
     }
 
     #[test]
@@ -388,10 +501,10 @@ mod tests {
             recv_displs: &[0, 6],
             table: &t,
         };
-        let e = p.make(&d, 2, 0, 4, 8).unwrap_err();
+        let e = p.make(&d, 2, 0, 4, 8, CAP, WIN).unwrap_err();
         assert!(e.contains("past the 8-byte receive buffer"), "{e}");
         let short = [4];
         let d = VCollDesc { table: &short, ..d };
-        assert!(p.make(&d, 2, 0, 4, 16).is_err());
+        assert!(p.make(&d, 2, 0, 4, 16, CAP, WIN).is_err());
     }
 }
