@@ -55,6 +55,7 @@ impl Slot {
         (a < self.len).then(|| (a, self.per.min(self.len - a)))
     }
 
+    #[cfg(test)]
     fn steps(&self) -> usize {
         if self.len == 0 {
             0
@@ -80,6 +81,11 @@ pub(super) struct VPlan {
     steps: usize,
     /// `(at, per)` of each destination in one sender's window (scratch).
     row: Vec<(usize, usize)>,
+}
+
+/// Entry `i` of a displacement table, or why there is none.
+fn at(v: &[usize], i: usize, what: &str) -> std::result::Result<usize, String> {
+    v.get(i).copied().ok_or_else(|| format!("no {what} displacement {i}"))
 }
 
 /// `a × b / c` without overflow (c > 0, result ≤ a when b ≤ c).
@@ -151,25 +157,16 @@ impl VPlan {
         if d.root >= n {
             return Err(format!("root {} of {n} ranks", d.root));
         }
-        let at = |v: &[usize], i: usize, what: &str| v.get(i).copied().ok_or_else(|| format!("no {what} entry {i}"));
         match d.op {
-            VCollOp::Gatherv | VCollOp::AllGatherv => self.plan_shared(d, n, me, cap, win, &at)?,
-            VCollOp::Scatterv | VCollOp::AllToAllv => self.plan_personal(d, n, me, cap, win, &at)?,
+            VCollOp::Gatherv | VCollOp::AllGatherv => self.plan_shared(d, n, me, cap, win)?,
+            VCollOp::Scatterv | VCollOp::AllToAllv => self.plan_personal(d, n, me, cap, win)?,
         }
         self.check(send_len, recv_len)
     }
 
     /// gatherv and all_gatherv: each rank's block, one slot read by all (all_gatherv) or by
     /// the root (gatherv, whose own block stays home).
-    fn plan_shared(
-        &mut self,
-        d: &VCollDesc<'_>,
-        n: usize,
-        me: usize,
-        cap: usize,
-        win: usize,
-        at: &dyn Fn(&[usize], usize, &str) -> std::result::Result<usize, String>,
-    ) -> std::result::Result<(), String> {
+    fn plan_shared(&mut self, d: &VCollDesc<'_>, n: usize, me: usize, cap: usize, win: usize) -> std::result::Result<(), String> {
         let (t, all) = (d.table, d.op == VCollOp::AllGatherv);
         let sends = |i: usize| n > 1 && (all || i != d.root);
         let longest = (0..n).filter(|&i| sends(i)).map(|i| t[i]).max().unwrap_or(0);
@@ -194,15 +191,7 @@ impl VPlan {
     }
 
     /// scatterv and all_to_allv: every sender's window cut into one slot per destination.
-    fn plan_personal(
-        &mut self,
-        d: &VCollDesc<'_>,
-        n: usize,
-        me: usize,
-        cap: usize,
-        win: usize,
-        at: &dyn Fn(&[usize], usize, &str) -> std::result::Result<usize, String>,
-    ) -> std::result::Result<(), String> {
+    fn plan_personal(&mut self, d: &VCollDesc<'_>, n: usize, me: usize, cap: usize, win: usize) -> std::result::Result<(), String> {
         let t = d.table;
         let a2a = d.op == VCollOp::AllToAllv;
         // Bytes from sender `i` to `j`, the own block excluded; scatterv's root alone sends.
@@ -472,7 +461,7 @@ mod tests {
     fn windows_cut_for_many_ranks_still_fit() {
         let mut row = vec![];
         for n in [1, 2, 7, 64, 3000] {
-            let counts = |j: usize| if j % 3 == 0 { 0 } else { 1 + j * 1000 };
+            let counts = |j: usize| if j.is_multiple_of(3) { 0 } else { 1 + j * 1000 };
             let steps = cut_window(&mut row, n, counts, false, WIN).expect("fits");
             let used: usize = row.iter().map(|r| r.1).sum();
             assert!(used <= WIN, "{n} ranks: slots of {used} bytes in a {WIN}-byte window");
