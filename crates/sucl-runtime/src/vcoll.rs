@@ -126,6 +126,15 @@ impl ByteTables {
     }
 }
 
+/// Where a v-collective's data is, for the agreement step.
+enum Data<'s, 'r> {
+    /// Host memory: the call, or `None` where this rank's arguments are invalid.
+    Host(Option<HostCall<'s, 'r>>),
+    /// Device memory: the data goes elsewhere (NCCL) after the agreement.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device,
+}
+
 /// The data side of a host v-collective on a rank whose arguments are valid.
 struct HostCall<'s, 'r> {
     op: VCollOp,
@@ -251,17 +260,18 @@ impl Communicator {
     /// and the same counts table. Returns the tag for the call's messages.
     #[cfg(feature = "cuda")]
     fn agree_v(&self, op: VOp, dtype: u64, root: usize, counts: &[usize], local: Result<()>) -> Result<u64> {
-        self.agree(op, fingerprint(op, dtype, root, counts, local.is_ok()), local, None).map(|a| a.unwrap_or(0))
+        self.agree(op, fingerprint(op, dtype, root, counts, local.is_ok()), local, Data::Device).map(|a| a.unwrap_or(0))
     }
 
-    /// The agreement step with fingerprint `mine`, and the host data with it where it can:
-    /// `host` (this rank's byte tables and buffers; only with valid arguments) goes to the
-    /// point-to-point backend's fused v-collective when it offers one (then `Ok(None)`: the
-    /// data moved), else to its native one after the agreement collective (`Ok(None)` too);
-    /// `Ok(Some(tag))` leaves the data to the generic algorithm, with the tag of its messages.
-    /// Whatever the path, ranks whose arguments are invalid or whose tables differ get the
-    /// same errors, and nothing is delivered before every rank's fingerprint was compared.
-    fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, host: Option<HostCall<'_, '_>>) -> Result<Option<u64>> {
+    /// The agreement step with fingerprint `mine`, and the host data with it where it can: a
+    /// host call (`Data::Host`: this rank's byte tables and buffers, `None` if its arguments are
+    /// invalid) goes to the point-to-point backend's fused v-collective when it offers one (then
+    /// `Ok(None)`: the data moved), else to its native one after the agreement collective
+    /// (`Ok(None)` too); `Ok(Some(tag))` leaves the data to the generic algorithm, with the tag
+    /// of its messages. A device call (`Data::Device`) only agrees, by the collective. Whatever
+    /// the path, ranks whose arguments are invalid or whose tables differ get the same errors,
+    /// and nothing is delivered before every rank's fingerprint was compared.
+    fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, data: Data<'_, '_>) -> Result<Option<u64>> {
         self.check_poisoned()?;
         let d = Self::desc::<u64>(CollOp::AllGather, VFP_WORDS, ReduceOp::Sum, 0);
         self.enter_collective(&d)?;
@@ -273,14 +283,16 @@ impl Communicator {
             heap.resize(VFP_WORDS * self.size, 0);
             &mut heap
         };
-        let (call, s, r): (_, &[u8], &mut [u8]) = match host {
-            Some(h) => (Some((h.op, h.root, h.tables)), h.send, h.recv),
-            None => (None, &[], &mut []),
+        let (host, call, s, r): (_, _, &[u8], &mut [u8]) = match data {
+            Data::Host(Some(h)) => (true, Some((h.op, h.root, h.tables)), h.send, h.recv),
+            Data::Host(None) => (true, None, &[], &mut []),
+            Data::Device => (false, None, &[], &mut []),
         };
         let desc = call.as_ref().map(|(op, root, t)| t.desc(*op, *root));
-        // Offered or not regardless of the arguments: every rank takes the same path.
+        // Offered or not regardless of the arguments: every rank takes the same path (device
+        // calls are device calls on every rank, or fail on the rank that mixes memories).
         let agree = VAgreement { mine: &mine[..], all: &mut *all };
-        let fused = self.backend_mut().v_collective_agreeing(agree, desc.as_ref(), s, r);
+        let fused = if host { self.backend_mut().v_collective_agreeing(agree, desc.as_ref(), s, r) } else { None };
         let fused = match fused {
             Some(r) => Some(self.settle(r)?),
             None => {
@@ -478,7 +490,7 @@ impl Communicator {
             );
             HostCall { op: VCollOp::Gatherv, root, tables, send: s, recv: &mut *r }
         });
-        let Some(tag) = self.agree(VOp::Gatherv, fp, local, host)? else { return Ok(()) };
+        let Some(tag) = self.agree(VOp::Gatherv, fp, local, Data::Host(host))? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, Some((root, s)), None));
@@ -608,7 +620,7 @@ impl Communicator {
             );
             HostCall { op: VCollOp::Scatterv, root, tables, send: s, recv: &mut *r }
         });
-        let Some(tag) = self.agree(VOp::Scatterv, fp, local, host)? else { return Ok(()) };
+        let Some(tag) = self.agree(VOp::Scatterv, fp, local, Data::Host(host))? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, None, Some((root, r))));
@@ -656,7 +668,7 @@ impl Communicator {
             );
             HostCall { op: VCollOp::AllGatherv, root: 0, tables, send: s, recv: &mut *r }
         });
-        let Some(tag) = self.agree(VOp::AllGatherv, fp, local, host)? else { return Ok(()) };
+        let Some(tag) = self.agree(VOp::AllGatherv, fp, local, Data::Host(host))? else { return Ok(()) };
         let blocks = self.blocks("displs", Counts::all(counts), displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         for k in 1..n {
@@ -706,7 +718,7 @@ impl Communicator {
             let tables = ByteTables::new(es, [row, Counts::all(sdispls), col, Counts::all(rdispls), Counts::all(counts)]);
             HostCall { op: VCollOp::AllToAllv, root: 0, tables, send: s, recv: &mut *r }
         });
-        let Some(tag) = self.agree(VOp::AllToAllv, fp, local, host)? else { return Ok(()) };
+        let Some(tag) = self.agree(VOp::AllToAllv, fp, local, Data::Host(host))? else { return Ok(()) };
         let sb = self.blocks("sdispls", row, sdispls, s.len() / es, false)?;
         let rb = self.blocks("rdispls", col, rdispls, r.len() / es, true)?;
         r[rb[me].start * es..rb[me].end * es].copy_from_slice(&s[sb[me].start * es..sb[me].end * es]);
