@@ -208,6 +208,37 @@ pub trait Backend: Send {
     fn v_collective(&mut self, _desc: &VCollDesc<'_>, _send: &[u8], _recv: &mut [u8]) -> Option<Result<()>> {
         None
     }
+
+    /// Runs a v-collective together with its agreement step, if this backend can (one
+    /// synchronization where the agreement and a small call would otherwise take two).
+    ///
+    /// Every rank exchanges `agree.mine` (the same number of words on every rank) into
+    /// `agree.all` (rank-major) *before* any of the call's data reaches another rank's buffers;
+    /// then, only if every rank's words equal this rank's and `desc` is `Some`, the data moves
+    /// and the result is `Some(Ok(true))`. Otherwise nothing is delivered, `agree.all` holds
+    /// every rank's words and the result is `Some(Ok(false))`: the caller reports the
+    /// disagreement. `desc == None` means this rank's own arguments were invalid: it takes part
+    /// in the exchange only. `None` means "not offered here" (then the caller runs the agreement
+    /// as a collective of its own); whether it is offered must not depend on the arguments, so
+    /// that every rank takes the same path.
+    fn v_collective_agreeing(
+        &mut self,
+        _agree: VAgreement<'_>,
+        _desc: Option<&VCollDesc<'_>>,
+        _send: &[u8],
+        _recv: &mut [u8],
+    ) -> Option<Result<bool>> {
+        None
+    }
+}
+
+/// The agreement words of one v-collective call (see [`Backend::v_collective_agreeing`]).
+#[derive(Debug)]
+pub struct VAgreement<'a> {
+    /// This rank's words.
+    pub mine: &'a [u64],
+    /// Every rank's words, `size × mine.len()`, rank-major; written by the backend.
+    pub all: &'a mut [u64],
 }
 
 /// Which v-collective a [`VCollDesc`] describes.
@@ -223,10 +254,25 @@ pub enum VCollOp {
     AllToAllv,
 }
 
+impl VCollOp {
+    /// snake_case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            VCollOp::Gatherv => "gatherv",
+            VCollOp::AllGatherv => "all_gatherv",
+            VCollOp::Scatterv => "scatterv",
+            VCollOp::AllToAllv => "all_to_allv",
+        }
+    }
+}
+
 /// A validated v-collective in bytes, MPI style: `send_counts`/`send_displs` index `send` by
 /// destination (one entry — this rank's block — for gatherv and all_gatherv, empty off the
 /// root for scatterv), `recv_counts`/`recv_displs` index `recv` by source (one entry for
-/// scatterv, empty off the root for gatherv).
+/// scatterv, empty off the root for gatherv). `table` is the whole agreed counts table in
+/// bytes, the same on every rank: `size` entries (bytes of rank `r`'s block) for gatherv,
+/// all_gatherv and scatterv, `size × size` row-major (bytes from `i` to `j` at `i * size + j`)
+/// for all_to_allv — what a backend needs to know about the blocks of other ranks.
 #[derive(Clone, Copy, Debug)]
 pub struct VCollDesc<'a> {
     /// The operation.
@@ -241,6 +287,8 @@ pub struct VCollDesc<'a> {
     pub recv_counts: &'a [usize],
     /// Byte offset in `recv` of each block received.
     pub recv_displs: &'a [usize],
+    /// The whole counts table in bytes (see above).
+    pub table: &'a [usize],
 }
 
 #[cfg(test)]

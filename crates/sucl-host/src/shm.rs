@@ -11,6 +11,10 @@
 //! reached only once done reading it, so one barrier per step suffices. Large reductions use two
 //! barriers per step: each rank reduces a 1/n portion of the chunk in place, then everyone
 //! copies every portion out; every rank's memory bandwidth works at once.
+//!
+//! The v-collectives (gatherv, all_gatherv, scatterv, all_to_allv) use the same steps, their
+//! first step fused with the runtime's agreement (module `vcoll`). Every copy into or out of
+//! the segment goes through `copy_bytes`, which avoids a slow case of memcpy on AMD CPUs.
 
 use crate::shm_sync::{arrive, reached, wait_until, Consumer, Producer, RingMemory};
 use crate::HostConfig;
@@ -21,13 +25,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use sucl_core::backend::{Backend, CollDesc, CollOp};
+use sucl_core::backend::{Backend, CollDesc, CollOp, VAgreement, VCollDesc};
 use sucl_core::chunk::{block_range, bytes};
 use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into};
 use sucl_core::engine::{Channel, Engine};
 use sucl_core::store::StoreClient;
 use sucl_core::wait::Waiter;
 use sucl_core::{AbortState, Error, ReduceOp, Result};
+
+mod vcoll;
 
 const MAGIC: u64 = 0x5355_434c_5348_4d32; // "SUCLSHM2"
 const HEADER_BYTES: usize = 4096;
@@ -66,6 +72,46 @@ impl Drop for Segment {
         // borrow of the segment has ended).
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
+}
+
+/// Copies of at most this many bytes never take the slow path of [`copy_raw`] (glibc's memcpy
+/// moves them with vector instructions whatever the addresses).
+const ALIAS_SAFE_BYTES: usize = 2048;
+
+/// Copies `len` bytes from `src` to `dst`, around a trap of glibc's memcpy on AMD Zen: from a few
+/// KiB up to a few hundred KiB it uses `rep movsb`, which runs 15–25× slower (2–3 GB/s instead
+/// of ~50, measured on this project's EPYC VMs) when the destination lies 1–31 bytes past the
+/// source modulo 4 KiB (the CPU takes the stores for aliases of the loads). Which distance a copy
+/// gets depends on where the user's buffer happens to lie against the shared segment, so every
+/// copy into or out of shared memory goes through here: near that distance (1–63 bytes, with a
+/// margin) it copies in [`ALIAS_SAFE_BYTES`] pieces, which are as fast as the best case.
+///
+/// # Safety
+/// As [`std::ptr::copy_nonoverlapping`]: both ranges valid for `len` bytes, not overlapping.
+#[inline]
+unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    let ahead = (dst as usize).wrapping_sub(src as usize) % 4096;
+    if len <= ALIAS_SAFE_BYTES || !(1..64).contains(&ahead) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let mut done = 0;
+    while done < len {
+        let k = ALIAS_SAFE_BYTES.min(len - done);
+        // SAFETY: done + k <= len, so both pieces lie in the caller's ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), k) };
+        done += k;
+    }
+}
+
+/// [`copy_raw`] between slices of equal length (panics otherwise, like `copy_from_slice`).
+#[inline]
+pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy between slices of different lengths");
+    // SAFETY: both slices are valid for their (equal) length, and a `&mut` slice never overlaps
+    // a `&` one.
+    unsafe { copy_raw(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
 }
 
 /// Free bytes of the filesystem holding `f` (for the unprivileged user).
@@ -182,7 +228,7 @@ impl Segment {
         let p = self.ptr(off, src.len());
         // SAFETY: the range is in the mapping (checked) and, per the caller, ours alone; `src` is
         // private memory, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+        unsafe { copy_raw(p, src.as_ptr(), src.len()) };
     }
 
     /// Copies the segment's bytes at `off` into `dst`.
@@ -194,7 +240,7 @@ impl Segment {
         let p = self.ptr(off, dst.len());
         // SAFETY: the range is in the mapping (checked) and, per the caller, not written
         // meanwhile; `dst` is private memory, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        unsafe { copy_raw(dst.as_mut_ptr(), p, dst.len()) };
     }
 
     /// Bytes `off..off + len`, shared, for as long as the segment is borrowed.
@@ -431,6 +477,8 @@ pub struct ShmBackend {
     cfg: HostConfig,
     barrier_seq: u64,
     step: u64,
+    /// The v-collectives' plan, kept between calls so that planning does not allocate.
+    vplan: vcoll::VPlan,
 }
 
 impl ShmBackend {
@@ -514,7 +562,19 @@ impl ShmBackend {
             .collect();
         let engine = Engine::new(rank, channels, world_ranks, abort.clone(), cfg.engine());
         let ctl = Controls::new(seg.clone(), n);
-        Ok(ShmBackend { seg, ctl, lay, rank, world_rank: wr, engine, abort, cfg: cfg.clone(), barrier_seq: 0, step: 0 })
+        Ok(ShmBackend {
+            seg,
+            ctl,
+            lay,
+            rank,
+            world_rank: wr,
+            engine,
+            abort,
+            cfg: cfg.clone(),
+            barrier_seq: 0,
+            step: 0,
+            vplan: Default::default(),
+        })
     }
 
     /// A rank other than 0: its settings must be the ones rank 0 wrote into the header, and the
@@ -547,7 +607,7 @@ impl ShmBackend {
 
     /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
     #[inline(always)]
-    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
+    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
         if reached(a, seq) {
             return Ok(());
         }
@@ -556,11 +616,11 @@ impl ShmBackend {
 
     /// [`ShmBackend::wait_for`] once the peer is not there yet: spin, yield, sleep, time out.
     #[inline(never)]
-    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: CollOp, place: &str) -> Result<()> {
+    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
         wait_until(a, seq, || {
-            w.pause(&self.abort, self.world_rank, &|| format!("{} (waiting for rank {peer} {place})", op.name()), false).inspect_err(|e| {
+            w.pause(&self.abort, self.world_rank, &|| format!("{op} (waiting for rank {peer} {place})"), false).inspect_err(|e| {
                 if matches!(e, Error::Timeout { .. }) {
                     self.abort.raise(e.abort_info());
                 }
@@ -569,7 +629,7 @@ impl ShmBackend {
     }
 
     #[inline]
-    fn barrier(&mut self, op: CollOp) -> Result<()> {
+    fn barrier(&mut self, op: &'static str) -> Result<()> {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
         arrive(self.ctl.counter(self.rank), seq);
@@ -601,46 +661,78 @@ impl ShmBackend {
     /// descriptor equals ours. Returns the parity.
     #[inline(always)]
     fn inline_step(&mut self, d: &CollDesc, data: Option<&[u8]>) -> Result<usize> {
-        self.step += 1;
-        let h = (self.step % 2) as usize;
-        self.barrier_seq += 1;
-        let seq = self.barrier_seq;
         let w = d.encode();
-        let mine = self.ctl.mailbox(self.rank, h);
-        mine[1].store(w[0], Ordering::Relaxed);
-        mine[2].store(w[1], Ordering::Relaxed);
+        let h = self.begin_inline(w);
         if let Some(data) = data {
-            let p = self.ctl.payload(self.rank, h, data.len());
-            // SAFETY: p..p + data.len() is in the mapping (`payload`) and ours to write now:
-            // peers read mailbox h only after seeing its sequence word reach `seq` (released
-            // below), and finished reading what it held two steps ago before arriving at the
-            // previous step, which we passed. `data` is private memory: no overlap.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+            self.write_inline(h, 0, data);
         }
-        arrive(&mine[0], seq);
-        arrive(self.ctl.counter(self.rank), seq);
-        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`; any
-        // difference sends us to `check_descs`, which names it the same way on every rank.
-        let mut differs = 0;
-        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            let theirs = self.ctl.mailbox(j, h);
-            self.wait_for(j, &theirs[0], seq, d.op, "in shared memory")?;
-            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
-        }
-        if differs != 0 {
+        // Any difference sends us to `check_descs`, which names it the same way on every rank.
+        if self.end_inline(h, w, d.op.name())? {
             self.check_descs(d, h)?;
         }
         Ok(h)
     }
 
+    /// Opens a step whose payload travels in the mailbox: stores the descriptor words `w` in
+    /// this rank's mailbox of the step's parity (returned); the payload is written next
+    /// ([`ShmBackend::write_inline`]), then [`ShmBackend::end_inline`] publishes both.
+    #[inline(always)]
+    fn begin_inline(&mut self, w: [u64; 2]) -> usize {
+        self.step += 1;
+        let h = (self.step % 2) as usize;
+        self.barrier_seq += 1;
+        let mine = self.ctl.mailbox(self.rank, h);
+        mine[1].store(w[0], Ordering::Relaxed);
+        mine[2].store(w[1], Ordering::Relaxed);
+        h
+    }
+
+    /// Copies `src` to byte `at` of this rank's mailbox payload `h`, between
+    /// [`ShmBackend::begin_inline`] and [`ShmBackend::end_inline`].
+    #[inline(always)]
+    fn write_inline(&self, h: usize, at: usize, src: &[u8]) {
+        assert!(at <= INLINE_MAX && src.len() <= INLINE_MAX - at, "inline payload {at}+{} past {INLINE_MAX}", src.len());
+        let p = self.ctl.payload(self.rank, h, at + src.len());
+        // SAFETY: p + at .. p + at + src.len() is in the mapping (`payload` checked the whole
+        // length) and ours to write now: peers read mailbox h only after seeing its sequence
+        // word reach this step's number (released by `end_inline`), and finished reading what
+        // it held two steps ago before arriving at the previous step, which we passed. `src`
+        // is private memory: no overlap.
+        unsafe { copy_raw(p.add(at), src.as_ptr(), src.len()) };
+    }
+
+    /// Closes an inline step: publishes this rank's mailbox and waits until every peer
+    /// published the same step. Returns whether any peer's descriptor words differ from `w`.
+    #[inline(always)]
+    fn end_inline(&mut self, h: usize, w: [u64; 2], op: &'static str) -> Result<bool> {
+        let seq = self.barrier_seq;
+        arrive(&self.ctl.mailbox(self.rank, h)[0], seq);
+        arrive(self.ctl.counter(self.rank), seq);
+        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`.
+        let mut differs = 0;
+        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
+            let theirs = self.ctl.mailbox(j, h);
+            self.wait_for(j, &theirs[0], seq, op, "in shared memory")?;
+            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
+        }
+        Ok(differs != 0)
+    }
+
     /// Rank `r`'s inline payload of the current step (parity `h`), as published.
     #[inline(always)]
     fn inline_data(&self, r: usize, h: usize, len: usize) -> &[u8] {
-        // SAFETY: every rank published its mailbox h for this step (inline_step waited for it),
+        self.inline_at(r, h, 0, len)
+    }
+
+    /// Bytes `at..at + len` of rank `r`'s inline payload of the current step (parity `h`).
+    #[inline(always)]
+    fn inline_at(&self, r: usize, h: usize, at: usize, len: usize) -> &[u8] {
+        assert!(at <= INLINE_MAX && len <= INLINE_MAX - at, "inline payload {at}+{len} past {INLINE_MAX}");
+        // SAFETY: every rank published its mailbox h for this step (end_inline waited for it),
         // and none writes it again before passing the next step, which needs us there first;
         // the borrow of `self` ends before we can take that step (it needs `&mut self`). The
-        // bytes lie in the mapping (`payload`), which outlives `self`.
-        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, len), len) }
+        // bytes lie in the mapping (`payload` checked at + len), which outlives `self`.
+        unsafe { std::slice::from_raw_parts(self.ctl.payload(r, h, at + len).add(at), len) }
     }
 
     /// After the step's first barrier: every rank's descriptor must equal ours.
@@ -666,8 +758,9 @@ impl ShmBackend {
     fn publish(&self, h: usize, at: usize, src: &[u8]) {
         assert!(at + src.len() <= self.lay.half);
         // SAFETY (step protocol): before the step's barrier our half h is ours alone — peers read
-        // it only after that barrier, and finished reading it two steps ago before arriving at
-        // the previous step's barrier, which we passed.
+        // it only after that barrier (or, in a v-collective's first step, after seeing our
+        // mailbox's sequence word, raised after this copy), and finished reading it two steps
+        // ago before arriving at the previous step's barrier, which we passed.
         unsafe { self.seg.write(self.half(self.rank, h) + at, src) }
     }
 
@@ -716,7 +809,7 @@ impl ShmBackend {
         if n == 1 {
             // A communicator of one: every collective is a local copy (or nothing).
             if let (Some(s), false) = (send, matches!(d.op, CollOp::Barrier | CollOp::Broadcast)) {
-                recv.copy_from_slice(s);
+                copy_bytes(recv, s);
             }
             return Ok(());
         }
@@ -741,7 +834,7 @@ impl ShmBackend {
                 } else if one_step && len <= hb {
                     let h = self.begin_step(Some(d));
                     self.publish(h, 0, send.unwrap_or(recv));
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     self.check_descs(d, h)?;
                     if all || me == root {
                         // Same order on every rank: bitwise-identical results everywhere.
@@ -765,17 +858,17 @@ impl ShmBackend {
                             self.publish(h, 0, &input[..p.start]);
                             self.publish(h, p.end, &input[p.end..]);
                         }
-                        self.barrier(d.op)?;
+                        self.barrier(d.op.name())?;
                         if first {
                             self.check_descs(d, h)?;
                             first = false;
                         }
                         self.reduce_portion(d, h, p.clone(), &send.unwrap_or(recv)[off + p.start..off + p.end]);
-                        self.barrier(d.op)?;
+                        self.barrier(d.op.name())?;
                         if all || me == root {
                             for j in 0..n {
                                 let pj = bytes(block_range(c / es, n, j), es);
-                                recv[off + pj.start..off + pj.end].copy_from_slice(self.peek(j, h, pj.start, pj.len()));
+                                copy_bytes(&mut recv[off + pj.start..off + pj.end], self.peek(j, h, pj.start, pj.len()));
                             }
                         }
                         off += c;
@@ -790,7 +883,7 @@ impl ShmBackend {
                 let len = d.count * es;
                 let h = self.inline_step(d, (me == d.root).then_some(&*recv))?;
                 if me != d.root {
-                    recv.copy_from_slice(self.inline_data(d.root, h, len));
+                    copy_bytes(recv, self.inline_data(d.root, h, len));
                 }
                 Ok(())
             }
@@ -804,13 +897,13 @@ impl ShmBackend {
                     if me == d.root {
                         self.publish(h, 0, &recv[off..off + c]);
                     }
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
                     }
                     if me != d.root {
-                        recv[off..off + c].copy_from_slice(self.peek(d.root, h, 0, c));
+                        copy_bytes(&mut recv[off..off + c], self.peek(d.root, h, 0, c));
                     }
                     off += c;
                     if off >= len {
@@ -831,7 +924,7 @@ impl ShmBackend {
                         None => &recv[me * blk + off..me * blk + off + c],
                     };
                     self.publish(h, 0, mine);
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
@@ -841,7 +934,7 @@ impl ShmBackend {
                             if j == me && send.is_none() {
                                 continue;
                             }
-                            recv[j * blk + off..j * blk + off + c].copy_from_slice(self.peek(j, h, 0, c));
+                            copy_bytes(&mut recv[j * blk + off..j * blk + off + c], self.peek(j, h, 0, c));
                         }
                     }
                     off += c;
@@ -865,21 +958,21 @@ impl ShmBackend {
                             self.publish(h, j * c, &s[j * blk + off..j * blk + off + c]);
                         }
                     }
-                    self.barrier(d.op)?;
+                    self.barrier(d.op.name())?;
                     if first {
                         self.check_descs(d, h)?;
                         first = false;
                     }
                     match d.op {
-                        CollOp::Scatter => recv[off..off + c].copy_from_slice(self.peek(d.root, h, me * c, c)),
+                        CollOp::Scatter => copy_bytes(&mut recv[off..off + c], self.peek(d.root, h, me * c, c)),
                         CollOp::AllToAll => {
                             for j in 0..n {
-                                recv[j * blk + off..j * blk + off + c].copy_from_slice(self.peek(j, h, me * c, c));
+                                copy_bytes(&mut recv[j * blk + off..j * blk + off + c], self.peek(j, h, me * c, c));
                             }
                         }
                         _ => {
                             let out = &mut recv[off..off + c];
-                            out.copy_from_slice(self.peek(0, h, me * c, c));
+                            copy_bytes(out, self.peek(0, h, me * c, c));
                             for j in 1..n {
                                 reduce_bytes(out, self.peek(j, h, me * c, c), d.dtype, d.redop);
                             }
@@ -916,6 +1009,16 @@ impl Backend for ShmBackend {
             self.abort.check(self.world_rank, desc.op.name())?;
         }
         self.collective_inner(desc, send, recv)
+    }
+
+    fn v_collective_agreeing(
+        &mut self,
+        agree: VAgreement<'_>,
+        desc: Option<&VCollDesc<'_>>,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Option<Result<bool>> {
+        Some(self.v_agreeing(agree, desc, send, recv))
     }
 }
 
@@ -1021,6 +1124,26 @@ mod tests {
         }
         t.join().unwrap();
         assert!(got == pattern(total, 9), "bytes out of order or corrupted");
+    }
+
+    #[test]
+    fn copies_at_every_distance_modulo_4k_move_every_byte() {
+        // Source and destination at every offset from 0 to 4095 against each other (the pieces
+        // path near 1..63), lengths around the piece size, and a piece that ends short.
+        let src = pattern(3 * 4096 + 5000, 3);
+        let mut dst = vec![0u8; 3 * 4096 + 5000];
+        for ahead in (0..4096).step_by(7).chain(1..64) {
+            for len in [0, 1, ALIAS_SAFE_BYTES, ALIAS_SAFE_BYTES + 1, 3 * ALIAS_SAFE_BYTES + 17, 4096 + 3] {
+                let s = 100;
+                // `dst`'s offset such that the destination lies `ahead` bytes past the source mod 4 KiB.
+                let base = (src.as_ptr() as usize + s + ahead).wrapping_sub(dst.as_ptr() as usize) % 4096;
+                dst.fill(0);
+                copy_bytes(&mut dst[base..base + len], &src[s..s + len]);
+                assert_eq!((dst[base..].as_ptr() as usize).wrapping_sub(src[s..].as_ptr() as usize) % 4096, ahead);
+                assert!(dst[base..base + len] == src[s..s + len], "{len} bytes at distance {ahead}");
+                assert!(dst[..base].iter().chain(&dst[base + len..]).all(|&b| b == 0), "bytes outside the copy written");
+            }
+        }
     }
 
     #[test]

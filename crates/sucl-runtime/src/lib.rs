@@ -715,15 +715,6 @@ impl Communicator {
         done
     }
 
-    /// A collective of sucl's own protocol (an agreement step), on host memory: numbered like
-    /// every collective, but never touched by the test-only fault hook, which stands for a
-    /// backend corrupting users' results.
-    pub(crate) fn protocol_coll(&self, desc: CollDesc, send: &[u8], recv: &mut [u8]) -> Result<()> {
-        self.enter_collective(&desc)?;
-        let r = self.coll_unhooked(desc, Some(send), recv);
-        self.settle(r)
-    }
-
     /// [`Communicator::coll`] without the fault hook.
     pub(crate) fn coll_unhooked(&self, desc: CollDesc, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let mut bs = self.backends.borrow_mut();

@@ -1,6 +1,6 @@
 //! V-collectives: `gatherv`, `all_gatherv`, `scatterv`, `all_to_allv` — per-rank counts and
-//! displacements, MPI style — built on the point-to-point engine of the communicator's host
-//! backend.
+//! displacements, MPI style — run by the communicator's point-to-point host backend: natively
+//! where it can, else over its point-to-point engine.
 //!
 //! **API contract (so that disagreements are found, never truncated or hung on).** Every rank
 //! passes the *whole* counts table of the call, not only its own part: `counts[r]` elements for
@@ -14,7 +14,12 @@
 //! all_gather a fixed-size fingerprint: operation, element type, root, a hash of the counts
 //! table and whether the rank's own arguments were valid. A rank with bad arguments returns its
 //! `InvalidArgument`; every other rank returns `Mismatch` naming it; ranks whose tables differ
-//! all return `Mismatch` naming the ranks that differ. Cost: one small all_gather per call.
+//! all return `Mismatch` naming the ranks that differ. Cost: one small all_gather per call —
+//! or nothing extra where the point-to-point backend runs the exchange itself as the first
+//! step of its native v-collective ([`sucl_core::Backend::v_collective_agreeing`]; shm does:
+//! the fingerprints travel in its mailboxes, with the data too when it fits, and nothing is
+//! copied out before every fingerprint was compared). Validation allocates nothing for
+//! communicators of up to 32 ranks (`PAIRWISE_MAX`).
 //!
 //! **Messages** carry the tag `VCOLL_TAG_BIT | sequence`, where the sequence is the
 //! communicator's collective number (the same on every rank; it rises on every collective), so
@@ -23,12 +28,13 @@
 //! know it from the agreed table). A received block whose length differs from the table is a
 //! `Mismatch`.
 //!
-//! Algorithms: linear for gatherv and scatterv (the root posts all its receives or sends at
-//! once); pairwise exchange for all_to_allv and all_gatherv (step `k`: send to `rank + k`,
-//! receive from `rank − k`), which keeps one send and one receive in flight per rank.
-//!
-//! A backend with native v-collectives (MPI: MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
-//! MPI_Ialltoallv) runs them instead, after the same validation and agreement.
+//! Algorithms: a backend with native v-collectives runs them — shm fused with the agreement
+//! (its streams of blocks go through the mailboxes or arena windows, as its plain collectives
+//! do; see `sucl_host::shm`), MPI after it (MPI_Igatherv, MPI_Iallgatherv, MPI_Iscatterv,
+//! MPI_Ialltoallv). Otherwise (tcp) the generic algorithms over point-to-point: linear for
+//! gatherv and scatterv (the root posts all its receives or sends at once); pairwise exchange
+//! for all_to_allv and all_gatherv (step `k`: send to `rank + k`, receive from `rank − k`),
+//! which keeps one send and one receive in flight per rank.
 //!
 //! Device memory goes over NCCL as one group of sends and receives per call (the same
 //! validation and agreement first); without NCCL (staged) a device v-collective is an error
@@ -36,7 +42,7 @@
 
 use crate::{Buf, BufMut, Communicator, Element, Error, Mem, MemMut, Result};
 use std::ops::Range;
-use sucl_core::backend::{CollOp, VCollDesc, VCollOp};
+use sucl_core::backend::{CollOp, VAgreement, VCollDesc, VCollOp};
 use sucl_core::ReduceOp;
 
 /// Tag bit of v-collective messages: above every user tag, below the engine's own collective
@@ -68,16 +74,74 @@ enum VOp {
     AllToAllv = 4,
 }
 
-/// FNV-1a over the counts table: equal tables give equal hashes on every rank and platform.
+/// A hash of the counts table, word by word (FNV-1a's constants, each word folded in whole and
+/// its high bits mixed down): equal tables give equal hashes on every rank and platform.
 fn table_hash(counts: &[usize]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &c in counts {
-        for b in (c as u64).to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h = (h ^ c as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= h >> 32;
     }
     h
+}
+
+/// One rank's fingerprint of a v-collective call (what the agreement step compares).
+fn fingerprint(op: VOp, dtype: u64, root: usize, counts: &[usize], ok: bool) -> [u64; VFP_WORDS] {
+    [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok as u64]
+}
+
+/// A host call's counts and displacements in bytes, MPI style (see [`VCollDesc`]), in one
+/// allocation: send counts, send displacements, receive counts, receive displacements, and
+/// the whole agreed counts table.
+struct ByteTables {
+    words: Vec<usize>,
+    ends: [usize; 5],
+}
+
+impl ByteTables {
+    fn new(es: usize, parts: [Counts<'_>; 5]) -> ByteTables {
+        let mut words = Vec::with_capacity(parts.iter().map(|p| p.len).sum());
+        let mut ends = [0; 5];
+        for (e, p) in ends.iter_mut().zip(parts) {
+            words.extend((0..p.len).map(|i| p.get(i) * es));
+            *e = words.len();
+        }
+        ByteTables { words, ends }
+    }
+
+    fn part(&self, i: usize) -> &[usize] {
+        &self.words[if i == 0 { 0 } else { self.ends[i - 1] }..self.ends[i]]
+    }
+
+    fn desc(&self, op: VCollOp, root: usize) -> VCollDesc<'_> {
+        VCollDesc {
+            op,
+            root,
+            send_counts: self.part(0),
+            send_displs: self.part(1),
+            recv_counts: self.part(2),
+            recv_displs: self.part(3),
+            table: self.part(4),
+        }
+    }
+}
+
+/// Where a v-collective's data is, for the agreement step.
+enum Data<'s, 'r> {
+    /// Host memory: the call, or `None` where this rank's arguments are invalid.
+    Host(Option<HostCall<'s, 'r>>),
+    /// Device memory: the data goes elsewhere (NCCL) after the agreement.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device,
+}
+
+/// The data side of a host v-collective on a rank whose arguments are valid.
+struct HostCall<'s, 'r> {
+    op: VCollOp,
+    root: usize,
+    tables: ByteTables,
+    send: &'s [u8],
+    recv: &'r mut [u8],
 }
 
 /// The element range `displ .. displ + count` checked against a buffer of `len` elements.
@@ -92,20 +156,69 @@ fn block(arg: &'static str, rank: usize, which: usize, count: usize, displ: usiz
     }
 }
 
-/// Checks that the given `(index, range)` receive blocks do not overlap (empty ones never do).
-fn disjoint(arg: &'static str, rank: usize, blocks: &[(usize, Range<usize>)]) -> Result<()> {
-    let mut v: Vec<&(usize, Range<usize>)> = blocks.iter().filter(|(_, r)| !r.is_empty()).collect();
-    v.sort_by_key(|(_, r)| r.start);
-    for w in v.windows(2) {
-        if w[1].1.start < w[0].1.end {
-            return Err(Error::invalid(
-                rank,
-                arg,
-                format!("receive blocks {} ({:?}) and {} ({:?}) overlap", w[0].0, w[0].1, w[1].0, w[1].1),
-            ));
+/// Up to this many blocks, the overlap check compares every pair (no allocation: the check runs
+/// on every call); beyond it, it sorts.
+const PAIRWISE_MAX: usize = 32;
+
+/// Checks that the `n` receive blocks `range(0) .. range(n - 1)` do not overlap (empty ones
+/// never do).
+fn disjoint(arg: &'static str, rank: usize, n: usize, range: impl Fn(usize) -> Range<usize>) -> Result<()> {
+    let overlap = |(i, a): (usize, Range<usize>), (j, b): (usize, Range<usize>)| {
+        Error::invalid(rank, arg, format!("receive blocks {i} ({a:?}) and {j} ({b:?}) overlap"))
+    };
+    if n <= PAIRWISE_MAX {
+        for i in 0..n {
+            let a = range(i);
+            for j in (i + 1..n).filter(|_| !a.is_empty()) {
+                let b = range(j);
+                if !b.is_empty() && a.start < b.end && b.start < a.end {
+                    return Err(overlap((i, a), (j, b)));
+                }
+            }
         }
+        return Ok(());
     }
-    Ok(())
+    let mut v: Vec<(usize, Range<usize>)> = (0..n).map(|i| (i, range(i))).filter(|(_, r)| !r.is_empty()).collect();
+    v.sort_by_key(|(_, r)| r.start);
+    match v.windows(2).find(|w| w[1].1.start < w[0].1.end) {
+        Some(w) => Err(overlap(w[0].clone(), w[1].clone())),
+        None => Ok(()),
+    }
+}
+
+/// A vector of counts seen in place: a whole table, a row of the all_to_allv matrix, or a column
+/// of it (`len` entries, `step` apart from `start`).
+#[derive(Clone, Copy)]
+struct Counts<'a> {
+    v: &'a [usize],
+    start: usize,
+    step: usize,
+    len: usize,
+}
+
+impl<'a> Counts<'a> {
+    fn all(v: &'a [usize]) -> Self {
+        Counts { v, start: 0, step: 1, len: v.len() }
+    }
+
+    /// Column `j` of the `n × n` matrix `m` (entries `i * n + j`), or nothing if `m` is not one.
+    fn column(m: &'a [usize], n: usize, j: usize) -> Self {
+        Counts { v: m, start: j, step: n, len: if m.len() == n * n { n } else { 0 } }
+    }
+
+    /// Row `i` of the `n × n` matrix `m`, or nothing if `m` is not one.
+    fn row(m: &'a [usize], n: usize, i: usize) -> Self {
+        Counts { v: m, start: i * n, step: 1, len: if m.len() == n * n { n } else { 0 } }
+    }
+
+    fn get(&self, i: usize) -> usize {
+        self.v[self.start + i * self.step]
+    }
+
+    #[cfg(any(feature = "cuda", test))]
+    fn to_vec(self) -> Vec<usize> {
+        (0..self.len).map(|i| self.get(i)).collect()
+    }
 }
 
 impl Communicator {
@@ -116,16 +229,23 @@ impl Communicator {
         Ok(())
     }
 
-    /// The element ranges of `displs`/`counts` in a buffer of `len` elements, checked.
-    fn blocks(&self, arg: &'static str, counts: &[usize], displs: &[usize], len: usize, no_overlap: bool) -> Result<Vec<Range<usize>>> {
+    /// Checks the blocks of `displs`/`counts` against a buffer of `len` elements (and against
+    /// each other if they may not overlap), allocating nothing for small communicators.
+    fn check_blocks(&self, arg: &'static str, counts: Counts<'_>, displs: &[usize], len: usize, no_overlap: bool) -> Result<()> {
         self.table_len(arg, displs.len(), self.size)?;
-        let bs =
-            counts.iter().zip(displs).enumerate().map(|(i, (&c, &d))| block(arg, self.wr(), i, c, d, len)).collect::<Result<Vec<_>>>()?;
-        if no_overlap {
-            let idx: Vec<(usize, Range<usize>)> = bs.iter().cloned().enumerate().collect();
-            disjoint(arg, self.wr(), &idx)?;
+        for (i, &d) in displs.iter().enumerate() {
+            block(arg, self.wr(), i, counts.get(i), d, len)?;
         }
-        Ok(bs)
+        if no_overlap {
+            disjoint(arg, self.wr(), displs.len(), |i| displs[i]..displs[i] + counts.get(i))?;
+        }
+        Ok(())
+    }
+
+    /// The element ranges of `displs`/`counts` in a buffer of `len` elements, checked.
+    fn blocks(&self, arg: &'static str, counts: Counts<'_>, displs: &[usize], len: usize, no_overlap: bool) -> Result<Vec<Range<usize>>> {
+        self.check_blocks(arg, counts, displs, len, no_overlap)?;
+        Ok(displs.iter().enumerate().map(|(i, &d)| d..d + counts.get(i)).collect())
     }
 
     fn own_len(&self, arg: &'static str, got: usize, want: usize) -> Result<()> {
@@ -135,30 +255,89 @@ impl Communicator {
         Ok(())
     }
 
-    /// The agreement step (see the module docs): every rank learns whether all ranks passed
-    /// valid arguments and the same counts table. Returns the tag for the call's messages.
+    /// The agreement step (see the module docs) on its own, for the paths that run it before
+    /// their data (device memory): every rank learns whether all ranks passed valid arguments
+    /// and the same counts table. Returns the tag for the call's messages.
+    #[cfg(feature = "cuda")]
     fn agree_v(&self, op: VOp, dtype: u64, root: usize, counts: &[usize], local: Result<()>) -> Result<u64> {
+        self.agree(op, fingerprint(op, dtype, root, counts, local.is_ok()), local, Data::Device).map(|a| a.unwrap_or(0))
+    }
+
+    /// The agreement step with fingerprint `mine`, and the host data with it where it can: a
+    /// host call (`Data::Host`: this rank's byte tables and buffers, `None` if its arguments are
+    /// invalid) goes to the point-to-point backend's fused v-collective when it offers one (then
+    /// `Ok(None)`: the data moved), else to its native one after the agreement collective
+    /// (`Ok(None)` too); `Ok(Some(tag))` leaves the data to the generic algorithm, with the tag
+    /// of its messages. A device call (`Data::Device`) only agrees, by the collective. Whatever
+    /// the path, ranks whose arguments are invalid or whose tables differ get the same errors,
+    /// and nothing is delivered before every rank's fingerprint was compared.
+    fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, data: Data<'_, '_>) -> Result<Option<u64>> {
         self.check_poisoned()?;
-        let ok = local.is_ok() as u64;
-        let mine: [u64; VFP_WORDS] = [VFP_MAGIC, op as u64, dtype, root as u64, table_hash(counts), ok];
-        let mut all = vec![0u64; VFP_WORDS * self.size];
-        // The exchange has the same shape on every rank, valid arguments or not.
         let d = Self::desc::<u64>(CollOp::AllGather, VFP_WORDS, ReduceOp::Sum, 0);
-        self.protocol_coll(d, bytemuck::cast_slice(&mine[..]), bytemuck::cast_slice_mut(&mut all[..]))?;
+        self.enter_collective(&d)?;
+        // Every rank's fingerprint: on the stack for communicators of up to 16 ranks.
+        let (mut stack, mut heap) = ([0u64; VFP_WORDS * 16], Vec::new());
+        let all: &mut [u64] = if self.size <= 16 {
+            &mut stack[..VFP_WORDS * self.size]
+        } else {
+            heap.resize(VFP_WORDS * self.size, 0);
+            &mut heap
+        };
+        let (host, call, s, r): (_, _, &[u8], &mut [u8]) = match data {
+            Data::Host(Some(h)) => (true, Some((h.op, h.root, h.tables)), h.send, h.recv),
+            Data::Host(None) => (true, None, &[], &mut []),
+            Data::Device => (false, None, &[], &mut []),
+        };
+        let desc = call.as_ref().map(|(op, root, t)| t.desc(*op, *root));
+        // Offered or not regardless of the arguments: every rank takes the same path (device
+        // calls are device calls on every rank, or fail on the rank that mixes memories).
+        let agree = VAgreement { mine: &mine[..], all: &mut *all };
+        let fused = if host { self.backend_mut().v_collective_agreeing(agree, desc.as_ref(), s, r) } else { None };
+        let fused = match fused {
+            Some(r) => Some(self.settle(r)?),
+            None => {
+                // The exchange has the same shape on every rank, valid arguments or not. It is
+                // sucl's own protocol, so the test-only fault hook (which stands for a backend
+                // corrupting users' results) never touches it.
+                let r = self.coll_unhooked(d, Some(bytemuck::cast_slice(&mine[..])), bytemuck::cast_slice_mut(&mut *all));
+                self.settle(r)?;
+                None
+            }
+        };
         local?;
-        let rows: Vec<&[u64]> = all.chunks(VFP_WORDS).collect();
-        let bad: Vec<usize> = (0..self.size).filter(|&r| rows[r][5] != 1).collect();
+        self.compare_fingerprints_v(op, &mine, all)?;
+        if fused == Some(true) {
+            return Ok(None);
+        }
+        if fused == Some(false) {
+            // The backend saw a difference that the comparison above should have named.
+            return Err(self.poison(Error::Mismatch { rank: self.wr(), what: format!("{op:?}: the ranks' fingerprints differ") }));
+        }
+        if let Some(d) = desc {
+            if let Some(res) = self.backend_mut().v_collective(&d, s, r) {
+                self.settle(res)?;
+                return Ok(None);
+            }
+        }
+        Ok(Some(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1))))
+    }
+
+    /// Every rank's fingerprint against this rank's: ranks that rejected their arguments, then
+    /// ranks whose call differs, as `Mismatch` (the same on every rank).
+    fn compare_fingerprints_v(&self, op: VOp, mine: &[u64; VFP_WORDS], all: &[u64]) -> Result<()> {
+        let rows = || all.chunks(VFP_WORDS);
+        let bad: Vec<usize> = rows().enumerate().filter(|(_, w)| w[5] != 1).map(|(r, _)| r).collect();
         if !bad.is_empty() {
             return Err(Error::Mismatch { rank: self.wr(), what: format!("{op:?} arguments: rank(s) {bad:?} rejected theirs") });
         }
-        let differ: Vec<usize> = (0..self.size).filter(|&r| rows[r][..5] != mine[..5]).collect();
+        let differ: Vec<usize> = rows().enumerate().filter(|(_, w)| w[..5] != mine[..5]).map(|(r, _)| r).collect();
         if !differ.is_empty() {
             return Err(Error::Mismatch {
                 rank: self.wr(),
                 what: format!("{op:?} (operation, element type, root or counts table): rank(s) {differ:?} differ from rank {}", self.rank),
             });
         }
-        Ok(VCOLL_TAG_BIT | (self.coll_seq.get() & (VCOLL_TAG_BIT - 1)))
+        Ok(())
     }
 
     /// Sends `send` to `dest` and receives exactly `recv.len()` bytes from `src` (either may be
@@ -219,26 +398,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Offers the call to the point-to-point backend's native v-collective (MPI's); `None` if it
-    /// has none. Counts and displacements are in elements here, scaled to bytes for it.
-    #[allow(clippy::too_many_arguments)]
-    fn try_native(
-        &self,
-        op: VCollOp,
-        root: usize,
-        es: usize,
-        sends: (&[usize], &[usize]),
-        recvs: (&[usize], &[usize]),
-        s: &[u8],
-        r: &mut [u8],
-    ) -> Option<Result<()>> {
-        let bytes = |v: &[usize]| v.iter().map(|x| x * es).collect::<Vec<usize>>();
-        let (sc, sd, rc, rd) = (bytes(sends.0), bytes(sends.1), bytes(recvs.0), bytes(recvs.1));
-        let d = VCollDesc { op, root, send_counts: &sc, send_displs: &sd, recv_counts: &rc, recv_displs: &rd };
-        let res = self.backend_mut().v_collective(&d, s, r)?;
-        Some(self.settle(res))
-    }
-
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn host_only<'a>(&self, op: &str, m: Mem<'a>) -> Result<&'a [u8]> {
         match m {
             Mem::Host(b) => Ok(b),
@@ -247,6 +407,7 @@ impl Communicator {
         }
     }
 
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn host_only_mut<'a>(&self, op: &str, m: MemMut<'a>) -> Result<&'a mut [u8]> {
         match m {
             MemMut::Host(b) => Ok(b),
@@ -306,31 +467,37 @@ impl Communicator {
             self.table_len("counts", counts.len(), self.size)?;
             self.own_len("send", send.len(), counts[me])?;
             if me == root {
-                self.blocks("displs", counts, displs, recv.len(), true)?;
+                self.check_blocks("displs", Counts::all(counts), displs, recv.len(), true)?;
             }
             Ok(())
         })();
-        let tag = self.agree_v(VOp::Gatherv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::Gatherv, dtype, root, counts, local)?;
             let sends: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
             let recvs: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
         }
         let s = self.host_only("gatherv", send.mem())?;
         let r = self.host_only_mut("gatherv", recv.mem_mut())?;
-        let own = [counts[me]];
-        let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
-        if let Some(done) = self.try_native(VCollOp::Gatherv, root, es, (&own, &[0]), (rc, rd), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::Gatherv, dtype, root, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let (rc, rd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+            let tables = ByteTables::new(
+                es,
+                [Counts::all(&counts[me..=me]), Counts::all(&[0]), Counts::all(rc), Counts::all(rd), Counts::all(counts)],
+            );
+            HostCall { op: VCollOp::Gatherv, root, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::Gatherv, fp, local, Data::Host(host))? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, Some((root, s)), None));
             }
             return Ok(());
         }
-        let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
+        let blocks = self.blocks("displs", Counts::all(counts), displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         let done = self.recv_blocks(tag, r, &blocks, es);
         self.settle(done)
@@ -430,31 +597,37 @@ impl Communicator {
             self.table_len("counts", counts.len(), self.size)?;
             self.own_len("recv", recv.len(), counts[me])?;
             if me == root {
-                self.blocks("displs", counts, displs, send.len(), false)?;
+                self.check_blocks("displs", Counts::all(counts), displs, send.len(), false)?;
             }
             Ok(())
         })();
-        let tag = self.agree_v(VOp::Scatterv, <S::Elem as Element>::DTYPE as u64, root, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::Scatterv, dtype, root, counts, local)?;
             let sends: Vec<Peer> = if me == root { spans(counts, displs) } else { Vec::new() };
             let recvs: Vec<Peer> = if counts[me] > 0 { vec![(root, 0..counts[me])] } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &recvs);
         }
         let r = self.host_only_mut("scatterv", recv.mem_mut())?;
         let s = self.host_only("scatterv", send.mem())?;
-        let own = [counts[me]];
-        let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
-        if let Some(done) = self.try_native(VCollOp::Scatterv, root, es, (sc, sd), (&own, &[0]), s, r) {
-            return done;
-        }
+        let fp = fingerprint(VOp::Scatterv, dtype, root, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let (sc, sd): (&[usize], &[usize]) = if me == root { (counts, displs) } else { (&[], &[]) };
+            let tables = ByteTables::new(
+                es,
+                [Counts::all(sc), Counts::all(sd), Counts::all(&counts[me..=me]), Counts::all(&[0]), Counts::all(counts)],
+            );
+            HostCall { op: VCollOp::Scatterv, root, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::Scatterv, fp, local, Data::Host(host))? else { return Ok(()) };
         if me != root {
             if counts[me] > 0 {
                 return self.settle(self.v_step(tag, None, Some((root, r))));
             }
             return Ok(());
         }
-        let blocks = self.blocks("displs", counts, displs, s.len() / es, false)?;
+        let blocks = self.blocks("displs", Counts::all(counts), displs, s.len() / es, false)?;
         let own = &blocks[me];
         r.copy_from_slice(&s[own.start * es..own.end * es]);
         self.settle(self.send_blocks(tag, s, &blocks, es))
@@ -476,20 +649,27 @@ impl Communicator {
         let local = (|| {
             self.table_len("counts", counts.len(), n)?;
             self.own_len("send", send.len(), counts[me])?;
-            self.blocks("displs", counts, displs, recv.len(), true).map(|_| ())
+            self.check_blocks("displs", Counts::all(counts), displs, recv.len(), true)
         })();
-        let tag = self.agree_v(VOp::AllGatherv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
+            self.agree_v(VOp::AllGatherv, dtype, 0, counts, local)?;
             let sends: Vec<Peer> = if counts[me] > 0 { (0..n).map(|p| (p, 0..counts[me])).collect() } else { Vec::new() };
             return self.v_nccl(send.mem(), recv.mem_mut(), es, &sends, &spans(counts, displs));
         }
         let s = self.host_only("all_gatherv", send.mem())?;
         let r = self.host_only_mut("all_gatherv", recv.mem_mut())?;
-        if let Some(done) = self.try_native(VCollOp::AllGatherv, 0, es, (&[counts[me]], &[0]), (counts, displs), s, r) {
-            return done;
-        }
-        let blocks = self.blocks("displs", counts, displs, r.len() / es, true)?;
+        let fp = fingerprint(VOp::AllGatherv, dtype, 0, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let tables = ByteTables::new(
+                es,
+                [Counts::all(&counts[me..=me]), Counts::all(&[0]), Counts::all(counts), Counts::all(displs), Counts::all(counts)],
+            );
+            HostCall { op: VCollOp::AllGatherv, root: 0, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::AllGatherv, fp, local, Data::Host(host))? else { return Ok(()) };
+        let blocks = self.blocks("displs", Counts::all(counts), displs, r.len() / es, true)?;
         r[blocks[me].start * es..blocks[me].end * es].copy_from_slice(s);
         for k in 1..n {
             let dest = (me + k) % n;
@@ -519,25 +699,28 @@ impl Communicator {
         let es = std::mem::size_of::<S::Elem>();
         let n = self.size;
         let me = self.rank;
-        let row: Vec<usize> = if counts.len() == n * n { counts[me * n..(me + 1) * n].to_vec() } else { Vec::new() };
-        let col: Vec<usize> = if counts.len() == n * n { (0..n).map(|i| counts[i * n + me]).collect() } else { Vec::new() };
+        let (row, col) = (Counts::row(counts, n, me), Counts::column(counts, n, me));
         let local = (|| {
             self.table_len("counts", counts.len(), n * n)?;
-            self.blocks("sdispls", &row, sdispls, send.len(), false)?;
-            self.blocks("rdispls", &col, rdispls, recv.len(), true).map(|_| ())
+            self.check_blocks("sdispls", row, sdispls, send.len(), false)?;
+            self.check_blocks("rdispls", col, rdispls, recv.len(), true)
         })();
-        let tag = self.agree_v(VOp::AllToAllv, <S::Elem as Element>::DTYPE as u64, 0, counts, local)?;
+        let dtype = <S::Elem as Element>::DTYPE as u64;
         #[cfg(feature = "cuda")]
         if send.mem().is_device() || recv.mem_mut().is_device() {
-            return self.v_nccl(send.mem(), recv.mem_mut(), es, &spans(&row, sdispls), &spans(&col, rdispls));
+            self.agree_v(VOp::AllToAllv, dtype, 0, counts, local)?;
+            return self.v_nccl(send.mem(), recv.mem_mut(), es, &spans(&row.to_vec(), sdispls), &spans(&col.to_vec(), rdispls));
         }
         let s = self.host_only("all_to_allv", send.mem())?;
         let r = self.host_only_mut("all_to_allv", recv.mem_mut())?;
-        if let Some(done) = self.try_native(VCollOp::AllToAllv, 0, es, (&row, sdispls), (&col, rdispls), s, r) {
-            return done;
-        }
-        let sb = self.blocks("sdispls", &row, sdispls, s.len() / es, false)?;
-        let rb = self.blocks("rdispls", &col, rdispls, r.len() / es, true)?;
+        let fp = fingerprint(VOp::AllToAllv, dtype, 0, counts, local.is_ok());
+        let host = local.is_ok().then(|| {
+            let tables = ByteTables::new(es, [row, Counts::all(sdispls), col, Counts::all(rdispls), Counts::all(counts)]);
+            HostCall { op: VCollOp::AllToAllv, root: 0, tables, send: s, recv: &mut *r }
+        });
+        let Some(tag) = self.agree(VOp::AllToAllv, fp, local, Data::Host(host))? else { return Ok(()) };
+        let sb = self.blocks("sdispls", row, sdispls, s.len() / es, false)?;
+        let rb = self.blocks("rdispls", col, rdispls, r.len() / es, true)?;
         r[rb[me].start * es..rb[me].end * es].copy_from_slice(&s[sb[me].start * es..sb[me].end * es]);
         for k in 1..n {
             let dest = (me + k) % n;
@@ -561,9 +744,34 @@ mod tests {
         assert!(block("d", 0, 0, 3, 2, 5).is_ok());
         assert!(block("d", 0, 0, 3, 3, 5).is_err());
         assert!(block("d", 0, 0, 1, usize::MAX, 5).is_err());
-        assert!(disjoint("d", 0, &[(0, 0..3), (1, 3..5)]).is_ok());
-        assert!(disjoint("d", 0, &[(0, 0..3), (1, 2..5)]).is_err());
-        assert!(disjoint("d", 0, &[(0, 2..2), (1, 0..5)]).is_ok());
+        let check = |v: &[Range<usize>]| disjoint("d", 0, v.len(), |i| v[i].clone());
+        assert!(check(&[0..3, 3..5]).is_ok());
+        assert!(check(&[0..3, 2..5]).is_err());
+        assert!(check(&[2..2, 0..5]).is_ok(), "an empty block overlaps nothing");
+        assert!(check(&[4..9, 0..2, 9..9, 2..4]).is_ok());
+        let e = check(&[4..9, 0..2, 8..10]).unwrap_err().to_string();
+        assert!(e.contains("receive blocks 0 (4..9) and 2 (8..10) overlap"), "{e}");
+    }
+
+    #[test]
+    fn many_blocks_are_checked_by_sorting_with_the_same_verdicts() {
+        // Beyond PAIRWISE_MAX blocks: reverse order, one empty block inside another, then one
+        // overlap far apart in rank order.
+        let n = PAIRWISE_MAX + 8;
+        let mut v: Vec<Range<usize>> = (0..n).map(|i| (n - 1 - i) * 10..(n - 1 - i) * 10 + 10).collect();
+        v[5] = 73..73;
+        assert!(disjoint("d", 0, n, |i| v[i].clone()).is_ok());
+        v[n - 1] = 395..401;
+        let e = disjoint("d", 0, n, |i| v[i].clone()).unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains(&format!("{}", n - 1)), "{e}");
+    }
+
+    #[test]
+    fn counts_views_read_rows_and_columns_in_place() {
+        let m = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        assert_eq!(Counts::row(&m, 3, 1).to_vec(), vec![4, 5, 6]);
+        assert_eq!(Counts::column(&m, 3, 2).to_vec(), vec![3, 6, 9]);
+        assert_eq!(Counts::column(&m[..8], 3, 2).to_vec(), Vec::<usize>::new(), "not a 3 x 3 matrix");
     }
 
     #[test]
