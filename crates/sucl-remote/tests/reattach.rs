@@ -137,10 +137,7 @@ fn on_plain_tcp_a_session_with_channel_binding_attaches_with_the_nonces() {
 fn commands_sent_with_the_attach_before_its_answer_run_once() {
     use sucl_remote::wire::Arg;
     let d = Sucld::start(&[]);
-    let (mut s, n) = raw_greet(&d.addr, &d.tls());
-    s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
-    let Some(Frame::Opened { session, .. }) = read(&mut s) else { panic!("not opened") };
-    let secret = d.token.session_secret(&n, &session);
+    let (mut s, _, session, secret) = raw_open(&d);
     let cmds = [
         Command::CreateQueue { queue: 1, device: 0 },
         Command::Alloc { buffer: 2, device: 0, bytes: 8 },

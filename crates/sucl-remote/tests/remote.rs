@@ -368,10 +368,7 @@ fn a_session_whose_client_never_returns_is_freed_after_the_window() {
 fn the_server_runs_a_resent_command_once() {
     use sucl_remote::wire::{Arg as A, Outcome};
     let d = Sucld::start(&[]);
-    let (mut s, n) = raw_greet(&d.addr, &d.tls());
-    s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
-    let Some(Frame::Opened { session, .. }) = read(&mut s) else { panic!("not opened") };
-    let secret = d.token.session_secret(&n, &session);
+    let (mut s, _, session, secret) = raw_open(&d);
     let cmds = [
         Command::CreateQueue { queue: 1, device: 0 },
         Command::Alloc { buffer: 2, device: 0, bytes: 8 },

@@ -5,9 +5,10 @@
 //! The test re-runs its own binary as the two ranks: with `SUCL_REQ_TEST_RANK` set it is a
 //! rank, otherwise it is the parent that starts both and checks their outcome.
 
+mod common;
+use common::{free_port, Reaped};
 use std::io::Read;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result};
 
@@ -60,20 +61,6 @@ fn rank_main(comm: &Communicator) -> Result<()> {
         comm.barrier()?;
     }
     Ok(())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Kills and reaps the child when dropped, so a failing test leaves no process behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -13,9 +13,10 @@
 //! The test re-runs its own binary as the ranks: with `SUCL_VTEST_RANK` set it is a rank,
 //! otherwise the parent that starts them and checks their outcome.
 
+mod common;
+use common::{free_port, Reaped};
 use std::io::Read;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result};
 
@@ -200,20 +201,6 @@ fn mismatch_main(comm: &Communicator, op: usize, each: usize, invalid: bool) -> 
     match recv.iter().position(|&x| x != SENTINEL) {
         Some(i) => Err(Error::Config(format!("op {op}: element {i} was written although the calls differ"))),
         None => Ok(()),
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Kills and reaps the child when dropped, so a failing test leaves no process behind.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use sucl_remote::auth::{random, Nonces};
+use sucl_remote::auth::{random, Nonces, SessionSecret};
 use sucl_remote::transport::{self, parse_pin, Link, Pin, Tls};
 use sucl_remote::wire::{self, Frame};
 use sucl_remote::{ClientOptions, Token};
@@ -208,6 +208,16 @@ pub fn raw_greet(addr: &str, tls: &Tls) -> (Link, Nonces) {
         Some(Frame::Welcome { nonce, .. }) => (s, Nonces { client, server: nonce }),
         other => panic!("expected a welcome, got {other:?}"),
     }
+}
+
+/// Greets and opens a session by hand; returns the stream, the nonces, the session id and its
+/// secret.
+pub fn raw_open(d: &Sucld) -> (Link, Nonces, [u8; 16], SessionSecret) {
+    let (mut s, n) = raw_greet(&d.addr, &d.tls());
+    s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
+    let Some(Frame::Opened { session, .. }) = read(&mut s) else { panic!("not opened") };
+    let secret = d.token.session_secret(&n, &session);
+    (s, n, session, secret)
 }
 
 /// The next frame, or `None` once the server closed the connection.
