@@ -275,11 +275,27 @@ struct Conn {
     next_id: AtomicU64,
 }
 
-/// One server's session.
+/// One server's session. Clones share it; when the last clone (buffers and meshes hold
+/// clones too) is dropped, the session is closed: commands already posted get a bounded
+/// moment to be answered, then the connection is shut and its reader thread ends.
 #[derive(Clone)]
 pub struct Remote {
     conn: Arc<Conn>,
+    _open: Arc<OpenHandle>,
 }
+
+/// Closes its session when the last [`Remote`] holding it is dropped (the reader thread holds
+/// the connection state itself, so without this nothing would ever close it).
+struct OpenHandle(Arc<Conn>);
+
+impl Drop for OpenHandle {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// How long dropping the last handle waits for answers to commands already posted.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
 
 fn refused_or_protocol(server: &str, f: Frame) -> RemoteError {
     match f {
@@ -429,7 +445,7 @@ impl Remote {
             let mut st = conn.lock();
             conn.install(&mut st, s, 0).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
         }
-        Ok(Remote { conn })
+        Ok(Remote { _open: Arc::new(OpenHandle(conn.clone())), conn })
     }
 
     /// The server's address, as given.
@@ -598,6 +614,27 @@ impl Conn {
         st.writer = Some(w);
         st.broken = None;
         Ok(())
+    }
+
+    /// Ends the session on this side: waits (at most [`CLOSE_DRAIN`]) for answers to commands
+    /// already posted, then marks the session over and shuts the connection, which ends the
+    /// reader thread. The server drops the session when its re-attach window passes.
+    fn close(&self) {
+        let deadline = Instant::now() + CLOSE_DRAIN.min(self.opts.call_timeout);
+        let mut st = self.lock();
+        while !st.unanswered.is_empty() && st.dead.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self.changed.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        st.dead.get_or_insert_with(|| RemoteError::Invalid(format!("the session with {} was closed", self.server)));
+        st.next_reader = None;
+        if let Some(w) = st.writer.take() {
+            w.shutdown();
+        }
+        self.changed.notify_all();
     }
 
     /// Reads replies until the connection breaks, then re-attaches at once — rather than at
