@@ -352,6 +352,21 @@ pub(crate) struct TransferLists {
     recvs: Vec<PeerRegion>,
 }
 
+/// Waits for every receive of a graph transfer, `(peer, bytes the region needs, request)`:
+/// a message of another length is a `Mismatch` naming the peer (host and GPU executors).
+pub(crate) fn wait_exact(rank: usize, waits: Vec<(usize, usize, sucl_runtime::Request<'_>)>) -> sucl_runtime::Result<()> {
+    for (peer, want, r) in waits {
+        let got = r.wait()?;
+        if got != want {
+            return Err(sucl_runtime::Error::Mismatch {
+                rank,
+                what: format!("graph transfer from rank {peer}: {got} bytes, the region has {want}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Groups a batch of push, await-push and collective commands of rank `me` into messages per
 /// task (tasks ascending); see [`group_messages`]. A collective's parts are worked out here, for
 /// this rank alone (the command carries the producer's and consumer's splits, not per-rank lists).
@@ -888,15 +903,7 @@ mod gpu {
                 for ((task, m), data) in sends.iter().zip(&out) {
                     scope.isend(data.as_slice(), m.peer, transfer_tag(*task, m, nbuf))?;
                 }
-                for (peer, want, r) in waits {
-                    let got = r.wait()?;
-                    if got != want {
-                        return Err(sucl_runtime::Error::Mismatch {
-                            rank,
-                            what: format!("graph transfer from rank {peer}: {got} bytes, the region has {want}"),
-                        });
-                    }
-                }
+                wait_exact(rank, waits)?;
                 scope.wait_all()
             })?;
             let recv_msgs: Vec<Message> = recvs.into_iter().map(|(_, m)| m).collect();

@@ -1048,15 +1048,7 @@ impl<'c> DistrQueue<'c> {
             for (peer, tag, data) in &sends {
                 scope.isend(data.as_slice(), *peer, *tag)?;
             }
-            for (peer, want, r) in requests {
-                let got = r.wait()?;
-                if got != want {
-                    return Err(sucl_runtime::Error::Mismatch {
-                        rank,
-                        what: format!("graph transfer from rank {peer}: {got} bytes, the region has {want}"),
-                    });
-                }
-            }
+            crate::device::wait_exact(rank, requests)?;
             scope.wait_all()
         })?;
         for (_, _, buffer, region, data) in recvs {
