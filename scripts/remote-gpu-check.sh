@@ -13,7 +13,7 @@
 #     GPU1 server to server vs through the client (client links paced at 1 Gbit/s).
 # Fails if a daemon cannot open a GPU, any check fails, or any #wrong is not 0.
 # Sizes: JACOBI_N (256), JACOBI_NZ (256), JACOBI_STEPS (50), MATMUL_N (4096).
-# usage: [OUT=dir] scripts/remote-gpu-check.sh   (builds what it needs in release)
+# usage: [OUT=dir] [HOST_BENCH=0] scripts/remote-gpu-check.sh   (builds what it needs in release)
 #        SUCLD=path CHECK=path BENCH=path scripts/remote-gpu-check.sh   (prebuilt binaries, no cargo)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -50,8 +50,9 @@ start_daemon all
 SUCL_REMOTE=$ADDR_all SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PIN_all "$CHECK" | tee "$OUT/check.txt" || status=1
 grep -q "NVRTC kernel, events: OK" "$OUT/check.txt" || status=1
 "$BENCH" --only latency,reconnect --iters 20000 --out "$OUT/noop_latency.md" || status=1
-# The whole host benchmark (in-process daemons on host devices), on an idle machine.
-"$BENCH" --out "$OUT/host_loopback.md" || status=1
+# The whole host benchmark (in-process daemons on host devices), on an idle machine
+# (HOST_BENCH=0 leaves it out).
+if [ "${HOST_BENCH:-1}" != 0 ]; then "$BENCH" --out "$OUT/host_loopback.md" || status=1; fi
 
 # every_right FILE: the application tables of FILE ran and every #wrong (last column) is 0.
 every_right() {

@@ -4,6 +4,7 @@
 //   sucl run -n 4 -- target/release/examples/graph_cpd_bench comm [--programs allgather,...]
 //       [--min-bytes 4096] [--max-bytes 67108864] [--rounds 3] [--budget-mib 256] [--max-iters 200]
 //   sucl run -n 4 -- target/release/examples/graph_cpd_bench nbody [--size 4096] [--steps 3] [--rounds 3]
+//   sucl run -n 2 -- target/release/examples/graph_cpd_bench comm --device ...   (GPU ranks)
 //
 // comm: communication-only throughput (kernels do nothing) of the paper's Table 3 programs —
 // allgather (N kernel writes one_to_one, next reads all), gather_scatter (a 1-item kernel
@@ -13,6 +14,8 @@
 // neighborhood(1, 1)) — over f32 buffers of 4 KiB .. 64 MiB (×4 steps). An iteration is one
 // pass of the program's tasks; iterations/s = iterations / (wall time of the iterations and a
 // final sync, max over ranks). Iterations per size: budget / size, clamped to [3, max-iters].
+// With --device every rank is a GPU queue (DistrQueue::on_device: buffers in device memory,
+// moved by the queue's device transport, NCCL or staged) and the kernels are CUDA no-ops.
 //
 // nbody: a direct N-body (f64, one worker thread per rank, forces read all positions, then
 // positions move), steps/s; the final positions of both modes are compared bit for bit
@@ -21,8 +24,31 @@
 // Output: one JSON line per (program, size, round, mode) on rank 0's stdout.
 
 use std::time::Instant;
-use sucl_graph::{mappers::*, Buffer, DistrQueue, GraphError, QueueOptions, SplitHint};
+use sucl_graph::{mappers::*, Buffer, CudaSource, DistrQueue, GraphError, Handler, QueueOptions, SplitHint};
 use sucl_runtime::{Communicator, ReduceOp};
+
+/// No-op kernels for GPU ranks: the chunk, then one or two (pointer, extent) accessor pairs.
+const NOOP_SRC: &str = r#"
+extern "C" __global__ void noop1(sucl_chunk c, float* a, sucl_extent ae) {}
+extern "C" __global__ void noop2(sucl_chunk c, float* a, sucl_extent ae, float* b, sucl_extent be) {}
+"#;
+
+/// Where the (empty) kernels of the comm programs run.
+#[derive(Clone, Copy)]
+enum Kernels<'s> {
+    Host,
+    Device(&'s CudaSource),
+}
+
+/// Declares an empty kernel over `range` for a task with `accessors` (1 or 2) accessors.
+fn noop<const R: usize>(cgh: &mut Handler<'_>, k: Kernels<'_>, range: [usize; R], accessors: usize) {
+    match k {
+        Kernels::Host => cgh.parallel_for(range, |_, _| {}),
+        // SAFETY: noop1/noop2 declare the chunk and one or two (float*, extent) pairs, matching
+        // the task's accessors, and touch no memory.
+        Kernels::Device(src) => unsafe { cgh.parallel_for_cuda(range, src, if accessors == 1 { "noop1" } else { "noop2" }, &[]) },
+    }
+}
 
 fn options(discovery: bool) -> QueueOptions {
     QueueOptions { horizon_step: 4, threads: 1, dump_dir: None, discovery }
@@ -40,33 +66,33 @@ enum Bufs {
     Two(Buffer<f32, 2>, Buffer<f32, 2>),
 }
 
-fn write_1d(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
+fn write_1d(q: &mut DistrQueue<'_>, k: Kernels<'_>, a: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
     q.submit(|cgh| {
         cgh.discard_write(&a, one_to_one());
-        cgh.parallel_for([n], |_, _| {})
+        noop(cgh, k, [n], 1)
     })
     .map(|_| ())
 }
 
-fn one_item(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>) -> Result<(), GraphError> {
+fn one_item(q: &mut DistrQueue<'_>, k: Kernels<'_>, a: Buffer<f32, 1>) -> Result<(), GraphError> {
     q.submit(|cgh| {
         cgh.read_write(&a, all());
-        cgh.parallel_for([1], |_, _| {})
+        noop(cgh, k, [1], 1)
     })
     .map(|_| ())
 }
 
-fn read_all(q: &mut DistrQueue<'_>, a: Buffer<f32, 1>, b: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
+fn read_all(q: &mut DistrQueue<'_>, k: Kernels<'_>, a: Buffer<f32, 1>, b: Buffer<f32, 1>, n: usize) -> Result<(), GraphError> {
     q.submit(|cgh| {
         cgh.read(&a, all());
         cgh.discard_write(&b, one_to_one());
-        cgh.parallel_for([n], |_, _| {})
+        noop(cgh, k, [n], 2)
     })
     .map(|_| ())
 }
 
 /// Creates the program's buffers and runs what must precede the first iteration.
-fn setup(q: &mut DistrQueue<'_>, program: &str, cells: usize) -> Result<Bufs, GraphError> {
+fn setup(q: &mut DistrQueue<'_>, k: Kernels<'_>, program: &str, cells: usize) -> Result<Bufs, GraphError> {
     Ok(match program {
         "alltoall" | "stencil" => {
             let side = (cells as f64).sqrt() as usize;
@@ -75,7 +101,7 @@ fn setup(q: &mut DistrQueue<'_>, program: &str, cells: usize) -> Result<Bufs, Gr
         _ => {
             let (a, b) = (q.buffer::<f32, 1>([cells])?, q.buffer::<f32, 1>([cells])?);
             if program == "gather_scatter" {
-                write_1d(q, a, cells)?;
+                write_1d(q, k, a, cells)?;
             }
             Bufs::One(a, b)
         }
@@ -83,38 +109,38 @@ fn setup(q: &mut DistrQueue<'_>, program: &str, cells: usize) -> Result<Bufs, Gr
 }
 
 /// One pass of the program's tasks.
-fn iteration(q: &mut DistrQueue<'_>, program: &str, bufs: &mut Bufs) -> Result<(), GraphError> {
+fn iteration(q: &mut DistrQueue<'_>, k: Kernels<'_>, program: &str, bufs: &mut Bufs) -> Result<(), GraphError> {
     match (program, bufs) {
         ("allgather", Bufs::One(a, b)) => {
             let n = a.extent()[0];
-            write_1d(q, *a, n)?;
-            read_all(q, *a, *b, n)
+            write_1d(q, k, *a, n)?;
+            read_all(q, k, *a, *b, n)
         }
         ("gather_scatter", Bufs::One(a, _)) => {
             let (a, n) = (*a, a.extent()[0]);
-            one_item(q, a)?;
+            one_item(q, k, a)?;
             q.submit(|cgh| {
                 cgh.read_write(&a, one_to_one());
-                cgh.parallel_for([n], |_, _| {})
+                noop(cgh, k, [n], 1)
             })
             .map(|_| ())
         }
         ("gather_bcast", Bufs::One(a, b)) => {
             let n = a.extent()[0];
-            write_1d(q, *a, n)?;
-            one_item(q, *a)?;
-            read_all(q, *a, *b, n)
+            write_1d(q, k, *a, n)?;
+            one_item(q, k, *a)?;
+            read_all(q, k, *a, *b, n)
         }
         ("alltoall", Bufs::Two(x, t)) => {
             let ([s, _], x, t) = (x.extent(), *x, *t);
             q.submit(|cgh| {
                 cgh.discard_write(&x, one_to_one());
-                cgh.parallel_for([s, s], |_, _| {})
+                noop(cgh, k, [s, s], 1)
             })?;
             q.submit(|cgh| {
                 cgh.read(&x, transposed(0, 1));
                 cgh.discard_write(&t, one_to_one());
-                cgh.parallel_for([s, s], |_, _| {})
+                noop(cgh, k, [s, s], 2)
             })
             .map(|_| ())
         }
@@ -124,7 +150,7 @@ fn iteration(q: &mut DistrQueue<'_>, program: &str, bufs: &mut Bufs) -> Result<(
                 cgh.read(&src, neighborhood(&[1, 1]));
                 cgh.discard_write(&dst, one_to_one());
                 cgh.split(SplitHint::Split1D);
-                cgh.parallel_for([s, s], |_, _| {})
+                noop(cgh, k, [s, s], 2)
             })?;
             std::mem::swap(u, v);
             Ok(())
@@ -133,18 +159,58 @@ fn iteration(q: &mut DistrQueue<'_>, program: &str, bufs: &mut Bufs) -> Result<(
     }
 }
 
-/// Iterations per second of `program` over `bytes`-byte buffers with discovery on or off.
-fn comm_rate(comm: &Communicator, program: &str, bytes: usize, iters: usize, discovery: bool) -> Result<f64, GraphError> {
-    let mut q = DistrQueue::with_options(comm, options(discovery))?;
-    let mut bufs = setup(&mut q, program, bytes / 4)?;
-    iteration(&mut q, program, &mut bufs)?; // warm-up: first touch of every buffer
+/// This rank's GPU and the no-op kernels (`comm --device`).
+struct Gpu {
+    #[cfg(feature = "cuda")]
+    device: sucl_runtime::cuda::Device,
+    src: CudaSource,
+}
+
+impl Gpu {
+    #[cfg(feature = "cuda")]
+    fn open(comm: &Communicator) -> Result<Gpu, GraphError> {
+        Ok(Gpu { device: comm.cuda_device()?, src: CudaSource::new(NOOP_SRC) })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn open(_: &Communicator) -> Result<Gpu, GraphError> {
+        Err(GraphError::InvalidArgument("--device needs sucl-graph built with the `cuda` feature".into()))
+    }
+}
+
+/// A host queue, or a GPU queue on `gpu`, with discovery on or off.
+fn queue<'c>(comm: &'c Communicator, gpu: Option<&Gpu>, discovery: bool) -> Result<DistrQueue<'c>, GraphError> {
+    match gpu {
+        None => DistrQueue::with_options(comm, options(discovery)),
+        #[cfg(feature = "cuda")]
+        Some(g) => DistrQueue::on_device_with(comm, options(discovery), &g.device, sucl_graph::TransportChoice::from_env()?),
+        #[cfg(not(feature = "cuda"))]
+        Some(_) => unreachable!("a Gpu exists only with the cuda feature"),
+    }
+}
+
+/// Iterations per second of `program` over `bytes`-byte buffers with discovery on or off, and
+/// how the queue moved data ("host", or the GPU queue's transport).
+fn comm_rate(
+    comm: &Communicator,
+    gpu: Option<&Gpu>,
+    program: &str,
+    bytes: usize,
+    iters: usize,
+    discovery: bool,
+) -> Result<(f64, &'static str), GraphError> {
+    let mut q = queue(comm, gpu, discovery)?;
+    let transport = q.device_transport().map_or("host", |t| t.name());
+    let k = gpu.map_or(Kernels::Host, |g| Kernels::Device(&g.src));
+    let mut bufs = setup(&mut q, k, program, bytes / 4)?;
+    iteration(&mut q, k, program, &mut bufs)?; // warm-up: first touch of every buffer
     q.sync()?;
     let t = Instant::now();
     for _ in 0..iters {
-        iteration(&mut q, program, &mut bufs)?;
+        iteration(&mut q, k, program, &mut bufs)?;
     }
     q.sync()?;
-    Ok(iters as f64 / max_over_ranks(comm, t.elapsed().as_secs_f64())?)
+    Ok((iters as f64 / max_over_ranks(comm, t.elapsed().as_secs_f64())?, transport))
 }
 
 struct Args(Vec<String>);
@@ -163,6 +229,7 @@ fn comm_bench(comm: &Communicator, args: &Args) -> Result<(), GraphError> {
     let programs = args.get("--programs").unwrap_or("allgather,gather_scatter,gather_bcast,alltoall,stencil").to_string();
     let (min, max) = (args.num("--min-bytes", 4096), args.num("--max-bytes", 64 << 20));
     let (rounds, budget, max_iters) = (args.num("--rounds", 3), args.num("--budget-mib", 256) << 20, args.num("--max-iters", 200));
+    let gpu = if args.0.iter().any(|a| a == "--device") { Some(Gpu::open(comm)?) } else { None };
     for program in programs.split(',') {
         let mut bytes = min;
         while bytes <= max {
@@ -170,10 +237,10 @@ fn comm_bench(comm: &Communicator, args: &Args) -> Result<(), GraphError> {
             for round in 0..rounds {
                 let order = if round % 2 == 0 { [false, true] } else { [true, false] };
                 for cpd in order {
-                    let rate = comm_rate(comm, program, bytes, iters, cpd)?;
+                    let (rate, transport) = comm_rate(comm, gpu.as_ref(), program, bytes, iters, cpd)?;
                     if comm.rank() == 0 {
                         println!(
-                            "{{\"bench\":\"comm\",\"program\":\"{program}\",\"ranks\":{},\"bytes\":{bytes},\"round\":{round},\"cpd\":{cpd},\"iterations\":{iters},\"iterations_per_s\":{rate:.3}}}",
+                            "{{\"bench\":\"comm\",\"program\":\"{program}\",\"ranks\":{},\"transport\":\"{transport}\",\"bytes\":{bytes},\"round\":{round},\"cpd\":{cpd},\"iterations\":{iters},\"iterations_per_s\":{rate:.3}}}",
                             comm.size()
                         );
                     }
