@@ -605,6 +605,17 @@ impl ShmBackend {
         self.lay.half
     }
 
+    /// Bytes one step of a large data-moving collective (gather, all_gather, scatter, all_to_all,
+    /// reduce_scatter) publishes per rank: at most a half, and no more than
+    /// `shm_chunk_bytes` (a multiple of `es`), so what a rank publishes is still in cache when
+    /// its peers read it, and the next step's copy-in (into the other half) overlaps their
+    /// reads. (Broadcast keeps whole halves: its readers copy one block each, and smaller
+    /// steps only add barriers the root waits at.) The same on every rank: the layout and
+    /// `shm_chunk_bytes` are rank 0's.
+    fn step_bytes(&self, es: usize) -> usize {
+        ((self.half_bytes().min(self.cfg.shm_chunk_bytes.max(4096)) / es) * es).max(es)
+    }
+
     /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
     #[inline(always)]
     fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
@@ -845,7 +856,7 @@ impl ShmBackend {
                     }
                 } else {
                     // Chunks small enough to stay in cache between the phases.
-                    let chunk = (hb.min(self.cfg.shm_chunk_bytes.max(4096)) / es) * es;
+                    let chunk = self.step_bytes(es);
                     let mut first = true;
                     let mut off = 0;
                     while off < len {
@@ -914,10 +925,11 @@ impl ShmBackend {
             CollOp::AllGather | CollOp::Gather => {
                 let blk = d.count * es;
                 let all = d.op == CollOp::AllGather;
+                let step = self.step_bytes(es);
                 let mut off = 0;
                 let mut first = true;
                 loop {
-                    let c = hb.min(blk - off);
+                    let c = step.min(blk - off);
                     let h = self.begin_step(first.then_some(d));
                     let mine = match send {
                         Some(s) => &s[off..off + c],
@@ -946,7 +958,7 @@ impl ShmBackend {
             CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => {
                 let blk = d.count * es;
                 let rooted = d.op == CollOp::Scatter;
-                let sub = ((hb / n) / es).max(1) * es;
+                let sub = ((self.step_bytes(es) / n) / es).max(1) * es;
                 let mut off = 0;
                 let mut first = true;
                 loop {
