@@ -1,7 +1,7 @@
 // Task-graph programs on GPU ranks (DistrQueue::on_device, CUDA kernels compiled by NVRTC):
 // the 1D and 2D stencils, all-reads, master and collective host tasks, the matrix transpose and
-// the direct N-body of graph_programs.rs, with the same arithmetic (compiled without fused
-// multiply-add), plus a chain of one_to_one kernels. Rank 0 prints every result exactly in the
+// the direct N-body and the Table 3 programs of graph_programs.rs, with the same arithmetic
+// (compiled without fused multiply-add), plus a chain of one_to_one kernels. Rank 0 prints every result exactly in the
 // host example's format, so the two can be compared line by line.
 //
 // `target/debug/sucl run -n 2 -- target/debug/examples/graph_gpu_programs`
@@ -74,6 +74,33 @@ extern "C" __global__ void transpose(sucl_chunk c, const double* x, sucl_extent 
     sucl_size i[3]; if (!sucl_item(c, i)) return;
     t[sucl_at(te, i[0], i[1])] = x[sucl_at(xe, i[1], i[0])];
 }
+extern "C" __global__ void t3_fill(sucl_chunk c, double* a, sucl_extent ae, double k0) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    a[i[0]] = k0 + (double)((i[0] * i[0]) % 11);
+}
+extern "C" __global__ void t3_allgather(sucl_chunk c, const double* a, sucl_extent ae, double* b, sucl_extent be) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    double sum = 0.0;
+    for (sucl_size j = 0; j < ae.e[0]; j++) sum += a[j];
+    b[i[0]] = sum - a[i[0]];
+}
+extern "C" __global__ void t3_prefix(sucl_chunk c, double* a, sucl_extent ae) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    double acc = 0.0;
+    for (sucl_size j = 0; j < ae.e[0]; j++) { acc += a[j]; a[j] = acc; }
+}
+extern "C" __global__ void t3_scatter(sucl_chunk c, double* a, sucl_extent ae) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    a[i[0]] = a[i[0]] * 0.5 + (double)i[0];
+}
+extern "C" __global__ void t3_bcast(sucl_chunk c, const double* d, sucl_extent de, double* e, sucl_extent ee) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    e[i[0]] = d[de.e[0] - 1 - i[0]] - d[i[0]];
+}
+extern "C" __global__ void t3_rows(sucl_chunk c, double* x, sucl_extent xe) {
+    sucl_size i[3]; if (!sucl_item(c, i)) return;
+    x[sucl_at(xe, i[0], i[1])] = (double)(i[0] * 100 + i[1]);
+}
 extern "C" __global__ void nbody_vel(sucl_chunk c, const double* p, sucl_extent pe, double* v, sucl_extent ve, double dt) {
     sucl_size i[3]; if (!sucl_item(c, i)) return;
     sucl_size n = pe.e[0], b = i[0];
@@ -122,6 +149,8 @@ pub fn run() -> Result<(), GraphError> {
     stencil_2d(&mut q, &src)?;
     transpose(&mut q, &src)?;
     nbody(&mut q, &src)?;
+    table3::<24, 10>(&mut q, &src, "")?;
+    table3::<23, 11>(&mut q, &src, "-odd")?;
     q.sync()?;
     Ok(())
 }
@@ -291,5 +320,64 @@ pub fn nbody_step(
         cgh.read(&vel, slice(1));
         unsafe { cgh.parallel_for_cuda([n], src, "nbody_pos", &[KernelArg::F64(dt)]) }
     })?;
+    Ok(())
+}
+
+/// graph_programs.rs's Table 3 programs (all-gather, gather-scatter, gather-broadcast,
+/// all-to-all; collectives when discovery is on) over `N` cells and an `M`×`M` matrix.
+fn table3<const N: usize, const M: usize>(q: &mut DistrQueue<'_>, src: &CudaSource, suffix: &str) -> Result<(), GraphError> {
+    // SAFETY (every launch below): the t3_* kernels and transpose declare the chunk, then
+    // (double*, extent) per accessor in order, then the KernelArgs; each touches only the cells
+    // its accessors name for its item (t3_allgather and t3_bcast read `all`/mirrored cells of
+    // an `all` accessor; t3_prefix is a 1-item task reading and writing `all`).
+    let fill = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>, k0: f64| {
+        q.submit(|cgh| {
+            cgh.discard_write(a, one_to_one());
+            unsafe { cgh.parallel_for_cuda([N], src, "t3_fill", &[KernelArg::F64(k0)]) }
+        })
+    };
+    // A 1-item kernel reading and writing all (a running sum), as the host's one_item.
+    let prefix = |q: &mut DistrQueue<'_>, a: &sucl_graph::Buffer<f64, 1>| {
+        q.submit(|cgh| {
+            cgh.read_write(a, all());
+            unsafe { cgh.parallel_for_cuda([1], src, "t3_prefix", &[]) }
+        })
+    };
+    let (a, b) = (q.buffer::<f64, 1>([N])?, q.buffer::<f64, 1>([N])?);
+    fill(q, &a, 1.0)?;
+    q.submit(|cgh| {
+        cgh.read(&a, all());
+        cgh.discard_write(&b, one_to_one());
+        unsafe { cgh.parallel_for_cuda([N], src, "t3_allgather", &[]) }
+    })?;
+    print(q.comm(), &format!("allgather{suffix}"), &q.fence_all(&b)?);
+    let c = q.buffer::<f64, 1>([N])?;
+    fill(q, &c, 2.0)?;
+    prefix(q, &c)?;
+    q.submit(|cgh| {
+        cgh.read_write(&c, one_to_one());
+        unsafe { cgh.parallel_for_cuda([N], src, "t3_scatter", &[]) }
+    })?;
+    print(q.comm(), &format!("gatherscatter{suffix}"), &q.fence_all(&c)?);
+    let (d, e) = (q.buffer::<f64, 1>([N])?, q.buffer::<f64, 1>([N])?);
+    fill(q, &d, 3.0)?;
+    prefix(q, &d)?;
+    q.submit(|cgh| {
+        cgh.read(&d, all());
+        cgh.discard_write(&e, one_to_one());
+        unsafe { cgh.parallel_for_cuda([N], src, "t3_bcast", &[]) }
+    })?;
+    print(q.comm(), &format!("gatherbcast{suffix}"), &q.fence_all(&e)?);
+    let (x, t) = (q.buffer::<f64, 2>([M, M])?, q.buffer::<f64, 2>([M, M])?);
+    q.submit(|cgh| {
+        cgh.discard_write(&x, one_to_one());
+        unsafe { cgh.parallel_for_cuda([M, M], src, "t3_rows", &[]) }
+    })?;
+    q.submit(|cgh| {
+        cgh.read(&x, transposed(0, 1));
+        cgh.discard_write(&t, one_to_one());
+        unsafe { cgh.parallel_for_cuda([M, M], src, "transpose", &[]) }
+    })?;
+    print(q.comm(), &format!("alltoall{suffix}"), &q.fence_all(&t)?);
     Ok(())
 }

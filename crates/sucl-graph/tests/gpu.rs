@@ -66,6 +66,8 @@ struct Launch<'a> {
     /// SUCL_GRAPH_DEVICE_TRANSPORT (None: unset, auto).
     transport: Option<&'a str>,
     timeout_s: &'a str,
+    /// SUCL_GRAPH_CPD, collective pattern discovery on ("1") or off ("0") (None: unset, on).
+    cpd: Option<&'a str>,
 }
 
 fn start(l: &Launch<'_>) -> Vec<Reaped> {
@@ -88,6 +90,10 @@ fn start(l: &Launch<'_>) -> Vec<Reaped> {
             match l.transport {
                 Some(t) => cmd.env("SUCL_GRAPH_DEVICE_TRANSPORT", t),
                 None => cmd.env_remove("SUCL_GRAPH_DEVICE_TRANSPORT"),
+            };
+            match l.cpd {
+                Some(c) => cmd.env("SUCL_GRAPH_CPD", c),
+                None => cmd.env_remove("SUCL_GRAPH_CPD"),
             };
             cmd.env("SUCL_TIMEOUT", l.timeout_s)
                 .env("SUCL_GRAPH_THREADS", "1")
@@ -128,7 +134,24 @@ fn program_lines(l: &Launch<'_>) -> Vec<String> {
             out0 = out;
         }
     }
-    const NAMES: [&str; 8] = ["chain:", "stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"];
+    const NAMES: [&str; 16] = [
+        "chain:",
+        "stencil:",
+        "all:",
+        "collective:",
+        "master:",
+        "stencil2d:",
+        "transpose:",
+        "nbody:",
+        "allgather:",
+        "gatherscatter:",
+        "gatherbcast:",
+        "alltoall:",
+        "allgather-odd:",
+        "gatherscatter-odd:",
+        "gatherbcast-odd:",
+        "alltoall-odd:",
+    ];
     out0.lines().filter_map(|l| NAMES.iter().filter_map(|p| l.find(p)).min().map(|at| l[at..].to_string())).collect()
 }
 
@@ -151,38 +174,64 @@ fn chain_line() -> String {
     format!("chain: {}", d.join(" "))
 }
 
+/// The programs both examples print (the chain, GPU only, comes apart): the host example's
+/// first line of each.
+const TABLE3_AND_OTHERS: [&str; 15] = [
+    "stencil:",
+    "all:",
+    "collective:",
+    "master:",
+    "stencil2d:",
+    "transpose:",
+    "nbody:",
+    "allgather:",
+    "gatherscatter:",
+    "gatherbcast:",
+    "alltoall:",
+    "allgather-odd:",
+    "gatherscatter-odd:",
+    "gatherbcast-odd:",
+    "alltoall-odd:",
+];
+
 #[test]
 fn gpu_programs_match_the_host_ranks_bit_for_bit() {
     let Some(n) = gpus_or_skip("gpu_programs_match_the_host_ranks_bit_for_bit") else { return };
-    let host = program_lines(&Launch { ranks: 1, rank_test: "host_programs_rank", visible: None, transport: None, timeout_s: "30" });
+    let host =
+        program_lines(&Launch { ranks: 1, rank_test: "host_programs_rank", visible: None, transport: None, timeout_s: "30", cpd: None });
     let mut want: Vec<String> = vec![chain_line()];
     // The host example prints more programs than the GPU one (a second `all:` line, for `all`
     // after a 2D split, comes last): take each program's first line.
-    want.extend(
-        ["stencil:", "all:", "collective:", "master:", "stencil2d:", "transpose:", "nbody:"]
-            .iter()
-            .filter_map(|p| host.iter().find(|l| l.starts_with(p)).cloned()),
-    );
-    assert_eq!(want.len(), 8, "the host reference printed every program: {want:#?}");
+    want.extend(TABLE3_AND_OTHERS.iter().filter_map(|p| host.iter().find(|l| l.starts_with(p)).cloned()));
+    assert_eq!(want.len(), 1 + TABLE3_AND_OTHERS.len(), "the host reference printed every program: {want:#?}");
     let mut runs = vec![
-        ("1 rank", Launch { ranks: 1, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60" }),
+        ("1 rank", Launch { ranks: 1, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60", cpd: None }),
         (
             "2 ranks sharing GPU 0 (staged)",
-            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60" },
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60", cpd: None },
         ),
     ];
     if n >= 2 {
         runs.push((
             "2 ranks on 2 GPUs (auto: nccl)",
-            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60" },
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60", cpd: None },
         ));
         runs.push((
             "2 ranks on 2 GPUs, nccl",
-            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("nccl"), timeout_s: "60" },
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("nccl"), timeout_s: "60", cpd: None },
         ));
         runs.push((
             "2 ranks on 2 GPUs, staged",
-            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("staged"), timeout_s: "60" },
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: Some("staged"), timeout_s: "60", cpd: None },
+        ));
+        // The Table 3 programs with collective pattern discovery off and on, on 2 GPUs.
+        runs.push((
+            "2 ranks on 2 GPUs, discovery off",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60", cpd: Some("0") },
+        ));
+        runs.push((
+            "2 ranks on 2 GPUs, discovery on",
+            Launch { ranks: 2, rank_test: "gpu_programs_rank", visible: None, transport: None, timeout_s: "60", cpd: Some("1") },
         ));
     } else {
         assert!(!gpu_required() || std::env::var("SUCL_REQUIRE_GPUS").map_or(true, |v| v != "2"), "SUCL_REQUIRE_GPUS=2 but only {n} GPU");
@@ -226,7 +275,8 @@ fn a_compile_error_ends_every_rank_with_nvrtcs_log() {
     if gpus_or_skip("a_compile_error_ends_every_rank_with_nvrtcs_log").is_none() {
         return;
     }
-    let mut ranks = start(&Launch { ranks: 2, rank_test: "compile_error_rank", visible: Some("0"), transport: None, timeout_s: "20" });
+    let mut ranks =
+        start(&Launch { ranks: 2, rank_test: "compile_error_rank", visible: Some("0"), transport: None, timeout_s: "20", cpd: None });
     for (r, c) in ranks.iter_mut().enumerate() {
         let (code, _, err) = wait(c, Duration::from_secs(60), &format!("rank {r}"));
         assert_eq!(code, Some(7), "rank {r} must report the compile error: {err}");
@@ -267,7 +317,8 @@ fn a_faulting_kernel_is_an_error_not_a_hang() {
     if gpus_or_skip("a_faulting_kernel_is_an_error_not_a_hang").is_none() {
         return;
     }
-    let mut ranks = start(&Launch { ranks: 1, rank_test: "faulting_kernel_rank", visible: Some("0"), transport: None, timeout_s: "20" });
+    let mut ranks =
+        start(&Launch { ranks: 1, rank_test: "faulting_kernel_rank", visible: Some("0"), transport: None, timeout_s: "20", cpd: None });
     let (code, _, err) = wait(&mut ranks[0], Duration::from_secs(60), "the faulting rank");
     assert_eq!(code, Some(7), "the fault must come back from the fence as an error: {err}");
     assert!(err.contains("FAULT-ERROR") && err.contains("ILLEGAL_ADDRESS"), "{err}");
@@ -312,7 +363,7 @@ fn a_lost_gpu_rank_is_an_error_not_a_hang() {
         cases.push(None); // one GPU each: NCCL
     }
     for visible in cases {
-        let mut ranks = start(&Launch { ranks: 2, rank_test: "lost_gpu_rank", visible, transport: None, timeout_s: "5" });
+        let mut ranks = start(&Launch { ranks: 2, rank_test: "lost_gpu_rank", visible, transport: None, timeout_s: "5", cpd: None });
         let _ = wait(&mut ranks[1], Duration::from_secs(60), "rank 1");
         let (code, _, err) = wait(&mut ranks[0], Duration::from_secs(90), "rank 0 after losing rank 1");
         assert_eq!(code, Some(7), "visible {visible:?}: rank 0 must fail with an error: {err}");
