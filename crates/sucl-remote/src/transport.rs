@@ -56,6 +56,11 @@ pub fn pin_of_pem_file(path: &Path) -> Result<Pin, String> {
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     let mut p = rustls::crypto::ring::default_provider();
+    // TLS 1.3's mandatory suite first (AES-128-GCM with SHA-256): 128-bit security, and its
+    // key schedule hashes with SHA-256 rather than SHA-384, which is most of a resumed
+    // handshake's symmetric work — the critical path of every re-attach. The other suites stay
+    // offered, after it.
+    p.cipher_suites.sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     for g in p.kx_groups.iter_mut() {
         if g.name() == rustls::NamedGroup::X25519 {
             *g = x25519_ahead();
@@ -763,6 +768,14 @@ pub fn connect(addr: &str, tls: &Tls, timeout: Duration) -> io::Result<Link> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aes_128_gcm_is_offered_first_and_the_others_stay() {
+        let suites: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        assert_eq!(suites[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256, "{suites:?}");
+        assert!(suites.contains(&rustls::CipherSuite::TLS13_AES_256_GCM_SHA384), "{suites:?}");
+        assert_eq!(suites.len(), rustls::crypto::ring::default_provider().cipher_suites.len());
+    }
 
     #[test]
     fn a_key_pair_made_ahead_serves_one_handshake_of_the_process_that_made_it() {
