@@ -255,6 +255,38 @@ fn combine_typed<T: Element>(acc: &mut [u8], src: &[u8], op: ReduceOp) {
     }
 }
 
+fn combine_left_typed<T: Element>(acc: &mut [u8], left: &[u8], op: ReduceOp) {
+    let sz = std::mem::size_of::<T>();
+    if let (Ok(a), Ok(l)) = (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(left)) {
+        a.iter_mut().zip(l).for_each(|(x, y)| *x = T::combine(*y, *x, op));
+        return;
+    }
+    for (x, y) in acc.chunks_exact_mut(sz).zip(left.chunks_exact(sz)) {
+        let (a, l): (T, T) = (bytemuck::pod_read_unaligned(x), bytemuck::pod_read_unaligned(y));
+        x.copy_from_slice(bytemuck::bytes_of(&T::combine(l, a, op)));
+    }
+}
+
+/// `acc[i] = left[i] op acc[i]` (the left operand from `left`): the same bits as
+/// [`reduce_bytes_into`] of `(left, acc)`, in place, for callers that must keep a rank order of
+/// operands while the right one already sits in the output (`avg` adds).
+pub fn reduce_bytes_left(acc: &mut [u8], left: &[u8], dtype: DType, op: ReduceOp) {
+    debug_assert_eq!(acc.len(), left.len());
+    let op = op.combiner();
+    match dtype {
+        DType::U8 => combine_left_typed::<u8>(acc, left, op),
+        DType::I8 => combine_left_typed::<i8>(acc, left, op),
+        DType::I32 => combine_left_typed::<i32>(acc, left, op),
+        DType::U32 => combine_left_typed::<u32>(acc, left, op),
+        DType::I64 => combine_left_typed::<i64>(acc, left, op),
+        DType::U64 => combine_left_typed::<u64>(acc, left, op),
+        DType::F16 => combine_left_typed::<f16>(acc, left, op),
+        DType::BF16 => combine_left_typed::<bf16>(acc, left, op),
+        DType::F32 => combine_left_typed::<f32>(acc, left, op),
+        DType::F64 => combine_left_typed::<f64>(acc, left, op),
+    }
+}
+
 /// `acc[i] = acc[i] op src[i]` over byte buffers holding `dtype` elements (`avg` adds).
 ///
 /// Both slices must have the same length, a multiple of the element size.
@@ -371,6 +403,35 @@ mod tests {
         for i in 0..17 {
             let v: f32 = bytemuck::pod_read_unaligned(&acc[1 + i * 4..5 + i * 4]);
             assert_eq!(v, (i * 3) as f32);
+        }
+    }
+
+    #[test]
+    fn reduce_left_gives_the_bits_of_the_operands_in_order() {
+        // Operands whose order shows: non-commutative bit patterns (NaNs with payloads of
+        // either side, signed zeros, mixed signs), at aligned and unaligned offsets.
+        for dt in DType::ALL {
+            let n = 37;
+            let bytes = |seed: u64| -> Vec<u8> {
+                let mut x = seed;
+                (0..n * dt.size())
+                    .map(|_| {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        (x >> 56) as u8
+                    })
+                    .collect()
+            };
+            let (a, b) = (bytes(1), bytes(2));
+            for op in ReduceOp::ALL {
+                let mut want = vec![0u8; a.len()];
+                reduce_bytes_into(&mut want, &a, &b, dt, op);
+                for shift in [0, 1] {
+                    let mut acc = vec![0u8; a.len() + shift];
+                    acc[shift..].copy_from_slice(&b);
+                    reduce_bytes_left(&mut acc[shift..], &a, dt, op);
+                    assert_eq!(&acc[shift..], &want[..], "{dt} {op} at offset {shift}");
+                }
+            }
         }
     }
 

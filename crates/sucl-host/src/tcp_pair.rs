@@ -9,6 +9,11 @@
 //! order (the engine's send queue is first in, first out and receives of one tag match in
 //! posting order), so both sides agree on which frame is which without extra tags.
 //!
+//! Up to [`WHOLE_EXCHANGE_MAX`] bytes the ranks swap whole buffers instead (after the same
+//! handshake) and each reduces all of it: one one-way trip fewer than halves and reduced halves,
+//! for the same bytes on the wire each way, at the price of reducing twice the elements. Both
+//! reduce in rank order (rank 0's operand on the left), so both hold the same bits.
+//!
 //! The ready handshake costs one small one-way message; it buys that no payload byte of this
 //! call is ever read before its receive is posted. Without it a rank still finishing the
 //! previous call would read the next call's pieces into unexpected-message buffers (an
@@ -17,9 +22,14 @@
 use sucl_core::algorithms::AlgoConfig;
 use sucl_core::backend::{CollDesc, ReqId};
 use sucl_core::chunk::{block_range, bytes, pieces};
-use sucl_core::dtype::{finish_reduce, reduce_bytes};
+use sucl_core::dtype::{finish_reduce, reduce_bytes, reduce_bytes_into, reduce_bytes_left};
 use sucl_core::engine::Engine;
 use sucl_core::Result;
+
+/// Largest call (bytes) whose ranks swap whole buffers rather than halves: below it a call is
+/// bound by its one-way trips (three for halves: ready, raw, reduced), above it by copies and
+/// reductions. A constant, so every rank picks the same protocol for a call.
+pub(crate) const WHOLE_EXCHANGE_MAX: usize = 256 << 10;
 
 /// Whether [`all_reduce`] serves this call: two ranks, a reduction past the latency-bound
 /// sizes, at least one element per half.
@@ -33,7 +43,7 @@ pub(crate) fn all_reduce(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send
     let name = desc.op.name();
     e.check_usable(name)?;
     e.set_activity(name);
-    let r = exchange(e, cfg, desc, send, buf);
+    let r = if buf.len() <= WHOLE_EXCHANGE_MAX { exchange_whole(e, desc, send, buf) } else { exchange(e, cfg, desc, send, buf) };
     e.set_activity("point-to-point");
     r?;
     finish_reduce(buf, desc.dtype, desc.redop, 2);
@@ -101,6 +111,57 @@ fn exchange(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8
                 e.wait(*q)?;
                 *q = DONE;
             }
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        cancel_all(e, &reqs);
+    }
+    e.scratch = tmp;
+    e.reqs = reqs;
+    res
+}
+
+/// Both ranks send their whole input after the ready handshake and reduce everything received
+/// with their own, rank 0's operand on the left.
+fn exchange_whole(e: &mut Engine, desc: &CollDesc, send: Option<&[u8]>, buf: &mut [u8]) -> Result<()> {
+    let tag = e.begin_collective()?;
+    let meta = desc.encode();
+    let (me, peer) = (e.rank(), 1 - e.rank());
+    let len = buf.len();
+    let mut tmp = std::mem::take(&mut e.scratch);
+    if tmp.len() < len {
+        tmp.resize(len, 0);
+    }
+    let mut reqs = std::mem::take(&mut e.reqs);
+    reqs.clear();
+    let src: *const u8 = send.map_or(buf.as_ptr(), <[u8]>::as_ptr);
+    let mut ready_byte = [0u8; 0];
+    let res = (|| -> Result<()> {
+        // SAFETY (every post below): the peer's input lands in `tmp[..len]`, our input is read
+        // from `send` or `buf`; all outlive this closure, and every request is waited for here
+        // or cancelled below before they go away. Nothing writes `buf` until our send of it
+        // completed (in place, `src` is `buf`).
+        let ready = unsafe { e.post_recv(peer, tag, Some(meta), ready_byte.as_mut_ptr(), 0)? };
+        reqs.push(ready);
+        let theirs = unsafe { e.post_recv(peer, tag, Some(meta), tmp.as_mut_ptr(), len)? };
+        reqs.push(theirs);
+        reqs.push(unsafe { e.post_send(peer, tag, meta, ready_byte.as_ptr(), 0)? });
+        e.wait(ready)?;
+        reqs[0] = DONE;
+        reqs.push(unsafe { e.post_send(peer, tag, meta, src, len)? });
+        for q in reqs.iter_mut() {
+            if *q != DONE {
+                e.wait(*q)?;
+                *q = DONE;
+            }
+        }
+        let (t, dt, op) = (&tmp[..len], desc.dtype, desc.redop);
+        match (me, send) {
+            (0, Some(s)) => reduce_bytes_into(buf, s, t, dt, op),
+            (0, None) => reduce_bytes(buf, t, dt, op),
+            (_, Some(s)) => reduce_bytes_into(buf, t, s, dt, op),
+            (_, None) => reduce_bytes_left(buf, t, dt, op),
         }
         Ok(())
     })();
