@@ -92,6 +92,11 @@ pub(crate) struct Channel {
     /// The communicator's backoff: how long the engine spins, then yields, before it naps.
     spin: Duration,
     yield_for: Duration,
+    /// How long the engine spins while a batch of this channel waits for a trigger that only
+    /// polling can see (a stream stores it): the communicator's whole spin, not the short one of
+    /// host queues — no queue worker of this rank competes for the core, and each round of
+    /// yielding adds a system call to the trigger round trip.
+    poll_spin: Duration,
 }
 
 impl Channel {
@@ -103,6 +108,7 @@ impl Channel {
             // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
             // and the queue's worker) to the ones the backoff was sized for.
             spin: backoff.spin.min(crate::SHORT_SPIN),
+            poll_spin: backoff.spin,
             yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
@@ -193,9 +199,7 @@ impl Channel {
                 }
                 Ok(false) => false,
                 Ok(true) => {
-                    let a = active.take().expect("active");
-                    self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
-                    self.signal.complete(a.epoch);
+                    self.finish(active.take().expect("active"));
                     true
                 }
                 Err(e) => {
@@ -218,10 +222,23 @@ impl Channel {
         let Some(batch) = batch else { return false };
         let deadline = Instant::now() + self.timeout;
         match activate(comm, batch, deadline) {
-            Ok(a) => *active = Some(a),
+            Ok(mut a) => match test_batch(comm, &mut a) {
+                // Complete at once what needs no second look (an empty batch, collectives, a
+                // message already there): one round less between trigger and completion.
+                Ok(true) => self.finish(a),
+                Ok(false) => *active = Some(a),
+                Err(e) => self.fail(e, Some(a), Some(comm)),
+            },
             Err((e, a)) => self.fail(e, Some(a), Some(comm)),
         }
         true
+    }
+
+    /// A batch all of whose operations completed: it leaves the count in flight and the queue
+    /// learns its completion.
+    fn finish(&self, a: Active) {
+        self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
+        self.signal.complete(a.epoch);
     }
 
     /// Whether a batch waits for a trigger that only polling can see.
@@ -368,7 +385,7 @@ fn run() {
     };
     let mut chans: Vec<Arc<Channel>> = vec![];
     let mut seen = u64::MAX;
-    let (mut spin, mut yield_for) = (Duration::ZERO, Duration::ZERO);
+    let (mut spin, mut yield_for, mut poll_spin) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut idle_rounds = 0u32;
     let mut idle_since = Instant::now();
     let mut idle = Duration::ZERO;
@@ -381,6 +398,7 @@ fn run() {
             // oversubscribed host, where every spin takes a core from a rank).
             spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
             yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
+            poll_spin = chans.iter().filter(|c| c.signal.polled()).map(|c| c.poll_spin).max().unwrap_or_default().max(spin);
         }
         let mut moved = false;
         let mut poll = false;
@@ -414,6 +432,7 @@ fn run() {
                 idle = idle_since.elapsed();
             }
             let patience = if poll { yield_for.max(Duration::from_millis(2)) } else { yield_for };
+            let spin = if poll { poll_spin } else { spin };
             if idle < spin {
                 std::hint::spin_loop();
             } else if idle < spin + patience {

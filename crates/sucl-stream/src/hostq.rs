@@ -16,6 +16,10 @@ struct State {
     /// Threads blocked in `synchronize` (counted under `sleep`): the worker notifies `ran` only
     /// when there are any, not after every task.
     sleepers: AtomicU32,
+    /// The smallest `finished` count a thread blocked in `synchronize` waits for (`u64::MAX`:
+    /// none): the worker wakes them when it gets there, not after every task — a wake-up per
+    /// task would cost the worker's core a context switch each time.
+    wake_at: AtomicU64,
     sleep: Mutex<()>,
     ran: Condvar,
     panicked: AtomicBool,
@@ -43,6 +47,7 @@ impl HostQueue {
             submitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             sleepers: AtomicU32::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
             sleep: Mutex::new(()),
             ran: Condvar::new(),
             panicked: AtomicBool::new(false),
@@ -55,10 +60,13 @@ impl HostQueue {
                     if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
                         st.panicked.store(true, Ordering::Release);
                     }
-                    st.finished.fetch_add(1, Ordering::SeqCst);
-                    // A sleeper counts itself before it checks `finished` (both SeqCst).
-                    if st.sleepers.load(Ordering::SeqCst) > 0 {
+                    let finished = st.finished.fetch_add(1, Ordering::SeqCst) + 1;
+                    // A sleeper counts itself and stores its target before it checks
+                    // `finished` (all SeqCst), so it either sees this count or is seen here.
+                    if st.sleepers.load(Ordering::SeqCst) > 0 && finished >= st.wake_at.load(Ordering::SeqCst) {
                         let _g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        // Every sleeper wakes and registers its target again if it wants more.
+                        st.wake_at.store(u64::MAX, Ordering::SeqCst);
                         st.ran.notify_all();
                     }
                 }
@@ -92,6 +100,7 @@ impl HostQueue {
         st.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut late = None;
         loop {
+            st.wake_at.fetch_min(target, Ordering::SeqCst);
             let done = st.finished.load(Ordering::SeqCst);
             if done >= target {
                 break;

@@ -65,6 +65,11 @@ impl OpState {
         })
     }
 
+    /// Bytes per element.
+    pub(crate) fn elem(&self) -> usize {
+        self.elem
+    }
+
     /// Records the outcome (the first one wins) and wakes every waiter.
     pub(crate) fn complete(&self, r: Result<usize>) {
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
