@@ -343,6 +343,9 @@ enum Mode {
         /// complete.
         held: Vec<(u64, Vec<Box<dyn Send>>)>,
         tracker: Arc<Tracker>,
+        /// The completion of the next start, shared by the requests of its operations (made at
+        /// its first enqueue).
+        mark: Option<Arc<dyn DevicePoll>>,
         failed: Option<Error>,
     },
     Staged {
@@ -384,7 +387,7 @@ impl CommQueue {
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
             let tracker = Arc::new(Tracker::new(queue.clone()));
-            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, failed: None }
+            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, mark: None, failed: None }
         } else {
             let signal = StreamSignal::leak(queue.device())?;
             let ch = Channel::new(comm, Box::new(signal));
@@ -554,6 +557,10 @@ impl Tracker {
         if self.completed.load(Ordering::Acquire) >= epoch {
             return Ok(true);
         }
+        if self.issued.load(Ordering::Acquire) < epoch {
+            // Not issued yet (its operations were enqueued, their start not reached).
+            return Ok(false);
+        }
         let mut g = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|(covers, _)| *covers < epoch) {
             // Read before recording: the event then follows every group issued up to `covers`.
@@ -589,6 +596,15 @@ impl DevicePoll for Mark {
 /// Held handles beyond which a start releases those of completed starts.
 const HELD_CHECK: usize = 64;
 
+/// On the NCCL path, the state of a new operation of the next start: complete (with `bytes`)
+/// once the stream ran that start's group. `None` on the staged path.
+fn nccl_state(cq: &mut CommQueue, elem: usize, what: What, bytes: usize) -> Option<Arc<OpState>> {
+    let (epoch, rank) = (cq.started + 1, cq.world_rank);
+    let Mode::Nccl { tracker, mark, .. } = &mut device_of(cq).mode else { return None };
+    let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
+    Some(OpState::on_device(elem, what, rank, poll, bytes))
+}
+
 /// Enqueues a send or receive of a device buffer.
 pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
     check_queue(cq, b)?;
@@ -598,17 +614,18 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
     if peer == PROC_NULL {
         return Ok(cq.null_request(es, what));
     }
-    let (state, req) = cq.new_request(es, what);
     let keep: Box<dyn Send> = Box::new(b.clone());
-    let d = device_of(cq);
-    if matches!(d.mode, Mode::Nccl { .. }) {
+    if let Some(state) = nccl_state(cq, es, what, bytes) {
         let addr = b.inner.address();
         let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
-        if let Mode::Nccl { pending, .. } = &mut d.mode {
+        let req = cq.push_request(state.clone());
+        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
             pending.push((op, state, keep));
         }
         return Ok(req);
     }
+    let (state, req) = cq.new_request(es, what);
+    let d = device_of(cq);
     let staged = {
         let slot = d.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
@@ -647,15 +664,18 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
     }
     let es = std::mem::size_of::<T>();
     let (sb, rb) = (send.len() * es, recv.len() * es);
-    let (state, req) = cq.new_request(es, What::Coll(c.name()));
     let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
-    let d = device_of(cq);
-    if let Mode::Nccl { pending, .. } = &mut d.mode {
+    if let Some(state) = nccl_state(cq, es, What::Coll(c.name()), 0) {
+        let req = cq.push_request(state.clone());
         let (s, r) = (send.clone(), recv.clone());
         let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
-        pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
+            pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+        }
         return Ok(req);
     }
+    let (state, req) = cq.new_request(es, What::Coll(c.name()));
+    let d = device_of(cq);
     let rslot = d.slot(rb)?;
     let sslot = if in_place { None } else { Some(d.slot(sb)?) };
     let download = match &sslot {
@@ -705,17 +725,13 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     let stream = d.queue.stream().clone();
     let cs = stream.cu_stream();
     match &mut d.mode {
-        Mode::Nccl { comm, pending, held, tracker, failed } => {
+        Mode::Nccl { comm, pending, held, tracker, mark, failed } => {
             let ops = std::mem::take(pending);
+            // The requests already hold this start's completion (made at enqueue).
+            mark.take();
             match issue_nccl(comm, &d.queue, ops, epoch) {
-                Ok((states, keeps)) => {
+                Ok(keeps) => {
                     tracker.issued.store(epoch, Ordering::Release);
-                    if !states.is_empty() {
-                        let poll: Arc<dyn DevicePoll> = Arc::new(Mark { tracker: tracker.clone(), epoch });
-                        for (s, bytes) in states {
-                            s.complete_on_device(poll.clone(), bytes);
-                        }
-                    }
                     if !keeps.is_empty() {
                         held.push((epoch, keeps));
                     }
@@ -771,29 +787,29 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     }
 }
 
-type Issued = (Vec<(Arc<OpState>, usize)>, Vec<Box<dyn Send>>);
-
 /// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
 /// point-to-point operations is exactly one group), collectives where they stand. If an issue
 /// fails, every operation of the batch fails with its error (none is left to time out).
-fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>, epoch: u64) -> Result<Issued> {
+/// Returns the handles that keep the batch's buffers alive.
+fn issue_nccl(
+    comm: &Communicator,
+    queue: &Queue,
+    ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
+    epoch: u64,
+) -> Result<Vec<Box<dyn Send>>> {
     let mut states = Vec::with_capacity(ops.len());
     let mut keeps = Vec::with_capacity(ops.len());
     let mut work = Vec::with_capacity(ops.len());
     for (op, state, keep) in ops {
-        let bytes = match &op {
-            NcclOp::Send { bytes, .. } | NcclOp::Recv { bytes, .. } => *bytes,
-            NcclOp::Coll(_) => 0,
-        };
-        states.push((state, bytes));
+        states.push(state);
         keeps.push(keep);
         work.push(op);
     }
     match issue_runs(comm, queue, work) {
-        Ok(()) => Ok((states, keeps)),
+        Ok(()) => Ok(keeps),
         Err(e) => {
             tracing::error!(rank = comm.rank(), epoch, error = %e, "issuing a stream-triggered NCCL batch failed");
-            for (s, _) in &states {
+            for s in &states {
                 s.complete(Err(e.clone()));
             }
             Err(e)

@@ -123,3 +123,53 @@ impl HostQueue {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opens when its sender sends (or drops): a task that waits on it holds the queue.
+    fn gate() -> (mpsc::Sender<()>, impl FnOnce() + Send + 'static) {
+        let (tx, rx) = mpsc::channel::<()>();
+        (tx, move || {
+            let _ = rx.recv_timeout(Duration::from_secs(30));
+        })
+    }
+
+    #[test]
+    fn each_synchronize_returns_when_its_own_tasks_ran() {
+        let q = HostQueue::new();
+        let (open1, task1) = gate();
+        q.submit(task1);
+        // A waits for task 1 only.
+        let (qa, (done_a, got_a)) = (q.clone(), mpsc::channel());
+        std::thread::spawn(move || done_a.send(qa.synchronize(Duration::from_secs(60))).unwrap());
+        // Let A block first, then B, which waits for task 2 too (a larger target).
+        std::thread::sleep(Duration::from_millis(50));
+        let (open2, task2) = gate();
+        q.submit(task2);
+        let (qb, (done_b, got_b)) = (q.clone(), mpsc::channel());
+        std::thread::spawn(move || done_b.send(qb.synchronize(Duration::from_secs(60))).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        open1.send(()).unwrap();
+        // A's tasks ran: A returns although B's target (task 2, still held) is not reached.
+        let a = got_a.recv_timeout(Duration::from_secs(10)).expect("synchronize did not return once its tasks had run");
+        a.expect("synchronize A");
+        assert!(got_b.try_recv().is_err(), "B returned before its task ran");
+        assert_eq!(q.pending(), 1);
+        open2.send(()).unwrap();
+        got_b.recv_timeout(Duration::from_secs(10)).expect("synchronize B did not return").expect("synchronize B");
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[test]
+    fn synchronize_is_bounded() {
+        let q = HostQueue::new();
+        let (open, task) = gate();
+        q.submit(task);
+        let e = q.synchronize(Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(e.contains("1 tasks pending"), "{e}");
+        open.send(()).unwrap();
+        q.synchronize(Duration::from_secs(10)).unwrap();
+    }
+}

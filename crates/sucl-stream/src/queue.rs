@@ -269,9 +269,15 @@ impl CommQueue {
 
     pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
         let state = OpState::new(elem, what, self.world_rank);
-        let req = Request { state: state.clone(), bound: self.bound() };
-        self.unstarted.push(req.clone());
+        let req = self.push_request(state.clone());
         (state, req)
+    }
+
+    /// Records the request of a new operation among those enqueued since the last start.
+    pub(crate) fn push_request(&mut self, state: Arc<OpState>) -> Request {
+        let req = Request { state, bound: self.bound() };
+        self.unstarted.push(req.clone());
+        req
     }
 
     /// The request of an operation with the `PROC_NULL` peer: complete at once, moving

@@ -65,6 +65,20 @@ impl OpState {
         })
     }
 
+    /// An operation the device completes: done (with `bytes`) once `poll` says so. Set at
+    /// creation, so starting it costs nothing per operation.
+    pub(crate) fn on_device(elem: usize, what: What, rank: usize, poll: Arc<dyn DevicePoll>, bytes: usize) -> Arc<OpState> {
+        Arc::new(OpState {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+            waiters: AtomicU32::new(0),
+            elem: elem.max(1),
+            what,
+            rank,
+            device: OnceLock::from((poll, bytes)),
+        })
+    }
+
     /// Bytes per element.
     pub(crate) fn elem(&self) -> usize {
         self.elem
@@ -88,15 +102,6 @@ impl OpState {
             let _g = self.result.lock().unwrap_or_else(|p| p.into_inner());
             self.done.notify_all();
         }
-    }
-
-    /// Hands completion to the device: the operation is done (with `bytes`) once `poll` says so.
-    pub(crate) fn complete_on_device(&self, poll: Arc<dyn DevicePoll>, bytes: usize) {
-        // Under the result's lock, like an outcome: a waiter that saw no poll is then counted.
-        let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = self.device.set((poll, bytes));
-        drop(g);
-        self.wake();
     }
 
     /// Asks the device, if it completes this operation.

@@ -258,11 +258,22 @@ fn proc_null_completes_at_once_and_wildcards_are_refused() {
         return;
     }
     let comm = sucl_runtime::init().unwrap();
+    let other = comm.split(Some(0), 0).unwrap().expect("member");
     let q = HostQueue::new();
     let mut cq = CommQueue::on_host(comm, &q).unwrap();
     let b = SharedBuf::new(vec![5i32; 4]);
     let s = cq.enqueue_send(&b, PROC_NULL, 1).unwrap();
     let r = cq.enqueue_recv(&b, PROC_NULL, 1).unwrap();
+    // Complete at once: before any start, and not counted among the operations waiting for one.
+    assert_eq!(s.test().unwrap(), Some(0), "a PROC_NULL send waited for a start");
+    assert_eq!(r.test().unwrap(), Some(0), "a PROC_NULL receive waited for a start");
+    assert_eq!(cq.enqueued(), 0, "PROC_NULL operations were queued for a start");
+    // A queue holding only PROC_NULL operations closes cleanly (nothing was in flight).
+    let q2 = HostQueue::new();
+    let mut cq2 = CommQueue::on_host(other, &q2).unwrap();
+    cq2.enqueue_send(&b, PROC_NULL, 2).unwrap();
+    cq2.enqueue_recv(&b, PROC_NULL, 3).unwrap();
+    cq2.close().expect("closing a queue that holds only completed PROC_NULL operations");
     cq.start().unwrap();
     cq.wait().unwrap();
     assert_eq!(s.wait().unwrap(), 0);
