@@ -7,7 +7,7 @@
 
 use crate::request::OpState;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result, UnscopedRequest};
@@ -97,6 +97,17 @@ pub(crate) struct Channel {
     /// host queues — no queue worker of this rank competes for the core, and each round of
     /// yielding adds a system call to the trigger round trip.
     poll_spin: Duration,
+    /// The newest batch handed to the engine.
+    submitted: AtomicU64,
+    /// The newest batch holding a collective (run by the engine thread only).
+    coll_epoch: AtomicU64,
+    /// Every batch up to this one completed (or failed).
+    finished: AtomicU64,
+    /// The newest batch that a wait task of the host queue will drive to completion itself
+    /// (see [`Channel::delegate`]).
+    delegated: AtomicU64,
+    /// Delegated wait tasks that stopped driving and sleep until their batch completes.
+    stranded: AtomicU32,
 }
 
 impl Channel {
@@ -120,7 +131,47 @@ impl Channel {
             closed: AtomicBool::new(false),
             rank,
             timeout,
+            submitted: AtomicU64::new(0),
+            coll_epoch: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            delegated: AtomicU64::new(0),
+            stranded: AtomicU32::new(0),
         })
+    }
+
+    /// Records that a wait task on the host queue will drive every batch up to `epoch` itself
+    /// (its thread would otherwise only wait there, as the baseline's thread tests its own
+    /// requests): the engine then keeps off the cores and the queue's locks while those
+    /// batches run, instead of polling them beside the queue's worker.
+    pub(crate) fn delegate(&self, epoch: u64) {
+        self.delegated.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// A delegated wait task stops driving (out of patience, it sleeps): the engine drives
+    /// until [`Channel::unstrand`].
+    pub(crate) fn strand(&self) {
+        self.stranded.fetch_add(1, Ordering::AcqRel);
+        engine().wake();
+    }
+
+    /// The sleeping wait task woke up.
+    pub(crate) fn unstrand(&self) {
+        self.stranded.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the engine thread must poll this channel now: a started batch that no wait task
+    /// will drive, a collective (only the engine runs those), a wait task asleep, or a thread
+    /// blocked on a request. Otherwise the queue's own wait tasks complete the batches and the
+    /// engine only looks in at [`DELEGATED_NAP`] (what bounds the delay of an unusual program,
+    /// say one whose task waits for a received buffer before the queue's wait).
+    pub(crate) fn wants_engine(&self) -> bool {
+        let finished = self.finished.load(Ordering::Acquire);
+        let submitted = self.submitted.load(Ordering::Acquire);
+        submitted > finished
+            && (submitted > self.delegated.load(Ordering::Acquire)
+                || self.coll_epoch.load(Ordering::Acquire) > finished
+                || self.stranded.load(Ordering::Acquire) > 0
+                || HOST_WAITERS.load(Ordering::Acquire) > 0)
     }
 
     /// The error that failed this queue, if any.
@@ -142,8 +193,14 @@ impl Channel {
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
             return;
         }
+        if batch.ops.iter().any(|o| matches!(o.work, Work::Coll(_))) {
+            self.coll_epoch.fetch_max(batch.epoch, Ordering::AcqRel);
+        }
+        self.submitted.fetch_max(batch.epoch, Ordering::AcqRel);
         self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
-        engine().wake();
+        if self.signal.polled() || self.wants_engine() {
+            engine().wake();
+        }
     }
 
     /// Whether this channel has started batches the engine has not finished.
@@ -172,6 +229,7 @@ impl Channel {
             fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
         }
         self.in_flight.fetch_sub(n, Ordering::AcqRel);
+        self.finished.store(u64::MAX, Ordering::Release);
         self.signal.complete(FAILED_DONE);
     }
 
@@ -238,6 +296,7 @@ impl Channel {
     /// learns its completion.
     fn finish(&self, a: Active) {
         self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
+        self.finished.fetch_max(a.epoch, Ordering::AcqRel);
         self.signal.complete(a.epoch);
     }
 
@@ -367,6 +426,13 @@ impl Engine {
 
 static ENGINE: OnceLock<Engine> = OnceLock::new();
 
+/// Threads blocked in a host-side [`Request::wait`](crate::Request::wait) on an operation the
+/// engine completes: while there are any, the engine polls every channel it serves.
+pub(crate) static HOST_WAITERS: AtomicU32 = AtomicU32::new(0);
+
+/// How often the engine looks at batches that a queue's wait task drives.
+const DELEGATED_NAP: Duration = Duration::from_millis(1);
+
 /// The engine, started on first use.
 pub(crate) fn engine() -> &'static Engine {
     ENGINE.get_or_init(|| {
@@ -403,10 +469,13 @@ fn run() {
         let mut moved = false;
         let mut poll = false;
         let mut inflight = false;
+        let mut watched = false;
         for ch in &chans {
             moved |= ch.progress(true);
             poll |= ch.needs_poll();
-            inflight |= !ch.idle();
+            let busy = !ch.idle();
+            inflight |= busy && ch.wants_engine();
+            watched |= busy;
         }
         if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
             let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -440,6 +509,10 @@ fn run() {
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));
             }
+        } else if watched {
+            // Only batches that their queues' wait tasks drive: look in now and then (a wait
+            // task that gives up driving, a host waiter or an undelegated batch wakes us).
+            std::thread::park_timeout(DELEGATED_NAP);
         } else {
             std::thread::park_timeout(Duration::from_millis(20));
         }

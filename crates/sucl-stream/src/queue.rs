@@ -73,6 +73,8 @@ impl HostSignal {
                 break;
             }
         }
+        // Out of patience: the engine drives the batch from here on.
+        ch.strand();
         let deadline = start + bound;
         let mut g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
         self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -84,6 +86,8 @@ impl HostSignal {
             g = self.moved.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        ch.unstrand();
         self.done.load(Ordering::Acquire) >= epoch
     }
 }
@@ -544,9 +548,12 @@ impl CommQueue {
                     sig.trigger.store(epoch, Ordering::Release);
                     // Post the batch's sends and receives from this task at once (a batch with
                     // a collective is left to the engine, so the tasks behind this one are not
-                    // held while it runs); the engine picks up whatever this does not.
+                    // held while it runs); the engine picks up whatever this does not, woken
+                    // only if no wait task of this queue will drive the batch.
                     ch.progress(false);
-                    engine().wake();
+                    if ch.wants_engine() {
+                        engine().wake();
+                    }
                 });
             }
             #[cfg(feature = "cuda")]
@@ -571,6 +578,8 @@ impl CommQueue {
         match &mut self.path {
             Path::Host { q, sig, ch } => {
                 let (sig, ch, bound, world_rank) = (sig.clone(), ch.clone(), self.timeout + SLACK, self.world_rank);
+                // The wait task drives the batches it waits for (`wait_done`).
+                ch.delegate(epoch);
                 q.submit(move || {
                     if !sig.wait_done(epoch, bound, &ch) {
                         // Never hold the queue forever; keep the error for `synchronize`.

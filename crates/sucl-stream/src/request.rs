@@ -152,7 +152,16 @@ impl OpState {
             }
             let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
             self.waiters.fetch_add(1, Ordering::AcqRel);
+            if !polled {
+                // The engine completes this operation: it must poll even batches that a
+                // queue's wait task would drive later.
+                crate::engine::HOST_WAITERS.fetch_add(1, Ordering::AcqRel);
+                crate::engine::engine().wake();
+            }
             g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
+            if !polled {
+                crate::engine::HOST_WAITERS.fetch_sub(1, Ordering::AcqRel);
+            }
             self.waiters.fetch_sub(1, Ordering::AcqRel);
         }
     }

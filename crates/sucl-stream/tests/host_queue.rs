@@ -140,6 +140,51 @@ fn start_releases_only_what_was_enqueued_before_it() {
     });
 }
 
+/// The queue's wait task drives its batch itself, so the progress thread leaves such batches
+/// alone — but not when that task cannot run: here a task ahead of it holds the queue, and a
+/// receive the host waits for must still complete (and a failed peer would still be reported).
+#[test]
+fn a_request_completes_while_its_queues_wait_task_is_held() {
+    run("a_request_completes_while_its_queues_wait_task_is_held", 2, &[("SUCL_TIMEOUT", "6")], |rank| {
+        let (comm, ctl) = world();
+        if rank == 0 {
+            await_token(&ctl, 1);
+            comm.send(&[42u32][..], 1, 5).unwrap();
+            await_token(&ctl, 1);
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let b = SharedBuf::<u32>::zeroed(1);
+        let r = cq.enqueue_recv(&b, 0, 5).unwrap();
+        cq.start().unwrap();
+        let gate = Arc::new(AtomicBool::new(false));
+        let holding = Arc::new(AtomicBool::new(false));
+        let (g, h) = (gate.clone(), holding.clone());
+        q.submit(move || {
+            h.store(true, Ordering::Release);
+            let t0 = std::time::Instant::now();
+            while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        cq.wait().unwrap(); // behind the held task
+                            // The start task ran (it posted the receive, before any message was sent) and the
+                            // queue is held: only the progress thread can complete the receive now.
+        while !holding.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        token(&ctl, 0);
+        assert_eq!(r.wait().expect("the receive did not complete while the queue was held"), 1);
+        assert!(!gate.load(Ordering::Acquire));
+        gate.store(true, Ordering::Release);
+        cq.synchronize().unwrap();
+        assert_eq!(b.to_vec(), vec![42]);
+        token(&ctl, 0);
+        cq.close().unwrap();
+    });
+}
+
 #[test]
 fn wait_covers_only_started_operations() {
     run("wait_covers_only_started_operations", 2, &[], |rank| {
