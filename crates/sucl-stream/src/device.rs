@@ -215,13 +215,16 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
     }
 }
 
+/// A free staging slot, with the event after its last upload (if any).
+type FreeSlot = (Arc<Pinned>, Option<Arc<Event>>);
+
 /// Free staging slots by size class (powers of two, at least 64 bytes), oldest first in each.
 /// Taking one looks at the oldest of its class only: an enqueue costs at most one event query
 /// (none when that event was already seen complete), where a scan of every free slot would
 /// query each one's event — hundreds per batch once the host runs ahead of the stream.
 #[derive(Default)]
 struct SlotPool {
-    classes: std::collections::BTreeMap<u32, std::collections::VecDeque<(Arc<Pinned>, Option<Arc<Event>>)>>,
+    classes: std::collections::BTreeMap<u32, std::collections::VecDeque<FreeSlot>>,
     /// The newest event seen complete (the slots recycled at one wait share one event).
     seen_done: Option<Arc<Event>>,
 }
