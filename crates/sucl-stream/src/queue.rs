@@ -209,7 +209,8 @@ impl CommQueue {
         self.size
     }
 
-    /// Operations enqueued and not yet started.
+    /// Operations enqueued and not yet started (`PROC_NULL` ones complete at enqueue and are
+    /// not counted).
     pub fn enqueued(&self) -> usize {
         self.unstarted.len()
     }
