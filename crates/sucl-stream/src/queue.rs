@@ -3,7 +3,7 @@
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
@@ -36,6 +36,8 @@ impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
 pub(crate) struct HostSignal {
     /// A wait task that ran out of time (the engine should have failed the batch first).
     stalled: Mutex<Option<Error>>,
+    /// Whether `stalled` holds an error (every enqueue checks it: no lock when it does not).
+    has_stalled: AtomicBool,
     trigger: AtomicU64,
     done: AtomicU64,
     /// Wait tasks blocked on `moved` (counted under `sleep`).
@@ -164,6 +166,7 @@ impl CommQueue {
         let backoff = comm.config().host.backoff;
         let sig = Arc::new(HostSignal {
             stalled: Mutex::new(None),
+            has_stalled: AtomicBool::new(false),
             trigger: AtomicU64::new(0),
             done: AtomicU64::new(0),
             sleepers: AtomicU32::new(0),
@@ -266,7 +269,12 @@ impl CommQueue {
     /// The error that failed this queue (a lost peer, a timeout), if any.
     pub fn failure(&self) -> Option<Error> {
         match &self.path {
-            Path::Host { ch, sig, .. } => ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()),
+            Path::Host { ch, sig, .. } => ch.error().or_else(|| {
+                sig.has_stalled
+                    .load(Ordering::Acquire)
+                    .then(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned())
+                    .flatten()
+            }),
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.failure(),
         }
@@ -586,6 +594,7 @@ impl CommQueue {
                         // Never hold the queue forever; keep the error for `synchronize`.
                         let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
                         sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                        sig.has_stalled.store(true, Ordering::Release);
                     }
                 });
             }
