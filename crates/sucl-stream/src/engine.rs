@@ -470,7 +470,11 @@ fn run() {
         let mut poll = false;
         let mut inflight = false;
         let mut watched = false;
+        // A stream's queue that may store a trigger any moment (the program issues start/wait
+        // pairs back to back).
+        let mut stream_live = false;
         for ch in &chans {
+            stream_live |= ch.signal.polled() && !ch.closed.load(Ordering::Acquire);
             moved |= ch.progress(true);
             poll |= ch.needs_poll();
             let busy = !ch.idle();
@@ -508,6 +512,21 @@ fn run() {
                 std::thread::yield_now();
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));
+            }
+        } else if stream_live && idle_rounds > 0 && {
+            if idle_rounds % 32 == 1 {
+                idle = idle_since.elapsed();
+            }
+            idle < poll_spin + yield_for
+        } {
+            // A stream queue just went quiet: its next start usually follows within
+            // microseconds, and a trigger stored while this thread sleeps would wait for the
+            // start's wake-up (a system call on the program's thread) and for this thread to be
+            // scheduled — both on the round trip. Stay awake for the backoff, then nap.
+            if idle < poll_spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         } else if watched {
             // Only batches that their queues' wait tasks drive: look in now and then (a wait
