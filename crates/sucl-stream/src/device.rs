@@ -732,25 +732,23 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
             let ops = std::mem::take(pending);
             // The requests already hold this start's completion (made at enqueue).
             mark.take();
-            match issue_nccl(comm, &d.queue, ops, epoch) {
-                Ok(keeps) => {
-                    tracker.issued.store(epoch, Ordering::Release);
-                    if !keeps.is_empty() {
-                        held.push((epoch, keeps));
-                    }
-                    if held.len() >= HELD_CHECK {
-                        // The oldest start's event is usually recorded already (one query).
-                        tracker.done_up_to(held[0].0)?;
-                        let done = tracker.completed.load(Ordering::Acquire);
-                        held.retain(|(e, _)| *e > done);
-                    }
-                    Ok(())
-                }
-                Err(e) => {
-                    failed.get_or_insert(e.clone());
-                    Err(e)
-                }
+            let (keeps, issued) = issue_nccl(comm, &d.queue, ops, epoch);
+            // Whatever was issued of this start precedes any event recorded from now on.
+            tracker.issued.store(epoch, Ordering::Release);
+            if !keeps.is_empty() {
+                held.push((epoch, keeps));
             }
+            if let Err(e) = issued {
+                failed.get_or_insert(e.clone());
+                return Err(e);
+            }
+            if held.len() >= HELD_CHECK {
+                // The oldest start's event is usually recorded already (one query).
+                tracker.done_up_to(held[0].0)?;
+                let done = tracker.completed.load(Ordering::Acquire);
+                held.retain(|(e, _)| *e > done);
+            }
+            Ok(())
         }
         Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
             d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
@@ -793,13 +791,14 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
 /// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
 /// point-to-point operations is exactly one group), collectives where they stand. If an issue
 /// fails, every operation of the batch fails with its error (none is left to time out).
-/// Returns the handles that keep the batch's buffers alive.
+/// Returns the handles that keep the batch's buffers alive — also on failure, since groups
+/// issued before the failing call may still use them.
 fn issue_nccl(
     comm: &Communicator,
     queue: &Queue,
     ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
     epoch: u64,
-) -> Result<Vec<Box<dyn Send>>> {
+) -> (Vec<Box<dyn Send>>, Result<()>) {
     let mut states = Vec::with_capacity(ops.len());
     let mut keeps = Vec::with_capacity(ops.len());
     let mut work = Vec::with_capacity(ops.len());
@@ -808,16 +807,14 @@ fn issue_nccl(
         keeps.push(keep);
         work.push(op);
     }
-    match issue_runs(comm, queue, work) {
-        Ok(()) => Ok(keeps),
-        Err(e) => {
-            tracing::error!(rank = comm.rank(), epoch, error = %e, "issuing a stream-triggered NCCL batch failed");
-            for s in &states {
-                s.complete(Err(e.clone()));
-            }
-            Err(e)
+    let r = issue_runs(comm, queue, work);
+    if let Err(e) = &r {
+        tracing::error!(rank = comm.rank(), epoch, error = %e, "issuing a stream-triggered NCCL batch failed");
+        for s in &states {
+            s.complete(Err(e.clone()));
         }
     }
+    (keeps, r)
 }
 
 fn issue_runs(comm: &Communicator, queue: &Queue, work: Vec<NcclOp>) -> Result<()> {
