@@ -215,6 +215,67 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
     }
 }
 
+/// A free staging slot, with the event after its last upload (if any).
+type FreeSlot = (Arc<Pinned>, Option<Arc<Event>>);
+
+/// Free staging slots by size class (powers of two, at least 64 bytes), oldest first in each.
+/// Taking one looks at the oldest of its class only: an enqueue costs at most one event query
+/// (none when that event was already seen complete), where a scan of every free slot would
+/// query each one's event — hundreds per batch once the host runs ahead of the stream.
+#[derive(Default)]
+struct SlotPool {
+    classes: std::collections::BTreeMap<u32, std::collections::VecDeque<FreeSlot>>,
+    /// The newest event seen complete (the slots recycled at one wait share one event).
+    seen_done: Option<Arc<Event>>,
+}
+
+impl SlotPool {
+    const MIN_BYTES: usize = 64;
+
+    fn class(bytes: usize) -> u32 {
+        bytes.max(Self::MIN_BYTES).next_power_of_two().trailing_zeros()
+    }
+
+    /// What a slot for `bytes` allocates: its class's size.
+    fn class_bytes(bytes: usize) -> usize {
+        bytes.max(Self::MIN_BYTES).next_power_of_two()
+    }
+
+    /// The oldest free slot of `bytes`'s class, if nothing uses it any more: no handle but the
+    /// pool's (the progress thread let go) and the stream ran past its last upload.
+    fn take(&mut self, bytes: usize) -> Option<Arc<Pinned>> {
+        let q = self.classes.get_mut(&Self::class(bytes))?;
+        let (s, ev) = q.front()?;
+        if Arc::strong_count(s) != 1 {
+            return None;
+        }
+        if let Some(e) = ev {
+            if !self.seen_done.as_ref().is_some_and(|d| Arc::ptr_eq(d, e)) {
+                if !e.is_complete() {
+                    return None;
+                }
+                self.seen_done = Some(e.clone());
+            }
+        }
+        q.pop_front().map(|(s, _)| s)
+    }
+
+    /// Returns a slot (free once `ev`, if any, completed and no one else holds it).
+    fn put(&mut self, s: Arc<Pinned>, ev: Option<Arc<Event>>) {
+        self.classes.entry(Self::class(s.bytes)).or_default().push_back((s, ev));
+    }
+
+    /// After a host synchronize of the stream: every upload ran.
+    fn synchronized(&mut self) {
+        for q in self.classes.values_mut() {
+            for (_, ev) in q.iter_mut() {
+                *ev = None;
+            }
+        }
+        self.seen_done = None;
+    }
+}
+
 /// The trigger and completion counters of a staged queue (see `sucl_cuda::StreamSignal`,
 /// shared with the runtime's staged collectives).
 impl Signal for &'static StreamSignal {
@@ -285,6 +346,9 @@ enum Mode {
         /// complete.
         held: Vec<(u64, Vec<Box<dyn Send>>)>,
         tracker: Arc<Tracker>,
+        /// The completion of the next start, shared by the requests of its operations (made at
+        /// its first enqueue).
+        mark: Option<Arc<dyn DevicePoll>>,
         failed: Option<Error>,
     },
     Staged {
@@ -293,7 +357,7 @@ enum Mode {
         pending: Vec<StagedOp>,
         awaiting: Vec<AwaitingUpload>,
         /// Slots not in use, with the event after their last upload.
-        pool: Vec<(Arc<Pinned>, Option<Arc<Event>>)>,
+        pool: SlotPool,
         /// The epoch the last stream wait covered.
         waited: u64,
         /// Handles of buffers whose uploads were enqueued, released once their event completed.
@@ -326,12 +390,12 @@ impl CommQueue {
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
             let tracker = Arc::new(Tracker::new(queue.clone()));
-            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, failed: None }
+            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, mark: None, failed: None }
         } else {
             let signal = StreamSignal::leak(queue.device())?;
             let ch = Channel::new(comm, Box::new(signal));
             engine().register(ch.clone());
-            Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: vec![], waited: 0, held: vec![] }
+            Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: SlotPool::default(), waited: 0, held: vec![] }
         };
         let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
         Ok(CommQueue::with_path(Path::Device(Box::new(path)), rank, size, world_rank, timeout))
@@ -407,18 +471,18 @@ impl DevicePath {
     /// A staging slot of at least `bytes`: a free one from the pool, else a new allocation.
     fn slot(&mut self, bytes: usize) -> Result<Arc<Pinned>> {
         let Mode::Staged { pool, .. } = &mut self.mode else { unreachable!("staged") };
-        if let Some(i) =
-            pool.iter().position(|(s, ev)| s.bytes >= bytes && Arc::strong_count(s) == 1 && ev.as_ref().is_none_or(|e| e.is_complete()))
-        {
-            return Ok(pool.swap_remove(i).0);
+        if let Some(s) = pool.take(bytes) {
+            return Ok(s);
         }
-        let s = Arc::new(Pinned::new(self.queue.device().context(), bytes, self.rank)?);
+        let s = Arc::new(Pinned::new(self.queue.device().context(), SlotPool::class_bytes(bytes), self.rank)?);
         Ok(s)
     }
 
     fn recycle(&mut self, slots: impl IntoIterator<Item = Arc<Pinned>>, ev: &Arc<Event>) {
         let Mode::Staged { pool, .. } = &mut self.mode else { return };
-        pool.extend(slots.into_iter().map(|s| (s, Some(ev.clone()))));
+        for s in slots {
+            pool.put(s, Some(ev.clone()));
+        }
     }
 
     pub(crate) fn failure(&self) -> Option<Error> {
@@ -429,7 +493,10 @@ impl DevicePath {
         }
     }
 
-    pub(crate) fn synchronize(&mut self) -> Result<()> {
+    /// Synchronizes the stream. Returns whether every started operation is now known to have
+    /// completed without an error of its own (NCCL: a failed issue fails the queue, and a
+    /// group's completion is the stream's), so that the queue need not ask each request.
+    pub(crate) fn synchronize(&mut self) -> Result<bool> {
         let r = match &mut self.mode {
             Mode::Nccl { comm, held, failed, tracker, .. } => {
                 let r = comm.synchronize(&self.queue);
@@ -440,19 +507,17 @@ impl DevicePath {
                     Ok(()) => tracker.synchronized(),
                 }
                 held.clear();
-                r
+                r.map(|()| failed.is_none())
             }
             Mode::Staged { held, .. } => {
                 let r = self.queue.synchronize();
                 held.clear();
-                r
+                r.map(|()| false)
             }
-            Mode::Closed => Ok(()),
+            Mode::Closed => Ok(false),
         };
         if let Mode::Staged { pool, .. } = &mut self.mode {
-            for (_, ev) in pool.iter_mut() {
-                *ev = None;
-            }
+            pool.synchronized();
         }
         r
     }
@@ -495,6 +560,10 @@ impl Tracker {
         if self.completed.load(Ordering::Acquire) >= epoch {
             return Ok(true);
         }
+        if self.issued.load(Ordering::Acquire) < epoch {
+            // Not issued yet (its operations were enqueued, their start not reached).
+            return Ok(false);
+        }
         let mut g = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         if g.as_ref().is_none_or(|(covers, _)| *covers < epoch) {
             // Read before recording: the event then follows every group issued up to `covers`.
@@ -530,26 +599,37 @@ impl DevicePoll for Mark {
 /// Held handles beyond which a start releases those of completed starts.
 const HELD_CHECK: usize = 64;
 
+/// On the NCCL path, the state of a new operation of the next start: complete (with `bytes`)
+/// once the stream ran that start's group. `None` on the staged path.
+fn nccl_state(cq: &mut CommQueue, elem: usize, what: What, bytes: usize) -> Option<Arc<OpState>> {
+    let (epoch, rank) = (cq.started + 1, cq.world_rank);
+    let Mode::Nccl { tracker, mark, .. } = &mut device_of(cq).mode else { return None };
+    let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
+    Some(OpState::on_device(elem, what, rank, poll, bytes))
+}
+
 /// Enqueues a send or receive of a device buffer.
 pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
     check_queue(cq, b)?;
     let es = std::mem::size_of::<T>();
     let bytes = b.len() * es;
     let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
-    let (state, req) = cq.new_request(es, what);
+    if peer == PROC_NULL {
+        return Ok(cq.null_request(es, what));
+    }
     let keep: Box<dyn Send> = Box::new(b.clone());
-    let d = device_of(cq);
-    if matches!(d.mode, Mode::Nccl { .. }) {
-        let addr = if peer == PROC_NULL { 0 } else { b.inner.address() };
+    if let Some(state) = nccl_state(cq, es, what, bytes) {
+        let addr = b.inner.address();
         let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
-        if let Mode::Nccl { pending, .. } = &mut d.mode {
+        let req = cq.push_request(state.clone());
+        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
             pending.push((op, state, keep));
         }
         return Ok(req);
     }
-    let staged = if peer == PROC_NULL {
-        StagedOp { downloads: vec![], uploads: vec![], op: Op { work: Work::Null, state, keep: None, exact: None }, hold: keep }
-    } else {
+    let (state, req) = cq.new_request(es, what);
+    let d = device_of(cq);
+    let staged = {
         let slot = d.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
         let mem = Box::new(SlotLend(slot, bytes));
@@ -587,15 +667,18 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
     }
     let es = std::mem::size_of::<T>();
     let (sb, rb) = (send.len() * es, recv.len() * es);
-    let (state, req) = cq.new_request(es, What::Coll(c.name()));
     let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
-    let d = device_of(cq);
-    if let Mode::Nccl { pending, .. } = &mut d.mode {
+    if let Some(state) = nccl_state(cq, es, What::Coll(c.name()), 0) {
+        let req = cq.push_request(state.clone());
         let (s, r) = (send.clone(), recv.clone());
         let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
-        pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
+            pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+        }
         return Ok(req);
     }
+    let (state, req) = cq.new_request(es, What::Coll(c.name()));
+    let d = device_of(cq);
     let rslot = d.slot(rb)?;
     let sslot = if in_place { None } else { Some(d.slot(sb)?) };
     let download = match &sslot {
@@ -645,33 +728,27 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     let stream = d.queue.stream().clone();
     let cs = stream.cu_stream();
     match &mut d.mode {
-        Mode::Nccl { comm, pending, held, tracker, failed } => {
+        Mode::Nccl { comm, pending, held, tracker, mark, failed } => {
             let ops = std::mem::take(pending);
-            match issue_nccl(comm, &d.queue, ops) {
-                Ok((states, keeps)) => {
-                    tracker.issued.store(epoch, Ordering::Release);
-                    if !states.is_empty() {
-                        let poll: Arc<dyn DevicePoll> = Arc::new(Mark { tracker: tracker.clone(), epoch });
-                        for (s, bytes) in states {
-                            s.complete_on_device(poll.clone(), bytes);
-                        }
-                    }
-                    if !keeps.is_empty() {
-                        held.push((epoch, keeps));
-                    }
-                    if held.len() >= HELD_CHECK {
-                        // The oldest start's event is usually recorded already (one query).
-                        tracker.done_up_to(held[0].0)?;
-                        let done = tracker.completed.load(Ordering::Acquire);
-                        held.retain(|(e, _)| *e > done);
-                    }
-                    Ok(())
-                }
-                Err(e) => {
-                    failed.get_or_insert(e.clone());
-                    Err(e)
-                }
+            // The requests already hold this start's completion (made at enqueue).
+            mark.take();
+            let (keeps, issued) = issue_nccl(comm, &d.queue, ops, epoch);
+            // Whatever was issued of this start precedes any event recorded from now on.
+            tracker.issued.store(epoch, Ordering::Release);
+            if !keeps.is_empty() {
+                held.push((epoch, keeps));
             }
+            if let Err(e) = issued {
+                failed.get_or_insert(e.clone());
+                return Err(e);
+            }
+            if held.len() >= HELD_CHECK {
+                // The oldest start's event is usually recorded already (one query).
+                tracker.done_up_to(held[0].0)?;
+                let done = tracker.completed.load(Ordering::Acquire);
+                held.retain(|(e, _)| *e > done);
+            }
+            Ok(())
         }
         Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
             d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
@@ -700,7 +777,9 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
                 holds.push(so.hold);
                 batch.push(so.op);
             }
-            pool.extend(sent_slots.into_iter().map(|s| (s, None)));
+            for s in sent_slots {
+                pool.put(s, None);
+            }
             ch.submit(Batch { epoch, ops: batch });
             awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
             signal.trigger_on(&stream, epoch)
@@ -709,46 +788,59 @@ pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
     }
 }
 
-type Issued = (Vec<(Arc<OpState>, usize)>, Vec<Box<dyn Send>>);
-
-/// Issues a batch over NCCL: runs of sends and receives as one group each, collectives where
-/// they stand.
-fn issue_nccl(comm: &Communicator, queue: &Queue, ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>) -> Result<Issued> {
+/// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
+/// point-to-point operations is exactly one group), collectives where they stand. If an issue
+/// fails, every operation of the batch fails with its error (none is left to time out).
+/// Returns the handles that keep the batch's buffers alive — also on failure, since groups
+/// issued before the failing call may still use them.
+fn issue_nccl(
+    comm: &Communicator,
+    queue: &Queue,
+    ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
+    epoch: u64,
+) -> (Vec<Box<dyn Send>>, Result<()>) {
     let mut states = Vec::with_capacity(ops.len());
     let mut keeps = Vec::with_capacity(ops.len());
-    let (mut sends, mut recvs) = (vec![], vec![]);
+    let mut work = Vec::with_capacity(ops.len());
+    for (op, state, keep) in ops {
+        states.push(state);
+        keeps.push(keep);
+        work.push(op);
+    }
+    let r = issue_runs(comm, queue, work);
+    if let Err(e) = &r {
+        tracing::error!(rank = comm.rank(), epoch, error = %e, "issuing a stream-triggered NCCL batch failed");
+        for s in &states {
+            s.complete(Err(e.clone()));
+        }
+    }
+    (keeps, r)
+}
+
+fn issue_runs(comm: &Communicator, queue: &Queue, work: Vec<NcclOp>) -> Result<()> {
+    let (mut sends, mut recvs) = (Vec::with_capacity(work.len()), Vec::with_capacity(work.len()));
     let flush = |sends: &mut Vec<(u64, usize, usize)>, recvs: &mut Vec<(u64, usize, usize)>| -> Result<()> {
         if sends.is_empty() && recvs.is_empty() {
             return Ok(());
         }
-        // SAFETY: every address comes from a DeviceBuf on `queue` that `keeps` holds until the
-        // event recorded after this group completed.
+        // SAFETY: every address comes from a DeviceBuf on `queue` that the queue holds until
+        // the event recorded after this group completed.
         let r = unsafe { comm.nccl_group_p2p(sends, recvs, queue) };
         sends.clear();
         recvs.clear();
         r
     };
-    for (op, state, keep) in ops {
-        keeps.push(keep);
+    for op in work {
         match op {
-            NcclOp::Send { peer, .. } | NcclOp::Recv { peer, .. } if peer == PROC_NULL => state.complete(Ok(0)),
-            NcclOp::Send { addr, bytes, peer } => {
-                sends.push((addr, bytes, peer));
-                states.push((state, bytes));
-            }
-            NcclOp::Recv { addr, bytes, peer } => {
-                recvs.push((addr, bytes, peer));
-                states.push((state, bytes));
-            }
+            NcclOp::Send { addr, bytes, peer } => sends.push((addr, bytes, peer)),
+            NcclOp::Recv { addr, bytes, peer } => recvs.push((addr, bytes, peer)),
             NcclOp::Coll(f) => {
                 flush(&mut sends, &mut recvs)?;
                 f(comm)?;
-                states.push((state, 0));
             }
         }
     }
-    flush(&mut sends, &mut recvs)?;
-    Ok((states, keeps))
+    flush(&mut sends, &mut recvs)
 }
 
 /// Holds later work on the stream until every operation started up to `epoch` completed, then
@@ -786,8 +878,16 @@ pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
         keeps.extend(a.keep);
     }
     *awaiting = rest;
+    if slots.is_empty() && keeps.is_empty() {
+        // Nothing was uploaded and no buffer handle waits for its release (empty batches): no
+        // event to record, so an empty start + wait is one stream write and one stream wait.
+        return Ok(());
+    }
     let ev = Arc::new(d.queue.record()?);
-    held.retain(|(e, _)| !e.is_complete());
+    // Events complete in stream order: release from the front, one query for the first one
+    // still pending instead of one for each.
+    let done = held.iter().position(|(e, _)| !e.is_complete()).unwrap_or(held.len());
+    held.drain(..done);
     held.push((ev.clone(), keeps));
     d.recycle(slots, &ev);
     Ok(())

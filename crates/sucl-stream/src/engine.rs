@@ -7,7 +7,7 @@
 
 use crate::request::OpState;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result, UnscopedRequest};
@@ -92,6 +92,22 @@ pub(crate) struct Channel {
     /// The communicator's backoff: how long the engine spins, then yields, before it naps.
     spin: Duration,
     yield_for: Duration,
+    /// How long the engine spins while a batch of this channel waits for a trigger that only
+    /// polling can see (a stream stores it): the communicator's whole spin, not the short one of
+    /// host queues — no queue worker of this rank competes for the core, and each round of
+    /// yielding adds a system call to the trigger round trip.
+    poll_spin: Duration,
+    /// The newest batch handed to the engine.
+    submitted: AtomicU64,
+    /// The newest batch holding a collective (run by the engine thread only).
+    coll_epoch: AtomicU64,
+    /// Every batch up to this one completed (or failed).
+    finished: AtomicU64,
+    /// The newest batch that a wait task of the host queue will drive to completion itself
+    /// (see [`Channel::delegate`]).
+    delegated: AtomicU64,
+    /// Delegated wait tasks that stopped driving and sleep until their batch completes.
+    stranded: AtomicU32,
 }
 
 impl Channel {
@@ -103,6 +119,7 @@ impl Channel {
             // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
             // and the queue's worker) to the ones the backoff was sized for.
             spin: backoff.spin.min(crate::SHORT_SPIN),
+            poll_spin: backoff.spin,
             yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
             comm: Mutex::new(Some(comm)),
             batches: Mutex::default(),
@@ -114,7 +131,47 @@ impl Channel {
             closed: AtomicBool::new(false),
             rank,
             timeout,
+            submitted: AtomicU64::new(0),
+            coll_epoch: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            delegated: AtomicU64::new(0),
+            stranded: AtomicU32::new(0),
         })
+    }
+
+    /// Records that a wait task on the host queue will drive every batch up to `epoch` itself
+    /// (its thread would otherwise only wait there, as the baseline's thread tests its own
+    /// requests): the engine then keeps off the cores and the queue's locks while those
+    /// batches run, instead of polling them beside the queue's worker.
+    pub(crate) fn delegate(&self, epoch: u64) {
+        self.delegated.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// A delegated wait task stops driving (out of patience, it sleeps): the engine drives
+    /// until [`Channel::unstrand`].
+    pub(crate) fn strand(&self) {
+        self.stranded.fetch_add(1, Ordering::AcqRel);
+        engine().wake();
+    }
+
+    /// The sleeping wait task woke up.
+    pub(crate) fn unstrand(&self) {
+        self.stranded.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the engine thread must poll this channel now: a started batch that no wait task
+    /// will drive, a collective (only the engine runs those), a wait task asleep, or a thread
+    /// blocked on a request. Otherwise the queue's own wait tasks complete the batches and the
+    /// engine only looks in at [`DELEGATED_NAP`] (what bounds the delay of an unusual program,
+    /// say one whose task waits for a received buffer before the queue's wait).
+    pub(crate) fn wants_engine(&self) -> bool {
+        let finished = self.finished.load(Ordering::Acquire);
+        let submitted = self.submitted.load(Ordering::Acquire);
+        submitted > finished
+            && (submitted > self.delegated.load(Ordering::Acquire)
+                || self.coll_epoch.load(Ordering::Acquire) > finished
+                || self.stranded.load(Ordering::Acquire) > 0
+                || HOST_WAITERS.load(Ordering::Acquire) > 0)
     }
 
     /// The error that failed this queue, if any.
@@ -136,8 +193,14 @@ impl Channel {
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
             return;
         }
+        if batch.ops.iter().any(|o| matches!(o.work, Work::Coll(_))) {
+            self.coll_epoch.fetch_max(batch.epoch, Ordering::AcqRel);
+        }
+        self.submitted.fetch_max(batch.epoch, Ordering::AcqRel);
         self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
-        engine().wake();
+        if self.signal.polled() || self.wants_engine() {
+            engine().wake();
+        }
     }
 
     /// Whether this channel has started batches the engine has not finished.
@@ -166,6 +229,7 @@ impl Channel {
             fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
         }
         self.in_flight.fetch_sub(n, Ordering::AcqRel);
+        self.finished.store(u64::MAX, Ordering::Release);
         self.signal.complete(FAILED_DONE);
     }
 
@@ -193,9 +257,7 @@ impl Channel {
                 }
                 Ok(false) => false,
                 Ok(true) => {
-                    let a = active.take().expect("active");
-                    self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
-                    self.signal.complete(a.epoch);
+                    self.finish(active.take().expect("active"));
                     true
                 }
                 Err(e) => {
@@ -218,10 +280,24 @@ impl Channel {
         let Some(batch) = batch else { return false };
         let deadline = Instant::now() + self.timeout;
         match activate(comm, batch, deadline) {
-            Ok(a) => *active = Some(a),
+            Ok(mut a) => match test_batch(comm, &mut a) {
+                // Complete at once what needs no second look (an empty batch, collectives, a
+                // message already there): one round less between trigger and completion.
+                Ok(true) => self.finish(a),
+                Ok(false) => *active = Some(a),
+                Err(e) => self.fail(e, Some(a), Some(comm)),
+            },
             Err((e, a)) => self.fail(e, Some(a), Some(comm)),
         }
         true
+    }
+
+    /// A batch all of whose operations completed: it leaves the count in flight and the queue
+    /// learns its completion.
+    fn finish(&self, a: Active) {
+        self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
+        self.finished.fetch_max(a.epoch, Ordering::AcqRel);
+        self.signal.complete(a.epoch);
     }
 
     /// Whether a batch waits for a trigger that only polling can see.
@@ -350,6 +426,13 @@ impl Engine {
 
 static ENGINE: OnceLock<Engine> = OnceLock::new();
 
+/// Threads blocked in a host-side [`Request::wait`](crate::Request::wait) on an operation the
+/// engine completes: while there are any, the engine polls every channel it serves.
+pub(crate) static HOST_WAITERS: AtomicU32 = AtomicU32::new(0);
+
+/// How often the engine looks at batches that a queue's wait task drives.
+const DELEGATED_NAP: Duration = Duration::from_millis(1);
+
 /// The engine, started on first use.
 pub(crate) fn engine() -> &'static Engine {
     ENGINE.get_or_init(|| {
@@ -368,7 +451,7 @@ fn run() {
     };
     let mut chans: Vec<Arc<Channel>> = vec![];
     let mut seen = u64::MAX;
-    let (mut spin, mut yield_for) = (Duration::ZERO, Duration::ZERO);
+    let (mut spin, mut yield_for, mut poll_spin) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut idle_rounds = 0u32;
     let mut idle_since = Instant::now();
     let mut idle = Duration::ZERO;
@@ -381,14 +464,22 @@ fn run() {
             // oversubscribed host, where every spin takes a core from a rank).
             spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
             yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
+            poll_spin = chans.iter().filter(|c| c.signal.polled()).map(|c| c.poll_spin).max().unwrap_or_default().max(spin);
         }
         let mut moved = false;
         let mut poll = false;
         let mut inflight = false;
+        let mut watched = false;
+        // A stream's queue that may store a trigger any moment (the program issues start/wait
+        // pairs back to back).
+        let mut stream_live = false;
         for ch in &chans {
+            stream_live |= ch.signal.polled() && !ch.closed.load(Ordering::Acquire);
             moved |= ch.progress(true);
             poll |= ch.needs_poll();
-            inflight |= !ch.idle();
+            let busy = !ch.idle();
+            inflight |= busy && ch.wants_engine();
+            watched |= busy;
         }
         if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
             let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -414,6 +505,7 @@ fn run() {
                 idle = idle_since.elapsed();
             }
             let patience = if poll { yield_for.max(Duration::from_millis(2)) } else { yield_for };
+            let spin = if poll { poll_spin } else { spin };
             if idle < spin {
                 std::hint::spin_loop();
             } else if idle < spin + patience {
@@ -421,6 +513,25 @@ fn run() {
             } else {
                 std::thread::park_timeout(Duration::from_micros(50));
             }
+        } else if stream_live && idle_rounds > 0 && {
+            if idle_rounds % 32 == 1 {
+                idle = idle_since.elapsed();
+            }
+            idle < poll_spin + yield_for
+        } {
+            // A stream queue just went quiet: its next start usually follows within
+            // microseconds, and a trigger stored while this thread sleeps would wait for the
+            // start's wake-up (a system call on the program's thread) and for this thread to be
+            // scheduled — both on the round trip. Stay awake for the backoff, then nap.
+            if idle < poll_spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        } else if watched {
+            // Only batches that their queues' wait tasks drive: look in now and then (a wait
+            // task that gives up driving, a host waiter or an undelegated batch wakes us).
+            std::thread::park_timeout(DELEGATED_NAP);
         } else {
             std::thread::park_timeout(Duration::from_millis(20));
         }

@@ -455,8 +455,9 @@ pub fn run_baseline(comm: &Communicator, g: &Grid, tag: u32) -> Result<Outcome> 
 /// interior, wait, unpack — all queued; the host blocks only at the end of each pass.
 pub fn run_triggered(comm: Communicator, g: &Grid, tag: u32) -> Result<(Outcome, Communicator)> {
     let lens: Vec<usize> = (0..26).map(|d| g.message_len(d)).collect();
-    let sends: Vec<SharedBuf<f64>> = lens.iter().map(|&l| SharedBuf::zeroed(l)).collect();
-    let recvs: Vec<SharedBuf<f64>> = lens.iter().map(|&l| SharedBuf::zeroed(l)).collect();
+    // Shared by the step's tasks through one handle each (not 26 buffer handles per task).
+    let sends: std::sync::Arc<Vec<SharedBuf<f64>>> = std::sync::Arc::new(lens.iter().map(|&l| SharedBuf::zeroed(l)).collect());
+    let recvs: std::sync::Arc<Vec<SharedBuf<f64>>> = std::sync::Arc::new(lens.iter().map(|&l| SharedBuf::zeroed(l)).collect());
     let u = SharedBuf::<f64>::zeroed(g.points());
     let grid = std::sync::Arc::new(Grid { inp: g.inp, k: g.k, peers: g.peers });
     let q = HostQueue::new();

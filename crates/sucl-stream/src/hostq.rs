@@ -16,6 +16,10 @@ struct State {
     /// Threads blocked in `synchronize` (counted under `sleep`): the worker notifies `ran` only
     /// when there are any, not after every task.
     sleepers: AtomicU32,
+    /// The smallest `finished` count a thread blocked in `synchronize` waits for (`u64::MAX`:
+    /// none): the worker wakes them when it gets there, not after every task — a wake-up per
+    /// task would cost the worker's core a context switch each time.
+    wake_at: AtomicU64,
     sleep: Mutex<()>,
     ran: Condvar,
     panicked: AtomicBool,
@@ -43,6 +47,7 @@ impl HostQueue {
             submitted: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             sleepers: AtomicU32::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
             sleep: Mutex::new(()),
             ran: Condvar::new(),
             panicked: AtomicBool::new(false),
@@ -55,10 +60,13 @@ impl HostQueue {
                     if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
                         st.panicked.store(true, Ordering::Release);
                     }
-                    st.finished.fetch_add(1, Ordering::SeqCst);
-                    // A sleeper counts itself before it checks `finished` (both SeqCst).
-                    if st.sleepers.load(Ordering::SeqCst) > 0 {
+                    let finished = st.finished.fetch_add(1, Ordering::SeqCst) + 1;
+                    // A sleeper counts itself and stores its target before it checks
+                    // `finished` (all SeqCst), so it either sees this count or is seen here.
+                    if st.sleepers.load(Ordering::SeqCst) > 0 && finished >= st.wake_at.load(Ordering::SeqCst) {
                         let _g = st.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        // Every sleeper wakes and registers its target again if it wants more.
+                        st.wake_at.store(u64::MAX, Ordering::SeqCst);
                         st.ran.notify_all();
                     }
                 }
@@ -92,6 +100,7 @@ impl HostQueue {
         st.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut late = None;
         loop {
+            st.wake_at.fetch_min(target, Ordering::SeqCst);
             let done = st.finished.load(Ordering::SeqCst);
             if done >= target {
                 break;
@@ -112,5 +121,55 @@ impl HostQueue {
             return Err(Error::Config("a task on the host queue panicked".into()));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opens when its sender sends (or drops): a task that waits on it holds the queue.
+    fn gate() -> (mpsc::Sender<()>, impl FnOnce() + Send + 'static) {
+        let (tx, rx) = mpsc::channel::<()>();
+        (tx, move || {
+            let _ = rx.recv_timeout(Duration::from_secs(30));
+        })
+    }
+
+    #[test]
+    fn each_synchronize_returns_when_its_own_tasks_ran() {
+        let q = HostQueue::new();
+        let (open1, task1) = gate();
+        q.submit(task1);
+        // A waits for task 1 only.
+        let (qa, (done_a, got_a)) = (q.clone(), mpsc::channel());
+        std::thread::spawn(move || done_a.send(qa.synchronize(Duration::from_secs(60))).unwrap());
+        // Let A block first, then B, which waits for task 2 too (a larger target).
+        std::thread::sleep(Duration::from_millis(50));
+        let (open2, task2) = gate();
+        q.submit(task2);
+        let (qb, (done_b, got_b)) = (q.clone(), mpsc::channel());
+        std::thread::spawn(move || done_b.send(qb.synchronize(Duration::from_secs(60))).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        open1.send(()).unwrap();
+        // A's tasks ran: A returns although B's target (task 2, still held) is not reached.
+        let a = got_a.recv_timeout(Duration::from_secs(10)).expect("synchronize did not return once its tasks had run");
+        a.expect("synchronize A");
+        assert!(got_b.try_recv().is_err(), "B returned before its task ran");
+        assert_eq!(q.pending(), 1);
+        open2.send(()).unwrap();
+        got_b.recv_timeout(Duration::from_secs(10)).expect("synchronize B did not return").expect("synchronize B");
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[test]
+    fn synchronize_is_bounded() {
+        let q = HostQueue::new();
+        let (open, task) = gate();
+        q.submit(task);
+        let e = q.synchronize(Duration::from_millis(20)).unwrap_err().to_string();
+        assert!(e.contains("1 tasks pending"), "{e}");
+        open.send(()).unwrap();
+        q.synchronize(Duration::from_secs(10)).unwrap();
     }
 }

@@ -3,7 +3,7 @@
 use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
@@ -36,6 +36,8 @@ impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
 pub(crate) struct HostSignal {
     /// A wait task that ran out of time (the engine should have failed the batch first).
     stalled: Mutex<Option<Error>>,
+    /// Whether `stalled` holds an error (every enqueue checks it: no lock when it does not).
+    has_stalled: AtomicBool,
     trigger: AtomicU64,
     done: AtomicU64,
     /// Wait tasks blocked on `moved` (counted under `sleep`).
@@ -73,6 +75,8 @@ impl HostSignal {
                 break;
             }
         }
+        // Out of patience: the engine drives the batch from here on.
+        ch.strand();
         let deadline = start + bound;
         let mut g = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
         self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -84,6 +88,8 @@ impl HostSignal {
             g = self.moved.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        ch.unstrand();
         self.done.load(Ordering::Acquire) >= epoch
     }
 }
@@ -129,6 +135,9 @@ pub struct CommQueue {
     pub(crate) outstanding: Vec<Request>,
     /// Requests of operations enqueued since the last start.
     pub(crate) unstarted: Vec<Request>,
+    /// The last completed requests handed out for `PROC_NULL` operations (see
+    /// [`CommQueue::null_request`]).
+    nulls: [Option<Request>; 2],
     /// Host time this queue's calls spent blocked (throttled starts, synchronize).
     blocked: Duration,
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
@@ -157,6 +166,7 @@ impl CommQueue {
         let backoff = comm.config().host.backoff;
         let sig = Arc::new(HostSignal {
             stalled: Mutex::new(None),
+            has_stalled: AtomicBool::new(false),
             trigger: AtomicU64::new(0),
             done: AtomicU64::new(0),
             sleepers: AtomicU32::new(0),
@@ -181,6 +191,7 @@ impl CommQueue {
             started: 0,
             outstanding: vec![],
             unstarted: vec![],
+            nulls: [None, None],
             prune_at: PRUNE_MIN,
             blocked: Duration::ZERO,
             rank,
@@ -201,7 +212,8 @@ impl CommQueue {
         self.size
     }
 
-    /// Operations enqueued and not yet started.
+    /// Operations enqueued and not yet started (`PROC_NULL` ones complete at enqueue and are
+    /// not counted).
     pub fn enqueued(&self) -> usize {
         self.unstarted.len()
     }
@@ -257,7 +269,12 @@ impl CommQueue {
     /// The error that failed this queue (a lost peer, a timeout), if any.
     pub fn failure(&self) -> Option<Error> {
         match &self.path {
-            Path::Host { ch, sig, .. } => ch.error().or_else(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()),
+            Path::Host { ch, sig, .. } => ch.error().or_else(|| {
+                sig.has_stalled
+                    .load(Ordering::Acquire)
+                    .then(|| sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned())
+                    .flatten()
+            }),
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.failure(),
         }
@@ -265,9 +282,34 @@ impl CommQueue {
 
     pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
         let state = OpState::new(elem, what, self.world_rank);
-        let req = Request { state: state.clone(), bound: self.bound() };
-        self.unstarted.push(req.clone());
+        let req = self.push_request(state.clone());
         (state, req)
+    }
+
+    /// Records the request of a new operation among those enqueued since the last start.
+    pub(crate) fn push_request(&mut self, state: Arc<OpState>) -> Request {
+        let req = Request { state, bound: self.bound() };
+        self.unstarted.push(req.clone());
+        req
+    }
+
+    /// The request of an operation with the `PROC_NULL` peer: complete at once, moving
+    /// nothing, and never part of a batch (so it costs the queue, its tasks and the cap on
+    /// operations in flight nothing: at the edges of a Faces grid most of a step's 52
+    /// operations are such). Consecutive ones with the same direction and tag share one
+    /// completed state.
+    pub(crate) fn null_request(&mut self, elem: usize, what: What) -> Request {
+        let slot = usize::from(matches!(what, What::Recv { .. }));
+        if let Some(r) = &self.nulls[slot] {
+            if r.state.what == what && r.state.elem() == elem.max(1) {
+                return r.clone();
+            }
+        }
+        let state = OpState::new(elem, what, self.world_rank);
+        state.complete(Ok(0));
+        let req = Request { state, bound: self.bound() };
+        self.nulls[slot] = Some(req.clone());
+        req
     }
 
     fn host_only(&self, what: &str) -> Error {
@@ -281,7 +323,10 @@ impl CommQueue {
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Send { peer, tag };
-                let work = if peer == PROC_NULL { Work::Null } else { Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) } };
+                if peer == PROC_NULL {
+                    return Ok(self.null_request(std::mem::size_of::<T>(), what));
+                }
+                let work = Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
             #[cfg(feature = "cuda")]
@@ -301,7 +346,10 @@ impl CommQueue {
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Recv { peer, tag };
-                let work = if peer == PROC_NULL { Work::Null } else { Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) } };
+                if peer == PROC_NULL {
+                    return Ok(self.null_request(std::mem::size_of::<T>(), what));
+                }
+                let work = Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) };
                 Ok(self.push_host(work, std::mem::size_of::<T>(), what))
             }
             #[cfg(feature = "cuda")]
@@ -509,9 +557,12 @@ impl CommQueue {
                     sig.trigger.store(epoch, Ordering::Release);
                     // Post the batch's sends and receives from this task at once (a batch with
                     // a collective is left to the engine, so the tasks behind this one are not
-                    // held while it runs); the engine picks up whatever this does not.
+                    // held while it runs); the engine picks up whatever this does not, woken
+                    // only if no wait task of this queue will drive the batch.
                     ch.progress(false);
-                    engine().wake();
+                    if ch.wants_engine() {
+                        engine().wake();
+                    }
                 });
             }
             #[cfg(feature = "cuda")]
@@ -536,11 +587,14 @@ impl CommQueue {
         match &mut self.path {
             Path::Host { q, sig, ch } => {
                 let (sig, ch, bound, world_rank) = (sig.clone(), ch.clone(), self.timeout + SLACK, self.world_rank);
+                // The wait task drives the batches it waits for (`wait_done`).
+                ch.delegate(epoch);
                 q.submit(move || {
                     if !sig.wait_done(epoch, bound, &ch) {
                         // Never hold the queue forever; keep the error for `synchronize`.
                         let e = Error::Timeout { rank: world_rank, op: format!("the queue's wait for start {epoch}"), after: bound };
                         sig.stalled.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                        sig.has_stalled.store(true, Ordering::Release);
                     }
                 });
             }
@@ -550,7 +604,17 @@ impl CommQueue {
         Ok(())
     }
 
+    /// Drops the requests of completed operations from the front of `outstanding` (start
+    /// order), stopping at the first one in flight: asking a device-completed operation costs
+    /// an event query, and operations complete about in start order, so one query per prune is
+    /// enough where polling every request would cost one each.
     fn prune(&mut self) {
+        let live = self.outstanding.iter().position(|r| !r.state.is_done()).unwrap_or(self.outstanding.len());
+        self.outstanding.drain(..live);
+    }
+
+    /// Drops every completed request from `outstanding` (before counting what is in flight).
+    fn prune_all(&mut self) {
         self.outstanding.retain(|r| !r.state.is_done());
     }
 
@@ -565,10 +629,19 @@ impl CommQueue {
 
     fn synchronize_inner(&mut self) -> Result<()> {
         let bound = self.bound();
-        match &mut self.path {
-            Path::Host { q, .. } => q.synchronize(bound)?,
+        let settled = match &mut self.path {
+            Path::Host { q, .. } => {
+                q.synchronize(bound)?;
+                false
+            }
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.synchronize()?,
+        };
+        if settled {
+            // Every started operation completed without an error of its own (the device path
+            // says so after synchronizing its stream): nothing to ask the requests, which
+            // learn their completion when asked.
+            self.outstanding.clear();
         }
         let mut first = None;
         for r in self.outstanding.drain(..) {
@@ -593,7 +666,7 @@ impl CommQueue {
 
     fn shut_down(&mut self) -> Result<Communicator> {
         self.closed = true;
-        self.prune();
+        self.prune_all();
         let never_started = self.unstarted.len();
         let withdrawn = Error::invalid(self.world_rank, "queue", "closed before this operation was started");
         for r in self.unstarted.drain(..) {

@@ -65,6 +65,25 @@ impl OpState {
         })
     }
 
+    /// An operation the device completes: done (with `bytes`) once `poll` says so. Set at
+    /// creation, so starting it costs nothing per operation.
+    pub(crate) fn on_device(elem: usize, what: What, rank: usize, poll: Arc<dyn DevicePoll>, bytes: usize) -> Arc<OpState> {
+        Arc::new(OpState {
+            result: Mutex::new(None),
+            done: Condvar::new(),
+            waiters: AtomicU32::new(0),
+            elem: elem.max(1),
+            what,
+            rank,
+            device: OnceLock::from((poll, bytes)),
+        })
+    }
+
+    /// Bytes per element.
+    pub(crate) fn elem(&self) -> usize {
+        self.elem
+    }
+
     /// Records the outcome (the first one wins) and wakes every waiter.
     pub(crate) fn complete(&self, r: Result<usize>) {
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,15 +102,6 @@ impl OpState {
             let _g = self.result.lock().unwrap_or_else(|p| p.into_inner());
             self.done.notify_all();
         }
-    }
-
-    /// Hands completion to the device: the operation is done (with `bytes`) once `poll` says so.
-    pub(crate) fn complete_on_device(&self, poll: Arc<dyn DevicePoll>, bytes: usize) {
-        // Under the result's lock, like an outcome: a waiter that saw no poll is then counted.
-        let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = self.device.set((poll, bytes));
-        drop(g);
-        self.wake();
     }
 
     /// Asks the device, if it completes this operation.
@@ -142,7 +152,16 @@ impl OpState {
             }
             let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
             self.waiters.fetch_add(1, Ordering::AcqRel);
+            if !polled {
+                // The engine completes this operation: it must poll even batches that a
+                // queue's wait task would drive later.
+                crate::engine::HOST_WAITERS.fetch_add(1, Ordering::AcqRel);
+                crate::engine::engine().wake();
+            }
             g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
+            if !polled {
+                crate::engine::HOST_WAITERS.fetch_sub(1, Ordering::AcqRel);
+            }
             self.waiters.fetch_sub(1, Ordering::AcqRel);
         }
     }

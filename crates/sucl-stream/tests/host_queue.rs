@@ -140,6 +140,51 @@ fn start_releases_only_what_was_enqueued_before_it() {
     });
 }
 
+/// The queue's wait task drives its batch itself, so the progress thread leaves such batches
+/// alone — but not when that task cannot run: here a task ahead of it holds the queue, and a
+/// receive the host waits for must still complete (and a failed peer would still be reported).
+#[test]
+fn a_request_completes_while_its_queues_wait_task_is_held() {
+    run("a_request_completes_while_its_queues_wait_task_is_held", 2, &[("SUCL_TIMEOUT", "6")], |rank| {
+        let (comm, ctl) = world();
+        if rank == 0 {
+            await_token(&ctl, 1);
+            comm.send(&[42u32][..], 1, 5).unwrap();
+            await_token(&ctl, 1);
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let b = SharedBuf::<u32>::zeroed(1);
+        let r = cq.enqueue_recv(&b, 0, 5).unwrap();
+        cq.start().unwrap();
+        let gate = Arc::new(AtomicBool::new(false));
+        let holding = Arc::new(AtomicBool::new(false));
+        let (g, h) = (gate.clone(), holding.clone());
+        q.submit(move || {
+            h.store(true, Ordering::Release);
+            let t0 = std::time::Instant::now();
+            while !g.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        cq.wait().unwrap(); // behind the held task
+                            // The start task ran (it posted the receive, before any message was sent) and the
+                            // queue is held: only the progress thread can complete the receive now.
+        while !holding.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        token(&ctl, 0);
+        assert_eq!(r.wait().expect("the receive did not complete while the queue was held"), 1);
+        assert!(!gate.load(Ordering::Acquire));
+        gate.store(true, Ordering::Release);
+        cq.synchronize().unwrap();
+        assert_eq!(b.to_vec(), vec![42]);
+        token(&ctl, 0);
+        cq.close().unwrap();
+    });
+}
+
 #[test]
 fn wait_covers_only_started_operations() {
     run("wait_covers_only_started_operations", 2, &[], |rank| {
@@ -258,11 +303,22 @@ fn proc_null_completes_at_once_and_wildcards_are_refused() {
         return;
     }
     let comm = sucl_runtime::init().unwrap();
+    let other = comm.split(Some(0), 0).unwrap().expect("member");
     let q = HostQueue::new();
     let mut cq = CommQueue::on_host(comm, &q).unwrap();
     let b = SharedBuf::new(vec![5i32; 4]);
     let s = cq.enqueue_send(&b, PROC_NULL, 1).unwrap();
     let r = cq.enqueue_recv(&b, PROC_NULL, 1).unwrap();
+    // Complete at once: before any start, and not counted among the operations waiting for one.
+    assert_eq!(s.test().unwrap(), Some(0), "a PROC_NULL send waited for a start");
+    assert_eq!(r.test().unwrap(), Some(0), "a PROC_NULL receive waited for a start");
+    assert_eq!(cq.enqueued(), 0, "PROC_NULL operations were queued for a start");
+    // A queue holding only PROC_NULL operations closes cleanly (nothing was in flight).
+    let q2 = HostQueue::new();
+    let mut cq2 = CommQueue::on_host(other, &q2).unwrap();
+    cq2.enqueue_send(&b, PROC_NULL, 2).unwrap();
+    cq2.enqueue_recv(&b, PROC_NULL, 3).unwrap();
+    cq2.close().expect("closing a queue that holds only completed PROC_NULL operations");
     cq.start().unwrap();
     cq.wait().unwrap();
     assert_eq!(s.wait().unwrap(), 0);
