@@ -24,9 +24,9 @@ pub mod record;
 use crate::{cuda_err, Device, DeviceBackend};
 use cudarc::driver::sys as cu;
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
-use kernels::ModuleKey;
+use kernels::{ModuleKey, Shape};
 use plan::{Kind, MAX_RANKS, SIGNAL_BYTES, THREADS};
-use record::{PeerRecord, HANDLE_LEN};
+use record::{KernelSettings, PeerRecord, HANDLE_LEN};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +40,11 @@ pub const DEFAULT_BUFFER_BYTES: usize = 32 << 20;
 pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`).
 pub const DEFAULT_TWO_SHOT_BYTES: usize = 256 << 10;
+/// Default grid cap (`SUCL_IPC_BLOCKS`; the grid is also at most the GPUs' multiprocessors and
+/// [`plan::MAX_BLOCKS`]).
+pub const DEFAULT_BLOCKS: usize = 64;
+/// Default slots per thread per loop iteration (`SUCL_IPC_UNROLL`, one of [`plan::UNROLLS`]).
+pub const DEFAULT_UNROLL: usize = 4;
 
 /// Settings of a peer-memory communicator.
 #[derive(Clone, Copy, Debug)]
@@ -48,30 +53,51 @@ pub struct IpcOptions {
     pub allowed: bool,
     /// Bytes of each rank's data area (every rank must use the same).
     pub buffer_bytes: usize,
-    /// all_reduce runs two-shot from this many bytes on.
+    /// all_reduce runs two-shot from this many bytes on (every rank must use the same).
     pub two_shot_bytes: usize,
+    /// Most blocks a kernel launches, 1 to [`plan::MAX_BLOCKS`] (every rank must use the same).
+    pub blocks: usize,
+    /// Slots each thread moves per loop iteration, one of [`plan::UNROLLS`] (every rank must use
+    /// the same).
+    pub unroll: usize,
 }
 
 impl IpcOptions {
     /// Defaults, overridden by `SUCL_IPC_BUFFER_BYTES` and `SUCL_IPC_TWO_SHOT_BYTES` (plain
-    /// byte counts); `allowed` as given.
+    /// byte counts), `SUCL_IPC_BLOCKS` and `SUCL_IPC_UNROLL`; `allowed` as given.
     pub fn from_env(allowed: bool) -> std::result::Result<IpcOptions, String> {
+        Self::from_lookup(allowed, &|k| std::env::var(k).ok())
+    }
+
+    /// As [`IpcOptions::from_env`], reading variables through `get`.
+    pub fn from_lookup(allowed: bool, lookup: &dyn Fn(&str) -> Option<String>) -> std::result::Result<IpcOptions, String> {
         let get = |k: &str, d: usize, min: usize| -> std::result::Result<usize, String> {
-            match std::env::var(k) {
-                Err(_) => Ok(d),
-                Ok(v) => v
+            match lookup(k) {
+                None => Ok(d),
+                Some(v) => v
                     .trim()
                     .parse::<usize>()
                     .ok()
                     .filter(|&n| n >= min)
-                    .ok_or_else(|| format!("{k}={v:?}: want a byte count of at least {min}")),
+                    .ok_or_else(|| format!("{k}={v:?}: want a whole number of at least {min}")),
             }
         };
         Ok(IpcOptions {
             allowed,
             buffer_bytes: get("SUCL_IPC_BUFFER_BYTES", DEFAULT_BUFFER_BYTES, MIN_BUFFER_BYTES)?.next_multiple_of(plan::SLOT),
             two_shot_bytes: get("SUCL_IPC_TWO_SHOT_BYTES", DEFAULT_TWO_SHOT_BYTES, 0)?,
+            blocks: Some(get("SUCL_IPC_BLOCKS", DEFAULT_BLOCKS, 1)?).filter(|&b| b <= plan::MAX_BLOCKS).ok_or_else(|| {
+                format!("SUCL_IPC_BLOCKS={:?}: want 1 to {}", lookup("SUCL_IPC_BLOCKS").unwrap_or_default(), plan::MAX_BLOCKS)
+            })?,
+            unroll: Some(get("SUCL_IPC_UNROLL", DEFAULT_UNROLL, 1)?).filter(|u| plan::UNROLLS.contains(u)).ok_or_else(|| {
+                format!("SUCL_IPC_UNROLL={:?}: want one of {:?}", lookup("SUCL_IPC_UNROLL").unwrap_or_default(), plan::UNROLLS)
+            })?,
         })
+    }
+
+    /// The settings every rank must share, as published in the setup records.
+    fn kernel_settings(&self) -> KernelSettings {
+        KernelSettings { two_shot_bytes: self.two_shot_bytes as u64, blocks: self.blocks as u32, unroll: self.unroll as u32 }
     }
 }
 
@@ -167,6 +193,10 @@ pub struct IpcBackend {
     functions: HashMap<(Kind, DType, ReduceOp), CudaFunction>,
     /// Set once a call failed: the peers' epochs no longer match ours.
     broken: Option<String>,
+    /// Multiprocessors of this rank's GPU (published in the record).
+    sms: u32,
+    /// Most blocks a launch uses: the same on every rank (plan::grid_cap of shared values).
+    grid_cap: usize,
 }
 
 // SAFETY: the raw pointer is this backend's own pinned allocation, used only through `&self`
@@ -238,6 +268,8 @@ impl IpcBackend {
             modules: HashMap::new(),
             functions: HashMap::new(),
             broken: None,
+            sms: 0,
+            grid_cap: 1,
         };
         let node = record::this_node();
         let prepared = if opts.allowed {
@@ -255,9 +287,15 @@ impl IpcBackend {
                 bus_id: String::new(),
                 capacity: 0,
                 handle: [0; HANDLE_LEN],
+                settings: opts.kernel_settings(),
+                sms: 0,
             },
         };
         let all = exchange("ipc/records", &rec.encode())?;
+        // Every rank reads the same records, so every rank fails alike (before any kernel runs).
+        if let Some(what) = record::settings_mismatch(&all) {
+            return Err(Error::Mismatch { rank: me.world_rank(), what });
+        }
         let mine = prepared.and_then(|_| me.open_peers(&all, node));
         let verdict = match &mine {
             Ok(()) => vec![1u8],
@@ -293,9 +331,7 @@ impl IpcBackend {
             return Err("NVRTC (libnvrtc.so) was not found: the kernels cannot be compiled".into());
         }
         let sms = attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        if (sms as usize) < plan::MAX_BLOCKS {
-            return Err(format!("the GPU has {sms} multiprocessors; the kernels need {} resident blocks", plan::MAX_BLOCKS));
-        }
+        self.sms = u32::try_from(sms).ok().filter(|&s| s > 0).ok_or_else(|| format!("the GPU reports {sms} multiprocessors"))?;
         let bytes = SIGNAL_BYTES + self.opts.buffer_bytes;
         let mut bus = [0 as std::ffi::c_char; record::BUS_ID_LEN];
         let mut handle = cu::CUipcMemHandle { reserved: [0; HANDLE_LEN] };
@@ -327,6 +363,8 @@ impl IpcBackend {
             bus_id,
             capacity: self.opts.buffer_bytes as u64,
             handle: handle.reserved.map(|c| c as u8),
+            settings: self.opts.kernel_settings(),
+            sms: self.sms,
         })
     }
 
@@ -343,6 +381,9 @@ impl IpcBackend {
         if let Some(r) = recs.iter().find(|r| !r.ready) {
             return Err(format!("rank {} could not set up its peer buffer", r.rank));
         }
+        // Every block of a launch must be resident at once on every rank's GPU.
+        let min_sms = recs.iter().map(|r| r.sms as usize).min().unwrap_or(1);
+        self.grid_cap = plan::grid_cap(self.opts.blocks, min_sms);
         let mine = self.dev.context().cu_device();
         for (j, rec) in recs.iter().enumerate() {
             if j == self.rank {
@@ -450,11 +491,13 @@ impl IpcBackend {
             Some(m) => m.clone(),
             None => {
                 let opts = cudarc::nvrtc::CompileOptions { arch: Some(self.arch), ..Default::default() };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey), opts).map_err(|e| Error::BackendUnavailable {
-                    rank,
-                    backend: "nvrtc".into(),
-                    why: format!("compiling the peer-memory kernels ({mkey:?}): {e:?}"),
-                })?;
+                let shape = Shape { nranks: self.size, unroll: self.opts.unroll };
+                let ptx =
+                    cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey, shape), opts).map_err(|e| Error::BackendUnavailable {
+                        rank,
+                        backend: "nvrtc".into(),
+                        why: format!("compiling the peer-memory kernels ({mkey:?}): {e:?}"),
+                    })?;
                 let m = self.dev.context().load_module(ptx).map_err(|e| cuda_err(rank, "loading the peer-memory kernels", e))?;
                 self.modules.insert(mkey, m.clone());
                 m
@@ -468,7 +511,7 @@ impl IpcBackend {
 
     /// Enqueues one kernel over `args` on `stream`.
     fn launch(&mut self, f: &CudaFunction, args: &Args, loop_units: usize, stream: &CudaStream) -> Result<()> {
-        let blocks = plan::blocks(loop_units) as u32;
+        let blocks = plan::blocks(loop_units, self.grid_cap) as u32;
         let mut params = [args as *const Args as *mut std::ffi::c_void];
         // SAFETY: `f` takes one `Args` by value (kernels.cu) and `params` points at it for the
         // call (the driver copies kernel arguments at launch); the stream belongs to this
@@ -603,5 +646,36 @@ impl DeviceBackend for IpcBackend {
             return Err(self.fail(e));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(vars: &[(&str, &str)]) -> std::result::Result<IpcOptions, String> {
+        IpcOptions::from_lookup(true, &|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn kernel_settings_come_from_the_environment_and_are_checked() {
+        let d = opts(&[]).unwrap();
+        assert_eq!((d.blocks, d.unroll, d.two_shot_bytes), (DEFAULT_BLOCKS, DEFAULT_UNROLL, DEFAULT_TWO_SHOT_BYTES));
+        assert!(plan::UNROLLS.contains(&DEFAULT_UNROLL) && (1..=plan::MAX_BLOCKS).contains(&DEFAULT_BLOCKS));
+        let o = opts(&[("SUCL_IPC_BLOCKS", "128"), ("SUCL_IPC_UNROLL", " 2 "), ("SUCL_IPC_TWO_SHOT_BYTES", "0")]).unwrap();
+        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes), (128, 2, 0));
+        let s = o.kernel_settings();
+        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes), (128, 2, 0));
+        for (k, v, says) in [
+            ("SUCL_IPC_BLOCKS", "0", "at least 1"),
+            ("SUCL_IPC_BLOCKS", "129", "1 to 128"),
+            ("SUCL_IPC_BLOCKS", "many", "SUCL_IPC_BLOCKS=\"many\""),
+            ("SUCL_IPC_UNROLL", "3", "one of [1, 2, 4, 8]"),
+            ("SUCL_IPC_UNROLL", "16", "one of"),
+            ("SUCL_IPC_UNROLL", "0", "at least 1"),
+        ] {
+            let e = opts(&[(k, v)]).unwrap_err();
+            assert!(e.contains(k) && e.contains(says), "{k}={v}: {e}");
+        }
     }
 }
