@@ -3,8 +3,15 @@
 // Every rank owns one peer buffer: a signal area (per-block flags that peers write, and this
 // rank's per-block epoch counters) followed by a data area. Every rank maps every peer's buffer;
 // `Args::peers[r]` is rank r's buffer as seen from here. A kernel copies its input into its own
-// data area, meets its peers at a barrier, reads their data areas, and meets them again at an
-// end barrier before it returns, so that the next call may overwrite the data area.
+// data area, meets its peers at a barrier and reads their data areas.
+//
+// The data area has two halves (`Args::half` bytes apart), used by alternate launches: every
+// rank flips its parity word after each launch (the last block to finish does, counted by the
+// done word), so all ranks use the same half for the same call, and graph replays alternate too.
+// That replaces an end barrier: launch c + 2 writes the half that peers read in launch c only
+// after this rank's launch c + 1 passed a barrier with them, and a peer's launch c + 1 runs only
+// after its launch c finished (stream order). With END_BARRIER 1 the kernels meet at an end
+// barrier as well (the older protocol, for comparison).
 //
 // Barriers are per block: block b of every rank stores its epoch into flag [b][me] of every peer
 // (st.release.sys) and spins on its own flags [b][*] (ld.acquire.sys) until each reached the
@@ -36,7 +43,14 @@
 #if NRANKS < 1 || NRANKS > MAX_RANKS || UNROLL < 1
 #error "bad NRANKS or UNROLL"
 #endif
+#if !defined(END_BARRIER)
+#error "the prelude must define END_BARRIER"
+#endif
 #define EPOCH_WORD (MAX_BLOCKS * MAX_RANKS)
+// This rank's blocks finished in the current launch, and the half the next launch uses (mirrored
+// by plan::DONE_WORD / plan::PARITY_WORD).
+#define DONE_WORD (EPOCH_WORD + MAX_BLOCKS)
+#define PARITY_WORD (DONE_WORD + 1)
 #define ERR_TIMEOUT 1u
 #define ERR_ABORT 2u
 
@@ -58,6 +72,7 @@ struct Args {
     int nranks;
     int root;
     int reserved;
+    long long half;       // bytes between the data area's two halves
 };
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -132,16 +147,35 @@ __device__ bool barrier(const Args& a, u32& epoch, int* failed) {
 #define PROLOGUE                                                                   \
     __shared__ int failed;                                                         \
     __shared__ u32 epoch0;                                                         \
+    __shared__ u32 parity0;                                                        \
     if (threadIdx.x == 0) {                                                        \
         failed = 0;                                                                \
         epoch0 = signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x];                \
+        parity0 = signals(a.peers[a.rank])[PARITY_WORD];                           \
     }                                                                              \
     __syncthreads();                                                               \
-    u32 epoch = epoch0;
+    u32 epoch = epoch0;                                                            \
+    const long long half_off = parity0 ? a.half : 0;
 
-// End of a kernel that passed all its barriers: keep the block's epoch for the next call.
+// End of a kernel that passed all its barriers: keep the block's epoch for the next call; the
+// last block to finish resets the done count and flips the parity. (Every block read the parity
+// before it counted itself done, so all blocks of a launch use the same half; the next launch on
+// the stream sees the flip.) With END_BARRIER, meet the peers once more first.
+#if END_BARRIER
+#define END_MEET BARRIER
+#else
+#define END_MEET
+#endif
 #define EPILOGUE                                                                   \
-    if (threadIdx.x == 0) signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x] = epoch;
+    END_MEET                                                                       \
+    if (threadIdx.x == 0) {                                                        \
+        u32* s = signals(a.peers[a.rank]);                                         \
+        s[EPOCH_WORD + blockIdx.x] = epoch;                                        \
+        if (atomicAdd(s + DONE_WORD, 1u) == gridDim.x - 1) {                       \
+            s[DONE_WORD] = 0;                                                      \
+            s[PARITY_WORD] ^= 1u;                                                  \
+        }                                                                          \
+    }
 
 #define BARRIER                                                                    \
     if (!barrier(a, epoch, &failed)) return;
@@ -149,7 +183,8 @@ __device__ bool barrier(const Args& a, u32& epoch, int* failed) {
 #define SLOT 16
 #define SLOTS(bytes) (((bytes) + SLOT - 1) / SLOT)
 
-__device__ __forceinline__ const char* peer_data(const Args& a, int r) { return data_area(a.peers[r]); }
+// Rank r's data area, the half at byte offset `half_off` (0 or Args::half).
+__device__ __forceinline__ const char* peer_data(const Args& a, int r, long long half_off) { return data_area(a.peers[r]) + half_off; }
 
 // Bytes of slot i of a row of `len` bytes.
 __device__ __forceinline__ int slot_bytes(long long i, long long len) {
@@ -222,12 +257,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_broadcast(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
     if (a.rank == a.root) copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    if (a.rank != a.root) copy_slots(out, peer_data(a, a.root), 0, slots, a.count);
-    BARRIER
+    if (a.rank != a.root) copy_slots(out, peer_data(a, a.root, half_off), 0, slots, a.count);
     EPILOGUE
 }
 
@@ -236,12 +270,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_all_gather(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
     copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    for (int k = 0; k < a.nranks; k++) copy_slots(out + k * a.out_pitch, peer_data(a, k), 0, slots, a.count);
-    BARRIER
+    for (int k = 0; k < a.nranks; k++) copy_slots(out + k * a.out_pitch, peer_data(a, k, half_off), 0, slots, a.count);
     EPILOGUE
 }
 
@@ -293,7 +326,7 @@ __device__ __forceinline__ void reduce_slots(const Args& a, long long base, char
         Pack v[RUNROLL][NRANKS];
 #pragma unroll
         for (int r = 0; r < NRANKS; r++) {
-            const char* src = peer_data(a, r) + base;
+            const char* src = peer_data(a, r, 0) + base;
 #pragma unroll
             for (int u = 0; u < RUNROLL; u++) {
                 long long j = i + u * stride;
@@ -313,12 +346,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_one_shot(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
     copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    reduce_slots(a, 0, out, 0, slots, a.count);
-    BARRIER
+    reduce_slots(a, half_off, out, 0, slots, a.count);
     EPILOGUE
 }
 
@@ -329,15 +361,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_two_shot(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
     for (int k = 0; k < a.nranks; k++) copy_slots(mine, in, k * a.chunk, min(k * a.chunk + a.chunk, slots), a.count);
     BARRIER
     // Whole slots: the data area holds the padded row (len = slots · 16, so no short slot).
-    reduce_slots(a, 0, mine, a.rank * a.chunk, min(a.rank * a.chunk + a.chunk, slots), slots * SLOT);
+    reduce_slots(a, half_off, mine, a.rank * a.chunk, min(a.rank * a.chunk + a.chunk, slots), slots * SLOT);
     BARRIER
-    for (int k = 0; k < a.nranks; k++) copy_slots(out, peer_data(a, k), k * a.chunk, min(k * a.chunk + a.chunk, slots), a.count);
-    BARRIER
+    for (int k = 0; k < a.nranks; k++) copy_slots(out, peer_data(a, k, half_off), k * a.chunk, min(k * a.chunk + a.chunk, slots), a.count);
     EPILOGUE
 }
 
@@ -347,12 +378,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_reduce_scatter(Args a) 
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count), row = slots * SLOT;
     for (int k = 0; k < a.nranks; k++) copy_slots(mine + k * row, in + k * a.in_pitch, 0, slots, a.count);
     BARRIER
-    reduce_slots(a, a.rank * row, out, 0, slots, a.count);
-    BARRIER
+    reduce_slots(a, half_off + a.rank * row, out, 0, slots, a.count);
     EPILOGUE
 }
 

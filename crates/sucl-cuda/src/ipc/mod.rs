@@ -10,9 +10,10 @@
 //! (`cuIpcOpenMemHandle`); a second exchange makes every rank agree on the outcome, so either all
 //! ranks use the backend or none does, with the reason. No multicast object is ever created.
 //!
-//! Calls ([`DeviceBackend::collective`]) enqueue one kernel per piece of at most the data area's
-//! size on the caller's stream and return: no host synchronization and no allocation, so they
-//! can be captured into CUDA graphs (the epochs live in device memory). Kernels never wait
+//! Calls ([`DeviceBackend::collective`]) enqueue one kernel per piece of at most half the data
+//! area on the caller's stream and return: no host synchronization and no allocation, so they
+//! can be captured into CUDA graphs (the epochs and the parity live in device memory). Launches
+//! alternate between the data area's halves, so that no kernel waits for its peers at its end. Kernels never wait
 //! unboundedly: a spin that outlasts the timeout, or sees the host's abort word, writes a status
 //! word in host-mapped memory and returns; [`DeviceBackend::synchronize`] reads it and fails —
 //! raising the job's abort flag so that every other rank fails too.
@@ -34,7 +35,8 @@ use sucl_core::backend::{CollDesc, CollOp};
 use sucl_core::wait::{Backoff, Waiter};
 use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 
-/// Default bytes of each rank's data area (`SUCL_IPC_BUFFER_BYTES`); larger calls run in pieces.
+/// Default bytes of each rank's data area (`SUCL_IPC_BUFFER_BYTES`); calls larger than half of it
+/// run in pieces.
 pub const DEFAULT_BUFFER_BYTES: usize = 32 << 20;
 /// Smallest data area: one slot per row of the largest reduce_scatter ([`MAX_RANKS`] rows).
 pub const MIN_BUFFER_BYTES: usize = 4096;
@@ -60,11 +62,14 @@ pub struct IpcOptions {
     /// Slots each thread moves per loop iteration, one of [`plan::UNROLLS`] (every rank must use
     /// the same).
     pub unroll: usize,
+    /// Whether the kernels also meet at an end barrier (every rank must use the same).
+    pub end_barrier: bool,
 }
 
 impl IpcOptions {
     /// Defaults, overridden by `SUCL_IPC_BUFFER_BYTES` and `SUCL_IPC_TWO_SHOT_BYTES` (plain
-    /// byte counts), `SUCL_IPC_BLOCKS` and `SUCL_IPC_UNROLL`; `allowed` as given.
+    /// byte counts), `SUCL_IPC_BLOCKS`, `SUCL_IPC_UNROLL` and `SUCL_IPC_END_BARRIER` (0 or 1);
+    /// `allowed` as given.
     pub fn from_env(allowed: bool) -> std::result::Result<IpcOptions, String> {
         Self::from_lookup(allowed, &|k| std::env::var(k).ok())
     }
@@ -92,12 +97,22 @@ impl IpcOptions {
             unroll: Some(get("SUCL_IPC_UNROLL", DEFAULT_UNROLL, 1)?).filter(|u| plan::UNROLLS.contains(u)).ok_or_else(|| {
                 format!("SUCL_IPC_UNROLL={:?}: want one of {:?}", lookup("SUCL_IPC_UNROLL").unwrap_or_default(), plan::UNROLLS)
             })?,
+            end_barrier: match get("SUCL_IPC_END_BARRIER", 0, 0)? {
+                0 => false,
+                1 => true,
+                n => return Err(format!("SUCL_IPC_END_BARRIER={n}: want 0 or 1")),
+            },
         })
     }
 
     /// The settings every rank must share, as published in the setup records.
     fn kernel_settings(&self) -> KernelSettings {
-        KernelSettings { two_shot_bytes: self.two_shot_bytes as u64, blocks: self.blocks as u32, unroll: self.unroll as u32 }
+        KernelSettings {
+            two_shot_bytes: self.two_shot_bytes as u64,
+            blocks: self.blocks as u32,
+            unroll: self.unroll as u32,
+            end_barrier: self.end_barrier,
+        }
     }
 }
 
@@ -119,6 +134,7 @@ struct Args {
     nranks: i32,
     root: i32,
     reserved: i32,
+    half: i64,
 }
 
 /// Exchanges `bytes` with every rank of the communicator under `key` (unique per call) and
@@ -491,7 +507,7 @@ impl IpcBackend {
             Some(m) => m.clone(),
             None => {
                 let opts = cudarc::nvrtc::CompileOptions { arch: Some(self.arch), ..Default::default() };
-                let shape = Shape { nranks: self.size, unroll: self.opts.unroll };
+                let shape = Shape { nranks: self.size, unroll: self.opts.unroll, end_barrier: self.opts.end_barrier };
                 let ptx =
                     cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey, shape), opts).map_err(|e| Error::BackendUnavailable {
                         rank,
@@ -589,7 +605,10 @@ impl DeviceBackend for IpcBackend {
         let f = self.function(kind, d.dtype, d.redop).map_err(|e| self.fail(e))?;
         args.in_pitch = (c * es) as i64;
         args.out_pitch = (c * es) as i64;
-        for piece in plan::pieces(c, es, rows, self.opts.buffer_bytes) {
+        // Launches alternate between the data area's halves (kernels.cu).
+        let half = plan::half_bytes(self.opts.buffer_bytes);
+        args.half = half as i64;
+        for piece in plan::pieces(c, es, rows, half) {
             let off = (piece.start * es) as u64;
             let bytes = piece.len * es;
             args.input = input + off;
@@ -662,10 +681,17 @@ mod tests {
         let d = opts(&[]).unwrap();
         assert_eq!((d.blocks, d.unroll, d.two_shot_bytes), (DEFAULT_BLOCKS, DEFAULT_UNROLL, DEFAULT_TWO_SHOT_BYTES));
         assert!(plan::UNROLLS.contains(&DEFAULT_UNROLL) && (1..=plan::MAX_BLOCKS).contains(&DEFAULT_BLOCKS));
-        let o = opts(&[("SUCL_IPC_BLOCKS", "128"), ("SUCL_IPC_UNROLL", " 2 "), ("SUCL_IPC_TWO_SHOT_BYTES", "0")]).unwrap();
-        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes), (128, 2, 0));
+        assert!(!d.end_barrier);
+        let o = opts(&[
+            ("SUCL_IPC_BLOCKS", "128"),
+            ("SUCL_IPC_UNROLL", " 2 "),
+            ("SUCL_IPC_TWO_SHOT_BYTES", "0"),
+            ("SUCL_IPC_END_BARRIER", "1"),
+        ])
+        .unwrap();
+        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes, o.end_barrier), (128, 2, 0, true));
         let s = o.kernel_settings();
-        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes), (128, 2, 0));
+        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes, s.end_barrier), (128, 2, 0, true));
         for (k, v, says) in [
             ("SUCL_IPC_BLOCKS", "0", "at least 1"),
             ("SUCL_IPC_BLOCKS", "129", "1 to 128"),
@@ -673,6 +699,7 @@ mod tests {
             ("SUCL_IPC_UNROLL", "3", "one of [1, 2, 4, 8]"),
             ("SUCL_IPC_UNROLL", "16", "one of"),
             ("SUCL_IPC_UNROLL", "0", "at least 1"),
+            ("SUCL_IPC_END_BARRIER", "2", "0 or 1"),
         ] {
             let e = opts(&[(k, v)]).unwrap_err();
             assert!(e.contains(k) && e.contains(says), "{k}={v}: {e}");

@@ -22,10 +22,23 @@ const _: () = assert!(SIGNAL_BYTES % 4096 == 0 && SIGNAL_BYTES >= (MAX_BLOCKS * 
 /// Slots per thread per loop iteration that the kernels may be compiled for (`SUCL_IPC_UNROLL`).
 pub const UNROLLS: [usize; 4] = [1, 2, 4, 8];
 
-/// Bytes of a signal area for `blocks` blocks of `ranks` ranks: a u32 flag per (block, rank)
-/// and a u32 epoch per block, rounded up to whole 4 KiB.
+/// Bytes of a signal area for `blocks` blocks of `ranks` ranks: a u32 flag per (block, rank),
+/// a u32 epoch per block, the done count and the parity word, rounded up to whole 4 KiB.
 pub const fn signal_bytes(blocks: usize, ranks: usize) -> usize {
-    ((blocks * ranks + blocks) * 4).next_multiple_of(4096)
+    ((blocks * ranks + blocks + 2) * 4).next_multiple_of(4096)
+}
+
+/// Word index of the count of this rank's blocks that finished the current launch (the
+/// kernels' `DONE_WORD`).
+pub const DONE_WORD: usize = MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS;
+/// Word index of the parity that says which half of the data area the next launch uses (the
+/// kernels' `PARITY_WORD`).
+pub const PARITY_WORD: usize = DONE_WORD + 1;
+
+/// Bytes of each half of a data area of `buffer_bytes` (launches alternate between the halves):
+/// whole slots, so that the second half stays aligned for 16-byte vectors.
+pub fn half_bytes(buffer_bytes: usize) -> usize {
+    buffer_bytes / 2 / SLOT * SLOT
 }
 
 /// Byte offset of flag (`block`, `rank`) in the signal area (the kernels' barrier), and of
@@ -261,10 +274,25 @@ mod tests {
             }
             assert!(words.insert(flag_offset(b, None)));
         }
+        assert!(words.insert(DONE_WORD * 4) && words.insert(PARITY_WORD * 4), "the done and parity words are apart");
         assert!(words.iter().all(|&o| o % 4 == 0 && o + 4 <= SIGNAL_BYTES));
         assert_eq!(SIGNAL_BYTES % SLOT, 0, "the data area stays aligned for vectors");
         assert_eq!(signal_bytes(32, 8), 4096, "the old layout's size");
         assert_eq!(signal_bytes(128, 8), 8192);
+    }
+
+    #[test]
+    fn halves_keep_vectors_aligned_and_hold_a_reduce_scatter_slot_row() {
+        for b in [4096usize, 4112, 65_536, 32 << 20, (32 << 20) + 48] {
+            let h = half_bytes(b);
+            assert_eq!(h % SLOT, 0, "{b}");
+            assert!(2 * h <= b && b - 2 * h < 2 * SLOT, "{b}: {h}");
+            assert!(h >= MAX_RANKS * SLOT, "pieces need one slot per row");
+            // A piece planned for one half fits it.
+            for p in pieces(1_000_000, 4, MAX_RANKS, h) {
+                assert!(p.len * 4 * MAX_RANKS <= h || p.len == 1);
+            }
+        }
     }
 
     #[test]

@@ -24,12 +24,19 @@ pub struct KernelSettings {
     pub blocks: u32,
     /// Slots per thread per loop iteration (`SUCL_IPC_UNROLL`).
     pub unroll: u32,
+    /// Whether the kernels end with a barrier (`SUCL_IPC_END_BARRIER`).
+    pub end_barrier: bool,
 }
 
 impl KernelSettings {
     /// The settings' fields with their variables, for error messages.
-    fn named(&self) -> [(&'static str, u64); 3] {
-        [("SUCL_IPC_TWO_SHOT_BYTES", self.two_shot_bytes), ("SUCL_IPC_BLOCKS", self.blocks as u64), ("SUCL_IPC_UNROLL", self.unroll as u64)]
+    fn named(&self) -> [(&'static str, u64); 4] {
+        [
+            ("SUCL_IPC_TWO_SHOT_BYTES", self.two_shot_bytes),
+            ("SUCL_IPC_BLOCKS", self.blocks as u64),
+            ("SUCL_IPC_UNROLL", self.unroll as u64),
+            ("SUCL_IPC_END_BARRIER", self.end_barrier as u64),
+        ]
     }
 }
 
@@ -59,7 +66,8 @@ pub struct PeerRecord {
 impl PeerRecord {
     /// The fixed-layout bytes: magic u32, version u16, flags u16 (bit 0: ready), rank u32,
     /// size u32, node u64, bus id (32 bytes, NUL padded), capacity u64, handle (64 bytes),
-    /// two-shot bytes u64, blocks u32, unroll u32, multiprocessors u32, zero u32.
+    /// two-shot bytes u64, blocks u32, unroll u32, multiprocessors u32, kernel flags u32 (bit 0:
+    /// end barrier).
     pub fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -77,6 +85,7 @@ impl PeerRecord {
         b[136..140].copy_from_slice(&self.settings.blocks.to_le_bytes());
         b[140..144].copy_from_slice(&self.settings.unroll.to_le_bytes());
         b[144..148].copy_from_slice(&self.sms.to_le_bytes());
+        b[148..152].copy_from_slice(&(self.settings.end_barrier as u32).to_le_bytes());
         b
     }
 
@@ -124,8 +133,8 @@ impl PeerRecord {
         }
         let settings = settings_at(b);
         let sms = u32_at(144);
-        if u32_at(148) != 0 {
-            return Err(format!("rank {rank}'s peer-memory record has nonzero reserved bytes"));
+        if u32_at(148) > 1 {
+            return Err(format!("rank {rank}'s peer-memory record has unknown kernel flags {:#x}", u32_at(148)));
         }
         if ready && (sms == 0 || settings.blocks == 0 || !super::plan::UNROLLS.contains(&(settings.unroll as usize))) {
             return Err(format!("rank {rank}'s peer-memory record has bad kernel settings {settings:?} ({sms} multiprocessors)"));
@@ -144,6 +153,7 @@ fn settings_at(b: &[u8]) -> KernelSettings {
         two_shot_bytes: u64::from_le_bytes(b[128..136].try_into().expect("8 bytes")),
         blocks: u32_at(136),
         unroll: u32_at(140),
+        end_barrier: u32_at(148) & 1 == 1,
     }
 }
 
@@ -195,7 +205,7 @@ mod tests {
         for (i, h) in handle.iter_mut().enumerate() {
             *h = (i * 7 + 1) as u8;
         }
-        let settings = KernelSettings { two_shot_bytes: 256 << 10, blocks: 64, unroll: 4 };
+        let settings = KernelSettings { two_shot_bytes: 256 << 10, blocks: 64, unroll: 4, end_barrier: false };
         PeerRecord {
             ready: true,
             rank: 1,
@@ -254,7 +264,9 @@ mod tests {
         }
         let mut b = good;
         b[150] = 1;
-        assert!(err(&b, 1, 2, 42, 1 << 20).contains("reserved"));
+        assert!(err(&b, 1, 2, 42, 1 << 20).contains("unknown kernel flags"));
+        let with_end_barrier = PeerRecord { settings: KernelSettings { end_barrier: true, ..sample().settings }, ..sample() };
+        assert_eq!(PeerRecord::decode(&with_end_barrier.encode(), 1, 2, 42, 1 << 20), Ok(with_end_barrier));
     }
 
     #[test]
@@ -270,6 +282,8 @@ mod tests {
         assert!(m.contains("SUCL_IPC_BLOCKS") && m.contains("rank 1 has 32"), "{m}");
         let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { unroll: 1, ..s })]).expect("a mismatch");
         assert!(m.contains("SUCL_IPC_UNROLL"), "{m}");
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { end_barrier: true, ..s })]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_END_BARRIER") && m.contains("rank 1 has 1"), "{m}");
         // A rank that does not serve (not ready) cannot disagree: it is compared with no one.
         assert_eq!(settings_mismatch(&[rec(0, false, two_shot), rec(1, true, s), rec(2, true, s)]), None);
         // Malformed records are left to decode.
