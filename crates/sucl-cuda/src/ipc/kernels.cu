@@ -341,6 +341,50 @@ __device__ __forceinline__ void reduce_slots(const Args& a, long long base, char
     }
 }
 
+// Two-shot copies: for every rank k, slots [k·chunk, min(k·chunk + chunk, slots)) of a row of
+// `len` bytes go from rank k's source to dst, where the source is `src` for every k (copy-in) or
+// rank k's data area half (gather, `from_peers`). A thread takes the chunk offsets first +
+// m·stride, the same slots as a grid-stride loop per chunk (so each slot keeps its block), RUNROLL
+// offsets per iteration, and loads those slots of every chunk before it stores any (CUNROLL ×
+// NRANKS vectors at most 8, past which registers spill). Misaligned rows go chunk by chunk
+// through copy_slots.
+#define CUNROLL (UNROLL * NRANKS <= 8 ? UNROLL : (8 / NRANKS > 0 ? 8 / NRANKS : 1))
+__device__ __forceinline__ void copy_chunks(const Args& a, char* dst, const char* src, bool from_peers, long long half_off, long long slots, long long len) {
+    const long long chunk = a.chunk;
+    if ((((u64)dst | (from_peers ? 0ull : (u64)src)) & 15u) != 0) {
+        for (int k = 0; k < NRANKS; k++)
+            copy_slots(dst, from_peers ? peer_data(a, k, half_off) : src, k * chunk, min(k * chunk + chunk, slots), len);
+        return;
+    }
+    const long long stride = GRID_STRIDE;
+    for (long long o = THREAD_FIRST; o < chunk; o += stride * CUNROLL) {
+        uint4 v[CUNROLL][NRANKS];
+#pragma unroll
+        for (int u = 0; u < CUNROLL; u++) {
+#pragma unroll
+            for (int k = 0; k < NRANKS; k++) {
+                const long long off = o + u * stride, j = k * chunk + off;
+                const char* from = from_peers ? peer_data(a, k, half_off) : src;
+                if (off < chunk && j < slots && slot_bytes(j, len) == SLOT) v[u][k] = *(const uint4*)(from + j * SLOT);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CUNROLL; u++) {
+#pragma unroll
+            for (int k = 0; k < NRANKS; k++) {
+                const long long off = o + u * stride, j = k * chunk + off;
+                if (off < chunk && j < slots) {
+                    const int n = slot_bytes(j, len);
+                    if (n == SLOT)
+                        *(uint4*)(dst + j * SLOT) = v[u][k];
+                    else
+                        copy_bytes(dst + j * SLOT, (from_peers ? peer_data(a, k, half_off) : src) + j * SLOT, n);
+                }
+            }
+        }
+    }
+}
+
 // One-shot all_reduce of `count` bytes: every rank reads every rank's whole input.
 extern "C" __global__ void __launch_bounds__(512, 1) ipc_one_shot(Args a) {
     PROLOGUE
@@ -363,12 +407,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_two_shot(Args a) {
     char* out = (char*)a.output;
     char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
-    for (int k = 0; k < a.nranks; k++) copy_slots(mine, in, k * a.chunk, min(k * a.chunk + a.chunk, slots), a.count);
+    copy_chunks(a, mine, in, false, half_off, slots, a.count);
     BARRIER
     // Whole slots: the data area holds the padded row (len = slots · 16, so no short slot).
     reduce_slots(a, half_off, mine, a.rank * a.chunk, min(a.rank * a.chunk + a.chunk, slots), slots * SLOT);
     BARRIER
-    for (int k = 0; k < a.nranks; k++) copy_slots(out, peer_data(a, k, half_off), k * a.chunk, min(k * a.chunk + a.chunk, slots), a.count);
+    copy_chunks(a, out, nullptr, true, half_off, slots, a.count);
     EPILOGUE
 }
 

@@ -282,6 +282,33 @@ mod tests {
     }
 
     #[test]
+    fn two_shot_chunk_copies_keep_every_slot_on_its_thread() {
+        // The kernels' copy_chunks walks chunk offsets (unrolled) and touches that offset in
+        // every chunk; each thread must get exactly the slots that per-chunk grid-stride loops
+        // give it (so that every slot keeps its block across the two-shot phases).
+        for n in [1usize, 2, 3, 8] {
+            for count in [1usize, 2, 5, 16, 17, 100, 1001] {
+                let (chunk, stride) = (chunk_len(count, n), 8);
+                for unroll in UNROLLS {
+                    for first in 0..stride {
+                        let mut walked = vec![];
+                        for o in (first..chunk).step_by(stride * unroll) {
+                            for off in unrolled_slots(o, stride, unroll, chunk) {
+                                walked.extend((0..n).map(|k| k * chunk + off).filter(|&j| j < count));
+                            }
+                        }
+                        let mut per_chunk: Vec<usize> =
+                            (0..n).flat_map(|k| (k * chunk + first..((k + 1) * chunk).min(count)).step_by(stride)).collect();
+                        walked.sort_unstable();
+                        per_chunk.sort_unstable();
+                        assert_eq!(walked, per_chunk, "n={n} count={count} unroll={unroll} first={first}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn halves_keep_vectors_aligned_and_hold_a_reduce_scatter_slot_row() {
         for b in [4096usize, 4112, 65_536, 32 << 20, (32 << 20) + 48] {
             let h = half_bytes(b);
