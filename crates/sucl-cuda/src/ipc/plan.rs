@@ -18,7 +18,7 @@ pub const THREADS: usize = 512;
 /// (the kernels' `DATA_OFFSET`, defined from this value), rounded up to keep the data area
 /// aligned for 16-byte vectors.
 pub const SIGNAL_BYTES: usize = signal_bytes(MAX_BLOCKS, MAX_RANKS);
-const _: () = assert!(SIGNAL_BYTES % 4096 == 0 && SIGNAL_BYTES >= (MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS) * 4);
+const _: () = assert!(SIGNAL_BYTES.is_multiple_of(4096) && SIGNAL_BYTES >= (PARITY_WORD + 1) * 4);
 /// Slots per thread per loop iteration that the kernels may be compiled for (`SUCL_IPC_UNROLL`).
 pub const UNROLLS: [usize; 4] = [1, 2, 4, 8];
 
