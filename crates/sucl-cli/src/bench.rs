@@ -72,6 +72,8 @@ pub struct BenchArgs {
     pub root: usize,
     pub json: bool,
     pub check: bool,
+    /// Device benchmarks: time replays of a CUDA graph that captured a batch of calls.
+    pub graph: bool,
 }
 
 /// One measured size.

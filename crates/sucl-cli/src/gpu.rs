@@ -22,6 +22,15 @@ const MIN_ITERS: usize = 5;
 /// Up to this size, `--compare` runs SMALL_ROUNDS_FACTOR times the rounds asked for.
 const SMALL_BYTES: u64 = 1 << 20;
 const SMALL_ROUNDS_FACTOR: usize = 3;
+/// Most calls one CUDA graph of `bench --graph` captures.
+const GRAPH_BATCH: usize = 20;
+
+/// How `bench --graph` splits `iters` calls: (calls captured per graph, replays), covering at
+/// least `iters` calls.
+pub fn graph_batches(iters: usize) -> (usize, usize) {
+    let per_graph = iters.clamp(1, GRAPH_BATCH);
+    (per_graph, iters.max(1).div_ceil(per_graph))
+}
 
 /// One collective on device buffers through the very calls host buffers use.
 fn run_dev<T: DeviceElement>(
@@ -409,14 +418,33 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let mut one = [t.elapsed().as_secs_f64()];
     comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
     let iters = a.iters.min(((MEASURE_SECONDS / one[0]) as usize).max(MIN_ITERS)).max(1);
+    // --graph: capture a batch of calls once; the graph holds dr's address, so it is poisoned
+    // in place from here on.
+    let (per_graph, replays) = graph_batches(iters);
+    let graph = if a.graph { Some(capture(comm, q, per_graph, || once(&mut dr))?) } else { None };
+    let iters = if a.graph { per_graph * replays } else { iters };
     if want.is_some() && !recv_is_input {
-        dr = q.upload(&poison)?;
+        if a.graph {
+            let slice = dr.cuda_slice_mut().expect("non-empty");
+            q.stream().memcpy_htod(&poison, slice).map_err(|e| dev_err(comm, e))?;
+        } else {
+            dr = q.upload(&poison)?;
+        }
         comm.synchronize(q)?;
     }
     comm.barrier()?;
     let t = Instant::now();
-    for _ in 0..iters {
-        once(&mut dr)?;
+    match &graph {
+        Some(g) => {
+            for _ in 0..replays {
+                g.launch().map_err(|e| dev_err(comm, e))?;
+            }
+        }
+        None => {
+            for _ in 0..iters {
+                once(&mut dr)?;
+            }
+        }
     }
     comm.synchronize(q)?;
     let mut time = [t.elapsed().as_secs_f64() / iters as f64];
@@ -426,6 +454,23 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let shown = count
         * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
     Ok(Row::new(&BenchArgs { iters, ..*a }, label, n, shown, T::DTYPE, time[0], wrong))
+}
+
+/// Captures `calls` calls of `once` on `q`'s stream into a CUDA graph (none of them runs now).
+fn capture(
+    comm: &Communicator,
+    q: &Queue,
+    calls: usize,
+    mut once: impl FnMut() -> Result<()>,
+) -> Result<sucl_cuda::cudarc::driver::CudaGraph> {
+    use sucl_cuda::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let stream = q.stream().clone();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| dev_err(comm, e))?;
+    let captured = (0..calls).try_for_each(|_| once());
+    // End the capture whatever happened, so that the stream is usable again.
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(|e| dev_err(comm, e));
+    captured?;
+    graph?.ok_or_else(|| dev_err(comm, "stream capture recorded nothing (does this backend run on the stream?)"))
 }
 
 fn raw_comm(comm: &Communicator, q: &Queue) -> Result<raw::Comm> {
@@ -472,10 +517,11 @@ pub fn compare(comm: &Communicator, a: &BenchArgs, choices: &[String], rounds: u
     let lead = comm.rank() == 0;
     if lead && !a.json {
         println!(
-            "# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs)",
+            "# sucl bench {} --device cuda --compare: {} ranks on {}, best of {rounds} interleaved rounds, time (µs){}",
             a.op.name(),
             comm.size(),
-            dev.name()
+            dev.name(),
+            if a.graph { ", CUDA-graph replays" } else { "" }
         );
         let mut h = format!("{:>12}", "bytes");
         for c in choices {
@@ -543,7 +589,14 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     };
     let lead = comm.rank() == 0;
     if lead && !a.json {
-        println!("# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters", a.op.name(), comm.size(), dev.name(), a.iters);
+        let how = if a.graph { ", CUDA-graph replays" } else { "" };
+        println!(
+            "# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters{how}",
+            a.op.name(),
+            comm.size(),
+            dev.name(),
+            a.iters
+        );
         println!(
             "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7}",
             "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
@@ -636,4 +689,23 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
         println!("# wrote {out}");
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graph_batches_cover_the_iterations() {
+        assert_eq!(graph_batches(0), (1, 1));
+        assert_eq!(graph_batches(1), (1, 1));
+        assert_eq!(graph_batches(7), (7, 1));
+        assert_eq!(graph_batches(GRAPH_BATCH), (GRAPH_BATCH, 1));
+        assert_eq!(graph_batches(100), (20, 5));
+        for iters in 1..300 {
+            let (per, replays) = graph_batches(iters);
+            assert!((1..=GRAPH_BATCH).contains(&per));
+            assert!(per * replays >= iters && per * (replays - 1) < iters, "iters={iters}: {per} x {replays}");
+        }
+    }
 }

@@ -186,6 +186,11 @@ struct BenchCli {
     /// directly, bypassing sucl).
     #[arg(long)]
     device: Option<String>,
+    /// With `--device cuda`: capture a batch of calls (up to 20, at most --iters) into a CUDA
+    /// graph per choice and size, and time its replays (after the checked first call and the
+    /// warm-up, uncaptured); the replays' last output is checked as usual.
+    #[arg(long)]
+    graph: bool,
 }
 
 #[derive(Args)]
@@ -300,6 +305,9 @@ fn bench_main(b: BenchCli) -> i32 {
     if b.iters == 0 {
         return fail("--iters must be at least 1");
     }
+    if b.graph && b.device.is_none() {
+        return fail("--graph times CUDA-graph replays: it needs --device cuda");
+    }
     if let Some(code) = maybe_self_launch(&b.common, false) {
         return code;
     }
@@ -324,6 +332,7 @@ fn bench_main(b: BenchCli) -> i32 {
         root: b.root,
         json: b.json,
         check: !b.no_check,
+        graph: b.graph,
     };
     if let Some(dev) = &b.device {
         let choice = b.compare.clone().unwrap_or(device_choice);
@@ -516,6 +525,7 @@ fn tune_main(t: TuneCli) -> i32 {
                 root: 0,
                 json: false,
                 check: true,
+                graph: false,
             };
             return match gpu::tune(&comm, &args, &ops, t.rounds, &t.out) {
                 Ok(code) => code,

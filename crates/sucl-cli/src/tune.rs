@@ -94,6 +94,7 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
                         root: 0,
                         json: false,
                         check: true,
+                        graph: false,
                     };
                     let row = with_dtype!(a.dtype, T, { bench::measure::<T>(comm, &args, bytes)? });
                     times[k] = times[k].min(row.time_us);

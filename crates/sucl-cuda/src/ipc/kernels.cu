@@ -3,8 +3,15 @@
 // Every rank owns one peer buffer: a signal area (per-block flags that peers write, and this
 // rank's per-block epoch counters) followed by a data area. Every rank maps every peer's buffer;
 // `Args::peers[r]` is rank r's buffer as seen from here. A kernel copies its input into its own
-// data area, meets its peers at a barrier, reads their data areas, and meets them again at an
-// end barrier before it returns, so that the next call may overwrite the data area.
+// data area, meets its peers at a barrier and reads their data areas.
+//
+// The data area has two halves (`Args::half` bytes apart), used by alternate launches: every
+// rank flips its parity word after each launch (the last block to finish does, counted by the
+// done word), so all ranks use the same half for the same call, and graph replays alternate too.
+// That replaces an end barrier: launch c + 2 writes the half that peers read in launch c only
+// after this rank's launch c + 1 passed a barrier with them, and a peer's launch c + 1 runs only
+// after its launch c finished (stream order). With END_BARRIER 1 the kernels meet at an end
+// barrier as well (the older protocol, for comparison).
 //
 // Barriers are per block: block b of every rank stores its epoch into flag [b][me] of every peer
 // (st.release.sys) and spins on its own flags [b][*] (ld.acquire.sys) until each reached the
@@ -26,10 +33,24 @@
 // The including module defines ELEM (storage type), ACC (accumulator), TO_ACC(x), FROM_ACC(x),
 // RED(a, b) and FINAL(acc, n) for reducing kernels; copy kernels only move bytes.
 
-#define MAX_RANKS 8
-#define MAX_BLOCKS 32
+// The module's prelude (kernels.rs, from plan.rs) defines the layout and shape constants, so that
+// host and device agree by construction: MAX_RANKS, MAX_BLOCKS (flags per rank), DATA_OFFSET
+// (bytes of the signal area), NRANKS (this communicator's ranks) and UNROLL (slots each thread
+// moves per loop iteration: it issues all their loads before any store).
+#if !defined(MAX_RANKS) || !defined(MAX_BLOCKS) || !defined(DATA_OFFSET) || !defined(NRANKS) || !defined(UNROLL)
+#error "the prelude must define MAX_RANKS, MAX_BLOCKS, DATA_OFFSET, NRANKS and UNROLL"
+#endif
+#if NRANKS < 1 || NRANKS > MAX_RANKS || UNROLL < 1
+#error "bad NRANKS or UNROLL"
+#endif
+#if !defined(END_BARRIER)
+#error "the prelude must define END_BARRIER"
+#endif
 #define EPOCH_WORD (MAX_BLOCKS * MAX_RANKS)
-#define DATA_OFFSET 4096
+// This rank's blocks finished in the current launch, and the half the next launch uses (mirrored
+// by plan::DONE_WORD / plan::PARITY_WORD).
+#define DONE_WORD (EPOCH_WORD + MAX_BLOCKS)
+#define PARITY_WORD (DONE_WORD + 1)
 #define ERR_TIMEOUT 1u
 #define ERR_ABORT 2u
 
@@ -51,6 +72,7 @@ struct Args {
     int nranks;
     int root;
     int reserved;
+    long long half;       // bytes between the data area's two halves
 };
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -125,18 +147,35 @@ __device__ bool barrier(const Args& a, u32& epoch, int* failed) {
 #define PROLOGUE                                                                   \
     __shared__ int failed;                                                         \
     __shared__ u32 epoch0;                                                         \
+    __shared__ u32 parity0;                                                        \
     if (threadIdx.x == 0) {                                                        \
         failed = 0;                                                                \
         epoch0 = signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x];                \
+        parity0 = signals(a.peers[a.rank])[PARITY_WORD];                           \
     }                                                                              \
     __syncthreads();                                                               \
     u32 epoch = epoch0;                                                            \
-    const long long stride = (long long)gridDim.x * blockDim.x;                    \
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long half_off = parity0 ? a.half : 0;
 
-// End of a kernel that passed all its barriers: keep the block's epoch for the next call.
+// End of a kernel that passed all its barriers: keep the block's epoch for the next call; the
+// last block to finish resets the done count and flips the parity. (Every block read the parity
+// before it counted itself done, so all blocks of a launch use the same half; the next launch on
+// the stream sees the flip.) With END_BARRIER, meet the peers once more first.
+#if END_BARRIER
+#define END_MEET BARRIER
+#else
+#define END_MEET
+#endif
 #define EPILOGUE                                                                   \
-    if (threadIdx.x == 0) signals(a.peers[a.rank])[EPOCH_WORD + blockIdx.x] = epoch;
+    END_MEET                                                                       \
+    if (threadIdx.x == 0) {                                                        \
+        u32* s = signals(a.peers[a.rank]);                                         \
+        s[EPOCH_WORD + blockIdx.x] = epoch;                                        \
+        if (atomicAdd(s + DONE_WORD, 1u) == gridDim.x - 1) {                       \
+            s[DONE_WORD] = 0;                                                      \
+            s[PARITY_WORD] ^= 1u;                                                  \
+        }                                                                          \
+    }
 
 #define BARRIER                                                                    \
     if (!barrier(a, epoch, &failed)) return;
@@ -144,7 +183,8 @@ __device__ bool barrier(const Args& a, u32& epoch, int* failed) {
 #define SLOT 16
 #define SLOTS(bytes) (((bytes) + SLOT - 1) / SLOT)
 
-__device__ __forceinline__ const char* peer_data(const Args& a, int r) { return data_area(a.peers[r]); }
+// Rank r's data area, the half at byte offset `half_off` (0 or Args::half).
+__device__ __forceinline__ const char* peer_data(const Args& a, int r, long long half_off) { return data_area(a.peers[r]) + half_off; }
 
 // Bytes of slot i of a row of `len` bytes.
 __device__ __forceinline__ int slot_bytes(long long i, long long len) {
@@ -168,42 +208,73 @@ __device__ __forceinline__ void copy_bytes(char* dst, const char* src, int n) {
     }
 }
 
+// The grid-stride loop every phase uses, UNROLL slots per iteration: the thread with global
+// index `first` handles slots lo + first + m·stride (m = 0, 1, ...) of [lo, hi), the same
+// slots as a plain grid-stride loop, so every slot belongs to the same block in every phase.
+#define THREAD_FIRST ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#define GRID_STRIDE ((long long)gridDim.x * blockDim.x)
+
+// Copies slots [lo, hi) of a row of `len` bytes from src to dst. With both rows 16-byte aligned,
+// each thread loads its UNROLL slots as vectors before storing any (so that UNROLL remote loads
+// are in flight at once); a short last slot, or misaligned rows, go through copy_bytes.
+__device__ __forceinline__ void copy_slots(char* dst, const char* src, long long lo, long long hi, long long len) {
+    const long long stride = GRID_STRIDE;
+    const bool vec = (((u64)dst | (u64)src) & 15u) == 0;
+    for (long long i = lo + THREAD_FIRST; i < hi; i += stride * UNROLL) {
+        if (vec) {
+            uint4 v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                long long j = i + u * stride;
+                if (j < hi && slot_bytes(j, len) == SLOT) v[u] = *(const uint4*)(src + j * SLOT);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                long long j = i + u * stride;
+                if (j < hi) {
+                    int n = slot_bytes(j, len);
+                    if (n == SLOT)
+                        *(uint4*)(dst + j * SLOT) = v[u];
+                    else
+                        copy_bytes(dst + j * SLOT, src + j * SLOT, n);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                long long j = i + u * stride;
+                if (j < hi) copy_bytes(dst + j * SLOT, src + j * SLOT, slot_bytes(j, len));
+            }
+        }
+    }
+}
+
 // ---- copy kernels (broadcast, all_gather): bytes of any element type ----
 #ifdef IPC_COPY
 
 // broadcast: the root's `count` bytes (its output, in place) go to every rank's output.
-extern "C" __global__ void __launch_bounds__(512) ipc_broadcast(Args a) {
+extern "C" __global__ void __launch_bounds__(512, 1) ipc_broadcast(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
-    if (a.rank == a.root)
-        for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    if (a.rank == a.root) copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    if (a.rank != a.root) {
-        const char* src = peer_data(a, a.root);
-        for (long long i = first; i < slots; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
-    }
-    BARRIER
+    if (a.rank != a.root) copy_slots(out, peer_data(a, a.root, half_off), 0, slots, a.count);
     EPILOGUE
 }
 
 // all_gather: `count` bytes from every rank k into row k (pitch `out_pitch` bytes) of the output.
-extern "C" __global__ void __launch_bounds__(512) ipc_all_gather(Args a) {
+extern "C" __global__ void __launch_bounds__(512, 1) ipc_all_gather(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
-    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    for (int k = 0; k < a.nranks; k++) {
-        const char* src = peer_data(a, k);
-        char* row = out + k * a.out_pitch;
-        for (long long i = first; i < slots; i += stride) copy_bytes(row + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
-    }
-    BARRIER
+    for (int k = 0; k < a.nranks; k++) copy_slots(out + k * a.out_pitch, peer_data(a, k, half_off), 0, slots, a.count);
     EPILOGUE
 }
 
@@ -214,27 +285,26 @@ extern "C" __global__ void __launch_bounds__(512) ipc_all_gather(Args a) {
 
 #define PER_SLOT (SLOT / (int)sizeof(ELEM))
 
+// Slots per thread per iteration of the reducing loops: UNROLL, fewer where NRANKS × UNROLL
+// vectors (4 registers each, all loaded before reducing) would pass 16.
+#define RUNROLL (UNROLL * NRANKS <= 16 ? UNROLL : (16 / NRANKS > 0 ? 16 / NRANKS : 1))
+
 union Pack {
     uint4 u;
     ELEM e[SLOT / sizeof(ELEM)];
 };
 
-// Reduces the slot at byte `off` of every rank's data area, in rank order (the same bits on
-// every rank), and stores its first `n` bytes at `dst` (element-aligned).
-__device__ __forceinline__ void reduce_slot(const Args& a, long long off, char* dst, int n) {
-    Pack v[MAX_RANKS];
-#pragma unroll
-    for (int r = 0; r < MAX_RANKS; r++)
-        if (r < a.nranks) v[r].u = *(const uint4*)(peer_data(a, r) + off);
+// Reduces one slot loaded from every rank, in rank order (the same bits on every rank), and
+// stores its first `n` bytes at `dst` (element-aligned).
+__device__ __forceinline__ void reduce_store(const Args& a, const Pack (&v)[NRANKS], char* dst, int n) {
     ACC acc[PER_SLOT];
 #pragma unroll
     for (int k = 0; k < PER_SLOT; k++) acc[k] = TO_ACC(v[0].e[k]);
 #pragma unroll
-    for (int r = 1; r < MAX_RANKS; r++)
-        if (r < a.nranks) {
+    for (int r = 1; r < NRANKS; r++) {
 #pragma unroll
-            for (int k = 0; k < PER_SLOT; k++) acc[k] = RED(acc[k], TO_ACC(v[r].e[k]));
-        }
+        for (int k = 0; k < PER_SLOT; k++) acc[k] = RED(acc[k], TO_ACC(v[r].e[k]));
+    }
     Pack out;
 #pragma unroll
     for (int k = 0; k < PER_SLOT; k++) out.e[k] = FROM_ACC(FINAL(acc[k], a.nranks));
@@ -247,62 +317,116 @@ __device__ __forceinline__ void reduce_slot(const Args& a, long long off, char* 
     }
 }
 
+// Reduces slots [lo, hi) at byte offset `base` of every rank's data area into dst (slot j at
+// dst + 16j, its first slot_bytes(j, len) bytes). Each thread loads its RUNROLL slots from
+// every rank before it reduces any.
+__device__ __forceinline__ void reduce_slots(const Args& a, long long base, char* dst, long long lo, long long hi, long long len) {
+    const long long stride = GRID_STRIDE;
+    for (long long i = lo + THREAD_FIRST; i < hi; i += stride * RUNROLL) {
+        Pack v[RUNROLL][NRANKS];
+#pragma unroll
+        for (int r = 0; r < NRANKS; r++) {
+            const char* src = peer_data(a, r, 0) + base;
+#pragma unroll
+            for (int u = 0; u < RUNROLL; u++) {
+                long long j = i + u * stride;
+                if (j < hi) v[u][r].u = *(const uint4*)(src + j * SLOT);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RUNROLL; u++) {
+            long long j = i + u * stride;
+            if (j < hi) reduce_store(a, v[u], dst + j * SLOT, slot_bytes(j, len));
+        }
+    }
+}
+
+// Two-shot copies: for every rank k, slots [k·chunk, min(k·chunk + chunk, slots)) of a row of
+// `len` bytes go from rank k's source to dst, where the source is `src` for every k (copy-in) or
+// rank k's data area half (gather, `from_peers`). A thread takes the chunk offsets first +
+// m·stride, the same slots as a grid-stride loop per chunk (so each slot keeps its block), RUNROLL
+// offsets per iteration, and loads those slots of every chunk before it stores any (CUNROLL ×
+// NRANKS vectors at most 8, past which registers spill). Misaligned rows go chunk by chunk
+// through copy_slots.
+#define CUNROLL (UNROLL * NRANKS <= 8 ? UNROLL : (8 / NRANKS > 0 ? 8 / NRANKS : 1))
+__device__ __forceinline__ void copy_chunks(const Args& a, char* dst, const char* src, bool from_peers, long long half_off, long long slots, long long len) {
+    const long long chunk = a.chunk;
+    if ((((u64)dst | (from_peers ? 0ull : (u64)src)) & 15u) != 0) {
+        for (int k = 0; k < NRANKS; k++)
+            copy_slots(dst, from_peers ? peer_data(a, k, half_off) : src, k * chunk, min(k * chunk + chunk, slots), len);
+        return;
+    }
+    const long long stride = GRID_STRIDE;
+    for (long long o = THREAD_FIRST; o < chunk; o += stride * CUNROLL) {
+        uint4 v[CUNROLL][NRANKS];
+#pragma unroll
+        for (int u = 0; u < CUNROLL; u++) {
+#pragma unroll
+            for (int k = 0; k < NRANKS; k++) {
+                const long long off = o + u * stride, j = k * chunk + off;
+                const char* from = from_peers ? peer_data(a, k, half_off) : src;
+                if (off < chunk && j < slots && slot_bytes(j, len) == SLOT) v[u][k] = *(const uint4*)(from + j * SLOT);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CUNROLL; u++) {
+#pragma unroll
+            for (int k = 0; k < NRANKS; k++) {
+                const long long off = o + u * stride, j = k * chunk + off;
+                if (off < chunk && j < slots) {
+                    const int n = slot_bytes(j, len);
+                    if (n == SLOT)
+                        *(uint4*)(dst + j * SLOT) = v[u][k];
+                    else
+                        copy_bytes(dst + j * SLOT, (from_peers ? peer_data(a, k, half_off) : src) + j * SLOT, n);
+                }
+            }
+        }
+    }
+}
+
 // One-shot all_reduce of `count` bytes: every rank reads every rank's whole input.
-extern "C" __global__ void __launch_bounds__(512) ipc_one_shot(Args a) {
+extern "C" __global__ void __launch_bounds__(512, 1) ipc_one_shot(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
-    for (long long i = first; i < slots; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
+    copy_slots(mine, in, 0, slots, a.count);
     BARRIER
-    for (long long i = first; i < slots; i += stride) reduce_slot(a, i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
-    BARRIER
+    reduce_slots(a, half_off, out, 0, slots, a.count);
     EPILOGUE
 }
 
 // Two-shot all_reduce: rank r reduces its chunk (`chunk` slots) into its own data area, then
 // every rank copies chunk k from rank k. Within chunk k, offset o always belongs to the same
 // block, in every phase and on every rank.
-extern "C" __global__ void __launch_bounds__(512) ipc_two_shot(Args a) {
+extern "C" __global__ void __launch_bounds__(512, 1) ipc_two_shot(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
-    for (int k = 0; k < a.nranks; k++) {
-        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
-        for (long long i = lo + first; i < hi; i += stride) copy_bytes(mine + i * SLOT, in + i * SLOT, slot_bytes(i, a.count));
-    }
+    copy_chunks(a, mine, in, false, half_off, slots, a.count);
     BARRIER
-    {
-        long long lo = a.rank * a.chunk, hi = min(lo + a.chunk, slots);
-        for (long long i = lo + first; i < hi; i += stride) reduce_slot(a, i * SLOT, mine + i * SLOT, SLOT);
-    }
+    // Whole slots: the data area holds the padded row (len = slots · 16, so no short slot).
+    reduce_slots(a, half_off, mine, a.rank * a.chunk, min(a.rank * a.chunk + a.chunk, slots), slots * SLOT);
     BARRIER
-    for (int k = 0; k < a.nranks; k++) {
-        long long lo = k * a.chunk, hi = min(lo + a.chunk, slots);
-        const char* src = peer_data(a, k);
-        for (long long i = lo + first; i < hi; i += stride) copy_bytes(out + i * SLOT, src + i * SLOT, slot_bytes(i, a.count));
-    }
-    BARRIER
+    copy_chunks(a, out, nullptr, true, half_off, slots, a.count);
     EPILOGUE
 }
 
 // reduce_scatter: input rows k = 0..n-1 of `count` bytes (pitch `in_pitch` bytes), kept in the
 // data area at a 16-byte-aligned stride; rank r gets the reduction of row r.
-extern "C" __global__ void __launch_bounds__(512) ipc_reduce_scatter(Args a) {
+extern "C" __global__ void __launch_bounds__(512, 1) ipc_reduce_scatter(Args a) {
     PROLOGUE
     const char* in = (const char*)a.input;
     char* out = (char*)a.output;
-    char* mine = data_area(a.peers[a.rank]);
+    char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count), row = slots * SLOT;
-    for (int k = 0; k < a.nranks; k++)
-        for (long long i = first; i < slots; i += stride)
-            copy_bytes(mine + k * row + i * SLOT, in + k * a.in_pitch + i * SLOT, slot_bytes(i, a.count));
+    for (int k = 0; k < a.nranks; k++) copy_slots(mine + k * row, in + k * a.in_pitch, 0, slots, a.count);
     BARRIER
-    for (long long i = first; i < slots; i += stride) reduce_slot(a, a.rank * row + i * SLOT, out + i * SLOT, slot_bytes(i, a.count));
-    BARRIER
+    reduce_slots(a, half_off + a.rank * row, out, 0, slots, a.count);
     EPILOGUE
 }
 

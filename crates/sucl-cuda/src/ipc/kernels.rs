@@ -1,7 +1,7 @@
 //! CUDA C for the peer-memory kernels (`kernels.cu`), specialized per element type and reduce
 //! op by a short prelude, compiled by NVRTC for the device's architecture and cached.
 
-use super::plan::{redop_name, Kind};
+use super::plan::{self, redop_name, Kind};
 use sucl_core::{DType, ReduceOp};
 
 /// The kernels' source (without a prelude).
@@ -51,7 +51,33 @@ __device__ __forceinline__ unsigned short f2b(float f) {
 #define FROM_ACC(x) f2b(x)
 "#;
 
-/// The prelude that specializes [`SOURCE`] for `key`.
+/// What every module of one communicator is compiled for besides its [`ModuleKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// The communicator's ranks (the kernels' `NRANKS`: the reduce loops load exactly these).
+    pub nranks: usize,
+    /// Slots each thread moves per loop iteration (the kernels' `UNROLL`, one of [`plan::UNROLLS`]).
+    pub unroll: usize,
+    /// Whether the kernels meet their peers at an end barrier as well (`END_BARRIER`; the
+    /// alternating halves make it unnecessary).
+    pub end_barrier: bool,
+}
+
+/// The layout and shape constants, from plan.rs, so that the kernels cannot disagree with the
+/// host about the signal area.
+fn constants(shape: Shape) -> String {
+    format!(
+        "#define MAX_RANKS {}\n#define MAX_BLOCKS {}\n#define DATA_OFFSET {}\n#define NRANKS {}\n#define UNROLL {}\n#define END_BARRIER {}\n",
+        plan::MAX_RANKS,
+        plan::MAX_BLOCKS,
+        plan::SIGNAL_BYTES,
+        shape.nranks,
+        shape.unroll,
+        shape.end_barrier as u8
+    )
+}
+
+/// The prelude that specializes [`SOURCE`] for `key` (without the [`Shape`] constants).
 pub fn prelude(key: ModuleKey) -> String {
     let (dtype, redop) = match key {
         ModuleKey::Copy => return "#define IPC_COPY 1\n".into(),
@@ -77,13 +103,13 @@ pub fn prelude(key: ModuleKey) -> String {
     s
 }
 
-/// The full source of `key`'s module.
-pub fn source(key: ModuleKey) -> String {
+/// The full source of `key`'s module for a communicator of `shape`.
+pub fn source(key: ModuleKey, shape: Shape) -> String {
     let tag = match key {
         ModuleKey::Copy => "copy".to_string(),
         ModuleKey::Reduce(d, r) => format!("{d} {}", redop_name(r)),
     };
-    format!("// sucl ipc kernels: {tag}\n{}{SOURCE}", prelude(key))
+    format!("// sucl ipc kernels: {tag}, {} ranks, unroll {}\n{}{}{SOURCE}", shape.nranks, shape.unroll, constants(shape), prelude(key))
 }
 
 /// Whether NVRTC can be loaded (under the names cudarc tries for CUDA 12 and 13).
@@ -132,14 +158,22 @@ mod tests {
         if !nvrtc {
             assert!(std::env::var("SUCL_REQUIRE_GPU").as_deref() != Ok("1"), "SUCL_REQUIRE_GPU=1 but NVRTC cannot be loaded");
             for k in keys {
-                assert!(source(k).contains("__global__"));
+                assert!(source(k, Shape { nranks: 2, unroll: 1, end_barrier: false }).contains("__global__"));
             }
             eprintln!("NVRTC not found: kernel sources not compiled");
             return;
         }
-        for k in keys {
+        // Every key at the default shape; the shapes' extremes for a sample of keys.
+        let default = Shape { nranks: 2, unroll: crate::ipc::DEFAULT_UNROLL, end_barrier: false };
+        let mut builds: Vec<(ModuleKey, Shape)> = keys.iter().map(|&k| (k, default)).collect();
+        for (nranks, unroll) in [(1, 1), (3, 2), (2, 8), (8, 8)] {
+            for k in [ModuleKey::Copy, ModuleKey::Reduce(DType::F16, ReduceOp::Avg), ModuleKey::Reduce(DType::F64, ReduceOp::Max)] {
+                builds.push((k, Shape { nranks, unroll, end_barrier: unroll == 2 }));
+            }
+        }
+        for (k, shape) in builds {
             let opts = cudarc::nvrtc::CompileOptions { arch: Some("compute_90"), ..Default::default() };
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(k), opts).unwrap_or_else(|e| panic!("{k:?}: {e:?}"));
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(k, shape), opts).unwrap_or_else(|e| panic!("{k:?} {shape:?}: {e:?}"));
             let text = ptx.to_src();
             let kinds: &[Kind] = match k {
                 ModuleKey::Copy => &[Kind::Broadcast, Kind::AllGather],

@@ -10,9 +10,10 @@
 //! (`cuIpcOpenMemHandle`); a second exchange makes every rank agree on the outcome, so either all
 //! ranks use the backend or none does, with the reason. No multicast object is ever created.
 //!
-//! Calls ([`DeviceBackend::collective`]) enqueue one kernel per piece of at most the data area's
-//! size on the caller's stream and return: no host synchronization and no allocation, so they
-//! can be captured into CUDA graphs (the epochs live in device memory). Kernels never wait
+//! Calls ([`DeviceBackend::collective`]) enqueue one kernel per piece of at most half the data
+//! area on the caller's stream and return: no host synchronization and no allocation, so they
+//! can be captured into CUDA graphs (the epochs and the parity live in device memory). Launches
+//! alternate between the data area's halves, so that no kernel waits for its peers at its end. Kernels never wait
 //! unboundedly: a spin that outlasts the timeout, or sees the host's abort word, writes a status
 //! word in host-mapped memory and returns; [`DeviceBackend::synchronize`] reads it and fails —
 //! raising the job's abort flag so that every other rank fails too.
@@ -24,9 +25,9 @@ pub mod record;
 use crate::{cuda_err, Device, DeviceBackend};
 use cudarc::driver::sys as cu;
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
-use kernels::ModuleKey;
+use kernels::{ModuleKey, Shape};
 use plan::{Kind, MAX_RANKS, SIGNAL_BYTES, THREADS};
-use record::{PeerRecord, HANDLE_LEN};
+use record::{KernelSettings, PeerRecord, HANDLE_LEN};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,12 +35,18 @@ use sucl_core::backend::{CollDesc, CollOp};
 use sucl_core::wait::{Backoff, Waiter};
 use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 
-/// Default bytes of each rank's data area (`SUCL_IPC_BUFFER_BYTES`); larger calls run in pieces.
+/// Default bytes of each rank's data area (`SUCL_IPC_BUFFER_BYTES`); calls larger than half of it
+/// run in pieces.
 pub const DEFAULT_BUFFER_BYTES: usize = 32 << 20;
 /// Smallest data area: one slot per row of the largest reduce_scatter ([`MAX_RANKS`] rows).
 pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`).
 pub const DEFAULT_TWO_SHOT_BYTES: usize = 256 << 10;
+/// Default grid cap (`SUCL_IPC_BLOCKS`; the grid is also at most the GPUs' multiprocessors and
+/// [`plan::MAX_BLOCKS`]).
+pub const DEFAULT_BLOCKS: usize = 64;
+/// Default slots per thread per loop iteration (`SUCL_IPC_UNROLL`, one of [`plan::UNROLLS`]).
+pub const DEFAULT_UNROLL: usize = 4;
 
 /// Settings of a peer-memory communicator.
 #[derive(Clone, Copy, Debug)]
@@ -48,30 +55,64 @@ pub struct IpcOptions {
     pub allowed: bool,
     /// Bytes of each rank's data area (every rank must use the same).
     pub buffer_bytes: usize,
-    /// all_reduce runs two-shot from this many bytes on.
+    /// all_reduce runs two-shot from this many bytes on (every rank must use the same).
     pub two_shot_bytes: usize,
+    /// Most blocks a kernel launches, 1 to [`plan::MAX_BLOCKS`] (every rank must use the same).
+    pub blocks: usize,
+    /// Slots each thread moves per loop iteration, one of [`plan::UNROLLS`] (every rank must use
+    /// the same).
+    pub unroll: usize,
+    /// Whether the kernels also meet at an end barrier (every rank must use the same).
+    pub end_barrier: bool,
 }
 
 impl IpcOptions {
     /// Defaults, overridden by `SUCL_IPC_BUFFER_BYTES` and `SUCL_IPC_TWO_SHOT_BYTES` (plain
-    /// byte counts); `allowed` as given.
+    /// byte counts), `SUCL_IPC_BLOCKS`, `SUCL_IPC_UNROLL` and `SUCL_IPC_END_BARRIER` (0 or 1);
+    /// `allowed` as given.
     pub fn from_env(allowed: bool) -> std::result::Result<IpcOptions, String> {
+        Self::from_lookup(allowed, &|k| std::env::var(k).ok())
+    }
+
+    /// As [`IpcOptions::from_env`], reading variables through `get`.
+    pub fn from_lookup(allowed: bool, lookup: &dyn Fn(&str) -> Option<String>) -> std::result::Result<IpcOptions, String> {
         let get = |k: &str, d: usize, min: usize| -> std::result::Result<usize, String> {
-            match std::env::var(k) {
-                Err(_) => Ok(d),
-                Ok(v) => v
+            match lookup(k) {
+                None => Ok(d),
+                Some(v) => v
                     .trim()
                     .parse::<usize>()
                     .ok()
                     .filter(|&n| n >= min)
-                    .ok_or_else(|| format!("{k}={v:?}: want a byte count of at least {min}")),
+                    .ok_or_else(|| format!("{k}={v:?}: want a whole number of at least {min}")),
             }
         };
         Ok(IpcOptions {
             allowed,
             buffer_bytes: get("SUCL_IPC_BUFFER_BYTES", DEFAULT_BUFFER_BYTES, MIN_BUFFER_BYTES)?.next_multiple_of(plan::SLOT),
             two_shot_bytes: get("SUCL_IPC_TWO_SHOT_BYTES", DEFAULT_TWO_SHOT_BYTES, 0)?,
+            blocks: Some(get("SUCL_IPC_BLOCKS", DEFAULT_BLOCKS, 1)?).filter(|&b| b <= plan::MAX_BLOCKS).ok_or_else(|| {
+                format!("SUCL_IPC_BLOCKS={:?}: want 1 to {}", lookup("SUCL_IPC_BLOCKS").unwrap_or_default(), plan::MAX_BLOCKS)
+            })?,
+            unroll: Some(get("SUCL_IPC_UNROLL", DEFAULT_UNROLL, 1)?).filter(|u| plan::UNROLLS.contains(u)).ok_or_else(|| {
+                format!("SUCL_IPC_UNROLL={:?}: want one of {:?}", lookup("SUCL_IPC_UNROLL").unwrap_or_default(), plan::UNROLLS)
+            })?,
+            end_barrier: match get("SUCL_IPC_END_BARRIER", 0, 0)? {
+                0 => false,
+                1 => true,
+                n => return Err(format!("SUCL_IPC_END_BARRIER={n}: want 0 or 1")),
+            },
         })
+    }
+
+    /// The settings every rank must share, as published in the setup records.
+    fn kernel_settings(&self) -> KernelSettings {
+        KernelSettings {
+            two_shot_bytes: self.two_shot_bytes as u64,
+            blocks: self.blocks as u32,
+            unroll: self.unroll as u32,
+            end_barrier: self.end_barrier,
+        }
     }
 }
 
@@ -93,6 +134,7 @@ struct Args {
     nranks: i32,
     root: i32,
     reserved: i32,
+    half: i64,
 }
 
 /// Exchanges `bytes` with every rank of the communicator under `key` (unique per call) and
@@ -167,6 +209,10 @@ pub struct IpcBackend {
     functions: HashMap<(Kind, DType, ReduceOp), CudaFunction>,
     /// Set once a call failed: the peers' epochs no longer match ours.
     broken: Option<String>,
+    /// Multiprocessors of this rank's GPU (published in the record).
+    sms: u32,
+    /// Most blocks a launch uses: the same on every rank (plan::grid_cap of shared values).
+    grid_cap: usize,
 }
 
 // SAFETY: the raw pointer is this backend's own pinned allocation, used only through `&self`
@@ -238,6 +284,8 @@ impl IpcBackend {
             modules: HashMap::new(),
             functions: HashMap::new(),
             broken: None,
+            sms: 0,
+            grid_cap: 1,
         };
         let node = record::this_node();
         let prepared = if opts.allowed {
@@ -255,9 +303,15 @@ impl IpcBackend {
                 bus_id: String::new(),
                 capacity: 0,
                 handle: [0; HANDLE_LEN],
+                settings: opts.kernel_settings(),
+                sms: 0,
             },
         };
         let all = exchange("ipc/records", &rec.encode())?;
+        // Every rank reads the same records, so every rank fails alike (before any kernel runs).
+        if let Some(what) = record::settings_mismatch(&all) {
+            return Err(Error::Mismatch { rank: me.world_rank(), what });
+        }
         let mine = prepared.and_then(|_| me.open_peers(&all, node));
         let verdict = match &mine {
             Ok(()) => vec![1u8],
@@ -293,9 +347,7 @@ impl IpcBackend {
             return Err("NVRTC (libnvrtc.so) was not found: the kernels cannot be compiled".into());
         }
         let sms = attr(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        if (sms as usize) < plan::MAX_BLOCKS {
-            return Err(format!("the GPU has {sms} multiprocessors; the kernels need {} resident blocks", plan::MAX_BLOCKS));
-        }
+        self.sms = u32::try_from(sms).ok().filter(|&s| s > 0).ok_or_else(|| format!("the GPU reports {sms} multiprocessors"))?;
         let bytes = SIGNAL_BYTES + self.opts.buffer_bytes;
         let mut bus = [0 as std::ffi::c_char; record::BUS_ID_LEN];
         let mut handle = cu::CUipcMemHandle { reserved: [0; HANDLE_LEN] };
@@ -327,6 +379,8 @@ impl IpcBackend {
             bus_id,
             capacity: self.opts.buffer_bytes as u64,
             handle: handle.reserved.map(|c| c as u8),
+            settings: self.opts.kernel_settings(),
+            sms: self.sms,
         })
     }
 
@@ -343,6 +397,9 @@ impl IpcBackend {
         if let Some(r) = recs.iter().find(|r| !r.ready) {
             return Err(format!("rank {} could not set up its peer buffer", r.rank));
         }
+        // Every block of a launch must be resident at once on every rank's GPU.
+        let min_sms = recs.iter().map(|r| r.sms as usize).min().unwrap_or(1);
+        self.grid_cap = plan::grid_cap(self.opts.blocks, min_sms);
         let mine = self.dev.context().cu_device();
         for (j, rec) in recs.iter().enumerate() {
             if j == self.rank {
@@ -450,11 +507,13 @@ impl IpcBackend {
             Some(m) => m.clone(),
             None => {
                 let opts = cudarc::nvrtc::CompileOptions { arch: Some(self.arch), ..Default::default() };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey), opts).map_err(|e| Error::BackendUnavailable {
-                    rank,
-                    backend: "nvrtc".into(),
-                    why: format!("compiling the peer-memory kernels ({mkey:?}): {e:?}"),
-                })?;
+                let shape = Shape { nranks: self.size, unroll: self.opts.unroll, end_barrier: self.opts.end_barrier };
+                let ptx =
+                    cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey, shape), opts).map_err(|e| Error::BackendUnavailable {
+                        rank,
+                        backend: "nvrtc".into(),
+                        why: format!("compiling the peer-memory kernels ({mkey:?}): {e:?}"),
+                    })?;
                 let m = self.dev.context().load_module(ptx).map_err(|e| cuda_err(rank, "loading the peer-memory kernels", e))?;
                 self.modules.insert(mkey, m.clone());
                 m
@@ -468,7 +527,7 @@ impl IpcBackend {
 
     /// Enqueues one kernel over `args` on `stream`.
     fn launch(&mut self, f: &CudaFunction, args: &Args, loop_units: usize, stream: &CudaStream) -> Result<()> {
-        let blocks = plan::blocks(loop_units) as u32;
+        let blocks = plan::blocks(loop_units, self.grid_cap) as u32;
         let mut params = [args as *const Args as *mut std::ffi::c_void];
         // SAFETY: `f` takes one `Args` by value (kernels.cu) and `params` points at it for the
         // call (the driver copies kernel arguments at launch); the stream belongs to this
@@ -546,7 +605,10 @@ impl DeviceBackend for IpcBackend {
         let f = self.function(kind, d.dtype, d.redop).map_err(|e| self.fail(e))?;
         args.in_pitch = (c * es) as i64;
         args.out_pitch = (c * es) as i64;
-        for piece in plan::pieces(c, es, rows, self.opts.buffer_bytes) {
+        // Launches alternate between the data area's halves (kernels.cu).
+        let half = plan::half_bytes(self.opts.buffer_bytes);
+        args.half = half as i64;
+        for piece in plan::pieces(c, es, rows, half) {
             let off = (piece.start * es) as u64;
             let bytes = piece.len * es;
             args.input = input + off;
@@ -603,5 +665,44 @@ impl DeviceBackend for IpcBackend {
             return Err(self.fail(e));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(vars: &[(&str, &str)]) -> std::result::Result<IpcOptions, String> {
+        IpcOptions::from_lookup(true, &|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn kernel_settings_come_from_the_environment_and_are_checked() {
+        let d = opts(&[]).unwrap();
+        assert_eq!((d.blocks, d.unroll, d.two_shot_bytes), (DEFAULT_BLOCKS, DEFAULT_UNROLL, DEFAULT_TWO_SHOT_BYTES));
+        assert!(plan::UNROLLS.contains(&DEFAULT_UNROLL) && (1..=plan::MAX_BLOCKS).contains(&DEFAULT_BLOCKS));
+        assert!(!d.end_barrier);
+        let o = opts(&[
+            ("SUCL_IPC_BLOCKS", "128"),
+            ("SUCL_IPC_UNROLL", " 2 "),
+            ("SUCL_IPC_TWO_SHOT_BYTES", "0"),
+            ("SUCL_IPC_END_BARRIER", "1"),
+        ])
+        .unwrap();
+        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes, o.end_barrier), (128, 2, 0, true));
+        let s = o.kernel_settings();
+        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes, s.end_barrier), (128, 2, 0, true));
+        for (k, v, says) in [
+            ("SUCL_IPC_BLOCKS", "0", "at least 1"),
+            ("SUCL_IPC_BLOCKS", "129", "1 to 128"),
+            ("SUCL_IPC_BLOCKS", "many", "SUCL_IPC_BLOCKS=\"many\""),
+            ("SUCL_IPC_UNROLL", "3", "one of [1, 2, 4, 8]"),
+            ("SUCL_IPC_UNROLL", "16", "one of"),
+            ("SUCL_IPC_UNROLL", "0", "at least 1"),
+            ("SUCL_IPC_END_BARRIER", "2", "0 or 1"),
+        ] {
+            let e = opts(&[(k, v)]).unwrap_err();
+            assert!(e.contains(k) && e.contains(says), "{k}={v}: {e}");
+        }
     }
 }

@@ -7,14 +7,55 @@ use sucl_core::{DType, ReduceOp};
 
 /// Most ranks one peer-memory communicator serves (the kernels' `MAX_RANKS`).
 pub const MAX_RANKS: usize = 8;
-/// Most blocks a kernel launches (the kernels' `MAX_BLOCKS`): each has its own flags.
-pub const MAX_BLOCKS: usize = 32;
+/// Most blocks a kernel may launch (the kernels' `MAX_BLOCKS`, defined from this value): each
+/// block has its own flags, so this sizes the signal area. The grid actually launched is capped
+/// lower by the `SUCL_IPC_BLOCKS` setting and by the smallest multiprocessor count of the ranks'
+/// GPUs (every block must be resident at once: blocks spin on their peers' flags).
+pub const MAX_BLOCKS: usize = 128;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: usize = 512;
 /// Bytes in front of the data area: `MAX_BLOCKS × MAX_RANKS` flags, then `MAX_BLOCKS` epochs
-/// (the kernels' `DATA_OFFSET`).
-pub const SIGNAL_BYTES: usize = 4096;
-const _: () = assert!((MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS) * 4 <= SIGNAL_BYTES);
+/// (the kernels' `DATA_OFFSET`, defined from this value), rounded up to keep the data area
+/// aligned for 16-byte vectors.
+pub const SIGNAL_BYTES: usize = signal_bytes(MAX_BLOCKS, MAX_RANKS);
+const _: () = assert!(SIGNAL_BYTES.is_multiple_of(4096) && SIGNAL_BYTES >= (PARITY_WORD + 1) * 4);
+/// Slots per thread per loop iteration that the kernels may be compiled for (`SUCL_IPC_UNROLL`).
+pub const UNROLLS: [usize; 4] = [1, 2, 4, 8];
+
+/// Bytes of a signal area for `blocks` blocks of `ranks` ranks: a u32 flag per (block, rank),
+/// a u32 epoch per block, the done count and the parity word, rounded up to whole 4 KiB.
+pub const fn signal_bytes(blocks: usize, ranks: usize) -> usize {
+    ((blocks * ranks + blocks + 2) * 4).next_multiple_of(4096)
+}
+
+/// Word index of the count of this rank's blocks that finished the current launch (the
+/// kernels' `DONE_WORD`).
+pub const DONE_WORD: usize = MAX_BLOCKS * MAX_RANKS + MAX_BLOCKS;
+/// Word index of the parity that says which half of the data area the next launch uses (the
+/// kernels' `PARITY_WORD`).
+pub const PARITY_WORD: usize = DONE_WORD + 1;
+
+/// Bytes of each half of a data area of `buffer_bytes` (launches alternate between the halves):
+/// whole slots, so that the second half stays aligned for 16-byte vectors.
+pub fn half_bytes(buffer_bytes: usize) -> usize {
+    buffer_bytes / 2 / SLOT * SLOT
+}
+
+/// Byte offset of flag (`block`, `rank`) in the signal area (the kernels' barrier), and of
+/// `block`'s epoch word (`rank == None`).
+pub fn flag_offset(block: usize, rank: Option<usize>) -> usize {
+    match rank {
+        Some(r) => (block * MAX_RANKS + r) * 4,
+        None => (MAX_BLOCKS * MAX_RANKS + block) * 4,
+    }
+}
+
+/// The grid cap every rank uses: the requested cap, at most [`MAX_BLOCKS`], at most the
+/// smallest multiprocessor count among the ranks' GPUs (so that every block is resident), at
+/// least one. Computed from values every rank has from the setup exchange.
+pub fn grid_cap(requested: usize, min_sms: usize) -> usize {
+    requested.min(MAX_BLOCKS).min(min_sms).max(1)
+}
 
 /// Whether flag value `v` has reached epoch `e`: epochs only grow and wrap around at 2³², so
 /// `v` counts as reached while it is at most 2³¹ − 1 ahead (the kernels' `reached`).
@@ -40,10 +81,19 @@ pub fn chunk_range(count: usize, n: usize, k: usize) -> std::ops::Range<usize> {
 }
 
 /// Blocks for a launch whose longest loop covers `units` slots: enough for one slot per
-/// thread, at least one, at most [`MAX_BLOCKS`]. Depends only on arguments every rank shares
-/// (never on the alignment of a rank's buffers), so every rank launches the same grid.
-pub fn blocks(units: usize) -> usize {
-    units.div_ceil(THREADS).clamp(1, MAX_BLOCKS)
+/// thread, at least one, at most `cap` (from [`grid_cap`]); a launch with more slots than
+/// threads has each thread take several per loop iteration (the kernels' `UNROLL`). Depends
+/// only on arguments every rank shares (never on the alignment of a rank's buffers), so every
+/// rank launches the same grid.
+pub fn blocks(units: usize, cap: usize) -> usize {
+    units.div_ceil(THREADS).clamp(1, cap.clamp(1, MAX_BLOCKS))
+}
+
+/// The slot indices one thread handles in the loop iteration that starts at `i`, with
+/// `stride` threads in the grid, `unroll` slots per iteration, `hi` the loop's end (the
+/// kernels' `for (i = lo + first; i < hi; i += stride * UNROLL)` with `i + u·stride < hi`).
+pub fn unrolled_slots(i: usize, stride: usize, unroll: usize, hi: usize) -> impl Iterator<Item = usize> {
+    (0..unroll).map(move |u| i + u * stride).filter(move |&j| j < hi)
 }
 
 /// The kernel family serving one piece.
@@ -198,11 +248,107 @@ mod tests {
 
     #[test]
     fn grids_stay_within_the_flag_area() {
-        assert_eq!(blocks(0), 1);
-        assert_eq!(blocks(1), 1);
-        assert_eq!(blocks(THREADS), 1);
-        assert_eq!(blocks(THREADS + 1), 2);
-        assert_eq!(blocks(usize::MAX / 2), MAX_BLOCKS);
+        for cap in [1, 32, 64, MAX_BLOCKS, MAX_BLOCKS + 5] {
+            assert_eq!(blocks(0, cap), 1);
+            assert_eq!(blocks(1, cap), 1);
+            assert_eq!(blocks(THREADS, cap), 1);
+            assert_eq!(blocks(THREADS + 1, cap), 2.min(cap));
+            assert_eq!(blocks(usize::MAX / 2, cap), cap.min(MAX_BLOCKS), "a huge launch takes the whole cap");
+            for units in [0, 1, 511, 512, 513, 16_384, 65_536, 1 << 20, 1 << 30] {
+                let b = blocks(units, cap);
+                assert!((1..=MAX_BLOCKS).contains(&b) && b <= cap.max(1), "units={units} cap={cap}: {b}");
+            }
+        }
+        // The cap: the request, at most MAX_BLOCKS and the least multiprocessor count.
+        assert_eq!(grid_cap(64, 132), 64);
+        assert_eq!(grid_cap(128, 132), MAX_BLOCKS);
+        assert_eq!(grid_cap(1000, 1000), MAX_BLOCKS);
+        assert_eq!(grid_cap(128, 78), 78, "a smaller GPU limits every rank's grid");
+        assert_eq!(grid_cap(0, 132), 1);
+        // Every flag and epoch of every block the grid may use lies inside the signal area,
+        // none overlapping another.
+        let mut words = std::collections::HashSet::new();
+        for b in 0..MAX_BLOCKS {
+            for r in 0..MAX_RANKS {
+                assert!(words.insert(flag_offset(b, Some(r))));
+            }
+            assert!(words.insert(flag_offset(b, None)));
+        }
+        assert!(words.insert(DONE_WORD * 4) && words.insert(PARITY_WORD * 4), "the done and parity words are apart");
+        assert!(words.iter().all(|&o| o % 4 == 0 && o + 4 <= SIGNAL_BYTES));
+        assert_eq!(SIGNAL_BYTES % SLOT, 0, "the data area stays aligned for vectors");
+        assert_eq!(signal_bytes(32, 8), 4096, "the old layout's size");
+        assert_eq!(signal_bytes(128, 8), 8192);
+    }
+
+    #[test]
+    fn two_shot_chunk_copies_keep_every_slot_on_its_thread() {
+        // The kernels' copy_chunks walks chunk offsets (unrolled) and touches that offset in
+        // every chunk; each thread must get exactly the slots that per-chunk grid-stride loops
+        // give it (so that every slot keeps its block across the two-shot phases).
+        for n in [1usize, 2, 3, 8] {
+            for count in [1usize, 2, 5, 16, 17, 100, 1001] {
+                let (chunk, stride) = (chunk_len(count, n), 8);
+                for unroll in UNROLLS {
+                    for first in 0..stride {
+                        let mut walked = vec![];
+                        for o in (first..chunk).step_by(stride * unroll) {
+                            for off in unrolled_slots(o, stride, unroll, chunk) {
+                                walked.extend((0..n).map(|k| k * chunk + off).filter(|&j| j < count));
+                            }
+                        }
+                        let mut per_chunk: Vec<usize> =
+                            (0..n).flat_map(|k| (k * chunk + first..((k + 1) * chunk).min(count)).step_by(stride)).collect();
+                        walked.sort_unstable();
+                        per_chunk.sort_unstable();
+                        assert_eq!(walked, per_chunk, "n={n} count={count} unroll={unroll} first={first}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn halves_keep_vectors_aligned_and_hold_a_reduce_scatter_slot_row() {
+        for b in [4096usize, 4112, 65_536, 32 << 20, (32 << 20) + 48] {
+            let h = half_bytes(b);
+            assert_eq!(h % SLOT, 0, "{b}");
+            assert!(2 * h <= b && b - 2 * h < 2 * SLOT, "{b}: {h}");
+            assert!(h >= MAX_RANKS * SLOT, "pieces need one slot per row");
+            // A piece planned for one half fits it.
+            for p in pieces(1_000_000, 4, MAX_RANKS, h) {
+                assert!(p.len * 4 * MAX_RANKS <= h || p.len == 1);
+            }
+        }
+    }
+
+    #[test]
+    fn unrolled_loops_visit_the_plain_grid_stride_slots() {
+        // Every thread of every grid, for every unroll, visits exactly the slots the plain
+        // grid-stride loop gives it, each once (so a slot's block is the same in every phase and
+        // whatever the unroll), tails shorter than the unroll included.
+        for (lo, hi) in [(0usize, 0usize), (0, 1), (0, 7), (5, 5), (3, 100), (0, 4096), (1000, 5001)] {
+            for (grid, threads) in [(1usize, 4usize), (3, 4), (2, 8)] {
+                let stride = grid * threads;
+                for unroll in UNROLLS {
+                    let mut seen = vec![0u8; hi];
+                    for first in 0..stride {
+                        let plain: Vec<usize> = (lo + first..hi).step_by(stride).collect();
+                        let mut mine = vec![];
+                        let mut i = lo + first;
+                        while i < hi {
+                            mine.extend(unrolled_slots(i, stride, unroll, hi));
+                            i += stride * unroll;
+                        }
+                        assert_eq!(mine, plain, "lo={lo} hi={hi} stride={stride} unroll={unroll} first={first}");
+                        for j in mine {
+                            seen[j] += 1;
+                        }
+                    }
+                    assert!(seen[lo.min(hi)..].iter().all(|&s| s == 1), "lo={lo} hi={hi} unroll={unroll}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,16 +1,44 @@
 //! What each rank publishes through the rendezvous store when a peer-memory communicator is set
 //! up: a fixed-layout, versioned record (little-endian) holding its CUDA IPC handle and what a
 //! peer must check before opening it. A record from the store is validated — length, magic,
-//! version, rank, communicator size, node, buffer size, device — before anything in it is used.
+//! version, rank, communicator size, node, buffer size, device, kernel settings — before
+//! anything in it is used. The settings that shape the kernels (two-shot threshold, grid cap,
+//! unroll) must be the same on every rank: [`settings_mismatch`] finds ranks that differ.
 
 /// Bytes of an encoded [`PeerRecord`].
-pub const RECORD_LEN: usize = 128;
+pub const RECORD_LEN: usize = 152;
 const MAGIC: u32 = 0x5355_4950; // "SUIP"
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Bytes of a CUDA IPC memory handle.
 pub const HANDLE_LEN: usize = 64;
 /// Bytes kept of a PCI bus id ("0000:18:00.0" and NUL padding).
 pub const BUS_ID_LEN: usize = 32;
+
+/// The settings that shape the kernels' algorithms and grids: every rank must launch the same
+/// kernels with the same grids, so every rank must have the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSettings {
+    /// all_reduce runs two-shot from this many bytes on (`SUCL_IPC_TWO_SHOT_BYTES`).
+    pub two_shot_bytes: u64,
+    /// The requested grid cap (`SUCL_IPC_BLOCKS`).
+    pub blocks: u32,
+    /// Slots per thread per loop iteration (`SUCL_IPC_UNROLL`).
+    pub unroll: u32,
+    /// Whether the kernels end with a barrier (`SUCL_IPC_END_BARRIER`).
+    pub end_barrier: bool,
+}
+
+impl KernelSettings {
+    /// The settings' fields with their variables, for error messages.
+    fn named(&self) -> [(&'static str, u64); 4] {
+        [
+            ("SUCL_IPC_TWO_SHOT_BYTES", self.two_shot_bytes),
+            ("SUCL_IPC_BLOCKS", self.blocks as u64),
+            ("SUCL_IPC_UNROLL", self.unroll as u64),
+            ("SUCL_IPC_END_BARRIER", self.end_barrier as u64),
+        ]
+    }
+}
 
 /// One rank's peer buffer as its peers need to know it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,11 +57,17 @@ pub struct PeerRecord {
     pub capacity: u64,
     /// The CUDA IPC handle of the rank's peer buffer.
     pub handle: [u8; HANDLE_LEN],
+    /// The rank's kernel settings.
+    pub settings: KernelSettings,
+    /// Multiprocessors of the rank's GPU (0 when not ready): the grid cap is at most the least.
+    pub sms: u32,
 }
 
 impl PeerRecord {
     /// The fixed-layout bytes: magic u32, version u16, flags u16 (bit 0: ready), rank u32,
-    /// size u32, node u64, bus id (32 bytes, NUL padded), capacity u64, handle (64 bytes).
+    /// size u32, node u64, bus id (32 bytes, NUL padded), capacity u64, handle (64 bytes),
+    /// two-shot bytes u64, blocks u32, unroll u32, multiprocessors u32, kernel flags u32 (bit 0:
+    /// end barrier).
     pub fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -47,6 +81,11 @@ impl PeerRecord {
         b[24..24 + n].copy_from_slice(&id[..n]);
         b[56..64].copy_from_slice(&self.capacity.to_le_bytes());
         b[64..128].copy_from_slice(&self.handle);
+        b[128..136].copy_from_slice(&self.settings.two_shot_bytes.to_le_bytes());
+        b[136..140].copy_from_slice(&self.settings.blocks.to_le_bytes());
+        b[140..144].copy_from_slice(&self.settings.unroll.to_le_bytes());
+        b[144..148].copy_from_slice(&self.sms.to_le_bytes());
+        b[148..152].copy_from_slice(&(self.settings.end_barrier as u32).to_le_bytes());
         b
     }
 
@@ -92,11 +131,56 @@ impl PeerRecord {
                 "rank {rank}'s peer buffer holds {cap} bytes, this rank's {capacity}: set the same SUCL_IPC_BUFFER_BYTES on every rank"
             ));
         }
+        let settings = settings_at(b);
+        let sms = u32_at(144);
+        if u32_at(148) > 1 {
+            return Err(format!("rank {rank}'s peer-memory record has unknown kernel flags {:#x}", u32_at(148)));
+        }
+        if ready && (sms == 0 || settings.blocks == 0 || !super::plan::UNROLLS.contains(&(settings.unroll as usize))) {
+            return Err(format!("rank {rank}'s peer-memory record has bad kernel settings {settings:?} ({sms} multiprocessors)"));
+        }
         let mut handle = [0u8; HANDLE_LEN];
         handle.copy_from_slice(&b[64..128]);
         let bus_id = String::from_utf8(id[..end].to_vec()).expect("ascii");
-        Ok(PeerRecord { ready, rank: r, size: s, node: u64_at(16), bus_id, capacity: cap, handle })
+        Ok(PeerRecord { ready, rank: r, size: s, node: u64_at(16), bus_id, capacity: cap, handle, settings, sms })
     }
+}
+
+/// The kernel settings in an encoded record (`b` is [`RECORD_LEN`] bytes).
+fn settings_at(b: &[u8]) -> KernelSettings {
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    KernelSettings {
+        two_shot_bytes: u64::from_le_bytes(b[128..136].try_into().expect("8 bytes")),
+        blocks: u32_at(136),
+        unroll: u32_at(140),
+        end_barrier: u32_at(148) & 1 == 1,
+    }
+}
+
+/// Whether the ranks that can serve (ready records of this format) differ in their kernel
+/// settings: the first setting that differs from the first such rank's, naming the variable and
+/// both ranks' values. Reads only what every rank reads alike (the records' bytes), so every
+/// rank reaches the same verdict. Records that are malformed are left to [`PeerRecord::decode`].
+pub fn settings_mismatch(all: &[Vec<u8>]) -> Option<String> {
+    let ready = all
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.len() == RECORD_LEN && b[0..4] == MAGIC.to_le_bytes() && b[4..6] == VERSION.to_le_bytes() && b[6] & 1 == 1);
+    let mut first: Option<(usize, KernelSettings)> = None;
+    for (r, b) in ready {
+        let s = settings_at(b);
+        match first {
+            None => first = Some((r, s)),
+            Some((r0, s0)) => {
+                if let Some(((key, theirs), (_, ours))) = s0.named().into_iter().zip(s.named()).find(|(a, b)| a.1 != b.1) {
+                    return Some(format!(
+                        "peer-memory setting {key}: rank {r0} has {theirs}, rank {r} has {ours} (set the same on every rank)"
+                    ));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// A 64-bit FNV-1a hash (names this machine's boot in records; not for security).
@@ -121,14 +205,25 @@ mod tests {
         for (i, h) in handle.iter_mut().enumerate() {
             *h = (i * 7 + 1) as u8;
         }
-        PeerRecord { ready: true, rank: 1, size: 2, node: 42, bus_id: "00000000:18:00.0".into(), capacity: 1 << 20, handle }
+        let settings = KernelSettings { two_shot_bytes: 256 << 10, blocks: 64, unroll: 4, end_barrier: false };
+        PeerRecord {
+            ready: true,
+            rank: 1,
+            size: 2,
+            node: 42,
+            bus_id: "00000000:18:00.0".into(),
+            capacity: 1 << 20,
+            handle,
+            settings,
+            sms: 132,
+        }
     }
 
     #[test]
     fn a_record_round_trips() {
         let r = sample();
         assert_eq!(PeerRecord::decode(&r.encode(), 1, 2, 42, 1 << 20), Ok(r));
-        let not_ready = PeerRecord { ready: false, bus_id: String::new(), capacity: 0, ..sample() };
+        let not_ready = PeerRecord { ready: false, bus_id: String::new(), capacity: 0, sms: 0, ..sample() };
         assert_eq!(PeerRecord::decode(&not_ready.encode(), 1, 2, 42, 1 << 20), Ok(not_ready));
     }
 
@@ -136,10 +231,10 @@ mod tests {
     fn bad_records_are_refused_with_the_reason() {
         let good = sample().encode();
         let err = |b: &[u8], rank, size, node, cap| PeerRecord::decode(b, rank, size, node, cap).unwrap_err();
-        assert!(err(&good[..127], 1, 2, 42, 1 << 20).contains("127 bytes"));
+        assert!(err(&good[..RECORD_LEN - 1], 1, 2, 42, 1 << 20).contains("151 bytes"));
         let mut long = good.to_vec();
         long.push(0);
-        assert!(err(&long, 1, 2, 42, 1 << 20).contains("129 bytes"));
+        assert!(err(&long, 1, 2, 42, 1 << 20).contains("153 bytes"));
         assert!(err(&good, 0, 2, 42, 1 << 20).contains("says rank 1 of 2"), "a record filed under another rank");
         assert!(err(&good, 1, 4, 42, 1 << 20).contains("says rank 1 of 2"), "another communicator size");
         assert!(err(&good, 1, 2, 43, 1 << 20).contains("another machine"));
@@ -162,6 +257,37 @@ mod tests {
         let mut b = good;
         b[24..56].fill(0);
         assert!(err(&b, 1, 2, 42, 1 << 20).contains("empty"));
+        for (field, value) in [(140usize, 3u32), (140, 0), (136, 0), (144, 0)] {
+            let mut b = good;
+            b[field..field + 4].copy_from_slice(&value.to_le_bytes());
+            assert!(err(&b, 1, 2, 42, 1 << 20).contains("bad kernel settings"), "byte {field} = {value}");
+        }
+        let mut b = good;
+        b[150] = 1;
+        assert!(err(&b, 1, 2, 42, 1 << 20).contains("unknown kernel flags"));
+        let with_end_barrier = PeerRecord { settings: KernelSettings { end_barrier: true, ..sample().settings }, ..sample() };
+        assert_eq!(PeerRecord::decode(&with_end_barrier.encode(), 1, 2, 42, 1 << 20), Ok(with_end_barrier));
+    }
+
+    #[test]
+    fn ranks_whose_kernel_settings_differ_are_named() {
+        let rec = |rank: u32, ready: bool, settings: KernelSettings| PeerRecord { rank, ready, settings, ..sample() }.encode().to_vec();
+        let s = sample().settings;
+        let same = vec![rec(0, true, s), rec(1, true, s), rec(2, true, s)];
+        assert_eq!(settings_mismatch(&same), None);
+        let two_shot = KernelSettings { two_shot_bytes: 1 << 20, ..s };
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, s), rec(2, true, two_shot)]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_TWO_SHOT_BYTES") && m.contains("rank 0 has 262144") && m.contains("rank 2 has 1048576"), "{m}");
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { blocks: 32, ..s })]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_BLOCKS") && m.contains("rank 1 has 32"), "{m}");
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { unroll: 1, ..s })]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_UNROLL"), "{m}");
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { end_barrier: true, ..s })]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_END_BARRIER") && m.contains("rank 1 has 1"), "{m}");
+        // A rank that does not serve (not ready) cannot disagree: it is compared with no one.
+        assert_eq!(settings_mismatch(&[rec(0, false, two_shot), rec(1, true, s), rec(2, true, s)]), None);
+        // Malformed records are left to decode.
+        assert_eq!(settings_mismatch(&[vec![1, 2, 3], rec(1, true, s)]), None);
     }
 
     #[test]
