@@ -605,8 +605,8 @@ impl ShmBackend {
         self.lay.half
     }
 
-    /// Bytes one step of a large data-moving collective (gather, all_gather, scatter, all_to_all,
-    /// reduce_scatter) publishes per rank: at most a half, and no more than
+    /// Bytes one step of a large gather or all_gather publishes per rank: at most a half, and no
+    /// more than
     /// `shm_chunk_bytes` (a multiple of `es`), so what a rank publishes is still in cache when
     /// its peers read it, and the next step's copy-in (into the other half) overlaps their
     /// reads. (Broadcast keeps whole halves: its readers copy one block each, and smaller
@@ -958,7 +958,13 @@ impl ShmBackend {
             CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter => {
                 let blk = d.count * es;
                 let rooted = d.op == CollOp::Scatter;
-                let sub = ((self.step_bytes(es) / n) / es).max(1) * es;
+                // reduce_scatter, and scatter and all_to_all between two ranks: each rank's block
+                // of a step is one `shm_chunk_bytes` piece (a step publishes n of them, up to a
+                // half), still in cache when read. With more ranks, scatter and all_to_all keep
+                // a half's share per block: there a step's barrier waits for the slowest of n
+                // ranks, and more steps measured slower (2 × H200 host, 8 ranks: 1.04–1.21×).
+                let piece = if d.op == CollOp::ReduceScatter || n == 2 { self.cfg.shm_chunk_bytes.max(4096) } else { hb };
+                let sub = ((hb.min(piece.saturating_mul(n)) / n) / es).max(1) * es;
                 let mut off = 0;
                 let mut first = true;
                 loop {
