@@ -134,25 +134,8 @@ fn program_lines(l: &Launch<'_>) -> Vec<String> {
             out0 = out;
         }
     }
-    const NAMES: [&str; 16] = [
-        "chain:",
-        "stencil:",
-        "all:",
-        "collective:",
-        "master:",
-        "stencil2d:",
-        "transpose:",
-        "nbody:",
-        "allgather:",
-        "gatherscatter:",
-        "gatherbcast:",
-        "alltoall:",
-        "allgather-odd:",
-        "gatherscatter-odd:",
-        "gatherbcast-odd:",
-        "alltoall-odd:",
-    ];
-    out0.lines().filter_map(|l| NAMES.iter().filter_map(|p| l.find(p)).min().map(|at| l[at..].to_string())).collect()
+    let names = || std::iter::once("chain:").chain(TABLE3_AND_OTHERS);
+    out0.lines().filter_map(|l| names().filter_map(|p| l.find(p)).min().map(|at| l[at..].to_string())).collect()
 }
 
 #[test]

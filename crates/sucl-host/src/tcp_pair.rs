@@ -114,12 +114,7 @@ fn exchange(e: &mut Engine, cfg: &AlgoConfig, desc: &CollDesc, send: Option<&[u8
         }
         Ok(())
     })();
-    if res.is_err() {
-        cancel_all(e, &reqs);
-    }
-    e.scratch = tmp;
-    e.reqs = reqs;
-    res
+    finish(e, tmp, reqs, res)
 }
 
 /// Both ranks send their whole input after the ready handshake and reduce everything received
@@ -165,6 +160,12 @@ fn exchange_whole(e: &mut Engine, desc: &CollDesc, send: Option<&[u8]>, buf: &mu
         }
         Ok(())
     })();
+    finish(e, tmp, reqs, res)
+}
+
+/// Ends a call: withdraws what is still outstanding if it failed, and gives the engine its
+/// scratch and request list back.
+fn finish(e: &mut Engine, tmp: Vec<u8>, reqs: Vec<ReqId>, res: Result<()>) -> Result<()> {
     if res.is_err() {
         cancel_all(e, &reqs);
     }
