@@ -200,6 +200,10 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
     }
     let mut exit_code = 0;
     let mut codes: Vec<Option<i32>> = vec![None; opts.ranks];
+    // Ranks that ended by the signal we sent them during teardown: never the root cause, even
+    // when the store saw their connection drop before the failing rank's (it serves each
+    // connection on its own thread, so the order it sees drops in is not the order of deaths).
+    let mut ended_by_us = vec![false; opts.ranks];
     let mut first_failure: Option<i32> = None;
     let mut teardown: Option<Instant> = None;
     let mut seen_signals = 0;
@@ -234,6 +238,9 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
                             eprintln!("sucl run: rank {r} {}", describe(st));
                         }
                         codes[r] = Some(code_of(st));
+                        // Only after our SIGTERM went out (at the end of the pass that saw the
+                        // first failure): a rank killed from outside before it is still a cause.
+                        ended_by_us[r] = termed && termed_by_us(st);
                     }
                     // The rank is gone; anything it left in its group goes too.
                     signal_group(c, libc::SIGKILL);
@@ -274,7 +281,13 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
     // The exit code is the root cause's: the rank the store saw lost, else the first failure.
     let cause = server.abort_info();
     if exit_code == 0 {
-        exit_code = cause.as_ref().and_then(|i| i.lost_rank).and_then(|r| codes.get(r).copied().flatten()).or(first_failure).unwrap_or(0);
+        exit_code = cause
+            .as_ref()
+            .and_then(|i| i.lost_rank)
+            .filter(|&r| !ended_by_us.get(r).copied().unwrap_or(false))
+            .and_then(|r| codes.get(r).copied().flatten())
+            .or(first_failure)
+            .unwrap_or(0);
     }
     if let Some(info) = cause {
         if exit_code != 0 {
