@@ -22,6 +22,26 @@ fn print<T: std::fmt::Debug>(comm: &sucl_runtime::Communicator, name: &str, v: &
     }
 }
 
+/// The name (with its colon) that starts each program's output line, in the order `run`
+/// prints them (the tests pick the lines out by these).
+pub const PROGRAMS: [&str; 15] = [
+    "stencil:",
+    "all:",
+    "collective:",
+    "master:",
+    "stencil2d:",
+    "transpose:",
+    "nbody:",
+    "allgather:",
+    "gatherscatter:",
+    "gatherbcast:",
+    "alltoall:",
+    "allgather-odd:",
+    "gatherscatter-odd:",
+    "gatherbcast-odd:",
+    "alltoall-odd:",
+];
+
 pub fn run() -> Result<(), GraphError> {
     let comm = sucl_runtime::init()?;
     let mut q = DistrQueue::new(&comm)?;

@@ -55,24 +55,6 @@ fn lost_peer_rank() {
     std::process::exit(7);
 }
 
-const PROGRAMS: [&str; 15] = [
-    "stencil:",
-    "all:",
-    "collective:",
-    "master:",
-    "stencil2d:",
-    "transpose:",
-    "nbody:",
-    "allgather:",
-    "gatherscatter:",
-    "gatherbcast:",
-    "alltoall:",
-    "allgather-odd:",
-    "gatherscatter-odd:",
-    "gatherbcast-odd:",
-    "alltoall-odd:",
-];
-
 /// Runs the example on `n` ranks with `threads` worker threads each; rank 0's stdout. Panics
 /// on a failure or after 60 s.
 fn run(n: usize, threads: usize) -> String {
@@ -90,7 +72,7 @@ fn run_cpd(n: usize, threads: usize, cpd: Option<&str>) -> String {
     std::io::Read::read_to_string(ranks[0].0.stdout.as_mut().unwrap(), &mut out).unwrap();
     // Only the programs' lines, not the test harness's ("test graph_programs_rank ... " may
     // precede the first one on its line).
-    out.lines().filter_map(|l| PROGRAMS.iter().filter_map(|p| l.find(p)).min().map(|at| format!("{}\n", &l[at..]))).collect()
+    out.lines().filter_map(|l| program::PROGRAMS.iter().filter_map(|p| l.find(p)).min().map(|at| format!("{}\n", &l[at..]))).collect()
 }
 
 /// Waits at most `limit` for a child; (success, stderr). Panics (killing it) after `limit`.
@@ -154,7 +136,7 @@ fn start_env(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: O
 #[test]
 fn programs_give_identical_results_on_1_to_4_ranks() {
     let one = run(1, 1);
-    assert_eq!(one.lines().count(), PROGRAMS.len(), "every program prints: {one}");
+    assert_eq!(one.lines().count(), program::PROGRAMS.len(), "every program prints: {one}");
     assert!(one.contains("transpose: 0.0 10.0 20.0 30.0 40.0 50.0 1.0 11.0"), "{one}");
     assert_eq!(run(1, 3), one, "1 rank, 3 threads against 1 thread");
     for n in 2..=4 {
@@ -165,7 +147,7 @@ fn programs_give_identical_results_on_1_to_4_ranks() {
 #[test]
 fn collective_discovery_on_and_off_give_identical_results_on_1_to_4_ranks() {
     let reference = run_cpd(1, 1, Some("0"));
-    assert_eq!(reference.lines().count(), PROGRAMS.len(), "every program prints: {reference}");
+    assert_eq!(reference.lines().count(), program::PROGRAMS.len(), "every program prints: {reference}");
     for n in 1..=4 {
         assert_eq!(run_cpd(n, 1, Some("0")), reference, "{n} ranks without discovery");
         assert_eq!(run_cpd(n, 1, Some("1")), reference, "{n} ranks with discovery");

@@ -134,7 +134,7 @@ fn program_lines(l: &Launch<'_>) -> Vec<String> {
             out0 = out;
         }
     }
-    let names = || std::iter::once("chain:").chain(TABLE3_AND_OTHERS);
+    let names = || std::iter::once("chain:").chain(host::PROGRAMS);
     out0.lines().filter_map(|l| names().filter_map(|p| l.find(p)).min().map(|at| l[at..].to_string())).collect()
 }
 
@@ -157,26 +157,6 @@ fn chain_line() -> String {
     format!("chain: {}", d.join(" "))
 }
 
-/// The programs both examples print (the chain, GPU only, comes apart): the host example's
-/// first line of each.
-const TABLE3_AND_OTHERS: [&str; 15] = [
-    "stencil:",
-    "all:",
-    "collective:",
-    "master:",
-    "stencil2d:",
-    "transpose:",
-    "nbody:",
-    "allgather:",
-    "gatherscatter:",
-    "gatherbcast:",
-    "alltoall:",
-    "allgather-odd:",
-    "gatherscatter-odd:",
-    "gatherbcast-odd:",
-    "alltoall-odd:",
-];
-
 #[test]
 fn gpu_programs_match_the_host_ranks_bit_for_bit() {
     let Some(n) = gpus_or_skip("gpu_programs_match_the_host_ranks_bit_for_bit") else { return };
@@ -185,8 +165,8 @@ fn gpu_programs_match_the_host_ranks_bit_for_bit() {
     let mut want: Vec<String> = vec![chain_line()];
     // The host example prints more programs than the GPU one (a second `all:` line, for `all`
     // after a 2D split, comes last): take each program's first line.
-    want.extend(TABLE3_AND_OTHERS.iter().filter_map(|p| host.iter().find(|l| l.starts_with(p)).cloned()));
-    assert_eq!(want.len(), 1 + TABLE3_AND_OTHERS.len(), "the host reference printed every program: {want:#?}");
+    want.extend(host::PROGRAMS.iter().filter_map(|p| host.iter().find(|l| l.starts_with(p)).cloned()));
+    assert_eq!(want.len(), 1 + host::PROGRAMS.len(), "the host reference printed every program: {want:#?}");
     let mut runs = vec![
         ("1 rank", Launch { ranks: 1, rank_test: "gpu_programs_rank", visible: Some("0"), transport: None, timeout_s: "60", cpd: None }),
         (

@@ -54,6 +54,10 @@ pub(crate) struct OpState {
 
 impl OpState {
     pub(crate) fn new(elem: usize, what: What, rank: usize) -> Arc<OpState> {
+        Self::with_device(elem, what, rank, OnceLock::new())
+    }
+
+    fn with_device(elem: usize, what: What, rank: usize, device: OnceLock<(Arc<dyn DevicePoll>, usize)>) -> Arc<OpState> {
         Arc::new(OpState {
             result: Mutex::new(None),
             done: Condvar::new(),
@@ -61,22 +65,14 @@ impl OpState {
             elem: elem.max(1),
             what,
             rank,
-            device: OnceLock::new(),
+            device,
         })
     }
 
     /// An operation the device completes: done (with `bytes`) once `poll` says so. Set at
     /// creation, so starting it costs nothing per operation.
     pub(crate) fn on_device(elem: usize, what: What, rank: usize, poll: Arc<dyn DevicePoll>, bytes: usize) -> Arc<OpState> {
-        Arc::new(OpState {
-            result: Mutex::new(None),
-            done: Condvar::new(),
-            waiters: AtomicU32::new(0),
-            elem: elem.max(1),
-            what,
-            rank,
-            device: OnceLock::from((poll, bytes)),
-        })
+        Self::with_device(elem, what, rank, OnceLock::from((poll, bytes)))
     }
 
     /// Bytes per element.
