@@ -679,7 +679,7 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
         if lead {
             eprintln!("sucl tune: some results were wrong; {out} not written");
         }
-        return Ok(1);
+        return crate::tune::fail_together(comm);
     }
     if lead {
         if let Err(e) = std::fs::write(out, file) {

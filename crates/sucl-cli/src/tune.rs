@@ -131,7 +131,7 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
             }
             eprintln!("sucl tune: some results were wrong; {} not written", a.out);
         }
-        return Ok(1);
+        return fail_together(comm);
     }
     if lead {
         if let Err(e) = std::fs::write(&a.out, file) {
@@ -141,4 +141,12 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
         println!("# wrote {}", a.out);
     }
     Ok(0)
+}
+
+/// The exit code of a tune whose results were wrong, returned only once every rank is here. Every
+/// rank saw the same (store-summed) counts, so every rank fails; but none may exit before the lead
+/// has printed its report, or the launcher ends the lead mid-report (seen once in CI).
+pub fn fail_together(comm: &Communicator) -> Result<i32> {
+    comm.oob_all_gather("sucl-cli/tune/reported", &[])?;
+    Ok(1)
 }
