@@ -80,3 +80,18 @@ fn examples_run_under_the_launcher() {
         assert!(out.stdout.contains(&format!("[{r}] rank {r}/3 via shm: sum 3")), "{}", out.stdout);
     }
 }
+
+#[test]
+fn tcp_read_ahead_and_polling_variants() {
+    // No read-ahead and no poll first (every read straight into place); a read-ahead just past
+    // one header (frames split across it at every size); the largest read-ahead.
+    for (ahead, poll) in [("0", "0"), ("48", "1"), ("1M", "1")] {
+        let mut cmd = sucl();
+        cmd.args(["check", "--ranks", "3", "--backend", "tcp", "--dtypes", "f32,u8", "--sizes", "0,5,4099,100003"])
+            .env("SUCL_TCP_READ_AHEAD_BYTES", ahead)
+            .env("SUCL_TCP_POLL_FIRST", poll)
+            .env("SUCL_TIMEOUT", "120");
+        let out = finish(spawn(cmd), Duration::from_secs(300), "tcp read-ahead check");
+        assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "read-ahead {ahead}, poll {poll}: {}\n{}", out.stdout, out.stderr);
+    }
+}

@@ -55,6 +55,11 @@ pub trait Channel: Send {
     fn raw_fd(&self) -> Option<RawFd> {
         None
     }
+    /// Whether the channel holds bytes already read from its descriptor (a read-ahead), which
+    /// `poll` on the descriptor cannot see.
+    fn has_buffered(&self) -> bool {
+        false
+    }
 }
 
 enum OpKind {
@@ -116,6 +121,11 @@ pub struct EngineConfig {
     pub max_unexpected: u64,
     /// How waits poll before blocking.
     pub backoff: Backoff,
+    /// Each round of progress first asks poll(2), with no timeout, which descriptors have
+    /// bytes, and reads only from those (where every channel has a descriptor). A busy-polling
+    /// read takes the socket's lock, which an arriving packet then waits for, and costs one
+    /// syscall per peer; poll takes no socket lock and one syscall for all peers.
+    pub poll_before_read: bool,
 }
 
 /// Point-to-point engine of one communicator (see the module documentation).
@@ -132,6 +142,8 @@ pub struct Engine {
     cfg: EngineConfig,
     failed: bool,
     pollfds: Vec<libc::pollfd>,
+    /// Per peer: whether the last [`Engine::poll_readable`] found bytes to read.
+    readable: Vec<bool>,
     coll_seq: u64,
     activity: &'static str,
     /// Reusable scratch for algorithms (kept here so steady-state calls do not allocate).
@@ -179,6 +191,7 @@ impl Engine {
             cfg,
             failed: false,
             pollfds: vec![],
+            readable: vec![],
             coll_seq: 0,
             activity: "point-to-point",
             scratch: vec![],
@@ -594,6 +607,36 @@ impl Engine {
         true
     }
 
+    /// Fills `readable` from one poll(2) with no timeout over every open channel: true where a
+    /// read would find bytes, an end of stream or an error (or the channel has bytes buffered).
+    /// False, and `readable` untouched, where a channel has no descriptor or poll fails: then
+    /// every channel is read.
+    fn poll_readable(&mut self) -> bool {
+        self.pollfds.clear();
+        for p in &self.peers {
+            if p.chan.is_none() || p.closed {
+                continue;
+            }
+            match p.chan.as_ref().and_then(|c| c.raw_fd()) {
+                Some(fd) => self.pollfds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
+                None => return false,
+            }
+        }
+        // SAFETY: pollfds is a valid array of the given length; a zero timeout never blocks.
+        let rc = unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, 0) };
+        if rc < 0 {
+            return false;
+        }
+        self.readable.resize(self.peers.len(), false);
+        let mut fds = self.pollfds.iter();
+        for (p, peer) in self.peers.iter().enumerate() {
+            let Some(chan) = peer.chan.as_ref().filter(|_| !peer.closed) else { continue };
+            let revents = fds.next().map_or(0, |f| f.revents);
+            self.readable[p] = revents != 0 || chan.has_buffered();
+        }
+        true
+    }
+
     /// Withdraws a request (see [`crate::Backend::cancel`]).
     pub fn cancel(&mut self, req: ReqId) {
         let Some(idx) = self.slot_of(req) else { return };
@@ -635,11 +678,13 @@ impl Engine {
             self.check_usable("progress")?;
         }
         let mut moved = false;
+        let gated = self.cfg.poll_before_read && self.poll_readable();
         for p in 0..self.peers.len() {
             if self.peers[p].chan.is_none() || self.peers[p].closed {
                 continue;
             }
-            let r = self.progress_send(p).and_then(|a| self.progress_recv(p).map(|b| a | b));
+            let read = !gated || self.readable[p];
+            let r = self.progress_send(p).and_then(|a| if read { self.progress_recv(p).map(|b| a | b) } else { Ok(a) });
             match r {
                 Ok(m) => moved |= m,
                 Err(e) => return Err(self.fail(e)),
@@ -957,7 +1002,13 @@ mod tests {
 
     fn engine_with_limit(input: Vec<u8>, pieces: Vec<usize>, max_unexpected: u64) -> Engine {
         let chan = MemChannel { input, pos: 0, pieces, turn: 0, written: vec![] };
-        let cfg = EngineConfig { timeout: Duration::from_secs(2), max_message: 1 << 20, max_unexpected, backoff: Backoff::DEDICATED };
+        let cfg = EngineConfig {
+            timeout: Duration::from_secs(2),
+            max_message: 1 << 20,
+            max_unexpected,
+            backoff: Backoff::DEDICATED,
+            poll_before_read: false,
+        };
         Engine::new(0, vec![None, Some(Box::new(chan))], vec![0, 7], AbortState::new(), cfg)
     }
 
@@ -1012,7 +1063,13 @@ mod tests {
         // Five rounds of a 60-byte message taken after a later one: never more than 70 bytes wait
         // at once, although 300 pass through an engine whose bound is 100.
         let feed = Arc::new(std::sync::Mutex::new(VecDeque::new()));
-        let cfg = EngineConfig { timeout: Duration::from_secs(2), max_message: 1 << 20, max_unexpected: 100, backoff: Backoff::DEDICATED };
+        let cfg = EngineConfig {
+            timeout: Duration::from_secs(2),
+            max_message: 1 << 20,
+            max_unexpected: 100,
+            backoff: Backoff::DEDICATED,
+            poll_before_read: false,
+        };
         let mut e = Engine::new(0, vec![None, Some(Box::new(FeedChannel(feed.clone())))], vec![0, 7], AbortState::new(), cfg);
         for round in 0..5 {
             feed.lock().unwrap().extend(frame(1, &[1; 60]).into_iter().chain(frame(2, &[2; 10])));

@@ -14,14 +14,66 @@ use sucl_core::store::StoreClient;
 use sucl_core::wire::{Header, Kind, HEADER_LEN};
 use sucl_core::{AbortState, Error, Result};
 
-/// A non-blocking TCP stream as an engine channel.
-pub struct TcpChannel(pub TcpStream);
+/// Default of [`crate::HostConfig::tcp_read_ahead`]: a small frame (header and payload) arrives
+/// in one `recv` rather than two, as Open MPI's tcp reads into its endpoint cache. Small,
+/// because read-ahead bytes of a large payload are copied once more on their way out.
+pub const DEFAULT_READ_AHEAD: usize = 8 << 10;
+
+/// Largest read-ahead a connection takes (it is allocated per connection).
+pub const MAX_READ_AHEAD: usize = 1 << 20;
+
+/// A non-blocking TCP stream as an engine channel, with a small read-ahead buffer.
+///
+/// A read shorter than the read-ahead fills the buffer with whatever the socket has (one
+/// syscall for the 40-byte header the engine asks for and the small payload behind it) and
+/// serves later reads from it; a longer read with the buffer empty goes straight into the
+/// caller's memory. A read returns 0 only with the buffer empty, so the engine, which drains a
+/// channel until it reads 0 before it blocks in poll(2), never sleeps on bytes it already has.
+pub struct TcpChannel {
+    stream: TcpStream,
+    ahead: Box<[u8]>,
+    /// The unread bytes of `ahead` are `ahead[start..end]`.
+    start: usize,
+    end: usize,
+    /// The last socket read filled less than it was offered, so the socket was empty then: the
+    /// next read that would go to the socket returns 0 instead (once), which spares the engine's
+    /// drain loop a syscall that almost always fails. The engine then polls the descriptor.
+    drained: bool,
+}
+
+impl TcpChannel {
+    /// A channel over `stream`, which must already be non-blocking, reading up to
+    /// `read_ahead` bytes ahead (0: never; capped at [`MAX_READ_AHEAD`]).
+    pub fn new(stream: TcpStream, read_ahead: usize) -> TcpChannel {
+        let ahead = vec![0; read_ahead.min(MAX_READ_AHEAD)].into_boxed_slice();
+        TcpChannel { stream, ahead, start: 0, end: 0, drained: false }
+    }
+
+    /// One non-blocking read into `buf`: `Ok(0)` when the socket has nothing now, or had less
+    /// than the last read was offered (then this call skips the syscall; see `drained`).
+    fn read_socket(&mut self, into_ahead: bool, buf: &mut [u8]) -> io::Result<usize> {
+        if std::mem::take(&mut self.drained) {
+            return Ok(0);
+        }
+        let buf = if into_ahead { &mut self.ahead[..] } else { buf };
+        match self.stream.read(buf) {
+            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                self.drained = n < buf.len();
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 impl Channel for TcpChannel {
     fn try_write(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
         let slices: [IoSlice<'_>; 2] = [IoSlice::new(parts[0]), IoSlice::new(parts.get(1).copied().unwrap_or(&[]))];
         let n = if parts.len() == 1 { 1 } else { 2 };
-        match self.0.write_vectored(&slices[..n]) {
+        match self.stream.write_vectored(&slices[..n]) {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
@@ -33,17 +85,32 @@ impl Channel for TcpChannel {
         if buf.is_empty() {
             return Ok(0);
         }
-        match self.0.read(buf) {
-            Ok(0) => Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
-            Err(e) => Err(e),
+        if self.start == self.end {
+            if buf.len() >= self.ahead.len() {
+                return self.read_socket(false, buf);
+            }
+            let got = self.read_socket(true, &mut [])?;
+            (self.start, self.end) = (0, got);
         }
+        let n = buf.len().min(self.end - self.start);
+        buf[..n].copy_from_slice(&self.ahead[self.start..self.start + n]);
+        self.start += n;
+        // The rest of a large payload in this same call, straight into place: a frame past the
+        // read-ahead still costs the two reads it did without one. An error waits for the next
+        // call, which meets it again, so the bytes served here are not lost with it.
+        let rest = &mut buf[n..];
+        if self.start == self.end && rest.len() >= self.ahead.len() {
+            return Ok(n + self.read_socket(false, rest).unwrap_or(0));
+        }
+        Ok(n)
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.0.as_raw_fd())
+        Some(self.stream.as_raw_fd())
+    }
+
+    fn has_buffered(&self) -> bool {
+        self.start < self.end
     }
 }
 
@@ -62,6 +129,7 @@ fn tcp_engine(cfg: &HostConfig) -> sucl_core::engine::EngineConfig {
         e.backoff.spin = cfg.tcp_spin;
     }
     e.backoff.yield_for = std::time::Duration::ZERO;
+    e.poll_before_read = cfg.tcp_poll_first;
     e
 }
 
@@ -177,7 +245,7 @@ impl TcpBackend {
                         set_buffers(&s, cfg.tcp_sockbuf).map_err(io("socket buffers"))?;
                     }
                     s.set_nonblocking(true).map_err(io("nonblocking"))?;
-                    channels.push(Some(Box::new(TcpChannel(s))));
+                    channels.push(Some(Box::new(TcpChannel::new(s, cfg.tcp_read_ahead))));
                 }
                 None => channels.push(None),
             }
@@ -195,7 +263,7 @@ impl TcpBackend {
                 Some(s) => {
                     s.set_nodelay(true)?;
                     s.set_nonblocking(true)?;
-                    Some(Box::new(TcpChannel(s)))
+                    Some(Box::new(TcpChannel::new(s, cfg.tcp_read_ahead)))
                 }
                 None => None,
             });
@@ -248,6 +316,61 @@ mod tests {
         // scope, so the backend never writes it afterwards.
         let r = unsafe { b.post_recv(1, 5, buf.as_mut_ptr(), buf.len())? };
         b.wait(r).inspect_err(|_| b.cancel(r))
+    }
+
+    /// Reads `want` bytes from `c` with read sizes cycling through `sizes`, bounded in time.
+    fn read_all(c: &mut TcpChannel, want: usize, sizes: &[usize]) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::with_capacity(want);
+        let mut k = 0;
+        while got.len() < want {
+            assert!(Instant::now() < deadline, "only {} of {want} bytes arrived", got.len());
+            let mut buf = vec![0u8; sizes[k % sizes.len()].min(want - got.len())];
+            k += 1;
+            let n = c.try_read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    }
+
+    #[test]
+    fn read_ahead_keeps_every_byte_in_order() {
+        let (a, mut raw) = pair();
+        a.set_nonblocking(true).unwrap();
+        let mut c = TcpChannel::new(a, DEFAULT_READ_AHEAD);
+        // Small and large reads interleaved, so bytes are served from the read-ahead, straight
+        // from the socket and from both in one call.
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let writer = std::thread::spawn(move || {
+            for part in data.chunks(7_777) {
+                raw.write_all(part).unwrap();
+            }
+            data
+        });
+        let got = read_all(&mut c, 300_000, &[40, 3, DEFAULT_READ_AHEAD + 5, 100, 64 << 10, 1, 9_000]);
+        let data = writer.join().unwrap();
+        assert!(got == data, "bytes differ from byte {:?}", got.iter().zip(&data).position(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn read_ahead_bytes_come_before_the_end_of_stream() {
+        let (a, mut raw) = pair();
+        a.set_nonblocking(true).unwrap();
+        let mut c = TcpChannel::new(a, DEFAULT_READ_AHEAD);
+        raw.write_all(&[7u8; 100]).unwrap();
+        drop(raw);
+        // The first read takes all 100 bytes into the read-ahead; the other 60 must follow.
+        assert_eq!(read_all(&mut c, 100, &[40]), vec![7u8; 100]);
+        let mut one = [0u8; 1];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let err = loop {
+            match c.try_read(&mut one) {
+                Ok(0) if Instant::now() < deadline => std::thread::yield_now(),
+                Ok(n) => panic!("read {n} bytes past the end of the stream"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

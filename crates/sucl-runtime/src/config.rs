@@ -239,6 +239,8 @@ struct FileTcp {
     piece_bytes: Option<Bytes>,
     sockbuf: Option<Bytes>,
     spin_us: Option<u64>,
+    poll_first: Option<bool>,
+    read_ahead_bytes: Option<Bytes>,
 }
 
 #[derive(Deserialize)]
@@ -373,6 +375,7 @@ impl Config {
                 ("tcp.small_bytes", t.small_bytes, &mut self.host.algo.small_bytes),
                 ("tcp.piece_bytes", t.piece_bytes, &mut self.host.algo.piece_bytes),
                 ("tcp.sockbuf", t.sockbuf, &mut self.host.tcp_sockbuf),
+                ("tcp.read_ahead_bytes", t.read_ahead_bytes, &mut self.host.tcp_read_ahead),
             ] {
                 if let Some(v) = v {
                     *dst = v.get(key).map_err(|e| bytes_err(key.split('.').nth(1).unwrap(), e))? as usize;
@@ -382,6 +385,10 @@ impl Config {
             if let Some(s) = t.spin_us {
                 self.host.tcp_spin = Duration::from_micros(s);
                 self.record("tcp.spin_us", &from);
+            }
+            if let Some(b) = t.poll_first {
+                self.host.tcp_poll_first = b;
+                self.record("tcp.poll_first", &from);
             }
         }
         for key in recorded {
@@ -514,6 +521,7 @@ impl Config {
             ("SUCL_TCP_SMALL_BYTES", "tcp.small_bytes", &mut self.host.algo.small_bytes, 0),
             ("SUCL_TCP_PIECE_BYTES", "tcp.piece_bytes", &mut self.host.algo.piece_bytes, 1024),
             ("SUCL_TCP_SOCKBUF", "tcp.sockbuf", &mut self.host.tcp_sockbuf, 0),
+            ("SUCL_TCP_READ_AHEAD_BYTES", "tcp.read_ahead_bytes", &mut self.host.tcp_read_ahead, 0),
         ];
         let mut set = vec![];
         for (var, key, dst, min) in sizes.iter_mut() {
@@ -554,6 +562,14 @@ impl Config {
             self.host.tcp_spin = Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_TCP_SPIN_US", &v, "microseconds"))?);
             self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
         }
+        if let Some(v) = get("SUCL_TCP_POLL_FIRST") {
+            self.host.tcp_poll_first = match v.trim() {
+                "1" | "true" | "on" | "yes" => true,
+                "0" | "false" | "off" | "no" => false,
+                _ => return Err(bad("SUCL_TCP_POLL_FIRST", &v, "1 or 0")),
+            };
+            self.record("tcp.poll_first", "env SUCL_TCP_POLL_FIRST");
+        }
         if let Some(v) = get("SUCL_SPIN_US") {
             self.host.backoff.spin =
                 Duration::from_micros(v.trim().parse().map_err(|_| bad("SUCL_SPIN_US", &v, "microseconds of busy-polling"))?);
@@ -570,6 +586,14 @@ impl Config {
                 "default_backend = {:?}: the default must be a backend every rank can use (tcp or mpi){}",
                 self.default_backend,
                 self.file.as_ref().map(|f| format!(" (set in {f} or SUCL_DEFAULT_BACKEND)")).unwrap_or_default()
+            )));
+        }
+        if self.host.tcp_read_ahead > sucl_host::tcp::MAX_READ_AHEAD {
+            let from = self.sources.iter().find(|s| s.key == "tcp.read_ahead_bytes").map_or("default", |s| s.from.as_str());
+            return Err(Error::Config(format!(
+                "tcp.read_ahead_bytes = {} (from {from}): at most {} bytes (every connection allocates it)",
+                self.host.tcp_read_ahead,
+                sucl_host::tcp::MAX_READ_AHEAD
             )));
         }
         for (n, p) in &self.platforms {
@@ -603,6 +627,8 @@ impl Config {
             "tcp.piece_bytes" => self.host.algo.piece_bytes.to_string(),
             "tcp.sockbuf" => self.host.tcp_sockbuf.to_string(),
             "tcp.spin_us" => self.host.tcp_spin.as_micros().to_string(),
+            "tcp.poll_first" => self.host.tcp_poll_first.to_string(),
+            "tcp.read_ahead_bytes" => self.host.tcp_read_ahead.to_string(),
             "tuning" => format!("{} rules", self.tuning.len()),
             k if k.starts_with("platforms.") => {
                 let p = &self.platforms[&k["platforms.".len()..]];
@@ -640,6 +666,8 @@ impl Config {
             "tcp.piece_bytes",
             "tcp.sockbuf",
             "tcp.spin_us",
+            "tcp.poll_first",
+            "tcp.read_ahead_bytes",
             "check_collectives",
             "tuning",
         ] {
@@ -795,6 +823,22 @@ mod tests {
         assert!(e.contains("at least 4096"), "{e}");
         let e = Config::from_lookup(&|k| (k == "SUCL_THRESHOLD").then(|| "lots".to_string())).unwrap_err().to_string();
         assert!(e.contains("SUCL_THRESHOLD"), "{e}");
+    }
+
+    #[test]
+    fn tcp_polling_and_read_ahead_settings() {
+        let with = |k: &'static str, v: &'static str| Config::from_lookup(&move |q| (q == k).then(|| v.to_string()));
+        assert!(Config::default().host.tcp_poll_first, "on by default");
+        assert!(!with("SUCL_TCP_POLL_FIRST", "0").unwrap().host.tcp_poll_first);
+        let e = with("SUCL_TCP_POLL_FIRST", "sometimes").unwrap_err().to_string();
+        assert!(e.contains("SUCL_TCP_POLL_FIRST") && e.contains("1 or 0"), "{e}");
+        assert_eq!(with("SUCL_TCP_READ_AHEAD_BYTES", "0").unwrap().host.tcp_read_ahead, 0);
+        assert_eq!(with("SUCL_TCP_READ_AHEAD_BYTES", "64K").unwrap().host.tcp_read_ahead, 65536);
+        let e = with("SUCL_TCP_READ_AHEAD_BYTES", "2M").unwrap_err().to_string();
+        assert!(e.contains("tcp.read_ahead_bytes") && e.contains("at most 1048576") && e.contains("SUCL_TCP_READ_AHEAD_BYTES"), "{e}");
+        let c = file("[tcp]\npoll_first = false\nread_ahead_bytes = \"1K\"\n").unwrap();
+        assert!(!c.host.tcp_poll_first && c.host.tcp_read_ahead == 1024);
+        assert!(file("[tcp]\nread_ahead_bytes = \"4M\"\n").unwrap_err().to_string().contains("at most"));
     }
 
     #[test]
