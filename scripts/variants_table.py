@@ -28,7 +28,7 @@ for n in ["before"] + names:
     runs[n] = [sucl(f"{W}/{n}-{r}.jsonl") for r in range(1, rounds + 1)]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"# sucl {backend} settings side by side vs {ver}: all_reduce f32 sum, {R} ranks, {os.cpu_count()} CPUs ({cpu})\n")
-print(f"Median of {rounds} rounds (each round: MPI, before, then every variant); time (µs) = mean over iterations, max over ranks.")
+print(f"Median of {rounds} rounds (each round: MPI, then before and every variant, in reverse order every other round); time (µs) = mean over iterations, max over ranks.")
 print("Variants: " + "; ".join(f"`{v}`" for v in variants) + "\n")
 cols = ["MPI", "before"] + names
 print("| bytes | " + " | ".join(cols) + " | " + " | ".join(f"{n}/MPI" for n in names) + " | " + " | ".join(f"{n}/before" for n in names) + " | #wrong |")

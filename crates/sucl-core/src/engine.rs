@@ -121,11 +121,11 @@ pub struct EngineConfig {
     pub max_unexpected: u64,
     /// How waits poll before blocking.
     pub backoff: Backoff,
-    /// Each round of progress first asks poll(2), with no timeout, which descriptors have
-    /// bytes, and reads only from those (where every channel has a descriptor). A busy-polling
-    /// read takes the socket's lock, which an arriving packet then waits for, and costs one
-    /// syscall per peer; poll takes no socket lock and one syscall for all peers.
-    pub poll_before_read: bool,
+    /// With at least this many open channels (every one with a descriptor), each round of
+    /// progress first asks poll(2), with no timeout, which have bytes, and reads only from
+    /// those; 0: never. Reading every peer's socket costs a syscall per peer per round, one
+    /// poll costs one for all, and with one peer a poll is a syscall more than the read.
+    pub poll_first_from: usize,
 }
 
 /// Point-to-point engine of one communicator (see the module documentation).
@@ -609,8 +609,8 @@ impl Engine {
 
     /// Fills `readable` from one poll(2) with no timeout over every open channel: true where a
     /// read would find bytes, an end of stream or an error (or the channel has bytes buffered).
-    /// False, and `readable` untouched, where a channel has no descriptor or poll fails: then
-    /// every channel is read.
+    /// False, and `readable` untouched, where fewer than `poll_first_from` channels are open, a
+    /// channel has no descriptor or poll fails: then every channel is read.
     fn poll_readable(&mut self) -> bool {
         self.pollfds.clear();
         for p in &self.peers {
@@ -621,6 +621,9 @@ impl Engine {
                 Some(fd) => self.pollfds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
                 None => return false,
             }
+        }
+        if self.pollfds.len() < self.cfg.poll_first_from {
+            return false;
         }
         // SAFETY: pollfds is a valid array of the given length; a zero timeout never blocks.
         let rc = unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, 0) };
@@ -678,7 +681,7 @@ impl Engine {
             self.check_usable("progress")?;
         }
         let mut moved = false;
-        let gated = self.cfg.poll_before_read && self.poll_readable();
+        let gated = self.cfg.poll_first_from > 0 && self.poll_readable();
         for p in 0..self.peers.len() {
             if self.peers[p].chan.is_none() || self.peers[p].closed {
                 continue;
@@ -1007,7 +1010,7 @@ mod tests {
             max_message: 1 << 20,
             max_unexpected,
             backoff: Backoff::DEDICATED,
-            poll_before_read: false,
+            poll_first_from: 0,
         };
         Engine::new(0, vec![None, Some(Box::new(chan))], vec![0, 7], AbortState::new(), cfg)
     }
@@ -1068,7 +1071,7 @@ mod tests {
             max_message: 1 << 20,
             max_unexpected: 100,
             backoff: Backoff::DEDICATED,
-            poll_before_read: false,
+            poll_first_from: 0,
         };
         let mut e = Engine::new(0, vec![None, Some(Box::new(FeedChannel(feed.clone())))], vec![0, 7], AbortState::new(), cfg);
         for round in 0..5 {

@@ -41,9 +41,9 @@ pub struct HostConfig {
     /// Busy-poll of a tcp wait before it blocks in poll(2), where the host backoff spins at all
     /// (it should outlast a blocked peer's wake-up; see the tcp module).
     pub tcp_spin: Duration,
-    /// tcp progress asks poll(2) which sockets have bytes before reading any (see
-    /// [`sucl_core::engine::EngineConfig::poll_before_read`]).
-    pub tcp_poll_first: bool,
+    /// With this many peer sockets or more, tcp progress asks poll(2) which have bytes before
+    /// reading any; 0: never (see [`sucl_core::engine::EngineConfig::poll_first_from`]).
+    pub tcp_poll_first: usize,
     /// Bytes each tcp connection reads ahead per receive syscall (0: none; at most
     /// [`tcp::MAX_READ_AHEAD`]; see [`tcp::TcpChannel`]).
     pub tcp_read_ahead: usize,
@@ -63,7 +63,7 @@ impl HostConfig {
             max_message: self.max_message,
             max_unexpected: self.max_unexpected,
             backoff: self.backoff,
-            poll_before_read: false,
+            poll_first_from: 0,
         }
     }
 }
@@ -81,7 +81,7 @@ impl Default for HostConfig {
             shm_chunk_bytes: 256 << 10,
             tcp_sockbuf: 0,
             tcp_spin: Duration::from_micros(250),
-            tcp_poll_first: true,
+            tcp_poll_first: 2,
             tcp_read_ahead: tcp::DEFAULT_READ_AHEAD,
             backoff: Backoff::DEDICATED,
             shm_dir: "/dev/shm".into(),

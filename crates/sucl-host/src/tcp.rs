@@ -129,7 +129,7 @@ fn tcp_engine(cfg: &HostConfig) -> sucl_core::engine::EngineConfig {
         e.backoff.spin = cfg.tcp_spin;
     }
     e.backoff.yield_for = std::time::Duration::ZERO;
-    e.poll_before_read = cfg.tcp_poll_first;
+    e.poll_first_from = cfg.tcp_poll_first;
     e
 }
 

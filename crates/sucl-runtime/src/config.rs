@@ -239,7 +239,7 @@ struct FileTcp {
     piece_bytes: Option<Bytes>,
     sockbuf: Option<Bytes>,
     spin_us: Option<u64>,
-    poll_first: Option<bool>,
+    poll_first: Option<usize>,
     read_ahead_bytes: Option<Bytes>,
 }
 
@@ -563,11 +563,8 @@ impl Config {
             self.record("tcp.spin_us", "env SUCL_TCP_SPIN_US");
         }
         if let Some(v) = get("SUCL_TCP_POLL_FIRST") {
-            self.host.tcp_poll_first = match v.trim() {
-                "1" | "true" | "on" | "yes" => true,
-                "0" | "false" | "off" | "no" => false,
-                _ => return Err(bad("SUCL_TCP_POLL_FIRST", &v, "1 or 0")),
-            };
+            self.host.tcp_poll_first =
+                v.trim().parse().map_err(|_| bad("SUCL_TCP_POLL_FIRST", &v, "a number of peer sockets (0: never poll first)"))?;
             self.record("tcp.poll_first", "env SUCL_TCP_POLL_FIRST");
         }
         if let Some(v) = get("SUCL_SPIN_US") {
@@ -828,16 +825,16 @@ mod tests {
     #[test]
     fn tcp_polling_and_read_ahead_settings() {
         let with = |k: &'static str, v: &'static str| Config::from_lookup(&move |q| (q == k).then(|| v.to_string()));
-        assert!(Config::default().host.tcp_poll_first, "on by default");
-        assert!(!with("SUCL_TCP_POLL_FIRST", "0").unwrap().host.tcp_poll_first);
+        assert_eq!(Config::default().host.tcp_poll_first, 2, "from two peers by default");
+        assert_eq!(with("SUCL_TCP_POLL_FIRST", "0").unwrap().host.tcp_poll_first, 0);
         let e = with("SUCL_TCP_POLL_FIRST", "sometimes").unwrap_err().to_string();
-        assert!(e.contains("SUCL_TCP_POLL_FIRST") && e.contains("1 or 0"), "{e}");
+        assert!(e.contains("SUCL_TCP_POLL_FIRST") && e.contains("number of peer sockets"), "{e}");
         assert_eq!(with("SUCL_TCP_READ_AHEAD_BYTES", "0").unwrap().host.tcp_read_ahead, 0);
         assert_eq!(with("SUCL_TCP_READ_AHEAD_BYTES", "64K").unwrap().host.tcp_read_ahead, 65536);
         let e = with("SUCL_TCP_READ_AHEAD_BYTES", "2M").unwrap_err().to_string();
         assert!(e.contains("tcp.read_ahead_bytes") && e.contains("at most 1048576") && e.contains("SUCL_TCP_READ_AHEAD_BYTES"), "{e}");
-        let c = file("[tcp]\npoll_first = false\nread_ahead_bytes = \"1K\"\n").unwrap();
-        assert!(!c.host.tcp_poll_first && c.host.tcp_read_ahead == 1024);
+        let c = file("[tcp]\npoll_first = 1\nread_ahead_bytes = \"1K\"\n").unwrap();
+        assert!(c.host.tcp_poll_first == 1 && c.host.tcp_read_ahead == 1024);
         assert!(file("[tcp]\nread_ahead_bytes = \"4M\"\n").unwrap_err().to_string().contains("at most"));
     }
 
