@@ -1,5 +1,7 @@
 //! The TCP backend: a full mesh of persistent non-blocking connections, framed by the core wire
-//! header, with the core engine's matching and the generic collective algorithms.
+//! header, with the core engine's matching and the generic collective algorithms. Each
+//! connection reads a little ahead (a small frame in one syscall), and with several peers a wait
+//! asks poll(2) which sockets have bytes before reading any.
 
 use crate::HostConfig;
 use std::io::{self, IoSlice, Read, Write};
