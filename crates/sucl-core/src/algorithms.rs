@@ -247,8 +247,7 @@ fn ring_reduce_scatter(e: &mut Engine, c: &Ctx, input: Option<&[u8]>, buf: &mut 
                     None => reduce_bytes(acc, got, c.desc.dtype, c.desc.redop),
                 }
             }
-            let sends: Vec<_> = reqs[nrecv..].to_vec();
-            e.wait_all(&sends)?;
+            e.wait_all(&reqs[nrecv..])?;
         }
         Ok(())
     })();

@@ -42,6 +42,13 @@ macro_rules! delegate_p2p_to_engine {
 /// Default of [`EngineConfig::max_unexpected`]: 1 GiB of messages waiting for their receive.
 pub const DEFAULT_MAX_UNEXPECTED: u64 = 1 << 30;
 
+/// How many payload buffers of consumed unexpected messages the engine keeps for the next ones,
+/// and their most bytes together: a message that arrives before its receive costs no
+/// allocation in the steady state (a broadcast's receivers can fall dozens of messages behind
+/// its root), and an idle engine holds at most 8 MiB of them.
+const SPARE_BUFFERS: usize = 64;
+const SPARE_BYTES: usize = 8 << 20;
+
 /// Tag bit reserved for collectives; user tags never set it.
 pub const COLL_TAG_BIT: u64 = 1 << 63;
 
@@ -138,6 +145,10 @@ pub struct Engine {
     next_unexp: u64,
     /// Bytes announced by the messages in the unexpected queues (bounded by `max_unexpected`).
     unexpected_bytes: u64,
+    /// Emptied payload buffers of consumed unexpected messages, for reuse (see [`SPARE_BUFFERS`]),
+    /// and the sum of their capacities.
+    spare: Vec<Vec<u8>>,
+    spare_bytes: usize,
     abort: Arc<AbortState>,
     cfg: EngineConfig,
     failed: bool,
@@ -187,6 +198,8 @@ impl Engine {
             free: vec![],
             next_unexp: 0,
             unexpected_bytes: 0,
+            spare: vec![],
+            spare_bytes: 0,
             abort,
             cfg,
             failed: false,
@@ -397,7 +410,9 @@ impl Engine {
             let id = self.next_unexp;
             self.next_unexp += 1;
             self.unexpected_bytes += len as u64;
-            self.peers[me].unexpected.push_back(Unexpected { id, tag, meta, len, data: data.to_vec(), claimed_by: None });
+            let mut buf = self.spare_buffer();
+            buf.extend_from_slice(data);
+            self.peers[me].unexpected.push_back(Unexpected { id, tag, meta, len, data: buf, claimed_by: None });
         }
         Ok(self.alloc(Op { peer: me, done: true, bytes: len, kind: OpKind::Send { hdr: [0; HEADER_LEN], ptr, len, sent: len } }))
     }
@@ -442,7 +457,9 @@ impl Engine {
         match pos {
             Some(p) if self.peers[peer].unexpected[p].data.len() == self.peers[peer].unexpected[p].len && !self.is_filling(peer, p) => {
                 let u = self.take_unexpected(peer, p);
-                if let Err(e) = self.deliver_copy(idx, u.tag, u.meta, &u.data) {
+                let delivered = self.deliver_copy(idx, u.tag, u.meta, &u.data);
+                self.recycle(u.data);
+                if let Err(e) = delivered {
                     self.retire(idx);
                     return Err(self.fail(e));
                 }
@@ -898,15 +915,26 @@ impl Engine {
         let id = self.next_unexp;
         self.next_unexp += 1;
         self.unexpected_bytes += hdr.len;
-        self.peers[p].unexpected.push_back(Unexpected {
-            id,
-            tag: hdr.tag,
-            meta: hdr.meta,
-            len: hdr.len as usize,
-            data: Vec::new(),
-            claimed_by: None,
-        });
+        let data = self.spare_buffer();
+        self.peers[p].unexpected.push_back(Unexpected { id, tag: hdr.tag, meta: hdr.meta, len: hdr.len as usize, data, claimed_by: None });
         id
+    }
+
+    /// An empty payload buffer for an unexpected message: a kept one, or a new one.
+    fn spare_buffer(&mut self) -> Vec<u8> {
+        let buf = self.spare.pop().unwrap_or_default();
+        self.spare_bytes -= buf.capacity();
+        buf
+    }
+
+    /// Keeps an unexpected message's payload buffer for the next one (emptied; see
+    /// [`SPARE_BUFFERS`]), or frees it.
+    fn recycle(&mut self, mut data: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && self.spare_bytes + data.capacity() <= SPARE_BYTES {
+            data.clear();
+            self.spare_bytes += data.capacity();
+            self.spare.push(data);
+        }
     }
 
     fn take_unexpected(&mut self, p: usize, pos: usize) -> Unexpected {
@@ -933,7 +961,9 @@ impl Engine {
                 }
                 if let Some(idx) = self.peers[p].unexpected[pos].claimed_by {
                     let u = self.take_unexpected(p, pos);
-                    self.deliver_copy(idx, u.tag, u.meta, &u.data)?;
+                    let delivered = self.deliver_copy(idx, u.tag, u.meta, &u.data);
+                    self.recycle(u.data);
+                    delivered?;
                 }
             }
             Target::Discard => {}
@@ -1058,6 +1088,56 @@ mod tests {
                 *d = s;
             }
             Ok(n)
+        }
+    }
+
+    #[test]
+    fn unexpected_payload_buffers_are_reused_and_carry_nothing_over() {
+        let feed = Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let mut e = Engine::new(0, vec![None, Some(Box::new(FeedChannel(feed.clone())))], vec![0, 7], AbortState::new(), test_cfg());
+        let mut kept = None;
+        // Each round: a message nobody asked for yet (tag 1, shrinking), then the awaited one.
+        for (round, len) in [60usize, 30, 45, 1].into_iter().enumerate() {
+            let v = round as u8 + 1;
+            feed.lock().unwrap().extend(frame(1, &vec![v; len]).into_iter().chain(frame(2, &[9; 4])));
+            let mut b = [0u8; 4];
+            assert_eq!(e.recv(1, 2, None, &mut b).unwrap(), 4);
+            let mut a = [0u8; 64];
+            assert_eq!(e.recv(1, 1, None, &mut a).unwrap(), len, "round {round}");
+            assert!(a[..len].iter().all(|&x| x == v) && a[len..].iter().all(|&x| x == 0), "round {round}: {a:?}");
+            // One buffer came back, and it is the same one every round: no allocation after the first.
+            assert_eq!(e.spare.len(), 1, "round {round}");
+            let ptr = e.spare[0].as_ptr();
+            assert_eq!(*kept.get_or_insert(ptr), ptr, "round {round} allocated a new buffer");
+        }
+        // A message to ourselves before its receive is copied into a kept buffer too.
+        e.send(0, 3, [0, 0], &[5; 3]).unwrap();
+        let mut a = [0u8; 8];
+        assert_eq!(e.recv(0, 3, None, &mut a).unwrap(), 3);
+        assert_eq!(a, [5, 5, 5, 0, 0, 0, 0, 0]);
+        assert_eq!(e.spare[0].as_ptr(), kept.unwrap(), "the self-sent message reused the kept buffer");
+        // Many waiting at once: the engine keeps at most SPARE_BUFFERS of them, SPARE_BYTES in all.
+        let n = SPARE_BUFFERS + 10;
+        for t in 0..n as u64 {
+            feed.lock().unwrap().extend(frame(100 + t, &[3; 8]));
+        }
+        feed.lock().unwrap().extend(frame(2, &[9; 4]));
+        e.recv(1, 2, None, &mut [0u8; 4]).unwrap();
+        for t in 0..n as u64 {
+            assert_eq!(e.recv(1, 100 + t, None, &mut [0u8; 8]).unwrap(), 8);
+        }
+        assert_eq!(e.spare.len(), SPARE_BUFFERS);
+        assert_eq!(e.spare_bytes, e.spare.iter().map(Vec::capacity).sum::<usize>());
+        assert!(e.spare_bytes <= SPARE_BYTES);
+    }
+
+    fn test_cfg() -> EngineConfig {
+        EngineConfig {
+            timeout: Duration::from_secs(2),
+            max_message: 1 << 20,
+            max_unexpected: DEFAULT_MAX_UNEXPECTED,
+            backoff: Backoff::DEDICATED,
+            poll_first_from: 0,
         }
     }
 
