@@ -376,6 +376,42 @@ mod tests {
     }
 
     #[test]
+    fn polling_first_over_several_peers_misses_no_frame() {
+        // Rank 0 of 4 with poll-first on (3 peer sockets >= 2); the peers' frames arrive in an
+        // order unrelated to the receives, some only while rank 0 already waits.
+        let (mut raws, mut streams) = (vec![], vec![None]);
+        for _ in 0..3 {
+            let (a, raw) = pair();
+            streams.push(Some(a));
+            raws.push(raw);
+        }
+        let cfg = HostConfig { timeout: Duration::from_secs(5), tcp_poll_first: 2, ..Default::default() };
+        let mut b = TcpBackend::from_streams(0, streams, AbortState::new(), &cfg).unwrap();
+        let writer = std::thread::spawn(move || {
+            for round in 0..20u8 {
+                for (k, raw) in raws.iter_mut().enumerate().rev() {
+                    let len = 1 + (round as usize * 37 + k * 11) % 200;
+                    raw.write_all(&Header::data(round as u64, len, [0, 0]).encode()).unwrap();
+                    raw.write_all(&vec![round ^ k as u8; len]).unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            raws
+        });
+        for round in 0..20u8 {
+            for k in 0..3usize {
+                let mut buf = [0u8; 256];
+                // SAFETY: waited for (or cancelled on error) before `buf` goes out of scope.
+                let r = unsafe { b.post_recv(k + 1, round as u64, buf.as_mut_ptr(), buf.len()).unwrap() };
+                let n = b.wait(r).inspect_err(|_| b.cancel(r)).unwrap_or_else(|e| panic!("round {round} peer {}: {e}", k + 1));
+                assert_eq!(n, 1 + (round as usize * 37 + k * 11) % 200);
+                assert!(buf[..n].iter().all(|&x| x == round ^ k as u8), "round {round} peer {}", k + 1);
+            }
+        }
+        drop(writer.join().unwrap());
+    }
+
+    #[test]
     fn garbage_frame_is_rejected() {
         let (a, mut raw) = pair();
         let mut b = backend(a);
