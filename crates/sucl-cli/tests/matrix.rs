@@ -54,6 +54,20 @@ fn small_arena_forces_many_chunks() {
 }
 
 #[test]
+fn shm_reductions_either_side_of_the_one_step_cap() {
+    // 5 ranks, 16 KiB small size: a reduction reads its 4 peers' whole inputs in one step up to
+    // 1.5 × 16 KiB = 24 KiB, so 6144 bytes take the single-barrier path and 6145 (6148 as f32)
+    // the two-barrier split.
+    let mut cmd = sucl();
+    cmd.args(["check", "--ranks", "5", "--backend", "shm", "--ops", "all_reduce,reduce", "--dtypes", "u8,f32"])
+        .args(["--sizes", "1536,1537,6144,6145"])
+        .env("SUCL_SHM_SMALL_BYTES", "16K")
+        .env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(300), "one-step cap check");
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+}
+
+#[test]
 fn tcp_small_pieces_and_thresholds() {
     // 2 ranks: the pair all_reduce (tcp_pair.rs) with hundreds of pieces per half, odd halves;
     // 4 ranks: the generic rings and chains.
