@@ -96,6 +96,25 @@ fn stalled_rank_times_out_on_the_others() {
 }
 
 #[test]
+fn stalled_rank_times_out_in_a_small_shm_step() {
+    // 3 ranks, 7-byte all_reduces: every step travels in the mailboxes (the inline step), and the
+    // ranks that wait for the stalled one must time out there, naming it. (The check's 5
+    // point-to-point steps come first; rank 2 stops before the all_reduce.)
+    let ranks = torchrun_world(
+        3,
+        "shm",
+        &["--ops", "all_reduce", "--dtypes", "u8", "--redops", "sum", "--sizes", "7", "--inject-stall", "2", "--inject-after", "6"],
+        "1",
+    );
+    for (r, c) in ranks.into_iter().enumerate().take(2) {
+        let out = finish(c, Duration::from_secs(60), &format!("rank {r}"));
+        assert!(!out.status.success(), "rank {r}: {}", out.stderr);
+        assert!(out.stderr.contains("waiting for rank 2 in shared memory"), "rank {r}: {}", out.stderr);
+        assert!(out.stderr.contains("timed out after"), "rank {r}: {}", out.stderr);
+    }
+}
+
+#[test]
 fn launcher_ends_the_job_when_a_rank_fails_and_leaves_nothing_behind() {
     let mut cmd = sucl();
     cmd.args([

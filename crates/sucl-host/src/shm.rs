@@ -719,12 +719,31 @@ impl ShmBackend {
         let seq = self.barrier_seq;
         arrive(&self.ctl.mailbox(self.rank, h)[0], seq);
         arrive(self.ctl.counter(self.rank), seq);
-        // Each peer's descriptor is read once its sequence word (acquired) reached `seq`.
-        let mut differs = 0;
+        // Every peer first, its wait written out here rather than through `wait_for`, then every
+        // descriptor in one pass (each read after its sequence word was acquired). Measured on
+        // 32 CPUs in four calls of 8 rounds: this form ran 8–32 B all_reduce at 0.91–1.10 × the
+        // time of d651309 at 16 ranks, where `wait_for` with the descriptor read inside the
+        // loop ran 1.10–1.19 ×, and `wait_for` (inlined or not) in this two-pass shape 0.97–1.19 ×.
         for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            let theirs = self.ctl.mailbox(j, h);
-            self.wait_for(j, &theirs[0], seq, op, "in shared memory")?;
-            differs |= (theirs[1].load(Ordering::Relaxed) ^ w[0]) | (theirs[2].load(Ordering::Relaxed) ^ w[1]);
+            let a = &self.ctl.mailbox(j, h)[0];
+            if reached(a, seq) {
+                continue;
+            }
+            let mut wt = Waiter::new(self.cfg.timeout, self.cfg.backoff);
+            while !reached(a, seq) {
+                let (wr, peer) = (self.world_rank, self.engine.world_rank(j));
+                if let Err(e) = wt.pause(&self.abort, wr, &|| format!("{op} (waiting for rank {peer} in shared memory)"), false) {
+                    if matches!(e, Error::Timeout { .. }) {
+                        self.abort.raise(e.abort_info());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut differs = 0;
+        for j in 0..self.lay.n {
+            let m = self.ctl.mailbox(j, h);
+            differs |= (m[1].load(Ordering::Relaxed) ^ w[0]) | (m[2].load(Ordering::Relaxed) ^ w[1]);
         }
         Ok(differs != 0)
     }
