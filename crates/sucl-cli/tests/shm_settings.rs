@@ -132,12 +132,19 @@ fn segment_larger_than_its_filesystem_is_an_init_error() {
 #[test]
 fn tiny_tmpfs_shm_dir_is_an_init_error() {
     // A 1 MiB tmpfs as SUCL_SHM_DIR, mounted in a private mount namespace (gone with the job).
+    /// Removes the mount point when the test ends, passing or failing.
+    struct RemoveDir(std::path::PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
     let dir = std::env::temp_dir().join(format!("sucl-tiny-shm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let _remove = RemoveDir(dir.clone());
     let d = dir.to_string_lossy().into_owned();
     let probe = Command::new("unshare").args(["-m", "sh", "-c", &format!("mount -t tmpfs -o size=1m sucl-test {d}")]).output();
     let Some(true) = probe.as_ref().ok().map(|o| o.status.success()) else {
-        let _ = std::fs::remove_dir(&dir);
         println!("SKIPPED tiny_tmpfs_shm_dir_is_an_init_error: cannot mount a tmpfs here ({probe:?}); segment_larger_than_its_filesystem_is_an_init_error covers the reservation");
         return;
     };
@@ -152,5 +159,4 @@ fn tiny_tmpfs_shm_dir_is_an_init_error() {
     .env("SUCL_SHM_DIR", &d)
     .env("SUCL_TIMEOUT", "30");
     init_fails_for_want_of_space(spawn(cmd), &d);
-    std::fs::remove_dir(&dir).unwrap();
 }
