@@ -68,6 +68,18 @@ fn shm_reductions_either_side_of_the_one_step_cap() {
 }
 
 #[test]
+fn shm_reductions_at_16_ranks_step_by_a_mebibyte() {
+    // From 16 ranks a large reduction steps by at least 1 MiB: 262145 and 300001 f32 (just over
+    // 1 MiB, and 1.14 MiB) take one full step and a short one.
+    let mut cmd = sucl();
+    cmd.args(["check", "--ranks", "16", "--backend", "shm", "--ops", "all_reduce,reduce", "--dtypes", "f32"])
+        .args(["--redops", "sum,max", "--sizes", "262145,300001"])
+        .env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(300), "16-rank reduction steps check");
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+}
+
+#[test]
 fn tcp_small_pieces_and_thresholds() {
     // 2 ranks: the pair all_reduce (tcp_pair.rs) with hundreds of pieces per half, odd halves;
     // 4 ranks: the generic rings and chains.
