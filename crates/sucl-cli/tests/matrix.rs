@@ -40,17 +40,22 @@ fn collectives_over_64_mib() {
     }
 }
 
+/// Runs `sucl check ARGS` with `envs` (and a 120 s timeout) and asserts that it found nothing wrong.
+fn check_finds_nothing_wrong(args: &[&str], envs: &[(&str, &str)], what: &str) {
+    let mut cmd = sucl();
+    cmd.arg("check").args(args).envs(envs.iter().copied()).env("SUCL_TIMEOUT", "120");
+    let out = finish(spawn(cmd), Duration::from_secs(300), what);
+    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{what}: {}\n{}", out.stdout, out.stderr);
+}
+
 #[test]
 fn small_arena_forces_many_chunks() {
     // Tiny shared-memory arenas and rings make every op chunk and wrap many times.
-    let mut cmd = sucl();
-    cmd.args(["check", "--ranks", "3", "--backend", "shm", "--dtypes", "f32,u8,bf16", "--sizes", "0,5,4099,100003"])
-        .env("SUCL_SHM_ARENA_BYTES", "16K")
-        .env("SUCL_SHM_RING_BYTES", "4K")
-        .env("SUCL_SHM_SMALL_BYTES", "64")
-        .env("SUCL_TIMEOUT", "120");
-    let out = finish(spawn(cmd), Duration::from_secs(300), "small arena check");
-    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+    check_finds_nothing_wrong(
+        &["--ranks", "3", "--backend", "shm", "--dtypes", "f32,u8,bf16", "--sizes", "0,5,4099,100003"],
+        &[("SUCL_SHM_ARENA_BYTES", "16K"), ("SUCL_SHM_RING_BYTES", "4K"), ("SUCL_SHM_SMALL_BYTES", "64")],
+        "small arena check",
+    );
 }
 
 #[test]
@@ -58,25 +63,35 @@ fn shm_reductions_either_side_of_the_one_step_cap() {
     // 5 ranks, 16 KiB small size: a reduction reads its 4 peers' whole inputs in one step up to
     // 1.5 × 16 KiB = 24 KiB, so 6144 bytes take the single-barrier path and 6145 (6148 as f32)
     // the two-barrier split.
-    let mut cmd = sucl();
-    cmd.args(["check", "--ranks", "5", "--backend", "shm", "--ops", "all_reduce,reduce", "--dtypes", "u8,f32"])
-        .args(["--sizes", "1536,1537,6144,6145"])
-        .env("SUCL_SHM_SMALL_BYTES", "16K")
-        .env("SUCL_TIMEOUT", "120");
-    let out = finish(spawn(cmd), Duration::from_secs(300), "one-step cap check");
-    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+    check_finds_nothing_wrong(
+        &["--ranks", "5", "--backend", "shm", "--ops", "all_reduce,reduce", "--dtypes", "u8,f32", "--sizes", "1536,1537,6144,6145"],
+        &[("SUCL_SHM_SMALL_BYTES", "16K")],
+        "one-step cap check",
+    );
 }
 
 #[test]
 fn shm_reductions_at_16_ranks_step_by_a_mebibyte() {
     // From 16 ranks a large reduction steps by at least 1 MiB: 262145 and 300001 f32 (just over
     // 1 MiB, and 1.14 MiB) take one full step and a short one.
-    let mut cmd = sucl();
-    cmd.args(["check", "--ranks", "16", "--backend", "shm", "--ops", "all_reduce,reduce", "--dtypes", "f32"])
-        .args(["--redops", "sum,max", "--sizes", "262145,300001"])
-        .env("SUCL_TIMEOUT", "120");
-    let out = finish(spawn(cmd), Duration::from_secs(300), "16-rank reduction steps check");
-    assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
+    check_finds_nothing_wrong(
+        &[
+            "--ranks",
+            "16",
+            "--backend",
+            "shm",
+            "--ops",
+            "all_reduce,reduce",
+            "--dtypes",
+            "f32",
+            "--redops",
+            "sum,max",
+            "--sizes",
+            "262145,300001",
+        ],
+        &[],
+        "16-rank reduction steps check",
+    );
 }
 
 #[test]
