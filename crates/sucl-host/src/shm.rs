@@ -625,7 +625,7 @@ impl ShmBackend {
     /// the step's bytes over the rank count, so 256 KiB steps leave 16 KiB portions at 16 ranks:
     /// measured on 32 CPUs at 16 ranks, 1 MiB steps took 0.81–0.94 × the time of 256 KiB ones
     /// from 512 KiB to 4 MiB (0.67 × Open MPI vader's at 1 MiB, where 256 KiB steps took
-    /// 0.84–1.04 × in four runs). The same on every rank: the layout and settings are rank 0's.
+    /// 0.78–1.04 × in five measurements). The same on every rank: the layout and settings are rank 0's.
     fn reduction_step_bytes(&self, es: usize) -> usize {
         let step = self.step_bytes(es);
         if self.lay.n < WIDE_RANKS {
