@@ -16,14 +16,14 @@
 //! A lost peer or a timeout stores the completion counter anyway (a value above every epoch),
 //! so no stream waits forever; the error is kept and reported by every request.
 
-use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
+use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
 use crate::queue::{CommQueue, Lent, Path, QueueBuffer};
 use crate::request::{DevicePoll, OpState, Request, What};
 use crate::PROC_NULL;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use sucl_cuda::cudarc::driver::sys as cu;
 use sucl_cuda::cudarc::driver::{CudaContext, CudaStream};
 use sucl_cuda::StreamSignal;
@@ -90,6 +90,11 @@ impl<T: Element> DeviceBuf<T> {
     /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// An address naming the buffer (every handle of it gives the same).
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const u8 as usize
     }
 
     fn same(&self, other: &DeviceBuf<T>) -> bool {
@@ -294,8 +299,8 @@ impl Signal for &'static StreamSignal {
 struct SlotLend(Arc<Pinned>, usize);
 
 impl Lend for SlotLend {
-    fn lend(&mut self, _deadline: Instant) -> Result<(*mut u8, usize)> {
-        Ok((self.0.host, self.1))
+    fn try_lend(&mut self) -> Option<(*mut u8, usize)> {
+        Some((self.0.host, self.1))
     }
     fn give_back(&mut self) {}
 }
@@ -393,8 +398,7 @@ impl CommQueue {
             Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, mark: None, failed: None }
         } else {
             let signal = StreamSignal::leak(queue.device())?;
-            let ch = Channel::new(comm, Box::new(signal));
-            engine().register(ch.clone());
+            let ch = Channel::new(comm, Box::new(signal))?;
             Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: SlotPool::default(), waited: 0, held: vec![] }
         };
         let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
@@ -530,7 +534,7 @@ impl DevicePath {
                 let _ = comm.pin_backend(None);
                 Ok(*comm)
             }
-            Mode::Staged { ch, .. } => crate::queue::take_comm(&ch, bound),
+            Mode::Staged { ch, .. } => ch.take_comm(bound),
         }
     }
 }
@@ -706,7 +710,7 @@ pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &Devic
             (Coll::AllToAll, Some(s)) => comm.all_to_all(s, r)?,
             (c, None) => return Err(Error::invalid(0, "send", format!("{} cannot run in place", c.name()))),
         }
-        Ok(rlen * std::mem::size_of::<T>())
+        Ok(Some(rlen * std::mem::size_of::<T>()))
     }));
     let op = Op { work, state, keep: None, exact: None };
     if let Mode::Staged { pending, .. } = &mut d.mode {

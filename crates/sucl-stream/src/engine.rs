@@ -1,11 +1,20 @@
-//! The progress engine: one thread per process that serves every host-backed [`CommQueue`]
-//! (host queues, and CUDA streams on the staged path). It owns their communicators, watches each
-//! queue's trigger counter, runs a started batch on the host backend and stores the completion
-//! counter. It makes no CUDA call, so it can never block behind a stream that waits for it.
+//! The progress engine: one thread per host-backed [`CommQueue`] (host queues, and CUDA streams
+//! on the staged path), so that queues never wait for each other. It owns the queue's
+//! communicator, watches the queue's trigger counter, posts each started batch on the host
+//! backend and stores the completion counter. It makes no CUDA call, so it can never block
+//! behind a stream that waits for it.
+//!
+//! Each start releases its batch on its own: a triggered batch is posted at once, whatever the
+//! batches before it are still doing, and batches complete in any order; the completion counter
+//! (what a queue's `wait` holds on) advances over every batch up to the newest completed one.
+//! Operations are posted in enqueue order (what makes messages match in that order): one whose
+//! buffer is still in use — by a task, or by an earlier batch's operation that writes it — holds
+//! the operations behind it until the buffer is free, bounded by the timeout.
 //!
 //! [`CommQueue`]: crate::CommQueue
 
 use crate::request::OpState;
+use crate::wakeup;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,26 +39,28 @@ pub(crate) trait Signal: Send + Sync {
 
 /// Memory lent to the backend by one point-to-point operation.
 pub(crate) trait Lend: Send {
-    /// Takes the memory for the backend (waiting, bounded, for tasks that use it) and returns
-    /// its address and length. The memory stays valid until `give_back`.
-    fn lend(&mut self, deadline: Instant) -> Result<(*mut u8, usize)>;
+    /// Takes the memory for the backend if nothing else uses it now (a task, or an earlier
+    /// operation that writes it) and returns its address and length; `None`: try again later.
+    /// Never blocks. The memory stays valid until `give_back`.
+    fn try_lend(&mut self) -> Option<(*mut u8, usize)>;
     /// The backend no longer touches the memory.
     fn give_back(&mut self);
 }
 
-/// A collective run to completion on the engine thread (by the deadline); returns the bytes it
-/// produced.
-pub(crate) type CollFn = Box<dyn FnOnce(&Communicator, Instant) -> Result<usize> + Send>;
+/// A collective run to completion on the progress thread (by the deadline); returns the bytes it
+/// produced, or `None` (having done nothing) while one of its buffers is in use — it is then
+/// called again later.
+pub(crate) type CollFn = Box<dyn FnMut(&Communicator, Instant) -> Result<Option<usize>> + Send>;
 
 /// What one operation does on the host backend.
 pub(crate) enum Work {
-    /// Nothing: a `PROC_NULL` peer.
+    /// Nothing: a `PROC_NULL` peer, or a collective already run.
     Null,
     /// A send of the lent memory.
     Send { peer: usize, tag: u32, mem: Box<dyn Lend> },
     /// A receive into the lent memory.
     Recv { peer: usize, tag: u32, mem: Box<dyn Lend> },
-    /// A collective, run to completion on the engine thread; returns the bytes it produced.
+    /// A collective, run to completion on the progress thread; returns the bytes it produced.
     Coll(CollFn),
 }
 
@@ -69,21 +80,26 @@ pub(crate) struct Batch {
     pub(crate) ops: Vec<Op>,
 }
 
-/// A batch the engine is running.
-struct Active {
+/// A triggered batch on its way: its operations are posted in order (`ops[..posted]`), each
+/// with its backend request until it completes.
+struct Running {
     epoch: u64,
     ops: Vec<(Op, Option<UnscopedRequest>)>,
+    posted: usize,
+    /// Operations not complete yet.
+    left: usize,
     deadline: Instant,
 }
 
 /// One queue as the engine sees it.
 pub(crate) struct Channel {
     pub(crate) comm: Mutex<Option<Communicator>>,
-    pub(crate) batches: Mutex<VecDeque<Batch>>,
+    batches: Mutex<VecDeque<Batch>>,
     pub(crate) signal: Box<dyn Signal>,
     failed: Mutex<Option<Error>>,
     has_failed: AtomicBool,
-    active: Mutex<Option<Active>>,
+    /// Triggered batches not yet complete, oldest first.
+    running: Mutex<VecDeque<Running>>,
     /// Started operations not yet completed (the cap on operations in flight counts these).
     pub(crate) in_flight: AtomicU64,
     pub(crate) closed: AtomicBool,
@@ -99,7 +115,7 @@ pub(crate) struct Channel {
     poll_spin: Duration,
     /// The newest batch handed to the engine.
     submitted: AtomicU64,
-    /// The newest batch holding a collective (run by the engine thread only).
+    /// The newest batch holding a collective (run by the progress thread only).
     coll_epoch: AtomicU64,
     /// Every batch up to this one completed (or failed).
     finished: AtomicU64,
@@ -108,14 +124,18 @@ pub(crate) struct Channel {
     delegated: AtomicU64,
     /// Delegated wait tasks that stopped driving and sleep until their batch completes.
     stranded: AtomicU32,
+    /// This channel's progress thread.
+    thread: OnceLock<std::thread::Thread>,
 }
 
 impl Channel {
-    pub(crate) fn new(comm: Communicator, signal: Box<dyn Signal>) -> Arc<Channel> {
+    /// A channel over `comm`, with its own progress thread (which ends once the channel is
+    /// closed and holds no batch).
+    pub(crate) fn new(comm: Communicator, signal: Box<dyn Signal>) -> Result<Arc<Channel>> {
         let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let timeout = comm.config().host.timeout;
         let backoff = comm.config().host.backoff;
-        Arc::new(Channel {
+        let ch = Arc::new(Channel {
             // Busy-poll only briefly, then yield: each rank adds two polling threads (the engine
             // and the queue's worker) to the ones the backoff was sized for.
             spin: backoff.spin.min(crate::SHORT_SPIN),
@@ -126,7 +146,7 @@ impl Channel {
             signal,
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
-            active: Mutex::new(None),
+            running: Mutex::default(),
             in_flight: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             rank,
@@ -136,7 +156,23 @@ impl Channel {
             finished: AtomicU64::new(0),
             delegated: AtomicU64::new(0),
             stranded: AtomicU32::new(0),
-        })
+            thread: OnceLock::new(),
+        });
+        let served = ch.clone();
+        let t = std::thread::Builder::new().name("sucl-stream-progress".into()).spawn(move || run(served)).map_err(|source| Error::Io {
+            rank,
+            during: "spawning a queue's progress thread".into(),
+            source,
+        })?;
+        let _ = ch.thread.set(t.thread().clone());
+        Ok(ch)
+    }
+
+    /// Wakes this channel's progress thread (a trigger was stored, or work was submitted).
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
     }
 
     /// Records that a wait task on the host queue will drive every batch up to `epoch` itself
@@ -151,7 +187,7 @@ impl Channel {
     /// until [`Channel::unstrand`].
     pub(crate) fn strand(&self) {
         self.stranded.fetch_add(1, Ordering::AcqRel);
-        engine().wake();
+        self.wake();
     }
 
     /// The sleeping wait task woke up.
@@ -159,11 +195,11 @@ impl Channel {
         self.stranded.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Whether the engine thread must poll this channel now: a started batch that no wait task
-    /// will drive, a collective (only the engine runs those), a wait task asleep, or a thread
-    /// blocked on a request. Otherwise the queue's own wait tasks complete the batches and the
-    /// engine only looks in at [`DELEGATED_NAP`] (what bounds the delay of an unusual program,
-    /// say one whose task waits for a received buffer before the queue's wait).
+    /// Whether the progress thread must poll this channel now: a started batch that no wait
+    /// task will drive, a collective (only the progress thread runs those), a wait task asleep,
+    /// or a thread blocked on a request. Otherwise the queue's own wait tasks complete the
+    /// batches and the engine only looks in at [`DELEGATED_NAP`] (what bounds the delay of an
+    /// unusual program, say one whose task waits for a received buffer before the queue's wait).
     pub(crate) fn wants_engine(&self) -> bool {
         let finished = self.finished.load(Ordering::Acquire);
         let submitted = self.submitted.load(Ordering::Acquire);
@@ -171,7 +207,7 @@ impl Channel {
             && (submitted > self.delegated.load(Ordering::Acquire)
                 || self.coll_epoch.load(Ordering::Acquire) > finished
                 || self.stranded.load(Ordering::Acquire) > 0
-                || HOST_WAITERS.load(Ordering::Acquire) > 0)
+                || wakeup::HOST_WAITERS.load(Ordering::Acquire) > 0)
     }
 
     /// The error that failed this queue, if any.
@@ -199,7 +235,7 @@ impl Channel {
         self.submitted.fetch_max(batch.epoch, Ordering::AcqRel);
         self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
         if self.signal.polled() || self.wants_engine() {
-            engine().wake();
+            self.wake();
         }
     }
 
@@ -209,7 +245,7 @@ impl Channel {
     }
 
     /// Fails every operation the engine holds and releases the queue's waits.
-    fn fail(&self, e: Error, active: Option<Active>, comm: Option<&Communicator>) {
+    fn fail(&self, e: Error, running: &mut VecDeque<Running>, comm: Option<&Communicator>) {
         tracing::error!(rank = self.rank, error = %e, "stream-triggered queue failed; releasing every wait");
         {
             let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
@@ -219,9 +255,9 @@ impl Channel {
             self.has_failed.store(true, Ordering::Release);
         }
         let mut n = 0u64;
-        if let Some(a) = active {
-            n += a.ops.len() as u64 + 1;
-            fail_ops(a.ops.into_iter(), &e, comm);
+        for r in running.drain(..) {
+            n += r.ops.len() as u64 + 1;
+            fail_ops(r.ops.into_iter(), &e, comm);
         }
         let queued: Vec<Batch> = self.batches.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
         for b in queued {
@@ -233,71 +269,74 @@ impl Channel {
         self.signal.complete(FAILED_DONE);
     }
 
-    /// One round of progress. Returns whether anything happened. Whoever calls it does the
-    /// work: the engine thread, or a host queue's task that would otherwise wait for the engine
-    /// (see [`Channel::drive`]); a round another thread is already doing is skipped, so the
-    /// engine never blocks behind a queue's task. With `collectives` false, a batch holding a
-    /// collective is left for the engine (it runs to completion where it is started).
+    /// One round of progress: takes in the batches triggered since the last round, posts what
+    /// can be posted, tests what is posted and records the batches that completed. Returns
+    /// whether anything happened. Whoever calls it does the work: the progress thread, or a
+    /// host queue's task that would otherwise wait for it; a round another thread is already
+    /// doing is skipped, so neither blocks behind the other. With `collectives` false, posting
+    /// stops at a collective (it runs to completion where it is posted), leaving it to the
+    /// progress thread.
     pub(crate) fn progress(&self, collectives: bool) -> bool {
-        let mut active = match self.active.try_lock() {
+        let mut running = match self.running.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
         let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         let Some(comm) = comm_guard.as_ref() else { return false };
-        if let Some(a) = active.as_mut() {
-            return match test_batch(comm, a) {
-                Ok(false) if Instant::now() > a.deadline => {
-                    let what =
-                        a.ops.iter().find(|(o, _)| !o.state.is_done()).map_or("a batch".to_string(), |(o, _)| o.state.what.to_string());
-                    let e = Error::Timeout { rank: self.rank, op: format!("stream-triggered {what}"), after: self.timeout };
-                    self.fail(e, active.take(), Some(comm));
-                    true
-                }
-                Ok(false) => false,
-                Ok(true) => {
-                    self.finish(active.take().expect("active"));
-                    true
-                }
-                Err(e) => {
-                    self.fail(e, active.take(), Some(comm));
-                    true
-                }
-            };
-        }
-        let batch = {
-            let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-            match q.front() {
-                Some(b)
-                    if b.epoch <= self.signal.triggered() && (collectives || !b.ops.iter().any(|o| matches!(o.work, Work::Coll(_)))) =>
-                {
-                    q.pop_front()
-                }
-                _ => None,
+        let mut moved = self.admit(&mut running);
+        match advance(comm, &mut running, collectives) {
+            Ok(m) => moved |= m,
+            Err(e) => {
+                self.fail(e, &mut running, Some(comm));
+                return true;
             }
-        };
-        let Some(batch) = batch else { return false };
-        let deadline = Instant::now() + self.timeout;
-        match activate(comm, batch, deadline) {
-            Ok(mut a) => match test_batch(comm, &mut a) {
-                // Complete at once what needs no second look (an empty batch, collectives, a
-                // message already there): one round less between trigger and completion.
-                Ok(true) => self.finish(a),
-                Ok(false) => *active = Some(a),
-                Err(e) => self.fail(e, Some(a), Some(comm)),
-            },
-            Err((e, a)) => self.fail(e, Some(a), Some(comm)),
         }
-        true
+        while running.front().is_some_and(|r| r.posted == r.ops.len() && r.left == 0) {
+            let r = running.pop_front().expect("front");
+            self.finish(r.epoch, r.ops.len());
+            moved = true;
+        }
+        if !moved && !running.is_empty() {
+            if let Some(e) = self.overdue(&running) {
+                self.fail(e, &mut running, Some(comm));
+                return true;
+            }
+        }
+        moved
+    }
+
+    /// Moves the batches whose trigger the queue stored to the running ones.
+    fn admit(&self, running: &mut VecDeque<Running>) -> bool {
+        let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut admitted = false;
+        while q.front().is_some_and(|b| b.epoch <= self.signal.triggered()) {
+            let b = q.pop_front().expect("front");
+            let left = b.ops.len();
+            let ops = b.ops.into_iter().map(|o| (o, None)).collect();
+            running.push_back(Running { epoch: b.epoch, ops, posted: 0, left, deadline: Instant::now() + self.timeout });
+            admitted = true;
+        }
+        admitted
+    }
+
+    /// The timeout error of the first running batch past its deadline, naming its first
+    /// incomplete operation.
+    fn overdue(&self, running: &VecDeque<Running>) -> Option<Error> {
+        let now = Instant::now();
+        let r = running.iter().find(|r| r.left > 0 && now > r.deadline)?;
+        let (i, (op, _)) = r.ops.iter().enumerate().find(|(_, (o, _))| !o.state.is_done())?;
+        let why = if i >= r.posted { " (never posted: its buffer stayed in use by a task or by an earlier operation)" } else { "" };
+        Some(Error::Timeout { rank: self.rank, op: format!("stream-triggered {}{why}", op.state.what), after: self.timeout })
     }
 
     /// A batch all of whose operations completed: it leaves the count in flight and the queue
-    /// learns its completion.
-    fn finish(&self, a: Active) {
-        self.in_flight.fetch_sub(a.ops.len() as u64 + 1, Ordering::AcqRel);
-        self.finished.fetch_max(a.epoch, Ordering::AcqRel);
-        self.signal.complete(a.epoch);
+    /// learns its completion (batches complete in start order: an earlier one still running
+    /// holds this report back).
+    fn finish(&self, epoch: u64, ops: usize) {
+        self.in_flight.fetch_sub(ops as u64 + 1, Ordering::AcqRel);
+        self.finished.fetch_max(epoch, Ordering::AcqRel);
+        self.signal.complete(epoch);
     }
 
     /// Whether a batch waits for a trigger that only polling can see.
@@ -306,76 +345,131 @@ impl Channel {
     }
 
     fn idle(&self) -> bool {
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).is_none() && self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            && self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
-}
 
-/// Posts a batch's operations in enqueue order (collectives run to completion where they stand).
-fn activate(comm: &Communicator, batch: Batch, deadline: Instant) -> std::result::Result<Active, (Error, Active)> {
-    let mut a = Active { epoch: batch.epoch, ops: Vec::with_capacity(batch.ops.len()), deadline };
-    let mut ops = batch.ops.into_iter();
-    while let Some(mut op) = ops.next() {
-        let posted = match std::mem::replace(&mut op.work, Work::Null) {
-            Work::Null => {
-                op.state.complete(Ok(0));
-                Ok(None)
-            }
-            Work::Send { peer, tag, mut mem } => {
-                let r = mem.lend(deadline).and_then(|(p, len)| {
-                    // SAFETY: the lease keeps the memory valid and unmodified until `give_back`,
-                    // which runs only after the request completed or was cancelled.
-                    unsafe { comm.post_send_unscoped(p, len, peer, tag) }
-                });
-                op.work = Work::Send { peer, tag, mem };
-                r.map(Some)
-            }
-            Work::Recv { peer, tag, mut mem } => {
-                let r = mem.lend(deadline).and_then(|(p, len)| {
-                    // SAFETY: as for the send; the lease is exclusive.
-                    unsafe { comm.post_recv_unscoped(p, len, peer, tag) }
-                });
-                op.work = Work::Recv { peer, tag, mem };
-                r.map(Some)
-            }
-            Work::Coll(f) => f(comm, deadline).map(|bytes| {
-                op.state.complete(Ok(bytes));
-                None
-            }),
-        };
-        match posted {
-            Ok(req) => a.ops.push((op, req)),
-            Err(e) => {
-                a.ops.push((op, None));
-                a.ops.extend(ops.map(|o| (o, None)));
-                return Err((e, a));
-            }
+    /// Takes the communicator back once the engine holds no batch of this channel; the
+    /// progress thread then ends.
+    pub(crate) fn take_comm(&self, bound: Duration) -> Result<Communicator> {
+        self.closed.store(true, Ordering::Release);
+        let deadline = Instant::now() + bound;
+        while self.busy() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
         }
+        if self.busy() {
+            // Leave the communicator (and the lent buffers) to the engine, which fails the batch
+            // at its own timeout and then drops them.
+            return Err(Error::Timeout { rank: self.rank, op: "closing a stream-triggered queue".into(), after: bound });
+        }
+        self.wake();
+        self.comm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
     }
-    Ok(a)
 }
 
-/// Tests every posted operation once; true when all completed.
-fn test_batch(comm: &Communicator, a: &mut Active) -> Result<bool> {
-    let mut all = true;
-    for (op, req) in a.ops.iter_mut() {
-        let Some(r) = req.as_ref() else { continue };
-        match comm.test_unscoped(r)? {
-            Some(bytes) => {
-                *req = None;
-                give_back(&mut op.work);
-                match op.exact {
-                    Some(want) if want != bytes => op.state.complete(Err(Error::Mismatch {
-                        rank: op.state.rank,
-                        what: format!("message length: the {} brought {bytes} bytes, the device buffer has {want} (a stream receive must be filled exactly)", op.state.what),
-                    })),
-                    _ => op.state.complete(Ok(bytes)),
+/// Posts what can be posted of the running batches, in order, then tests every posted
+/// operation once. Returns whether anything happened.
+fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bool) -> Result<bool> {
+    let mut moved = false;
+    let mut held = false;
+    for r in running.iter_mut() {
+        while !held && r.posted < r.ops.len() {
+            let (op, req) = &mut r.ops[r.posted];
+            match post(comm, op, collectives, r.deadline)? {
+                Posted::Request(q) => *req = Some(q),
+                Posted::Complete => r.left -= 1,
+                Posted::NotYet => {
+                    held = true;
+                    break;
                 }
-                op.keep.take();
             }
-            None => all = false,
+            r.posted += 1;
+            moved = true;
+        }
+        moved |= test_posted(comm, r)?;
+    }
+    Ok(moved)
+}
+
+/// What posting one operation did.
+enum Posted {
+    /// In flight on the backend.
+    Request(UnscopedRequest),
+    /// Done already (a null peer, a collective).
+    Complete,
+    /// Not posted: its buffer is in use, or a collective left for the progress thread.
+    NotYet,
+}
+
+fn post(comm: &Communicator, op: &mut Op, collectives: bool, deadline: Instant) -> Result<Posted> {
+    match &mut op.work {
+        Work::Null => {
+            op.state.complete(Ok(0));
+            Ok(Posted::Complete)
+        }
+        Work::Send { peer, tag, mem } => match mem.try_lend() {
+            // SAFETY: the lease keeps the memory valid and unmodified until `give_back`, which
+            // runs only after the request completed or was cancelled.
+            Some((p, len)) => unsafe { comm.post_send_unscoped(p, len, *peer, *tag) }.map(Posted::Request),
+            None => Ok(Posted::NotYet),
+        },
+        Work::Recv { peer, tag, mem } => match mem.try_lend() {
+            // SAFETY: as for the send; the lease is exclusive.
+            Some((p, len)) => unsafe { comm.post_recv_unscoped(p, len, *peer, *tag) }.map(Posted::Request),
+            None => Ok(Posted::NotYet),
+        },
+        Work::Coll(_) if !collectives => Ok(Posted::NotYet),
+        Work::Coll(f) => match f(comm, deadline)? {
+            Some(bytes) => {
+                op.work = Work::Null;
+                op.state.complete(Ok(bytes));
+                op.keep.take();
+                Ok(Posted::Complete)
+            }
+            None => Ok(Posted::NotYet),
+        },
+    }
+}
+
+/// Tests every posted operation of `r` in flight once; returns whether any completed.
+fn test_posted(comm: &Communicator, r: &mut Running) -> Result<bool> {
+    let mut moved = false;
+    for (op, req) in r.ops[..r.posted].iter_mut() {
+        let Some(q) = req.as_ref() else { continue };
+        if let Some(bytes) = comm.test_unscoped(q)? {
+            *req = None;
+            give_back(&mut op.work);
+            op.state.complete(check_length(op, bytes));
+            op.keep.take();
+            r.left -= 1;
+            moved = true;
         }
     }
-    Ok(all)
+    Ok(moved)
+}
+
+/// The outcome of an operation that moved `bytes`: a received message must fill a staged
+/// device buffer exactly, and any buffer with a whole number of elements.
+fn check_length(op: &Op, bytes: usize) -> Result<usize> {
+    let elem = op.state.elem();
+    let what = op.state.what;
+    match op.exact {
+        Some(want) if want != bytes => Err(Error::Mismatch {
+            rank: op.state.rank,
+            what: format!(
+                "message length: the {what} brought {bytes} bytes, the device buffer has {want} (a stream receive must be filled exactly)"
+            ),
+        }),
+        _ if bytes % elem != 0 => Err(Error::Mismatch {
+            rank: op.state.rank,
+            what: format!("message length: the {what} brought {bytes} bytes, not a whole number of the buffer's {elem}-byte elements"),
+        }),
+        _ => Ok(bytes),
+    }
 }
 
 fn give_back(w: &mut Work) {
@@ -404,92 +498,31 @@ fn fail_ops(ops: impl Iterator<Item = (Op, Option<UnscopedRequest>)>, e: &Error,
     }
 }
 
-/// The process's progress engine.
-pub(crate) struct Engine {
-    channels: Mutex<Vec<Arc<Channel>>>,
-    generation: AtomicU64,
-    thread: std::thread::Thread,
-}
-
-impl Engine {
-    /// Wakes the engine thread (a host queue stored a trigger, or work was submitted).
-    pub(crate) fn wake(&self) {
-        self.thread.unpark();
-    }
-
-    pub(crate) fn register(&self, ch: Arc<Channel>) {
-        self.channels.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.wake();
-    }
-}
-
-static ENGINE: OnceLock<Engine> = OnceLock::new();
-
-/// Threads blocked in a host-side [`Request::wait`](crate::Request::wait) on an operation the
-/// engine completes: while there are any, the engine polls every channel it serves.
-pub(crate) static HOST_WAITERS: AtomicU32 = AtomicU32::new(0);
-
-/// How often the engine looks at batches that a queue's wait task drives.
+/// How often the progress thread looks at batches that a queue's wait task drives.
 const DELEGATED_NAP: Duration = Duration::from_millis(1);
 
-/// The engine, started on first use.
-pub(crate) fn engine() -> &'static Engine {
-    ENGINE.get_or_init(|| {
-        let t = std::thread::Builder::new().name("sucl-stream-progress".into()).spawn(run).expect("spawning the progress thread");
-        Engine { channels: Mutex::default(), generation: AtomicU64::new(0), thread: t.thread().clone() }
-    })
-}
-
-fn run() {
-    // The spawning thread publishes the engine right after this thread starts.
-    let eng = loop {
-        if let Some(e) = ENGINE.get() {
-            break e;
-        }
-        std::thread::park_timeout(Duration::from_millis(1));
-    };
-    let mut chans: Vec<Arc<Channel>> = vec![];
-    let mut seen = u64::MAX;
-    let (mut spin, mut yield_for, mut poll_spin) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+/// A channel's progress thread: drives its batches until the channel is closed and idle.
+fn run(ch: Arc<Channel>) {
+    wakeup::register_progress_thread();
+    let (spin, yield_for) = (ch.spin, ch.yield_for);
+    let poll_spin = if ch.signal.polled() { ch.poll_spin.max(spin) } else { spin };
     let mut idle_rounds = 0u32;
     let mut idle_since = Instant::now();
     let mut idle = Duration::ZERO;
     loop {
-        let g = eng.generation.load(Ordering::Acquire);
-        if g != seen {
-            chans = eng.channels.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            seen = g;
-            // The most patient backoff among the queues served (none spins on an
-            // oversubscribed host, where every spin takes a core from a rank).
-            spin = chans.iter().map(|c| c.spin).max().unwrap_or_default();
-            yield_for = chans.iter().map(|c| c.yield_for).max().unwrap_or_default();
-            poll_spin = chans.iter().filter(|c| c.signal.polled()).map(|c| c.poll_spin).max().unwrap_or_default().max(spin);
-        }
-        let mut moved = false;
-        let mut poll = false;
-        let mut inflight = false;
-        let mut watched = false;
         // A stream's queue that may store a trigger any moment (the program issues start/wait
         // pairs back to back).
-        let mut stream_live = false;
-        for ch in &chans {
-            stream_live |= ch.signal.polled() && !ch.closed.load(Ordering::Acquire);
-            moved |= ch.progress(true);
-            poll |= ch.needs_poll();
-            let busy = !ch.idle();
-            inflight |= busy && ch.wants_engine();
-            watched |= busy;
-        }
-        if chans.iter().any(|c| c.closed.load(Ordering::Acquire) && c.idle()) {
-            let mut all = eng.channels.lock().unwrap_or_else(|p| p.into_inner());
-            all.retain(|c| !(c.closed.load(Ordering::Acquire) && c.idle()));
-            eng.generation.fetch_add(1, Ordering::AcqRel);
-        }
-        if moved {
+        let stream_live = ch.signal.polled() && !ch.closed.load(Ordering::Acquire);
+        if ch.progress(true) {
             idle_rounds = 0;
             continue;
         }
+        let busy = !ch.idle();
+        if !busy && ch.closed.load(Ordering::Acquire) {
+            break;
+        }
+        let poll = ch.needs_poll();
+        let inflight = busy && ch.wants_engine();
         if idle_rounds == 0 {
             idle_since = Instant::now();
             idle = Duration::ZERO;
@@ -528,12 +561,13 @@ fn run() {
             } else {
                 std::thread::yield_now();
             }
-        } else if watched {
-            // Only batches that their queues' wait tasks drive: look in now and then (a wait
-            // task that gives up driving, a host waiter or an undelegated batch wakes us).
+        } else if busy {
+            // Only batches that the queue's wait tasks drive: look in now and then (a wait task
+            // that gives up driving, a host waiter or an undelegated batch wakes us).
             std::thread::park_timeout(DELEGATED_NAP);
         } else {
             std::thread::park_timeout(Duration::from_millis(20));
         }
     }
+    wakeup::unregister_progress_thread(std::thread::current().id());
 }

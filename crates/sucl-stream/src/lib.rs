@@ -53,6 +53,7 @@ mod hostq;
 mod queue;
 mod request;
 mod shared;
+mod wakeup;
 
 pub use hostq::HostQueue;
 pub use queue::{CommQueue, QueueBuffer};

@@ -1,8 +1,9 @@
 //! [`CommQueue`]: the queue front end shared by every path, and the host-queue path.
 
-use crate::engine::{engine, Batch, Channel, Lend, Op, Signal, Work};
+use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +23,26 @@ pub enum Lent<'a, T: Element> {
     Host(&'a SharedBuf<T>),
     #[cfg(feature = "cuda")]
     Device(&'a crate::device::DeviceBuf<T>),
+}
+
+impl<T: Element> Lent<'_, T> {
+    /// An address naming the buffer (every handle of one buffer gives the same).
+    fn key(&self) -> usize {
+        match self {
+            Lent::Host(b) => b.key(),
+            #[cfg(feature = "cuda")]
+            Lent::Device(b) => b.key(),
+        }
+    }
+
+    /// Number of elements.
+    fn len(&self) -> usize {
+        match self {
+            Lent::Host(b) => b.len(),
+            #[cfg(feature = "cuda")]
+            Lent::Device(b) => b.len(),
+        }
+    }
 }
 
 impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
@@ -140,6 +161,11 @@ pub struct CommQueue {
     nulls: [Option<Request>; 2],
     /// Host time this queue's calls spent blocked (throttled starts, synchronize).
     blocked: Duration,
+    /// The buffers lent to operations enqueued since the last start, each with the first
+    /// operation that writes it (else the first that reads it): see [`CommQueue::check_lent`].
+    lent: HashMap<usize, Use>,
+    /// The buffers of the operation being enqueued (checked, recorded with its request).
+    lending: [Option<(usize, bool)>; 2],
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
     /// that a start does not poll every request in flight.
     prune_at: usize,
@@ -148,6 +174,13 @@ pub struct CommQueue {
     pub(crate) world_rank: usize,
     pub(crate) timeout: Duration,
     closed: bool,
+}
+
+/// An operation's use of a buffer lent to it.
+#[derive(Clone, Copy)]
+struct Use {
+    what: What,
+    writes: bool,
 }
 
 /// Slack added to the communicator's timeout for host-side waits, so that the engine (which
@@ -179,8 +212,7 @@ impl CommQueue {
         });
         let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
         let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
-        let ch = Channel::new(comm, Box::new(sig.clone()));
-        engine().register(ch.clone());
+        let ch = Channel::new(comm, Box::new(sig.clone()))?;
         Ok(CommQueue::with_path(Path::Host { ch, q: queue.clone(), sig }, rank, size, world_rank, timeout))
     }
 
@@ -192,6 +224,8 @@ impl CommQueue {
             outstanding: vec![],
             unstarted: vec![],
             nulls: [None, None],
+            lent: HashMap::new(),
+            lending: [None, None],
             prune_at: PRUNE_MIN,
             blocked: Duration::ZERO,
             rank,
@@ -266,6 +300,38 @@ impl CommQueue {
         Ok(())
     }
 
+    /// Refuses a buffer that two operations of one batch would use where one of them writes
+    /// it (a receive, a collective's result): the batch posts both at once, so which comes first
+    /// is undefined — and the later one would wait for the earlier one's lease forever. Two
+    /// reads (sends) of one buffer are fine, and so is using it again in a later batch (the
+    /// later operation waits for the earlier one to give the buffer back). `uses`: the buffers
+    /// of the operation `what` about to be enqueued, each with whether it writes it.
+    fn check_lent(&mut self, what: What, uses: [Option<(usize, bool)>; 2]) -> Result<()> {
+        for (key, writes) in uses.iter().flatten() {
+            if let Some(first) = self.lent.get(key).filter(|first| first.writes || *writes) {
+                let (fw, w) = (if first.writes { "writes" } else { "reads" }, if *writes { "write" } else { "read" });
+                return Err(self.invalid(
+                    "buffer",
+                    format!(
+                        "one buffer lent to two operations of one batch: the {} {fw} it and the {what} would {w} it; \
+                         lend another buffer, or start() between the two",
+                        first.what
+                    ),
+                ));
+            }
+        }
+        self.lending = uses;
+        Ok(())
+    }
+
+    /// [`CommQueue::check_lent`] for a collective: `recv` is written, `send` read (unless the
+    /// same buffer: in place).
+    fn check_coll<T: Element>(&mut self, name: &'static str, send: Option<Lent<'_, T>>, recv: Lent<'_, T>) -> Result<()> {
+        let r = recv.key();
+        let s = send.map(|s| s.key()).filter(|&s| s != r);
+        self.check_lent(What::Coll(name), [Some((r, true)), s.map(|s| (s, false))])
+    }
+
     /// The error that failed this queue (a lost peer, a timeout), if any.
     pub fn failure(&self) -> Option<Error> {
         match &self.path {
@@ -286,8 +352,15 @@ impl CommQueue {
         (state, req)
     }
 
-    /// Records the request of a new operation among those enqueued since the last start.
+    /// Records the request of a new operation among those enqueued since the last start, and
+    /// the buffers [`CommQueue::check_lent`] let it use.
     pub(crate) fn push_request(&mut self, state: Arc<OpState>) -> Request {
+        for (key, writes) in std::mem::take(&mut self.lending).into_iter().flatten() {
+            let first = self.lent.entry(key).or_insert(Use { what: state.what, writes });
+            if writes {
+                *first = Use { what: state.what, writes };
+            }
+        }
         let req = Request { state, bound: self.bound() };
         self.unstarted.push(req.clone());
         req
@@ -320,6 +393,9 @@ impl CommQueue {
     pub fn enqueue_send<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
         self.check_open()?;
         self.check_peer_tag(peer, tag, "send")?;
+        if peer != PROC_NULL {
+            self.check_lent(What::Send { peer, tag }, [Some((buf.lent().key(), false)), None])?;
+        }
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Send { peer, tag };
@@ -343,6 +419,9 @@ impl CommQueue {
     pub fn enqueue_recv<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
         self.check_open()?;
         self.check_peer_tag(peer, tag, "receive")?;
+        if peer != PROC_NULL {
+            self.check_lent(What::Recv { peer, tag }, [Some((buf.lent().key(), true)), None])?;
+        }
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => {
                 let what = What::Recv { peer, tag };
@@ -379,11 +458,20 @@ impl CommQueue {
         let send = send.filter(|s| !s.same(recv)).cloned();
         let recv = recv.clone();
         let rank = self.world_rank;
-        let work = Work::Coll(Box::new(move |comm, deadline| {
-            let s = send.as_ref().map(|s| s.try_read(deadline)).transpose().map_err(|e| at_rank(e, rank))?;
-            let mut r = recv.try_write(deadline).map_err(|e| at_rank(e, rank))?;
-            f(comm, s.as_deref(), &mut r)?;
-            Ok(r.len() * std::mem::size_of::<T>())
+        let mut f = Some(f);
+        let work = Work::Coll(Box::new(move |comm, _deadline| {
+            // Run only once both buffers are free (an earlier operation may still use them).
+            let s = match &send {
+                Some(s) => match s.read_now() {
+                    Some(g) => Some(g),
+                    None => return Ok(None),
+                },
+                None => None,
+            };
+            let Some(mut r) = recv.write_now() else { return Ok(None) };
+            let f = f.take().expect("a collective runs once");
+            f(comm, s.as_deref(), &mut r).map_err(|e| at_rank(e, rank))?;
+            Ok(Some(r.len() * std::mem::size_of::<T>()))
         }));
         Ok(self.push_host(work, std::mem::size_of::<T>(), What::Coll(name)))
     }
@@ -391,17 +479,15 @@ impl CommQueue {
     /// Enqueues `recv = reduce(op, every rank's send)`; `send` may be `recv` (in place).
     pub fn enqueue_all_reduce<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B, op: ReduceOp) -> Result<Request> {
         self.check_open()?;
+        self.check_len("recv", recv.lent().len(), send.lent().len(), "all_reduce (same as send)")?;
+        self.check_coll("all_reduce", Some(send.lent()), recv.lent())?;
         match (&self.path, send.lent(), recv.lent()) {
-            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
-                self.check_len("recv", r.len(), s.len(), "all_reduce (same as send)")?;
-                self.enqueue_host_coll("all_reduce", Some(s), r, move |c, s, r| match s {
-                    Some(s) => c.all_reduce(s, r, op),
-                    None => c.all_reduce_in_place(r, op),
-                })
-            }
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => self.enqueue_host_coll("all_reduce", Some(s), r, move |c, s, r| match s {
+                Some(s) => c.all_reduce(s, r, op),
+                None => c.all_reduce_in_place(r, op),
+            }),
             #[cfg(feature = "cuda")]
             (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
-                self.check_len("recv", r.len(), s.len(), "all_reduce (same as send)")?;
                 crate::device::enqueue_coll(self, crate::device::Coll::AllReduce(op), s, r)
             }
             #[cfg(feature = "cuda")]
@@ -413,11 +499,11 @@ impl CommQueue {
     pub fn enqueue_broadcast<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, root: usize) -> Result<Request> {
         self.check_open()?;
         self.check_root(root)?;
+        self.check_coll("broadcast", None, buf.lent())?;
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => self.enqueue_host_coll("broadcast", None, b, move |c, _, r| c.broadcast(r, root)),
             #[cfg(feature = "cuda")]
             (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_coll(self, crate::device::Coll::Broadcast(root), b, b),
-            #[cfg(feature = "cuda")]
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -427,16 +513,14 @@ impl CommQueue {
     /// (`size × send`).
     pub fn enqueue_all_gather<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B) -> Result<Request> {
         self.check_open()?;
+        self.check_len("recv", recv.lent().len(), send.lent().len() * self.size, "all_gather (size × send)")?;
+        self.check_coll("all_gather", Some(send.lent()), recv.lent())?;
         match (&self.path, send.lent(), recv.lent()) {
             (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
-                self.check_len("recv", r.len(), s.len() * self.size, "all_gather (size × send)")?;
                 self.enqueue_host_coll("all_gather", Some(s), r, |c, s, r| c.all_gather(s.unwrap_or(&[]), r))
             }
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
-                self.check_len("recv", r.len(), s.len() * self.size, "all_gather (size × send)")?;
-                crate::device::enqueue_coll(self, crate::device::Coll::AllGather, s, r)
-            }
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => crate::device::enqueue_coll(self, crate::device::Coll::AllGather, s, r),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -445,14 +529,14 @@ impl CommQueue {
     /// Enqueues a reduce_scatter: `send` (`size × recv`) reduced, rank r keeps block r.
     pub fn enqueue_reduce_scatter<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B, op: ReduceOp) -> Result<Request> {
         self.check_open()?;
+        self.check_len("send", send.lent().len(), recv.lent().len() * self.size, "reduce_scatter (size × recv)")?;
+        self.check_coll("reduce_scatter", Some(send.lent()), recv.lent())?;
         match (&self.path, send.lent(), recv.lent()) {
             (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
-                self.check_len("send", s.len(), r.len() * self.size, "reduce_scatter (size × recv)")?;
                 self.enqueue_host_coll("reduce_scatter", Some(s), r, move |c, s, r| c.reduce_scatter(s.unwrap_or(&[]), r, op))
             }
             #[cfg(feature = "cuda")]
             (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
-                self.check_len("send", s.len(), r.len() * self.size, "reduce_scatter (size × recv)")?;
                 crate::device::enqueue_coll(self, crate::device::Coll::ReduceScatter(op), s, r)
             }
             #[cfg(feature = "cuda")]
@@ -463,22 +547,17 @@ impl CommQueue {
     /// Enqueues an all_to_all: block j of `send` goes to block (this rank) of rank j's `recv`.
     pub fn enqueue_all_to_all<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B) -> Result<Request> {
         self.check_open()?;
-        let (sl, rl) = match (send.lent(), recv.lent()) {
-            (Lent::Host(s), Lent::Host(r)) => (s.len(), r.len()),
-            #[cfg(feature = "cuda")]
-            (Lent::Device(s), Lent::Device(r)) => (s.len(), r.len()),
-            #[cfg(feature = "cuda")]
-            _ => return Err(self.mixed()),
-        };
+        let (sl, rl) = (send.lent().len(), recv.lent().len());
         self.check_len("recv", rl, sl, "all_to_all (same as send)")?;
         if sl % self.size != 0 {
             return Err(self.invalid("send", format!("length {sl} is not a multiple of the communicator size {}", self.size)));
         }
+        if send.lent().key() == recv.lent().key() {
+            return Err(self.invalid("recv", "all_to_all cannot run in place: pass two buffers"));
+        }
+        self.check_coll("all_to_all", Some(send.lent()), recv.lent())?;
         match (&self.path, send.lent(), recv.lent()) {
             (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
-                if s.same(r) {
-                    return Err(self.invalid("recv", "all_to_all cannot run in place: pass two buffers"));
-                }
                 self.enqueue_host_coll("all_to_all", Some(s), r, |c, s, r| c.all_to_all(s.unwrap_or(&[]), r))
             }
             #[cfg(feature = "cuda")]
@@ -548,6 +627,8 @@ impl CommQueue {
             let ch = ch.clone();
             self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
         }
+        self.lent.clear();
+        self.lending = [None, None];
         match &mut self.path {
             Path::Host { ch, q, sig } => {
                 let ops = std::mem::take(&mut self.pending);
@@ -561,7 +642,7 @@ impl CommQueue {
                     // only if no wait task of this queue will drive the batch.
                     ch.progress(false);
                     if ch.wants_engine() {
-                        engine().wake();
+                        ch.wake();
                     }
                 });
             }
@@ -580,6 +661,17 @@ impl CommQueue {
     /// [`synchronize`]: CommQueue::synchronize
     pub fn wait(&mut self) -> Result<()> {
         self.check_open()?;
+        if !self.unstarted.is_empty() {
+            let n = self.unstarted.len();
+            return Err(self.invalid(
+                "queue",
+                format!(
+                    "wait() with {n} operation{} enqueued but never started: a wait covers only started operations, \
+                     so call start() first (nothing was put on the queue)",
+                    if n == 1 { "" } else { "s" }
+                ),
+            ));
+        }
         let epoch = self.started;
         if epoch == 0 {
             return Ok(());
@@ -677,7 +769,7 @@ impl CommQueue {
         let settled = self.synchronize();
         let bound = self.bound();
         let comm = match &mut self.path {
-            Path::Host { ch, .. } => take_comm(ch, bound),
+            Path::Host { ch, .. } => ch.take_comm(bound),
             #[cfg(feature = "cuda")]
             Path::Device(d) => d.take_comm(bound),
         };
@@ -698,26 +790,6 @@ impl CommQueue {
         settled?;
         comm
     }
-}
-
-/// Takes the communicator back from the engine once it holds no batch of this channel.
-pub(crate) fn take_comm(ch: &Arc<Channel>, bound: Duration) -> Result<Communicator> {
-    ch.closed.store(true, Ordering::Release);
-    let deadline = Instant::now() + bound;
-    while ch.busy() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    if ch.busy() {
-        // Leave the communicator (and the lent buffers) to the engine, which fails the batch
-        // at its own timeout and then drops them.
-        return Err(Error::Timeout { rank: ch.rank, op: "closing a stream-triggered queue".into(), after: bound });
-    }
-    engine().wake();
-    ch.comm
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
 }
 
 impl Drop for CommQueue {
@@ -756,18 +828,18 @@ impl<T: Element> HostLease<T> {
 }
 
 impl<T: Element> Lend for HostLease<T> {
-    fn lend(&mut self, deadline: Instant) -> Result<(*mut u8, usize)> {
+    fn try_lend(&mut self) -> Option<(*mut u8, usize)> {
         let bytes = self.buf.len() * std::mem::size_of::<T>();
         if self.exclusive {
-            let mut g = self.buf.try_write(deadline)?;
+            let mut g = self.buf.write_now()?;
             let p = g.as_mut_ptr() as *mut u8;
             self.write = Some(g);
-            Ok((p, bytes))
+            Some((p, bytes))
         } else {
-            let g = self.buf.try_read(deadline)?;
+            let g = self.buf.read_now()?;
             let p = g.as_ptr() as *mut u8;
             self.read = Some(g);
-            Ok((p, bytes))
+            Some((p, bytes))
         }
     }
 

@@ -149,14 +149,13 @@ impl OpState {
             let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
             self.waiters.fetch_add(1, Ordering::AcqRel);
             if !polled {
-                // The engine completes this operation: it must poll even batches that a
-                // queue's wait task would drive later.
-                crate::engine::HOST_WAITERS.fetch_add(1, Ordering::AcqRel);
-                crate::engine::engine().wake();
+                // A progress thread completes this operation: it must poll even batches that
+                // a queue's wait task would drive later.
+                crate::wakeup::host_wait_begins();
             }
             g = self.done.wait_timeout(g, nap).unwrap_or_else(|p| p.into_inner()).0;
             if !polled {
-                crate::engine::HOST_WAITERS.fetch_sub(1, Ordering::AcqRel);
+                crate::wakeup::host_wait_ends();
             }
             self.waiters.fetch_sub(1, Ordering::AcqRel);
         }

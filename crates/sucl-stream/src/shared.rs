@@ -7,7 +7,7 @@
 use std::cell::UnsafeCell;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use sucl_runtime::{Element, Error, Result};
+use sucl_runtime::Element;
 
 #[derive(Default)]
 struct Access {
@@ -77,13 +77,21 @@ impl<T: Element> SharedBuf<T> {
     }
 
     /// Shared access; waits while an operation receives into the buffer.
+    ///
+    /// # Panics
+    /// If an operation holds the buffer for more than 300 s.
     pub fn read(&self) -> ReadGuard<T> {
-        self.try_read(Instant::now() + ACCESS_BOUND).expect("a communication operation held the buffer past the bound")
+        assert!(self.acquire(Instant::now() + ACCESS_BOUND, false), "a communication operation held the buffer past {ACCESS_BOUND:?}");
+        ReadGuard { buf: self.clone() }
     }
 
     /// Exclusive access; waits while any operation uses the buffer.
+    ///
+    /// # Panics
+    /// If an operation holds the buffer for more than 300 s.
     pub fn write(&self) -> WriteGuard<T> {
-        self.try_write(Instant::now() + ACCESS_BOUND).expect("a communication operation held the buffer past the bound")
+        assert!(self.acquire(Instant::now() + ACCESS_BOUND, true), "a communication operation held the buffer past {ACCESS_BOUND:?}");
+        WriteGuard { buf: self.clone() }
     }
 
     /// A copy of the contents.
@@ -91,26 +99,40 @@ impl<T: Element> SharedBuf<T> {
         self.read().to_vec()
     }
 
-    fn acquire(&self, deadline: Instant, exclusive: bool) -> Result<()> {
+    /// An address that names this buffer (every handle of it gives the same), for telling
+    /// buffers apart.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as *const u8 as usize
+    }
+
+    /// Takes shared or exclusive access, waiting until `deadline`; false if it ran out.
+    fn acquire(&self, deadline: Instant, exclusive: bool) -> bool {
         let mut a = self.inner.access.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let free = if exclusive { !a.writer && a.readers == 0 } else { !a.writer };
-            if free {
-                if exclusive {
-                    a.writer = true;
-                } else {
-                    a.readers += 1;
-                }
-                return Ok(());
+            if Self::take(&mut a, exclusive) {
+                return true;
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout { rank: 0, op: "waiting for access to a shared buffer".into(), after: ACCESS_BOUND });
+                return false;
             }
             a.waiting += 1;
             a = self.inner.freed.wait_timeout(a, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
             a.waiting -= 1;
         }
+    }
+
+    /// Takes the access if it is free now.
+    fn take(a: &mut Access, exclusive: bool) -> bool {
+        let free = if exclusive { !a.writer && a.readers == 0 } else { !a.writer };
+        if free {
+            if exclusive {
+                a.writer = true;
+            } else {
+                a.readers += 1;
+            }
+        }
+        free
     }
 
     fn release(&self, exclusive: bool) {
@@ -127,14 +149,16 @@ impl<T: Element> SharedBuf<T> {
         }
     }
 
-    pub(crate) fn try_read(&self, deadline: Instant) -> Result<ReadGuard<T>> {
-        self.acquire(deadline, false)?;
-        Ok(ReadGuard { buf: self.clone() })
+    /// Shared access if no one writes the buffer now (never waits).
+    pub(crate) fn read_now(&self) -> Option<ReadGuard<T>> {
+        let mut a = self.inner.access.lock().unwrap_or_else(|p| p.into_inner());
+        Self::take(&mut a, false).then(|| ReadGuard { buf: self.clone() })
     }
 
-    pub(crate) fn try_write(&self, deadline: Instant) -> Result<WriteGuard<T>> {
-        self.acquire(deadline, true)?;
-        Ok(WriteGuard { buf: self.clone() })
+    /// Exclusive access if no one uses the buffer now (never waits).
+    pub(crate) fn write_now(&self) -> Option<WriteGuard<T>> {
+        let mut a = self.inner.access.lock().unwrap_or_else(|p| p.into_inner());
+        Self::take(&mut a, true).then(|| WriteGuard { buf: self.clone() })
     }
 }
 

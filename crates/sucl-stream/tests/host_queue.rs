@@ -2,36 +2,14 @@
 
 mod common;
 
+use common::{await_token, run, token, world};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use sucl_runtime::Communicator;
 use sucl_stream::{CommQueue, HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, PROC_NULL};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The world and a second communicator for control messages that must not share the queue's.
-fn world() -> (Communicator, Communicator) {
-    let comm = sucl_runtime::init().expect("init");
-    let ctl = comm.split(Some(0), comm.rank() as i64).expect("split").expect("member");
-    (comm, ctl)
-}
-
-fn token(ctl: &Communicator, to: usize) {
-    ctl.send(&[1u8][..], to, 99).expect("control send");
-}
-
-fn await_token(ctl: &Communicator, from: usize) {
-    let mut b = [0u8];
-    ctl.recv(&mut b[..], from, 99).expect("control recv");
-}
-
-fn run(name: &str, n: usize, env: &[(&str, &str)], body: fn(usize)) {
-    match common::child_rank() {
-        Some(rank) => body(rank),
-        None => common::all_passed(&common::launch(name, n, env, LIMIT)),
-    }
-}
 
 #[test]
 fn fifo_order_per_peer_and_tag() {
@@ -185,26 +163,33 @@ fn a_request_completes_while_its_queues_wait_task_is_held() {
     });
 }
 
+/// A wait covers the operations started before it; a wait while operations are enqueued and
+/// not started is refused (it would cover nothing of them), naming how many, and puts nothing on
+/// the queue.
 #[test]
-fn wait_covers_only_started_operations() {
-    run("wait_covers_only_started_operations", 2, &[], |rank| {
+fn wait_covers_started_operations_and_refuses_unstarted_ones() {
+    run("wait_covers_started_operations_and_refuses_unstarted_ones", 2, &[], |rank| {
         let (comm, ctl) = world();
         if rank == 0 {
             let q = HostQueue::new();
             let mut cq = CommQueue::on_host(comm, &q).unwrap();
             let first = SharedBuf::<i64>::zeroed(2);
             let second = SharedBuf::<i64>::zeroed(2);
+            let third = SharedBuf::<i64>::zeroed(2);
             let r1 = cq.enqueue_recv(&first, 1, 5).unwrap();
             cq.start().unwrap();
+            cq.wait().unwrap(); // covers r1
             let r2 = cq.enqueue_recv(&second, 1, 5).unwrap();
-            cq.wait().unwrap(); // covers r1 only
+            let r3 = cq.enqueue_recv(&third, 1, 5).unwrap();
+            let e = cq.wait().expect_err("a wait with operations enqueued and not started was accepted").to_string();
+            assert!(e.contains("2 operations enqueued but never started"), "{e}");
             let seen = Arc::new(Mutex::new(None));
             let (s, f, r1c, r2c) = (seen.clone(), first.clone(), r1.clone(), r2.clone());
             q.submit(move || {
                 *s.lock().unwrap() = Some((f.read().to_vec(), r1c.test().unwrap(), r2c.test().unwrap()));
             });
-            // The task after the wait ran although the second receive is not even started (a
-            // wait that also covered it would hold the queue past this bound).
+            // The task after the wait ran although the later receives are not even started (the
+            // refused wait put nothing on the queue that could hold it).
             q.synchronize(Duration::from_secs(5)).unwrap();
             let got = seen.lock().unwrap().take().unwrap();
             assert_eq!(got, (vec![7, 8], Some(2), None));
@@ -212,14 +197,15 @@ fn wait_covers_only_started_operations() {
             cq.start().unwrap();
             cq.wait().unwrap();
             cq.synchronize().unwrap();
-            assert_eq!(r2.wait().unwrap(), 2);
-            assert_eq!(second.to_vec(), vec![9, 10]);
+            assert_eq!((r2.wait().unwrap(), r3.wait().unwrap()), (2, 2));
+            assert_eq!((second.to_vec(), third.to_vec()), (vec![9, 10], vec![11, 12]));
             cq.close().unwrap();
         } else {
-            // Plain sends: the second only after rank 0's queue got past its wait.
+            // Plain sends: the later two only after rank 0's queue got past its wait.
             comm.send(&[7i64, 8][..], 0, 5).unwrap();
             await_token(&ctl, 0);
             comm.send(&[9i64, 10][..], 0, 5).unwrap();
+            comm.send(&[11i64, 12][..], 0, 5).unwrap();
         }
     });
 }

@@ -106,3 +106,29 @@ pub fn all_passed(outs: &[Outcome]) {
         assert!(o.status.success(), "rank {} failed ({}):\n{}\n{}", o.rank, o.status, o.stdout, o.stderr);
     }
 }
+
+/// The world and a second communicator for control messages that must not share the queue's.
+pub fn world() -> (sucl_runtime::Communicator, sucl_runtime::Communicator) {
+    let comm = sucl_runtime::init().expect("init");
+    let ctl = comm.split(Some(0), comm.rank() as i64).expect("split").expect("member");
+    (comm, ctl)
+}
+
+/// Sends a one-byte control token to `to` on `ctl`.
+pub fn token(ctl: &sucl_runtime::Communicator, to: usize) {
+    ctl.send(&[1u8][..], to, 99).expect("control send");
+}
+
+/// Waits for a control token from `from` on `ctl`.
+pub fn await_token(ctl: &sucl_runtime::Communicator, from: usize) {
+    let mut b = [0u8];
+    ctl.recv(&mut b[..], from, 99).expect("control recv");
+}
+
+/// Runs `body` as each of `n` ranks (the parent launches them and asserts they all passed).
+pub fn run(name: &str, n: usize, env: &[(&str, &str)], body: fn(usize)) {
+    match child_rank() {
+        Some(rank) => body(rank),
+        None => all_passed(&launch(name, n, env, Duration::from_secs(60))),
+    }
+}

@@ -1,0 +1,143 @@
+//! The rules of `start`, `wait` and lent buffers on host queues, on real processes: each start
+//! releases its own batch, queues do not hold each other up, one buffer cannot serve two
+//! operations of one batch where one of them writes it, and a received message must be a whole
+//! number of elements.
+
+mod common;
+
+use common::{await_token, run, token, world};
+use sucl_runtime::ReduceOp;
+use sucl_stream::{CommQueue, HostQueue, SharedBuf};
+
+/// Operations of a later start are posted while those of an earlier start are still in flight:
+/// the receive of start 1 can only complete once the peer's send of *its* start 2 is posted.
+#[test]
+fn each_start_releases_its_batch_on_its_own() {
+    run("each_start_releases_its_batch_on_its_own", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (comm, _ctl) = world();
+        let peer = 1 - rank;
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let got = SharedBuf::<u32>::zeroed(3);
+        let out = SharedBuf::new(vec![rank as u32 + 40; 3]);
+        let r = cq.enqueue_recv(&got, peer, 1).unwrap();
+        cq.start().unwrap();
+        let s = cq.enqueue_send(&out, peer, 1).unwrap();
+        cq.start().unwrap();
+        cq.wait().unwrap();
+        cq.synchronize().expect("the second start's send was held back behind the first start's receive");
+        assert_eq!((r.wait().unwrap(), s.wait().unwrap()), (3, 3));
+        assert_eq!(got.to_vec(), vec![peer as u32 + 40; 3]);
+        cq.close().unwrap();
+    });
+}
+
+/// Two queues on two communicators, their collectives started in opposite orders on the two
+/// ranks and synchronized without a queue wait: each queue progresses on its own, so neither
+/// collective waits behind the other.
+#[test]
+fn queues_on_two_communicators_do_not_block_each_other() {
+    run("queues_on_two_communicators_do_not_block_each_other", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (a, b) = world();
+        let (qa, qb) = (HostQueue::new(), HostQueue::new());
+        let mut ca = CommQueue::on_host(a, &qa).unwrap();
+        let mut cb = CommQueue::on_host(b, &qb).unwrap();
+        let (xa, sa) = (SharedBuf::new(vec![rank as i64 + 1; 4]), SharedBuf::<i64>::zeroed(4));
+        let (xb, sb) = (SharedBuf::new(vec![10 * (rank as i64 + 1); 4]), SharedBuf::<i64>::zeroed(4));
+        ca.enqueue_all_reduce(&xa, &sa, ReduceOp::Sum).unwrap();
+        cb.enqueue_all_reduce(&xb, &sb, ReduceOp::Sum).unwrap();
+        // Rank 0 starts a then b, rank 1 b then a; the pause lets the first collective begin
+        // before the second is started, so a shared progress thread would be stuck in it.
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(300));
+        if rank == 0 {
+            ca.start().unwrap();
+            pause();
+            cb.start().unwrap();
+        } else {
+            cb.start().unwrap();
+            pause();
+            ca.start().unwrap();
+        }
+        ca.synchronize().expect("queue a");
+        cb.synchronize().expect("queue b");
+        assert_eq!(sa.to_vec(), vec![3; 4]);
+        assert_eq!(sb.to_vec(), vec![30; 4]);
+        ca.close().unwrap();
+        cb.close().unwrap();
+    });
+}
+
+/// A buffer that one operation of a batch writes cannot be lent to another operation of the same
+/// batch: refused at enqueue, naming both operations, and nothing is enqueued. Across batches
+/// it is allowed: the later operation waits for the earlier one to give the buffer back.
+#[test]
+fn one_buffer_in_two_operations_of_a_batch_is_refused() {
+    run("one_buffer_in_two_operations_of_a_batch_is_refused", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (comm, ctl) = world();
+        let peer = 1 - rank;
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        if rank == 0 {
+            let b = SharedBuf::<u64>::zeroed(2);
+            let other = SharedBuf::<u64>::zeroed(2);
+            cq.enqueue_recv(&b, peer, 3).unwrap();
+            let e = cq.enqueue_send(&b, peer, 4).expect_err("a buffer received into was also lent to a send of the batch").to_string();
+            assert!(e.contains("receive from rank 1 (tag 3)") && e.contains("send to rank 1 (tag 4)"), "{e}");
+            let e =
+                cq.enqueue_all_reduce(&other, &b, ReduceOp::Sum).expect_err("a collective's result buffer was received into").to_string();
+            assert!(e.contains("receive from rank 1 (tag 3)") && e.contains("all_reduce"), "{e}");
+            assert_eq!(cq.enqueued(), 1, "a refused operation was enqueued");
+            // Two reads of one buffer in one batch are fine.
+            cq.enqueue_send(&other, peer, 5).unwrap();
+            cq.enqueue_send(&other, peer, 6).unwrap();
+            cq.start().unwrap();
+            // In the next batch, b may be sent: the send waits for the receive into it.
+            let echo = cq.enqueue_send(&b, peer, 4).unwrap();
+            cq.start().unwrap();
+            cq.wait().unwrap();
+            cq.synchronize().unwrap();
+            assert_eq!(echo.wait().unwrap(), 2);
+            assert_eq!(b.to_vec(), vec![7, 8]);
+            token(&ctl, peer);
+        } else {
+            let echo = SharedBuf::<u64>::zeroed(2);
+            let (five, six) = (SharedBuf::<u64>::zeroed(2), SharedBuf::<u64>::zeroed(2));
+            cq.enqueue_recv(&five, peer, 5).unwrap();
+            cq.enqueue_recv(&six, peer, 6).unwrap();
+            cq.enqueue_recv(&echo, peer, 4).unwrap();
+            cq.enqueue_send(&SharedBuf::new(vec![7u64, 8]), peer, 3).unwrap();
+            cq.start().unwrap();
+            cq.wait().unwrap();
+            cq.synchronize().unwrap();
+            assert_eq!(echo.to_vec(), vec![7, 8], "the send of the second batch did not carry what the first received");
+            await_token(&ctl, peer);
+        }
+        cq.close().unwrap();
+    });
+}
+
+/// Five bytes into a buffer of 8-byte elements: an error naming the sizes, not 0 elements.
+#[test]
+fn a_message_of_a_partial_element_is_an_error() {
+    run("a_message_of_a_partial_element_is_an_error", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (comm, _ctl) = world();
+        if rank == 1 {
+            comm.send(&[1u8, 2, 3, 4, 5][..], 0, 2).unwrap();
+            comm.send(&[9u8; 16][..], 0, 3).unwrap();
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let (odd, whole) = (SharedBuf::<u64>::zeroed(2), SharedBuf::<u64>::zeroed(2));
+        let r = cq.enqueue_recv(&odd, 1, 2).unwrap();
+        let ok = cq.enqueue_recv(&whole, 1, 3).unwrap();
+        cq.start().unwrap();
+        cq.wait().unwrap();
+        let e = cq.synchronize().expect_err("a partial element was accepted").to_string();
+        assert!(e.contains("5 bytes") && e.contains("8-byte"), "{e}");
+        let e = r.wait().expect_err("the receive of a partial element succeeded").to_string();
+        assert!(e.contains("receive from rank 1 (tag 2)") && e.contains("5 bytes"), "{e}");
+        assert_eq!(ok.wait().unwrap(), 2);
+        cq.close().unwrap();
+    });
+}
