@@ -17,9 +17,7 @@
 //! so no stream waits forever; the error is kept and reported by every request.
 
 use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
-use crate::queue::{CommQueue, Lent, Path, QueueBuffer};
-use crate::request::{DevicePoll, OpState, Request, What};
-use crate::PROC_NULL;
+use crate::request::{DevicePoll, OpState, What};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -99,12 +97,6 @@ impl<T: Element> DeviceBuf<T> {
 
     fn same(&self, other: &DeviceBuf<T>) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
-    }
-}
-
-impl<T: Element> QueueBuffer<T> for DeviceBuf<T> {
-    fn lent(&self) -> Lent<'_, T> {
-        Lent::Device(self)
     }
 }
 
@@ -379,19 +371,17 @@ pub(crate) struct DevicePath {
     rank: usize,
 }
 
-impl CommQueue {
+impl DevicePath {
     /// Binds `comm` to the CUDA stream of `queue`. Collective (it sets up the communicator's
     /// device side on `queue`'s GPU). `Transport::Auto` takes NCCL when every rank has it.
-    /// Every buffer lent to the queue must belong to `queue`.
-    pub fn on_stream(comm: Communicator, queue: &Queue, transport: Transport) -> Result<CommQueue> {
+    pub(crate) fn new(comm: Communicator, queue: &Queue, transport: Transport) -> Result<DevicePath> {
         comm.attach_device(queue.device())?;
         let nccl = match transport {
             Transport::Auto => comm.device_backends().contains(&"nccl"),
             Transport::Nccl => true,
             Transport::Staged => false,
         };
-        let (rank, size, timeout) = (comm.rank(), comm.size(), comm.config().host.timeout);
-        let world_rank = comm.world_rank_of(rank).unwrap_or(rank);
+        let rank = comm.world_rank_of(comm.rank()).unwrap_or(comm.rank());
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
             let tracker = Arc::new(Tracker::new(queue.clone()));
@@ -401,77 +391,53 @@ impl CommQueue {
             let ch = Channel::new(comm, Box::new(signal))?;
             Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: SlotPool::default(), waited: 0, held: vec![] }
         };
-        let path = DevicePath { queue: queue.clone(), mode, rank: world_rank };
-        Ok(CommQueue::with_path(Path::Device(Box::new(path)), rank, size, world_rank, timeout))
+        Ok(DevicePath { queue: queue.clone(), mode, rank })
     }
 
-    /// Which transport this device queue uses (`None` on a host queue).
-    pub fn transport(&self) -> Option<Transport> {
-        match &self.path {
-            Path::Device(d) => match d.mode {
-                Mode::Nccl { .. } => Some(Transport::Nccl),
-                Mode::Staged { .. } => Some(Transport::Staged),
-                Mode::Closed => None,
-            },
-            Path::Host { .. } => None,
+    /// Which transport this queue uses (`None` once closed).
+    pub(crate) fn transport(&self) -> Option<Transport> {
+        match self.mode {
+            Mode::Nccl { .. } => Some(Transport::Nccl),
+            Mode::Staged { .. } => Some(Transport::Staged),
+            Mode::Closed => None,
         }
     }
 
-    /// The communicator a queue on the NCCL path issues its groups on (`None` otherwise), for
-    /// comparing the queue with NCCL called directly on the same communicator and stream.
-    /// Calls on it are ordered with the queue's groups only by the stream they are issued on.
-    pub fn nccl_communicator(&self) -> Option<&Communicator> {
-        match &self.path {
-            Path::Device(d) => match &d.mode {
-                Mode::Nccl { comm, .. } => Some(comm),
-                _ => None,
-            },
-            Path::Host { .. } => None,
+    /// The communicator the NCCL path issues its groups on.
+    pub(crate) fn nccl_communicator(&self) -> Option<&Communicator> {
+        match &self.mode {
+            Mode::Nccl { comm, .. } => Some(comm),
+            _ => None,
         }
     }
 
-    /// Makes `other` (another stream) wait for every operation started so far (an event; the
-    /// host does not block). On the queue's own stream use [`CommQueue::wait`].
-    pub fn wait_on(&mut self, other: &Queue) -> Result<()> {
-        self.wait()?;
-        match &self.path {
-            Path::Device(d) => {
-                let ev = d.queue.record()?;
-                other.wait_for(&ev)
-            }
-            Path::Host { .. } => Err(self.invalid("queue", "wait_on orders CUDA streams; this queue is a host queue")),
+    /// The channel of the staged path (whose batches the progress thread runs).
+    pub(crate) fn channel(&self) -> Option<&Arc<Channel>> {
+        match &self.mode {
+            Mode::Staged { ch, .. } => Some(ch),
+            _ => None,
         }
+    }
+
+    /// The bound device queue.
+    pub(crate) fn queue(&self) -> &Queue {
+        &self.queue
     }
 
     /// Whether the bound stream has run everything enqueued on it (no wait).
-    pub fn stream_idle(&self) -> Option<bool> {
-        match &self.path {
-            Path::Device(d) => {
-                // SAFETY: querying a live stream.
-                let rc = unsafe { cu::cuStreamQuery(d.queue.stream().cu_stream()) };
-                Some(rc == cu::CUresult::CUDA_SUCCESS)
-            }
-            Path::Host { .. } => None,
+    pub(crate) fn stream_idle(&self) -> bool {
+        // SAFETY: querying a live stream.
+        let rc = unsafe { cu::cuStreamQuery(self.queue.stream().cu_stream()) };
+        rc == cu::CUresult::CUDA_SUCCESS
+    }
+
+    fn check_buffer<T: Element>(&self, b: &DeviceBuf<T>) -> Result<()> {
+        if !Arc::ptr_eq(b.inner.stream(), self.queue.stream()) {
+            return Err(Error::invalid(self.rank, "buffer", "belongs to another queue than the one this CommQueue is bound to"));
         }
+        Ok(())
     }
-}
 
-fn device_of(cq: &mut CommQueue) -> &mut DevicePath {
-    match &mut cq.path {
-        Path::Device(d) => d,
-        Path::Host { .. } => unreachable!("device operations are dispatched only on device queues"),
-    }
-}
-
-fn check_queue<T: Element>(cq: &CommQueue, b: &DeviceBuf<T>) -> Result<()> {
-    let Path::Device(d) = &cq.path else { unreachable!("device queue") };
-    if !Arc::ptr_eq(b.inner.stream(), d.queue.stream()) {
-        return Err(cq.invalid("buffer", "belongs to another queue than the one this CommQueue is bound to"));
-    }
-    Ok(())
-}
-
-impl DevicePath {
     /// A staging slot of at least `bytes`: a free one from the pool, else a new allocation.
     fn slot(&mut self, bytes: usize) -> Result<Arc<Pinned>> {
         let Mode::Staged { pool, .. } = &mut self.mode else { unreachable!("staged") };
@@ -603,45 +569,47 @@ impl DevicePoll for Mark {
 /// Held handles beyond which a start releases those of completed starts.
 const HELD_CHECK: usize = 64;
 
-/// On the NCCL path, the state of a new operation of the next start: complete (with `bytes`)
-/// once the stream ran that start's group. `None` on the staged path.
-fn nccl_state(cq: &mut CommQueue, elem: usize, what: What, bytes: usize) -> Option<Arc<OpState>> {
-    let (epoch, rank) = (cq.started + 1, cq.world_rank);
-    let Mode::Nccl { tracker, mark, .. } = &mut device_of(cq).mode else { return None };
-    let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
-    Some(OpState::on_device(elem, what, rank, poll, bytes))
-}
+impl DevicePath {
+    /// On the NCCL path, the state of a new operation of the start `epoch` (the next one):
+    /// complete (with `bytes`) once the stream ran that start's group. `None` on the staged path.
+    fn nccl_state(&mut self, elem: usize, what: What, bytes: usize, epoch: u64) -> Option<Arc<OpState>> {
+        let Mode::Nccl { tracker, mark, .. } = &mut self.mode else { return None };
+        let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
+        Some(OpState::on_device(elem, what, self.rank, poll, bytes))
+    }
 
-/// Enqueues a send or receive of a device buffer.
-pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
-    check_queue(cq, b)?;
-    let es = std::mem::size_of::<T>();
-    let bytes = b.len() * es;
-    let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
-    if peer == PROC_NULL {
-        return Ok(cq.null_request(es, what));
-    }
-    let keep: Box<dyn Send> = Box::new(b.clone());
-    if let Some(state) = nccl_state(cq, es, what, bytes) {
-        let addr = b.inner.address();
-        let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
-        let req = cq.push_request(state.clone());
-        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
-            pending.push((op, state, keep));
+    /// Enqueues a send or receive of a device buffer (not to `PROC_NULL`) for start `epoch`
+    /// (the next one); returns the operation's state for its request.
+    pub(crate) fn enqueue_p2p<T: Element>(
+        &mut self,
+        b: &DeviceBuf<T>,
+        peer: usize,
+        tag: u32,
+        send: bool,
+        epoch: u64,
+    ) -> Result<Arc<OpState>> {
+        self.check_buffer(b)?;
+        let es = std::mem::size_of::<T>();
+        let bytes = b.len() * es;
+        let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
+        let keep: Box<dyn Send> = Box::new(b.clone());
+        if let Some(state) = self.nccl_state(es, what, bytes, epoch) {
+            let addr = b.inner.address();
+            let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
+            if let Mode::Nccl { pending, .. } = &mut self.mode {
+                pending.push((op, state.clone(), keep));
+            }
+            return Ok(state);
         }
-        return Ok(req);
-    }
-    let (state, req) = cq.new_request(es, what);
-    let d = device_of(cq);
-    let staged = {
-        let slot = d.slot(bytes)?;
+        let state = OpState::new(es, what, self.rank);
+        let slot = self.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
         let mem = Box::new(SlotLend(slot, bytes));
-        if send {
+        let staged = if send {
             StagedOp {
                 downloads: vec![copy],
                 uploads: vec![],
-                op: Op { work: Work::Send { peer, tag, mem }, state, keep: None, exact: None },
+                op: Op { work: Work::Send { peer, tag, mem }, state: state.clone(), keep: None, exact: None },
                 hold: keep,
             }
         } else {
@@ -650,145 +618,145 @@ pub(crate) fn enqueue_p2p<T: Element>(cq: &mut CommQueue, b: &DeviceBuf<T>, peer
             StagedOp {
                 downloads: vec![],
                 uploads: vec![copy],
-                op: Op { work: Work::Recv { peer, tag, mem }, state, keep: None, exact: Some(bytes) },
+                op: Op { work: Work::Recv { peer, tag, mem }, state: state.clone(), keep: None, exact: Some(bytes) },
                 hold: keep,
             }
+        };
+        if let Mode::Staged { pending, .. } = &mut self.mode {
+            pending.push(staged);
         }
-    };
-    if let Mode::Staged { pending, .. } = &mut d.mode {
-        pending.push(staged);
+        Ok(state)
     }
-    Ok(req)
-}
 
-/// Enqueues a collective over device buffers (`recv` is the result; `send` may be `recv`).
-pub(crate) fn enqueue_coll<T: Element>(cq: &mut CommQueue, c: Coll, send: &DeviceBuf<T>, recv: &DeviceBuf<T>) -> Result<Request> {
-    check_queue(cq, send)?;
-    check_queue(cq, recv)?;
-    let in_place = send.same(recv) || matches!(c, Coll::Broadcast(_));
-    if in_place && matches!(c, Coll::ReduceScatter(_) | Coll::AllToAll) {
-        return Err(cq.invalid("recv", format!("{} cannot run in place: pass two buffers", c.name())));
-    }
-    let es = std::mem::size_of::<T>();
-    let (sb, rb) = (send.len() * es, recv.len() * es);
-    let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
-    if let Some(state) = nccl_state(cq, es, What::Coll(c.name()), 0) {
-        let req = cq.push_request(state.clone());
-        let (s, r) = (send.clone(), recv.clone());
-        let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
-        if let Mode::Nccl { pending, .. } = &mut device_of(cq).mode {
-            pending.push((NcclOp::Coll(Box::new(f)), state, keep));
+    /// Enqueues a collective over device buffers (`recv` is the result; `send` may be `recv`)
+    /// for start `epoch` (the next one); returns the operation's state for its request.
+    pub(crate) fn enqueue_coll<T: Element>(
+        &mut self,
+        c: Coll,
+        send: &DeviceBuf<T>,
+        recv: &DeviceBuf<T>,
+        epoch: u64,
+    ) -> Result<Arc<OpState>> {
+        self.check_buffer(send)?;
+        self.check_buffer(recv)?;
+        let in_place = send.same(recv) || matches!(c, Coll::Broadcast(_));
+        if in_place && matches!(c, Coll::ReduceScatter(_) | Coll::AllToAll) {
+            return Err(Error::invalid(self.rank, "recv", format!("{} cannot run in place: pass two buffers", c.name())));
         }
-        return Ok(req);
-    }
-    let (state, req) = cq.new_request(es, What::Coll(c.name()));
-    let d = device_of(cq);
-    let rslot = d.slot(rb)?;
-    let sslot = if in_place { None } else { Some(d.slot(sb)?) };
-    let download = match &sslot {
-        Some(ss) => Copy { dev: send.inner.address(), slot: ss.clone(), bytes: sb },
-        None => Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb },
-    };
-    let upload = Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb };
-    let (slen, rlen) = (send.len(), recv.len());
-    let work = Work::Coll(Box::new(move |comm: &Communicator, _deadline| {
-        // SAFETY: the slots are pinned host memory of at least these sizes, kept alive by this
-        // closure; between the trigger (after the device→host copies) and the completion store
-        // (before the host→device copies) nothing else touches them.
-        let r = unsafe { std::slice::from_raw_parts_mut(rslot.host as *mut T, rlen) };
-        let s = sslot.as_ref().map(|ss| {
-            // SAFETY: as above; a distinct slot from `r`.
-            unsafe { std::slice::from_raw_parts(ss.host as *const T, slen) }
-        });
-        match (c, s) {
-            (Coll::AllReduce(op), Some(s)) => comm.all_reduce(s, r, op)?,
-            (Coll::AllReduce(op), None) => comm.all_reduce_in_place(r, op)?,
-            (Coll::Broadcast(root), _) => comm.broadcast(r, root)?,
-            (Coll::AllGather, Some(s)) => comm.all_gather(s, r)?,
-            (Coll::AllGather, None) => comm.all_gather_in_place(r)?,
-            (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(s, r, op)?,
-            (Coll::AllToAll, Some(s)) => comm.all_to_all(s, r)?,
-            (c, None) => return Err(Error::invalid(0, "send", format!("{} cannot run in place", c.name()))),
+        let es = std::mem::size_of::<T>();
+        let (sb, rb) = (send.len() * es, recv.len() * es);
+        let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
+        if let Some(state) = self.nccl_state(es, What::Coll(c.name()), 0, epoch) {
+            let (s, r) = (send.clone(), recv.clone());
+            let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
+            if let Mode::Nccl { pending, .. } = &mut self.mode {
+                pending.push((NcclOp::Coll(Box::new(f)), state.clone(), keep));
+            }
+            return Ok(state);
         }
-        Ok(Some(rlen * std::mem::size_of::<T>()))
-    }));
-    let op = Op { work, state, keep: None, exact: None };
-    if let Mode::Staged { pending, .. } = &mut d.mode {
-        pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: keep });
+        let state = OpState::new(es, What::Coll(c.name()), self.rank);
+        let rslot = self.slot(rb)?;
+        let sslot = if in_place { None } else { Some(self.slot(sb)?) };
+        let download = match &sslot {
+            Some(ss) => Copy { dev: send.inner.address(), slot: ss.clone(), bytes: sb },
+            None => Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb },
+        };
+        let upload = Copy { dev: recv.inner.address(), slot: rslot.clone(), bytes: rb };
+        let (slen, rlen, rank) = (send.len(), recv.len(), self.rank);
+        let work = Work::Coll(Box::new(move |comm: &Communicator, _deadline| {
+            // SAFETY: the slots are pinned host memory of at least these sizes, kept alive by
+            // this closure; between the trigger (after the device→host copies) and the
+            // completion store (before the host→device copies) nothing else touches them.
+            let r = unsafe { std::slice::from_raw_parts_mut(rslot.host as *mut T, rlen) };
+            let s = sslot.as_ref().map(|ss| {
+                // SAFETY: as above; a distinct slot from `r`.
+                unsafe { std::slice::from_raw_parts(ss.host as *const T, slen) }
+            });
+            match (c, s) {
+                (Coll::AllReduce(op), Some(s)) => comm.all_reduce(s, r, op)?,
+                (Coll::AllReduce(op), None) => comm.all_reduce_in_place(r, op)?,
+                (Coll::Broadcast(root), _) => comm.broadcast(r, root)?,
+                (Coll::AllGather, Some(s)) => comm.all_gather(s, r)?,
+                (Coll::AllGather, None) => comm.all_gather_in_place(r)?,
+                (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(s, r, op)?,
+                (Coll::AllToAll, Some(s)) => comm.all_to_all(s, r)?,
+                (c, None) => return Err(Error::invalid(rank, "send", format!("{} cannot run in place", c.name()))),
+            }
+            Ok(Some(rlen * std::mem::size_of::<T>()))
+        }));
+        let op = Op { work, state: state.clone(), keep: None, exact: None };
+        if let Mode::Staged { pending, .. } = &mut self.mode {
+            pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: keep });
+        }
+        Ok(state)
     }
-    Ok(req)
-}
 
-/// Issues the operations enqueued since the last start (see [`CommQueue::start`]).
-pub(crate) fn start(cq: &mut CommQueue, epoch: u64) -> Result<()> {
-    if let Path::Device(d) = &cq.path {
-        if let Mode::Staged { ch, .. } = &d.mode {
-            let ch = ch.clone();
-            cq.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
-        }
-    }
-    let d = device_of(cq);
-    let rank = d.rank;
-    let stream = d.queue.stream().clone();
-    let cs = stream.cu_stream();
-    match &mut d.mode {
-        Mode::Nccl { comm, pending, held, tracker, mark, failed } => {
-            let ops = std::mem::take(pending);
-            // The requests already hold this start's completion (made at enqueue).
-            mark.take();
-            let (keeps, issued) = issue_nccl(comm, &d.queue, ops, epoch);
-            // Whatever was issued of this start precedes any event recorded from now on.
-            tracker.issued.store(epoch, Ordering::Release);
-            if !keeps.is_empty() {
-                held.push((epoch, keeps));
-            }
-            if let Err(e) = issued {
-                failed.get_or_insert(e.clone());
-                return Err(e);
-            }
-            if held.len() >= HELD_CHECK {
-                // The oldest start's event is usually recorded already (one query).
-                tracker.done_up_to(held[0].0)?;
-                let done = tracker.completed.load(Ordering::Acquire);
-                held.retain(|(e, _)| *e > done);
-            }
-            Ok(())
-        }
-        Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
-            d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
-            let ops = std::mem::take(pending);
-            let mut uploads = vec![];
-            let mut holds = vec![];
-            let mut sent_slots = vec![];
-            let mut batch = Vec::with_capacity(ops.len());
-            for so in ops {
-                for c in &so.downloads {
-                    // SAFETY: the device buffer and the slot are kept alive by the operation
-                    // until the stream ran the copy (the slot returns to the pool only after
-                    // the host backend completed, which follows the trigger after this copy).
-                    let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(c.slot.host as *mut std::ffi::c_void, c.dev, c.bytes, cs) };
-                    check(rc, rank, "enqueueing a device→host copy")?;
+    /// Issues the operations enqueued since the last start as start `epoch` (see
+    /// [`CommQueue::start`](crate::CommQueue::start)).
+    pub(crate) fn start(&mut self, epoch: u64) -> Result<()> {
+        let d = self;
+        let rank = d.rank;
+        let stream = d.queue.stream().clone();
+        let cs = stream.cu_stream();
+        match &mut d.mode {
+            Mode::Nccl { comm, pending, held, tracker, mark, failed } => {
+                let ops = std::mem::take(pending);
+                // The requests already hold this start's completion (made at enqueue).
+                mark.take();
+                let (keeps, issued) = issue_nccl(comm, &d.queue, ops, epoch);
+                // Whatever was issued of this start precedes any event recorded from now on.
+                tracker.issued.store(epoch, Ordering::Release);
+                if !keeps.is_empty() {
+                    held.push((epoch, keeps));
                 }
-                // Slots only read by the host backend go back to the pool now (the pool keeps a
-                // reference, so the progress thread never frees them); they are reused once
-                // the engine let go of them. Slots also uploaded return at the wait.
-                for c in so.downloads {
-                    if !so.uploads.iter().any(|u| Arc::ptr_eq(&u.slot, &c.slot)) {
-                        sent_slots.push(c.slot);
+                if let Err(e) = issued {
+                    failed.get_or_insert(e.clone());
+                    return Err(e);
+                }
+                if held.len() >= HELD_CHECK {
+                    // The oldest start's event is usually recorded already (one query).
+                    tracker.done_up_to(held[0].0)?;
+                    let done = tracker.completed.load(Ordering::Acquire);
+                    held.retain(|(e, _)| *e > done);
+                }
+                Ok(())
+            }
+            Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
+                d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
+                let ops = std::mem::take(pending);
+                let mut uploads = vec![];
+                let mut holds = vec![];
+                let mut sent_slots = vec![];
+                let mut batch = Vec::with_capacity(ops.len());
+                for so in ops {
+                    for c in &so.downloads {
+                        // SAFETY: the device buffer and the slot are kept alive by the operation
+                        // until the stream ran the copy (the slot returns to the pool only after
+                        // the host backend completed, which follows the trigger after this copy).
+                        let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(c.slot.host as *mut std::ffi::c_void, c.dev, c.bytes, cs) };
+                        check(rc, rank, "enqueueing a device→host copy")?;
                     }
+                    // Slots only read by the host backend go back to the pool now (the pool keeps a
+                    // reference, so the progress thread never frees them); they are reused once
+                    // the engine let go of them. Slots also uploaded return at the wait.
+                    for c in so.downloads {
+                        if !so.uploads.iter().any(|u| Arc::ptr_eq(&u.slot, &c.slot)) {
+                            sent_slots.push(c.slot);
+                        }
+                    }
+                    uploads.extend(so.uploads);
+                    holds.push(so.hold);
+                    batch.push(so.op);
                 }
-                uploads.extend(so.uploads);
-                holds.push(so.hold);
-                batch.push(so.op);
+                for s in sent_slots {
+                    pool.put(s, None);
+                }
+                ch.submit(Batch { epoch, ops: batch });
+                awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
+                signal.trigger_on(&stream, epoch)
             }
-            for s in sent_slots {
-                pool.put(s, None);
-            }
-            ch.submit(Batch { epoch, ops: batch });
-            awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
-            signal.trigger_on(&stream, epoch)
+            Mode::Closed => Err(Error::Config("the queue was closed".into())),
         }
-        Mode::Closed => Err(Error::Config("the queue was closed".into())),
     }
 }
 
@@ -847,52 +815,54 @@ fn issue_runs(comm: &Communicator, queue: &Queue, work: Vec<NcclOp>) -> Result<(
     flush(&mut sends, &mut recvs)
 }
 
-/// Holds later work on the stream until every operation started up to `epoch` completed, then
-/// uploads the received data (see [`CommQueue::wait`]).
-pub(crate) fn wait(cq: &mut CommQueue, epoch: u64) -> Result<()> {
-    let bound = cq.bound();
-    let d = device_of(cq);
-    let rank = d.rank;
-    let cs = d.queue.stream().cu_stream();
-    let Mode::Staged { signal, awaiting, waited, held, .. } = &mut d.mode else {
-        // NCCL: stream order already holds later work behind the group.
-        return Ok(());
-    };
-    if epoch <= *waited {
-        return Ok(());
-    }
-    d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
-    signal.wait_on(d.queue.stream(), epoch, bound)?;
-    *waited = epoch;
-    let mut slots = vec![];
-    let mut keeps: Vec<Box<dyn Send>> = vec![];
-    let mut rest = vec![];
-    for a in awaiting.drain(..) {
-        if a.epoch > epoch {
-            rest.push(a);
-            continue;
+impl DevicePath {
+    /// Holds later work on the stream until every operation started up to `epoch` completed
+    /// (bounded by `bound`), then uploads the received data (see
+    /// [`CommQueue::wait`](crate::CommQueue::wait)).
+    pub(crate) fn wait(&mut self, epoch: u64, bound: Duration) -> Result<()> {
+        let d = self;
+        let rank = d.rank;
+        let cs = d.queue.stream().cu_stream();
+        let Mode::Staged { signal, awaiting, waited, held, .. } = &mut d.mode else {
+            // NCCL: stream order already holds later work behind the group.
+            return Ok(());
+        };
+        if epoch <= *waited {
+            return Ok(());
         }
-        for c in a.copies {
-            // SAFETY: the slot and the device buffer stay alive until the event recorded below
-            // completed (slot pool, `held`); the stream runs this copy after the wait above.
-            let rc = unsafe { cu::cuMemcpyHtoDAsync_v2(c.dev, c.slot.host as *const std::ffi::c_void, c.bytes, cs) };
-            check(rc, rank, "enqueueing a host→device copy")?;
-            slots.push(c.slot);
+        d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
+        signal.wait_on(d.queue.stream(), epoch, bound)?;
+        *waited = epoch;
+        let mut slots = vec![];
+        let mut keeps: Vec<Box<dyn Send>> = vec![];
+        let mut rest = vec![];
+        for a in awaiting.drain(..) {
+            if a.epoch > epoch {
+                rest.push(a);
+                continue;
+            }
+            for c in a.copies {
+                // SAFETY: the slot and the device buffer stay alive until the event recorded below
+                // completed (slot pool, `held`); the stream runs this copy after the wait above.
+                let rc = unsafe { cu::cuMemcpyHtoDAsync_v2(c.dev, c.slot.host as *const std::ffi::c_void, c.bytes, cs) };
+                check(rc, rank, "enqueueing a host→device copy")?;
+                slots.push(c.slot);
+            }
+            keeps.extend(a.keep);
         }
-        keeps.extend(a.keep);
+        *awaiting = rest;
+        if slots.is_empty() && keeps.is_empty() {
+            // Nothing was uploaded and no buffer handle waits for its release (empty batches): no
+            // event to record, so an empty start + wait is one stream write and one stream wait.
+            return Ok(());
+        }
+        let ev = Arc::new(d.queue.record()?);
+        // Events complete in stream order: release from the front, one query for the first one
+        // still pending instead of one for each.
+        let done = held.iter().position(|(e, _)| !e.is_complete()).unwrap_or(held.len());
+        held.drain(..done);
+        held.push((ev.clone(), keeps));
+        d.recycle(slots, &ev);
+        Ok(())
     }
-    *awaiting = rest;
-    if slots.is_empty() && keeps.is_empty() {
-        // Nothing was uploaded and no buffer handle waits for its release (empty batches): no
-        // event to record, so an empty start + wait is one stream write and one stream wait.
-        return Ok(());
-    }
-    let ev = Arc::new(d.queue.record()?);
-    // Events complete in stream order: release from the front, one query for the first one
-    // still pending instead of one for each.
-    let done = held.iter().position(|(e, _)| !e.is_complete()).unwrap_or(held.len());
-    held.drain(..done);
-    held.push((ev.clone(), keeps));
-    d.recycle(slots, &ev);
-    Ok(())
 }

@@ -464,7 +464,7 @@ fn check_length(op: &Op, bytes: usize) -> Result<usize> {
                 "message length: the {what} brought {bytes} bytes, the device buffer has {want} (a stream receive must be filled exactly)"
             ),
         }),
-        _ if bytes % elem != 0 => Err(Error::Mismatch {
+        _ if !bytes.is_multiple_of(elem) => Err(Error::Mismatch {
             rank: op.state.rank,
             what: format!("message length: the {what} brought {bytes} bytes, not a whole number of the buffer's {elem}-byte elements"),
         }),

@@ -23,19 +23,29 @@
 //! ```
 //!
 //! Three ways underneath, one contract:
-//! - host queues: `start` and `wait` are tasks on the queue; the process's progress thread (see
-//!   `engine`) runs each started batch on the communicator's host backend;
+//! - host queues: `start` and `wait` are tasks on the queue; the queue's own progress thread
+//!   (see `engine`) posts each started batch on the communicator's host backend;
 //! - CUDA streams, staged (any host backend): trigger and completion counters in pinned,
 //!   device-mapped host memory, written and awaited by the stream with
-//!   `cuStreamWriteValue64`/`cuStreamWaitValue64`, the same progress thread between them;
+//!   `cuStreamWriteValue64`/`cuStreamWaitValue64`, the queue's progress thread between them;
 //! - CUDA streams over NCCL: `start` issues the batch as one NCCL group on the stream.
 //!
 //! Rules, checked before anything moves: an explicit peer and tag (no wildcards); a
 //! [`PROC_NULL`] peer completes at once; operations match per (peer, tag) in enqueue order and
-//! match ordinary sends and receives of the same communicator; the queue keeps every buffer it
-//! was lent until its operation completed; closing (or dropping) a queue with operations in
-//! flight is an error (see [`CommQueue::close`]). A lost peer or a timeout releases every wait of
-//! the queue and surfaces as an error, naming the peer, on every request.
+//! match ordinary sends and receives of the same communicator; one buffer may serve two
+//! operations of one batch only if both read it (a receive or a collective's result buffer
+//! used by another operation of the same batch is refused at enqueue, naming both); `wait` with
+//! operations enqueued and not started is refused, naming how many; the queue keeps every
+//! buffer it was lent until its operation completed; closing (or dropping) a queue with
+//! operations in flight is an error (see [`CommQueue::close`]).
+//!
+//! Each `start` releases its batch on its own: the operations of a later start are posted
+//! without waiting for those of an earlier one to complete, and only `wait` orders later work
+//! on the queue. Each host-backed queue has its own progress thread, so queues never wait for
+//! each other (a collective of one queue does not hold up another queue's operations). A
+//! received message must be a whole number of the buffer's elements, else its request fails.
+//! A lost peer or a timeout releases every wait of the queue and surfaces as an error, naming
+//! the peer, on every request.
 //!
 //! Depends on `sucl-runtime` (and `sucl-cuda` for streams) through their public APIs only.
 
@@ -43,6 +53,7 @@
 // Without `cuda` some dispatch has one arm and a few helpers serve only the device path.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code, irrefutable_let_patterns))]
 
+mod buffer;
 #[cfg(feature = "cuda")]
 pub mod device;
 mod engine;
@@ -53,10 +64,13 @@ mod hostq;
 mod queue;
 mod request;
 mod shared;
+#[cfg(feature = "cuda")]
+mod stream_queue;
 mod wakeup;
 
+pub use buffer::QueueBuffer;
 pub use hostq::HostQueue;
-pub use queue::{CommQueue, QueueBuffer};
+pub use queue::CommQueue;
 pub use request::Request;
 pub use shared::{ReadGuard, SharedBuf, WriteGuard};
 pub use sucl_runtime::{Error, Result};

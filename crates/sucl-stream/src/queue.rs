@@ -1,5 +1,8 @@
 //! [`CommQueue`]: the queue front end shared by every path, and the host-queue path.
 
+use crate::buffer::{Lent, QueueBuffer};
+#[cfg(feature = "cuda")]
+use crate::device::{Coll, DeviceBuf, DevicePath};
 use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
@@ -8,48 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result, MAX_TAG};
-
-/// A buffer a [`CommQueue`] can be lent: a host [`SharedBuf`] (host queues) or, with feature
-/// `cuda`, a [`DeviceBuf`](crate::device::DeviceBuf) (CUDA streams).
-pub trait QueueBuffer<T: Element> {
-    /// Which kind of buffer it is (used by the queue to pick the path).
-    #[doc(hidden)]
-    fn lent(&self) -> Lent<'_, T>;
-}
-
-/// The two kinds of [`QueueBuffer`].
-#[doc(hidden)]
-pub enum Lent<'a, T: Element> {
-    Host(&'a SharedBuf<T>),
-    #[cfg(feature = "cuda")]
-    Device(&'a crate::device::DeviceBuf<T>),
-}
-
-impl<T: Element> Lent<'_, T> {
-    /// An address naming the buffer (every handle of one buffer gives the same).
-    fn key(&self) -> usize {
-        match self {
-            Lent::Host(b) => b.key(),
-            #[cfg(feature = "cuda")]
-            Lent::Device(b) => b.key(),
-        }
-    }
-
-    /// Number of elements.
-    fn len(&self) -> usize {
-        match self {
-            Lent::Host(b) => b.len(),
-            #[cfg(feature = "cuda")]
-            Lent::Device(b) => b.len(),
-        }
-    }
-}
-
-impl<T: Element> QueueBuffer<T> for SharedBuf<T> {
-    fn lent(&self) -> Lent<'_, T> {
-        Lent::Host(self)
-    }
-}
 
 /// The counters of a host queue: plain atomics. The queue's wait task spins, then yields (as
 /// the communicator's backoff says: not at all on an oversubscribed host), then blocks on a
@@ -139,7 +100,7 @@ pub(crate) enum Path {
     Host { ch: Arc<Channel>, q: HostQueue, sig: Arc<HostSignal> },
     /// A CUDA stream.
     #[cfg(feature = "cuda")]
-    Device(Box<crate::device::DevicePath>),
+    Device(Box<DevicePath>),
 }
 
 /// A communicator bound to one in-order queue: operations are enqueued (nothing moves), a
@@ -391,53 +352,57 @@ impl CommQueue {
 
     /// Enqueues a send of `buf` to `peer` with `tag`; returns at once, moving nothing.
     pub fn enqueue_send<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
-        self.check_open()?;
-        self.check_peer_tag(peer, tag, "send")?;
-        if peer != PROC_NULL {
-            self.check_lent(What::Send { peer, tag }, [Some((buf.lent().key(), false)), None])?;
-        }
-        match (&self.path, buf.lent()) {
-            (Path::Host { .. }, Lent::Host(b)) => {
-                let what = What::Send { peer, tag };
-                if peer == PROC_NULL {
-                    return Ok(self.null_request(std::mem::size_of::<T>(), what));
-                }
-                let work = Work::Send { peer, tag, mem: Box::new(HostLease::new(b, false)) };
-                Ok(self.push_host(work, std::mem::size_of::<T>(), what))
-            }
-            #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_p2p(self, b, peer, tag, true),
-            #[cfg(feature = "cuda")]
-            (Path::Host { .. }, Lent::Device(_)) => Err(self.invalid("buffer", "a host queue's buffers must be host SharedBufs")),
-            #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Host(_)) => Err(self.host_only("send")),
-        }
+        self.enqueue_p2p(buf.lent(), peer, tag, true)
     }
 
     /// Enqueues a receive into `buf` from `peer` with `tag` (a message up to `buf`'s length on
-    /// host backends; exactly its length over NCCL); returns at once, moving nothing.
+    /// host backends, a whole number of its elements; exactly its length over NCCL); returns at
+    /// once, moving nothing.
     pub fn enqueue_recv<T: Element, B: QueueBuffer<T>>(&mut self, buf: &B, peer: usize, tag: u32) -> Result<Request> {
+        self.enqueue_p2p(buf.lent(), peer, tag, false)
+    }
+
+    fn enqueue_p2p<T: Element>(&mut self, buf: Lent<'_, T>, peer: usize, tag: u32, send: bool) -> Result<Request> {
+        let dir = if send { "send" } else { "receive" };
         self.check_open()?;
-        self.check_peer_tag(peer, tag, "receive")?;
-        if peer != PROC_NULL {
-            self.check_lent(What::Recv { peer, tag }, [Some((buf.lent().key(), true)), None])?;
+        self.check_peer_tag(peer, tag, dir)?;
+        match (&self.path, &buf) {
+            (Path::Host { .. }, Lent::Host(_)) => {}
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Device(_)) => {}
+            #[cfg(feature = "cuda")]
+            (Path::Host { .. }, Lent::Device(_)) => return Err(self.invalid("buffer", "a host queue's buffers must be host SharedBufs")),
+            #[cfg(feature = "cuda")]
+            (Path::Device(_), Lent::Host(_)) => return Err(self.host_only(dir)),
         }
-        match (&self.path, buf.lent()) {
+        let (elem, what) = (std::mem::size_of::<T>(), if send { What::Send { peer, tag } } else { What::Recv { peer, tag } });
+        if peer == PROC_NULL {
+            return Ok(self.null_request(elem, what));
+        }
+        self.check_lent(what, [Some((buf.key(), !send)), None])?;
+        match (&mut self.path, buf) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let what = What::Recv { peer, tag };
-                if peer == PROC_NULL {
-                    return Ok(self.null_request(std::mem::size_of::<T>(), what));
-                }
-                let work = Work::Recv { peer, tag, mem: Box::new(HostLease::new(b, true)) };
-                Ok(self.push_host(work, std::mem::size_of::<T>(), what))
+                let mem = Box::new(HostLease::new(b, !send));
+                let work = if send { Work::Send { peer, tag, mem } } else { Work::Recv { peer, tag, mem } };
+                Ok(self.push_host(work, elem, what))
             }
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_p2p(self, b, peer, tag, false),
+            (Path::Device(d), Lent::Device(b)) => {
+                let state = d.enqueue_p2p(b, peer, tag, send, self.started + 1)?;
+                Ok(self.push_request(state))
+            }
             #[cfg(feature = "cuda")]
-            (Path::Host { .. }, Lent::Device(_)) => Err(self.invalid("buffer", "a host queue's buffers must be host SharedBufs")),
-            #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Host(_)) => Err(self.host_only("receive")),
+            _ => unreachable!("buffer kinds checked above"),
         }
+    }
+
+    /// Enqueues a collective over device buffers.
+    #[cfg(feature = "cuda")]
+    fn device_coll<T: Element>(&mut self, c: Coll, send: &DeviceBuf<T>, recv: &DeviceBuf<T>) -> Result<Request> {
+        let epoch = self.started + 1;
+        let Path::Device(d) = &mut self.path else { unreachable!("device collectives are dispatched only on device queues") };
+        let state = d.enqueue_coll(c, send, recv, epoch)?;
+        Ok(self.push_request(state))
     }
 
     fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
@@ -487,9 +452,7 @@ impl CommQueue {
                 None => c.all_reduce_in_place(r, op),
             }),
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
-                crate::device::enqueue_coll(self, crate::device::Coll::AllReduce(op), s, r)
-            }
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => self.device_coll(Coll::AllReduce(op), s, r),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -503,7 +466,7 @@ impl CommQueue {
         match (&self.path, buf.lent()) {
             (Path::Host { .. }, Lent::Host(b)) => self.enqueue_host_coll("broadcast", None, b, move |c, _, r| c.broadcast(r, root)),
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(b)) => crate::device::enqueue_coll(self, crate::device::Coll::Broadcast(root), b, b),
+            (Path::Device(_), Lent::Device(b)) => self.device_coll(Coll::Broadcast(root), b, b),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -520,7 +483,7 @@ impl CommQueue {
                 self.enqueue_host_coll("all_gather", Some(s), r, |c, s, r| c.all_gather(s.unwrap_or(&[]), r))
             }
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => crate::device::enqueue_coll(self, crate::device::Coll::AllGather, s, r),
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => self.device_coll(Coll::AllGather, s, r),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -536,9 +499,7 @@ impl CommQueue {
                 self.enqueue_host_coll("reduce_scatter", Some(s), r, move |c, s, r| c.reduce_scatter(s.unwrap_or(&[]), r, op))
             }
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => {
-                crate::device::enqueue_coll(self, crate::device::Coll::ReduceScatter(op), s, r)
-            }
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => self.device_coll(Coll::ReduceScatter(op), s, r),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -561,7 +522,7 @@ impl CommQueue {
                 self.enqueue_host_coll("all_to_all", Some(s), r, |c, s, r| c.all_to_all(s.unwrap_or(&[]), r))
             }
             #[cfg(feature = "cuda")]
-            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => crate::device::enqueue_coll(self, crate::device::Coll::AllToAll, s, r),
+            (Path::Device(_), Lent::Device(s), Lent::Device(r)) => self.device_coll(Coll::AllToAll, s, r),
             #[cfg(feature = "cuda")]
             _ => Err(self.mixed()),
         }
@@ -584,7 +545,7 @@ impl CommQueue {
     }
 
     /// Blocks (bounded) while more than [`MAX_IN_FLIGHT`] started operations are incomplete.
-    pub(crate) fn throttle(&mut self, in_flight: &dyn Fn() -> u64) -> Result<()> {
+    fn throttle(&mut self, in_flight: &dyn Fn() -> u64) -> Result<()> {
         if in_flight() <= MAX_IN_FLIGHT {
             return Ok(());
         }
@@ -613,9 +574,10 @@ impl CommQueue {
         Ok(())
     }
 
-    /// Puts one trigger on the queue: every operation enqueued since the last start becomes
-    /// eligible once the queue reaches this point. Returns at once (it blocks, bounded, only
-    /// while more than [`MAX_IN_FLIGHT`] operations are in flight).
+    /// Puts one trigger on the queue: every operation enqueued since the last start is posted
+    /// once the queue reaches this point — at once, whatever the operations of earlier starts
+    /// are still doing (only [`wait`](CommQueue::wait) orders later work). Returns at once (it
+    /// blocks, bounded, only while more than [`MAX_IN_FLIGHT`] operations are in flight).
     pub fn start(&mut self) -> Result<()> {
         self.check_open()?;
         if self.outstanding.len() >= self.prune_at {
@@ -623,8 +585,13 @@ impl CommQueue {
             self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
         }
         let epoch = self.started + 1;
-        if let Path::Host { ch, .. } = &self.path {
-            let ch = ch.clone();
+        // Queues whose batches the progress thread runs hold the cap on operations in flight.
+        let ch = match &self.path {
+            Path::Host { ch, .. } => Some(ch.clone()),
+            #[cfg(feature = "cuda")]
+            Path::Device(d) => d.channel().cloned(),
+        };
+        if let Some(ch) = ch {
             self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
         }
         self.lent.clear();
@@ -647,7 +614,7 @@ impl CommQueue {
                 });
             }
             #[cfg(feature = "cuda")]
-            Path::Device(_) => crate::device::start(self, epoch)?,
+            Path::Device(d) => d.start(epoch)?,
         }
         self.started = epoch;
         self.outstanding.append(&mut self.unstarted);
@@ -656,7 +623,9 @@ impl CommQueue {
 
     /// Puts one wait on the queue: later work on the queue runs once every operation started so
     /// far completed (or failed — the error is then on the requests and [`synchronize`]). The
-    /// host does not block.
+    /// host does not block. With operations enqueued since the last start it is refused (an
+    /// `InvalidArgument` naming how many, nothing put on the queue): it would cover none of
+    /// them, so a task after it would read what they have not received yet.
     ///
     /// [`synchronize`]: CommQueue::synchronize
     pub fn wait(&mut self) -> Result<()> {
@@ -691,7 +660,7 @@ impl CommQueue {
                 });
             }
             #[cfg(feature = "cuda")]
-            Path::Device(_) => crate::device::wait(self, epoch)?,
+            Path::Device(d) => d.wait(epoch, self.timeout + SLACK)?,
         }
         Ok(())
     }
