@@ -12,31 +12,57 @@
 //!
 //! `target/release/sucl run -n 2 -- target/release/examples/faces --gpu staged 2 1 1 15 14 13 12 1 2 20`
 
+use clap::{Parser, ValueEnum};
 use std::io::Read;
 use sucl_runtime::ReduceOp;
 use sucl_stream::faces::{run_baseline, run_triggered, Grid, Input, DIRS};
 
+/// Faces (a halo exchange of a 3-D spectral-element grid): the baseline and the
+/// stream-triggered variant side by side, each checked against the host reference. Rank 0
+/// prints the time per share of each, the host time blocked, and one JSON line.
+#[derive(Parser)]
+#[command(
+    name = "faces",
+    after_help = "Examples:\n  \
+      sucl run -n 8 -- target/release/examples/faces 2 2 2 15 14 13 12 1 2 20\n  \
+      sucl run -n 2 -- target/release/examples/faces --gpu staged 2 1 1 15 14 13 12 1 2 20\n  \
+      echo 1 1 1 4 4 4 4 1 1 10 | target/release/examples/faces\n\n\
+      The job must have lx·ly·lz ranks; --gpu needs one GPU per rank."
+)]
+struct Args {
+    /// Run both variants on one GPU per rank instead, the stream-triggered one over this
+    /// transport (the baseline over NCCL where the job has it, else staged).
+    #[arg(long, value_enum)]
+    gpu: Option<Gpu>,
+    /// The input as the public Faces benchmark reads it: `lx ly lz mx my mz n nk nj ni` (ranks
+    /// per axis, elements per rank per axis, points per element edge, outer, middle and inner
+    /// loop counts). Read from stdin on rank 0 when absent (`sucl run` gives ranks no stdin).
+    #[arg(value_name = "INPUT")]
+    input: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Gpu {
+    /// NCCL groups on the stream.
+    Nccl,
+    /// Stream memory operations and the progress thread over the host backend.
+    Staged,
+}
+
 fn main() {
-    if let Err(e) = run() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
         eprintln!("faces: {e}");
         std::process::exit(1);
     }
 }
 
-fn run() -> sucl_runtime::Result<()> {
+fn run(Args { gpu, input: args }: Args) -> sucl_runtime::Result<()> {
+    let gpu = gpu.map(|g| match g {
+        Gpu::Nccl => sucl_stream::device::Transport::Nccl,
+        Gpu::Staged => sucl_stream::device::Transport::Staged,
+    });
     let comm = sucl_runtime::init()?;
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let gpu = if args.first().map(String::as_str) == Some("--gpu") {
-        let t = args.get(1).cloned().unwrap_or_default();
-        args.drain(..2.min(args.len()));
-        Some(match t.as_str() {
-            "nccl" => sucl_stream::device::Transport::Nccl,
-            "staged" => sucl_stream::device::Transport::Staged,
-            other => return Err(sucl_runtime::Error::Config(format!("--gpu takes nccl or staged, not `{other}`"))),
-        })
-    } else {
-        None
-    };
     // Rank 0 reads the input; every rank uses rank 0's.
     let mut text = [0u8; 256];
     if comm.rank() == 0 {

@@ -14,6 +14,7 @@
 //!
 //! Prints `st-gpu: <check> <transport>: ok` on success; exits non-zero otherwise.
 
+use clap::{Parser, ValueEnum};
 use std::time::Instant;
 use sucl_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use sucl_runtime::cuda::{Kernel, Queue};
@@ -62,15 +63,58 @@ fn check(k: &Kernels, q: &Queue, b: &DeviceBuf<f64>, v: f64, bad: &DeviceBuf<u64
     unsafe { l.launch(cfg(n as usize)) }.expect("launching check");
 }
 
+/// GPU checks and benchmarks of stream-triggered queues on 2 ranks with one GPU each: a check
+/// prints `st-gpu: <check> <transport>: ok` and exits 0, or says what failed and exits 1.
+#[derive(Parser)]
+#[command(
+    name = "st_gpu",
+    after_help = "Example:\n  sucl run -n 2 -- target/release/examples/st_gpu order staged\n\n\
+      `killed` is run without the launcher (it would end rank 0 when rank 1 exits); see scripts/gpu-stream.sh."
+)]
+struct Args {
+    /// What to run.
+    #[arg(value_enum, default_value = "order")]
+    check: Check,
+    /// How the queue moves data.
+    #[arg(value_enum, default_value = "auto")]
+    transport: Via,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Check {
+    /// A kernel writes the send buffer right before `start`, the peer's kernel after `wait`
+    /// checks what arrived (20 rounds, no host sync).
+    Order,
+    /// After a long kernel, enqueue + start + wait return while the stream is still busy.
+    Busy,
+    /// 1000 start/wait pairs without a host sync complete.
+    Many,
+    /// Rank 1 exits while rank 0's stream waits for it: rank 0's stream is released and the
+    /// error names rank 1.
+    Killed,
+    /// The trigger round trip, and 26 send/recv pairs through the queue vs NCCL called directly.
+    Bench,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Via {
+    /// NCCL where every rank has it, else staged.
+    Auto,
+    /// NCCL groups on the stream.
+    Nccl,
+    /// Stream memory operations and the progress thread over the host backend.
+    Staged,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let what = args.get(1).map(String::as_str).unwrap_or("order");
-    let transport = match args.get(2).map(String::as_str) {
-        Some("staged") => Transport::Staged,
-        Some("nccl") => Transport::Nccl,
-        _ => Transport::Auto,
+    let args = Args::parse();
+    let what = args.check.to_possible_value().expect("no variant is skipped").get_name().to_string();
+    let transport = match args.transport {
+        Via::Auto => Transport::Auto,
+        Via::Nccl => Transport::Nccl,
+        Via::Staged => Transport::Staged,
     };
-    if let Err(e) = run(what, transport) {
+    if let Err(e) = run(&what, transport) {
         eprintln!("st-gpu: {what} {transport:?}: FAILED: {e}");
         std::process::exit(1);
     }
@@ -79,7 +123,9 @@ fn main() {
 fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
     let comm = sucl_runtime::init()?;
     let (rank, size) = (comm.rank(), comm.size());
-    assert_eq!(size, 2, "run on 2 ranks");
+    if size != 2 {
+        return Err(sucl_runtime::Error::Config(format!("st_gpu runs on 2 ranks (sucl run -n 2), not {size}")));
+    }
     let peer = 1 - rank;
     let dev = comm.cuda_device()?;
     let q = dev.queue()?;

@@ -9,16 +9,27 @@
 //! `stream_plot OUT.svg INPUT...` (scripts/gpu-stream.sh runs it on its outputs). Exits non-zero
 //! when the inputs hold no benchmark line.
 
+use clap::Parser;
 use plotters::prelude::*;
 use serde_json::Value;
 
+/// Plots the stream-triggered benchmarks (the JSON lines `faces` and `st_gpu bench` print) into
+/// one SVG: Faces time per share, baseline against stream-triggered, and the trigger round trip
+/// and a 26-pair batch per transport. Exits non-zero when the inputs hold no benchmark line.
+#[derive(Parser)]
+#[command(name = "stream_plot", after_help = "Example:\n  target/release/examples/stream_plot stream.svg faces.log st_gpu_bench.log")]
+struct Args {
+    /// The SVG file to write.
+    #[arg(value_name = "OUT.svg")]
+    out: String,
+    /// Files holding the benchmarks' output (a `[rank] ` prefix from `sucl run` is fine).
+    #[arg(value_name = "INPUT", required = true)]
+    inputs: Vec<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 2 {
-        eprintln!("usage: stream_plot OUT.svg INPUT...");
-        std::process::exit(2);
-    }
-    if let Err(e) = run(&args[0], &args[1..]) {
+    let args = Args::parse();
+    if let Err(e) = run(&args.out, &args.inputs) {
         eprintln!("stream_plot: {e}");
         std::process::exit(1);
     }
