@@ -115,6 +115,8 @@ pub(crate) struct Channel {
     poll_spin: Duration,
     /// The newest batch handed to the engine.
     submitted: AtomicU64,
+    /// The newest batch moved to the running ones (changed under the `running` lock).
+    admitted: AtomicU64,
     /// The newest batch holding a collective (run by the progress thread only).
     coll_epoch: AtomicU64,
     /// Every batch up to this one completed (or failed).
@@ -152,6 +154,7 @@ impl Channel {
             rank,
             timeout,
             submitted: AtomicU64::new(0),
+            admitted: AtomicU64::new(0),
             coll_epoch: AtomicU64::new(0),
             finished: AtomicU64::new(0),
             delegated: AtomicU64::new(0),
@@ -308,12 +311,18 @@ impl Channel {
 
     /// Moves the batches whose trigger the queue stored to the running ones.
     fn admit(&self, running: &mut VecDeque<Running>) -> bool {
+        // Two loads instead of a lock in the usual round, where nothing new was triggered.
+        let next = self.admitted.load(Ordering::Acquire) + 1;
+        if self.submitted.load(Ordering::Acquire) < next || self.signal.triggered() < next {
+            return false;
+        }
         let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
         let mut admitted = false;
         while q.front().is_some_and(|b| b.epoch <= self.signal.triggered()) {
             let b = q.pop_front().expect("front");
             let left = b.ops.len();
             let ops = b.ops.into_iter().map(|o| (o, None)).collect();
+            self.admitted.store(b.epoch, Ordering::Release);
             running.push_back(Running { epoch: b.epoch, ops, posted: 0, left, deadline: Instant::now() + self.timeout });
             admitted = true;
         }
