@@ -1,10 +1,12 @@
-//! CUDA streams (feature `cuda`): a [`CommQueue`] bound to a device [`Queue`].
+//! CUDA streams (feature `cuda`): a [`CommQueue`](crate::CommQueue) bound to a device [`Queue`].
 //!
 //! - **nccl**: `start` issues the batch on the stream — consecutive sends and receives as one
 //!   NCCL group, collectives in between in enqueue order; stream order is the trigger and NCCL's
-//!   kernels complete it, so [`CommQueue::wait`] costs nothing on the same stream
-//!   ([`CommQueue::wait_on`] orders another stream with an event). NCCL has no tags: messages
-//!   between two ranks match in enqueue order and must have the same length.
+//!   kernels complete it, so [`CommQueue::wait`](crate::CommQueue::wait) costs nothing on the same stream
+//!   ([`CommQueue::wait_on`](crate::CommQueue::wait_on) orders another stream with an event). NCCL has no tags: messages
+//!   between two ranks match in enqueue order and must have the same length. The stream runs
+//!   the groups of successive starts one after the other, so here a batch must be able to
+//!   complete by itself (the staged path posts every batch at its trigger instead).
 //! - **staged** (any host backend): two 64-bit counters in pinned, device-mapped host memory
 //!   (not write-combined). `start` enqueues the device→host copies of the batch's sends and a
 //!   `cuStreamWriteValue64` of the trigger; the progress thread (which makes no CUDA call) sees
@@ -40,7 +42,7 @@ pub enum Transport {
     Staged,
 }
 
-/// A device buffer shared by handle between the program and a [`CommQueue`] (which keeps a
+/// A device buffer shared by handle between the program and a [`CommQueue`](crate::CommQueue) (which keeps a
 /// handle until the operation completed, so the memory cannot be freed under a transfer).
 /// Kernels reach it through [`DeviceBuf::lock`]; the stream orders them with the queue's
 /// transfers.
@@ -49,7 +51,7 @@ pub enum Transport {
 /// then waits for earlier work on the buffer, as cudarc tracks it), and uses it in its stream's
 /// order from then on: no event is waited for or recorded per operation, so an enqueue costs
 /// what the NCCL call itself costs. Work on *other* streams that touches the buffer must be
-/// ordered with the queue explicitly ([`CommQueue::wait_on`], events).
+/// ordered with the queue explicitly ([`CommQueue::wait_on`](crate::CommQueue::wait_on), events).
 pub struct DeviceBuf<T: Element> {
     inner: Arc<dyn Holder<T>>,
     len: usize,
@@ -364,7 +366,7 @@ enum Mode {
     Closed,
 }
 
-/// A CUDA stream's side of a [`CommQueue`].
+/// A CUDA stream's side of a [`CommQueue`](crate::CommQueue).
 pub(crate) struct DevicePath {
     queue: Queue,
     mode: Mode,
