@@ -141,3 +141,29 @@ fn a_message_of_a_partial_element_is_an_error() {
         cq.close().unwrap();
     });
 }
+
+/// An operation whose buffer a host thread holds past the timeout fails the queue with an error
+/// that names it and says it was never posted (the progress thread never blocks on the buffer).
+#[test]
+fn a_buffer_held_past_the_timeout_names_the_operation_never_posted() {
+    run("a_buffer_held_past_the_timeout_names_the_operation_never_posted", 2, &[("SUCL_TIMEOUT", "2")], |rank| {
+        let comm = sucl_runtime::init().expect("init");
+        if rank == 1 {
+            // Alive (no call of its own would outlast the short timeout) until rank 0 is done.
+            std::thread::sleep(std::time::Duration::from_secs(6));
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let b = SharedBuf::new(vec![1u32; 4]);
+        let held = b.write();
+        let r = cq.enqueue_send(&b, 1, 6).unwrap();
+        cq.start().unwrap();
+        let e = r.wait().expect_err("a send whose buffer was held completed").to_string();
+        assert!(e.contains("send to rank 1 (tag 6)") && e.contains("never posted"), "{e}");
+        drop(held);
+        let e = cq.synchronize().expect_err("the failed queue synchronized").to_string();
+        assert!(e.contains("never posted"), "{e}");
+        let _ = cq.close();
+    });
+}
