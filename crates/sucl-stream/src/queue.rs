@@ -262,11 +262,13 @@ impl CommQueue {
     }
 
     /// Refuses a buffer that two operations of one batch would use where one of them writes
-    /// it (a receive, a collective's result): the batch posts both at once, so which comes first
-    /// is undefined — and the later one would wait for the earlier one's lease forever. Two
-    /// reads (sends) of one buffer are fine, and so is using it again in a later batch (the
-    /// later operation waits for the earlier one to give the buffer back). `uses`: the buffers
-    /// of the operation `what` about to be enqueued, each with whether it writes it.
+    /// it (a receive, a collective's result): a batch is released as one unit (over NCCL one
+    /// group, whose operations run at once in no defined order), so the outcome would depend on
+    /// the transport — on a host queue the second would silently wait for the first to
+    /// complete. Two reads (sends) of one buffer are fine, and so is using it again in a later
+    /// batch (there the later operation waits for the earlier one to give the buffer back,
+    /// as documented). `uses`: the buffers of the operation `what` about to be enqueued, each
+    /// with whether it writes it.
     fn check_lent(&mut self, what: What, uses: [Option<(usize, bool)>; 2]) -> Result<()> {
         for (key, writes) in uses.iter().flatten() {
             if let Some(first) = self.lent.get(key).filter(|first| first.writes || *writes) {
