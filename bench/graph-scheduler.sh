@@ -7,7 +7,7 @@
 #   2. communication-only throughput (kernels off) of the Table 3 programs and the stencil
 #      control on 2 and 4 ranks, f32 buffers 4 KiB .. 64 MiB   -> cpd_comm.jsonl
 #   3. N-body (f64, direct) strong scaling on 1, 2, 4 ranks     -> cpd_nbody.jsonl
-# then the tables (cpd_tables.py) -> cpd_results.md.
+# then the tables (cpd_tables.py) -> cpd_results.md, and the figure's data -> graph-scheduler.csv.
 #
 # Build (anywhere), then run with the binaries' paths:
 #   cargo build --release -p sucl-graph --example graph_sched_bench --example graph_cpd_bench
@@ -52,3 +52,6 @@ done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/cpd_machine.txt"
 python3 "$here/cpd_tables.py" "$out" > "$out/cpd_results.md"
 cat "$out/cpd_results.md"
+python3 "$here/tocsv.py" md "$out/cpd_results.md" --section "Scheduler throughput" \
+  --cols "program,ranks,rounds,p2p_tasks_per_s=p2p tasks/s,cpd_tasks_per_s=cpd tasks/s,speedup=speed-up,speedup_range=min-max" \
+  > "$out/graph-scheduler.csv"
