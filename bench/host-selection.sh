@@ -2,11 +2,13 @@
 # Figure host-selection: `sucl tune` measures shm, tcp and mpi per op and size and writes a tuning
 # table; `sucl bench OP --compare shm,tcp,mpi,auto` then measures every fixed backend and `auto`
 # (following that table) side by side in one job (scripts/select-bench.sh, builds with --features mpi).
-# usage: [RANKS="2 4"] [OUT=target/bench/selection] bench/host-selection.sh
+# usage: [SUCL=sucl built with --features mpi] [RANKS="2 4"] [MAXB=16M] [ITERS=200] [OUT=target/bench/selection]
+#        bench/host-selection.sh
 # Writes OUT/selection-<ranks>r.md, OUT/tuning-host-<ranks>r.toml and OUT/host-selection.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/bench/selection}; export OUT; HEAD=""
+mkdir -p "$OUT"
 for n in ${RANKS:-2 4}; do
   scripts/select-bench.sh "$n" >/dev/null
   for op in all_reduce broadcast all_to_all; do
