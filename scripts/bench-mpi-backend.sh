@@ -7,8 +7,8 @@
 #   mpi-nonblocking  the backend on MPI's non-blocking collectives polled with MPI_Test (the
 #                    path it took before: MPI_Iallreduce, ...)
 # usage: [SUCL=path] [ITERS=50] [MINB=8] [MAXB=16M] [TAG=] scripts/bench-mpi-backend.sh [ROUNDS] [OPS]
-#        (defaults: 5 "all_reduce broadcast all_gather")
-# Writes bench/results/mpi-backend-<ranks>r<TAG>.md and the raw JSON lines beside it.
+#        [OUT=dir] (defaults: 5 "all_reduce broadcast all_gather"; bench/host-mpi-backend.sh runs it)
+# Writes OUT/mpi-backend-<ranks>r<TAG>.md (OUT: target/bench/mpi-backend) and the raw JSON lines beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -21,7 +21,8 @@ TAG=${TAG:-}
 # SUCL=path: a prebuilt sucl with the mpi feature (the GPU machine has no cargo).
 if [ -z "${SUCL:-}" ]; then cargo build --release -q -p sucl-cli --features mpi; fi
 SUCL=${SUCL:-target/release/sucl}
-RAW=bench/results/raw-mpi-backend-${RANKS}r${TAG}
+DIR=${OUT:-target/bench/mpi-backend}
+RAW=$DIR/raw-mpi-backend-${RANKS}r${TAG}
 rm -rf "$RAW" && mkdir -p "$RAW"
 for op in $OPS; do
   echo "$op ..." >&2
@@ -31,6 +32,6 @@ for op in $OPS; do
     --iters "$ITERS" --warmup 5 --rounds "$ROUNDS" --json >"$RAW/$op.jsonl"
   uptime >>"$RAW/$op.load"
 done
-OUT=bench/results/mpi-backend-${RANKS}r${TAG}.md
+OUT=$DIR/mpi-backend-${RANKS}r${TAG}.md
 python3 scripts/mpi_backend_table.py "$RAW" "$RANKS" "$ROUNDS" "$ITERS" "$OPS" "$(mpirun --version | head -1)" "$MINB" "$MAXB" >"$OUT"
 cat "$OUT"

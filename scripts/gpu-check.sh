@@ -12,7 +12,7 @@ export NCCL_NVLS_ENABLE=0
 # GPU tests (cargo test binaries) fail instead of skipping when they find no GPU.
 export SUCL_REQUIRE_GPU=1
 BIN=${BIN:-target/release/sucl}
-OUT=${OUT:-bench/results/gpu}
+OUT=${OUT:-target/bench/gpu}
 MAXB=${MAXB:-128M}
 ITERS=${ITERS:-20}
 ROUNDS=${ROUNDS:-3}

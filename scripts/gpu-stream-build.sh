@@ -4,7 +4,7 @@
 #   devbin/sucl devbin/st_gpu devbin/faces devbin/stream_plot devbin/stream_gpu_tests
 # then on the GPU machine, in one call:
 #   BIN=devbin/sucl ST=devbin/st_gpu FACES=devbin/faces PLOT=devbin/stream_plot \
-#     ST_TEST=devbin/stream_gpu_tests OUT=bench/results/stream scripts/gpu-stream.sh
+#     ST_TEST=devbin/stream_gpu_tests OUT=target/bench/stream scripts/gpu-stream.sh
 set -euo pipefail
 DEST=${DEST:-devbin}
 cargo build --release -p sucl-cli -p sucl-stream --examples

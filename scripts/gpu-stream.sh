@@ -18,7 +18,7 @@
 # build first (here): scripts/gpu-stream-build.sh (stripped binaries into devbin/), then on the
 # GPU machine:
 #   BIN=devbin/sucl ST=devbin/st_gpu FACES=devbin/faces PLOT=devbin/stream_plot \
-#     ST_TEST=devbin/stream_gpu_tests OUT=bench/results/stream scripts/gpu-stream.sh
+#     ST_TEST=devbin/stream_gpu_tests OUT=target/bench/stream scripts/gpu-stream.sh
 # (BIN, ST, FACES, PLOT default to target/release/{sucl,examples/st_gpu,examples/faces,
 # examples/stream_plot}; ST_TEST defaults to the target/release/deps/gpu-* binary that lists
 # sucl-stream's GPU tests.)
@@ -35,7 +35,7 @@ if [ -z "${ST_TEST:-}" ]; then
   done
 fi
 ST_TEST=${ST_TEST:-}
-OUT=${OUT:-bench/results/stream}
+OUT=${OUT:-target/bench/stream}
 mkdir -p "$OUT"
 status=0
 fail() { echo "gpu-stream: $*" >&2; status=1; }

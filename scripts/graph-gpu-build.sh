@@ -4,7 +4,7 @@
 #   devbin/sucl devbin/graph_gpu_programs devbin/graph_gpu_step_bench devbin/graph_gpu_tests
 # then on the GPU machine, in one call:
 #   BIN=devbin/sucl PROGRAMS=devbin/graph_gpu_programs STEP=devbin/graph_gpu_step_bench \
-#     GPU_TEST=devbin/graph_gpu_tests OUT=bench/results/graph scripts/graph-gpu.sh
+#     GPU_TEST=devbin/graph_gpu_tests OUT=target/bench/graph scripts/graph-gpu.sh
 set -euo pipefail
 DEST=${DEST:-devbin}
 cargo build --release -p sucl-cli --bin sucl

@@ -13,7 +13,7 @@
 #
 # build first (here): scripts/graph-gpu-build.sh (stripped binaries into devbin/), then:
 #   BIN=devbin/sucl PROGRAMS=devbin/graph_gpu_programs STEP=devbin/graph_gpu_step_bench \
-#     GPU_TEST=devbin/graph_gpu_tests OUT=bench/results/graph scripts/graph-gpu.sh
+#     GPU_TEST=devbin/graph_gpu_tests OUT=target/bench/graph scripts/graph-gpu.sh
 # Sizes: JACOBI_SIZE (8192), JACOBI_STEPS (50), NBODY_SIZE (32768), NBODY_STEPS (5), ROUNDS (3).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -21,7 +21,7 @@ BIN=${BIN:-target/release/sucl}
 PROGRAMS=${PROGRAMS:-target/release/examples/graph_gpu_programs}
 STEP=${STEP:-target/release/examples/graph_gpu_step_bench}
 GPU_TEST=${GPU_TEST:-}
-OUT=${OUT:-bench/results/graph}
+OUT=${OUT:-target/bench/graph}
 JACOBI_SIZE=${JACOBI_SIZE:-8192}
 JACOBI_STEPS=${JACOBI_STEPS:-50}
 NBODY_SIZE=${NBODY_SIZE:-32768}

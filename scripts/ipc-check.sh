@@ -12,7 +12,7 @@
 # two processes on one GPU), NCCL's part becomes a one-rank NCCL job, and the benchmark compares
 # ipc with staged only (NCCL refuses two ranks on one GPU). The verdict line says ONE GPU.
 #
-# usage: BIN_DIR=dir-holding-sucl [OUT=bench/results/gpu/ipc] [TESTS="test binaries"]
+# usage: BIN_DIR=dir-holding-sucl [OUT=target/bench/gpu/ipc] [TESTS="test binaries"]
 #        [FAULT_BIN=sucl built with --features fault-hook] [BENCH=0] [FACTOR=4] [ROUNDS=2]
 #        scripts/ipc-check.sh
 # TESTS: e.g. the sucl-cuda unit tests (NVRTC compiles every kernel module) and
@@ -20,7 +20,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 SUCL_REQUIRE_GPU=1
 BIN=${BIN_DIR:-target/release}/sucl
-OUT=${OUT:-bench/results/gpu/ipc}
+OUT=${OUT:-target/bench/gpu/ipc}
 FACTOR=${FACTOR:-4}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"

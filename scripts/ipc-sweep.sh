@@ -18,14 +18,14 @@
 # run's nccl), and per size band (8 B–256 KiB, 512 KiB–4 MiB, 8 MiB) the combination with the
 # lowest geometric mean of ipc/nccl. Exits non-zero if any check or row was wrong or failed.
 #
-# usage: BIN_DIR=dir-holding-sucl [OUT=bench/results/gpu/ipc-sweep] [COMBOS="b:u:t ..."]
+# usage: BIN_DIR=dir-holding-sucl [OUT=target/bench/gpu/ipc-sweep] [COMBOS="b:u:t ..."]
 #        [ITERS=100] [ROUNDS=2] [MAX_BYTES=8M] scripts/ipc-sweep.sh
 # COMBOS: space-separated blocks:unroll:two_shot_bytes[:end_barrier] (two_shot_bytes "-": the
 #         default; end_barrier 0 unless given).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 SUCL_REQUIRE_GPU=1
 BIN=${BIN_DIR:-target/release}/sucl
-OUT=${OUT:-bench/results/gpu/ipc-sweep}
+OUT=${OUT:-target/bench/gpu/ipc-sweep}
 ITERS=${ITERS:-100}
 ROUNDS=${ROUNDS:-2}
 MAX_BYTES=${MAX_BYTES:-8M}

@@ -6,7 +6,7 @@
 # Needs, built in release:  cargo build --release -p sucl-cli --bin sucl
 #                           cargo build --release -p sucl --example hello_allreduce --example ping_pong
 # usage: [OUT=dir] [TORCHRUN=torchrun] scripts/launchers-check.sh
-# Logs go to bench/results/launchers/ (LOGS=dir to change) and are copied into $OUT when it is set.
+# Logs go to target/bench/launchers/ (LOGS=dir to change) and are copied into $OUT when it is set.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 export SUCL_TIMEOUT=${SUCL_TIMEOUT:-60}
@@ -15,7 +15,7 @@ export SUCL_BACKENDS=shm,tcp
 SUCL=${SUCL:-target/release/sucl}
 HELLO=${HELLO:-target/release/examples/hello_allreduce}
 PING=${PING:-target/release/examples/ping_pong}
-LOGS=${LOGS:-bench/results/launchers}
+LOGS=${LOGS:-target/bench/launchers}
 if [ -z "${TORCHRUN:-}" ]; then
   if command -v torchrun >/dev/null; then TORCHRUN=torchrun; else TORCHRUN="python3 -m torch.distributed.run"; fi
 fi

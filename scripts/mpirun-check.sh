@@ -5,10 +5,10 @@
 # of their own (`unshare --uts`, where permitted) while the launcher's variables say 2 hosts and
 # no MASTER_ADDR is set, so that the ranks can meet only over MPI, as across real hosts.
 # Needs: cargo build --release -p sucl --features mpi --example hello_allreduce
-# Logs: bench/results/launchers/mpirun_*.txt (LOGS=dir to change). Exit 1 and a FAIL line on failure.
+# Logs: target/bench/launchers/mpirun_*.txt (LOGS=dir to change). Exit 1 and a FAIL line on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS=${LOGS:-bench/results/launchers}
+LOGS=${LOGS:-target/bench/launchers}
 HELLO=target/release/examples/hello_allreduce
 mkdir -p "$LOGS"
 [ -x "$HELLO" ] || { echo "mpirun-check: FAIL: build $HELLO first (see the top of this script)" >&2; exit 1; }

@@ -17,7 +17,7 @@
 #        SUCLD=path CHECK=path BENCH=path scripts/remote-gpu-check.sh   (prebuilt binaries, no cargo)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-bench/results/remote/gpu}
+OUT=${OUT:-target/bench/remote/gpu}
 mkdir -p "$OUT"
 if [ -z "${SUCLD:-}" ]; then
   cargo build --release -p sucl-remote --bin sucld --example remote_cuda_check --example remote_bench || exit 1
