@@ -272,8 +272,8 @@ static NONBLOCKING_COLLECTIVES: AtomicBool = AtomicBool::new(false);
 /// polled with `MPI_Test`; the way this backend worked before, kept for measuring). Open MPI
 /// 4.1's non-blocking collectives (`libnbc`) are not its tuned blocking ones: on 2 ranks of one
 /// host they cost 1.5–3.6× the blocking ones' time at 8–256 B (+0.5 to +0.8 µs;
-/// `bench/results/mpi-backend-2r.md`), and on a quiet host about 2× from 1 MiB (issue 9's
-/// measurement). On a host loaded far beyond its cores they can be faster from 16 KiB, because
+/// docs/results.md, "Host collectives"), and on a quiet host about 2× from 1 MiB (measured
+/// on 2 × H100 hosts, 2026-11-24). On a host loaded far beyond its cores they can be faster from 16 KiB, because
 /// their wait backs off where MPI's blocking calls spin (the same file), but there MPI called
 /// directly is as slow as the blocking mode. Both modes keep the bounded waits and end the job
 /// when a collective overstays.

@@ -43,7 +43,7 @@ pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`). On 2 × H200
 /// one-shot with the full grid took 7.2–7.5 µs at 256 KiB, 8.1–8.3 at 512 KiB and 9.8–10.2 at
 /// 1 MiB against two-shot's 11–13 µs, and both 15.6–16.6 at 2 MiB
-/// (bench/results/device-2026-11-23-x2/: ipc-sweep, two-shot-threshold).
+/// (2 × H100, 2026-11-23; docs/results.md, "CUDA device buffers"; scripts/ipc-sweep.sh).
 pub const DEFAULT_TWO_SHOT_BYTES: usize = 2 << 20;
 /// Default grid cap (`SUCL_IPC_BLOCKS`; the grid is also at most the GPUs' multiprocessors and
 /// [`plan::MAX_BLOCKS`]). 128 was best from 512 KiB up in the same sweep, level below.

@@ -375,8 +375,8 @@ impl ShmBackend {
     /// Bytes of a v-collective arena step's window per rank: `shm.chunk_bytes` (the same on
     /// every rank), large enough that the barrier is a small part of a step, small enough that a
     /// window one core wrote is still in cache when the others copy it out. Measured at 2 ranks
-    /// (bench/results/vcoll): 128 KiB to 512 KiB windows take 0.6–0.8× the time of whole
-    /// 4 MiB halves from 1 MiB to 64 MiB.
+    /// (docs/results.md, "History"): 128 KiB to 512 KiB windows take 0.6–0.8× the time of
+    /// whole 4 MiB halves from 1 MiB to 64 MiB.
     fn v_window(&self) -> usize {
         self.cfg.shm_chunk_bytes.clamp(4096, self.half_bytes())
     }
