@@ -274,7 +274,7 @@ static NONBLOCKING_COLLECTIVES: AtomicBool = AtomicBool::new(false);
 /// host they cost 1.5–3.6× the blocking ones' time at 8–256 B (+0.5 to +0.8 µs;
 /// docs/results.md, "Host collectives"), and on a quiet host about 2× from 1 MiB (measured
 /// on 2 × H100 hosts, 2026-11-24). On a host loaded far beyond its cores they can be faster from 16 KiB, because
-/// their wait backs off where MPI's blocking calls spin (the same file), but there MPI called
+/// their wait backs off where MPI's blocking calls spin, but there MPI called
 /// directly is as slow as the blocking mode. Both modes keep the bounded waits and end the job
 /// when a collective overstays.
 pub fn set_nonblocking_collectives(on: bool) {
