@@ -251,6 +251,9 @@ fn load() -> Result<Real, String> {
             (unsafe { f(&mut v) } == 0).then_some(v)
         }
     };
+    if s.debug {
+        eprintln!("sucl-nccl: forwarding to {path} (NCCL {})", version.map(version_string).unwrap_or_else(|| "of unknown version".into()));
+    }
     Ok(Real { path, version })
 }
 

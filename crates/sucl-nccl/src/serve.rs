@@ -41,6 +41,8 @@ struct CommState {
     last_stream: usize,
     /// The last stream wrapped for cudarc (wrapping allocates, so it is kept).
     wrapped: Option<(usize, Arc<CudaStream>)>,
+    /// Calls served (for SUCL_NCCL_DEBUG).
+    served: u64,
 }
 
 // SAFETY: the CUevent is a driver handle usable from any thread; the state is only used under
@@ -130,6 +132,9 @@ fn debug(msg: &str) {
 /// A communicator was made (init, split, shrink, grow) with blocking mode `blocking` (None:
 /// NCCL's default, or the parent's for split and shrink).
 pub fn created(comm: CommKey, parent: Option<CommKey>, blocking: Option<bool>) {
+    if comm == 0 {
+        return;
+    }
     let s = settings::get();
     let inherited = parent.is_some_and(|p| non_blocking().lock().unwrap_or_else(|e| e.into_inner()).contains(&p));
     let blocking = s.nccl_comm_blocking.or(blocking).unwrap_or(!inherited);
@@ -137,7 +142,7 @@ pub fn created(comm: CommKey, parent: Option<CommKey>, blocking: Option<bool>) {
         non_blocking().lock().unwrap_or_else(|e| e.into_inner()).insert(comm);
         return;
     }
-    if !s.serve || comm == 0 {
+    if !s.serve {
         return;
     }
     if in_group() {
@@ -157,6 +162,7 @@ pub fn forget(comm: CommKey, abort: bool) {
             // Kernels still waiting for a peer give up when the backend is dropped.
             st.abort.raise(sucl_core::AbortInfo { lost_rank: None, reason: "the NCCL communicator was aborted".into() });
         }
+        debug(&format!("communicator {comm:#x}: {} calls served by sucl", st.served));
         // SAFETY: the event was made at setup and is destroyed once, here.
         unsafe { cu::cuEventDestroy_v2(st.done) };
     }
@@ -244,7 +250,7 @@ fn try_set_up(comm: CommKey) -> Result<Option<CommState>, String> {
     if rc != cu::CUresult::CUDA_SUCCESS {
         return Err(format!("cuEventCreate: {rc:?}"));
     }
-    Ok(Some(CommState { dev, backend, abort, done, last_stream: usize::MAX, wrapped: None }))
+    Ok(Some(CommState { dev, backend, abort, done, last_stream: usize::MAX, wrapped: None, served: 0 }))
 }
 
 /// All-gathers small byte strings over the NCCL communicator, in fixed slots on the device.
@@ -431,6 +437,7 @@ fn launch(state: &Mutex<CommState>, desc: &CollDesc, send: u64, recv: u64, strea
         }
         st.last_stream = stream;
     }
+    st.served += 1;
     ncclSuccess
 }
 
