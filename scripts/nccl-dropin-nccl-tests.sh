@@ -3,7 +3,8 @@
 # one job: built once against the real NCCL's nccl.h (the nvidia-nccl wheel beside PyTorch, or
 # NCCL_HOME), run multi-process (mpirun -np N, one GPU each) with -c 1 (nccl-tests' own check),
 # then a table of the drop-in's time over the real NCCL's per size.
-# usage: SHIM_DIR=dir-holding-libnccl.so.2 SRC=nccl-tests-source OUT=dir [NP=2] [NCCL_HOME=...] scripts/nccl-dropin-nccl-tests.sh
+# usage: SHIM_DIR=dir-holding-libnccl.so.2 SRC=nccl-tests-source OUT=dir [NP=2] [OPS="all_reduce all_gather ..."] [NCCL_HOME=...] scripts/nccl-dropin-nccl-tests.sh
+case "${1:-}" in -h|--help) sed -n 2,6p "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 set -u
 : "${SHIM_DIR:?}" "${SRC:?}" "${OUT:?}"
 NP=${NP:-2}

@@ -5,6 +5,7 @@
 # all_reduce, a DDP training step and a CUDA-graph-captured all_reduce, then small all_reduce
 # latency. Every result is saved per rank; the last step compares the two runs tensor by tensor.
 # usage: SHIM=path/to/libnccl.so.2 OUT=dir [NPROC=2] scripts/nccl-dropin-torch.sh
+case "${1:-}" in -h|--help) sed -n 2,7p "$0" | sed 's/^# \{0,1\}//'; exit 0;; esac
 set -u
 : "${SHIM:?path of the drop-in libnccl.so.2}" "${OUT:?output directory}"
 NPROC=${NPROC:-2}
