@@ -6,7 +6,7 @@
 
 #![allow(non_snake_case)]
 
-use crate::errors::{guard, real_failed, shim_last_error, shim_text};
+use crate::errors::{guard, last_error, real_failed, real_text};
 use crate::real;
 use crate::serve::{self, CommKey};
 use crate::table::idx;
@@ -64,19 +64,12 @@ fn seen(rc: c_int) -> c_int {
 }
 
 export!(ncclGetLastError, pncclGetLastError => get_last_error(comm: Comm) -> *const c_char);
-fn get_last_error(comm: Comm) -> *const c_char {
-    if let Some(p) = shim_last_error() {
-        return p;
+fn get_last_error(_comm: Comm) -> *const c_char {
+    // Loads the real library if this is the first call (NCCL ignores the comm argument).
+    if let Err(e) = real::library() {
+        crate::errors::fail(crate::errors::ncclSystemError, e);
     }
-    match real::get(idx::ncclGetLastError) {
-        Ok(p) => {
-            // SAFETY: the real ncclGetLastError(ncclComm_t) -> const char*.
-            let f: unsafe extern "C" fn(Comm) -> *const c_char = unsafe { std::mem::transmute(p) };
-            // SAFETY: NCCL ignores the comm argument; any value is accepted.
-            unsafe { f(comm) }
-        }
-        Err(_) => shim_text(),
-    }
+    last_error(real_text())
 }
 
 export!(ncclGroupStart, pncclGroupStart => group_start() -> c_int);

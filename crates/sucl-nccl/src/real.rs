@@ -241,6 +241,7 @@ fn load() -> Result<Real, String> {
         let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
         SLOTS[i].store(p as usize, Ordering::Release);
     }
+    crate::errors::set_real_getter(SLOTS[crate::table::idx::ncclGetLastError].load(Ordering::Acquire));
     let version = match SLOTS[crate::table::idx::ncclGetVersion].load(Ordering::Acquire) {
         0 => None,
         p => {

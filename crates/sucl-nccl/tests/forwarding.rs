@@ -104,6 +104,8 @@ fn calls_are_forwarded_to_the_real_library_and_missing_functions_return_errors()
     assert!(e.contains("ncclCommRevoke is not in the real NCCL 2.28.9") && e.contains(&fake), "{e}");
     assert_eq!(line(&out, "CommSuspend"), "5");
     assert!(line(&out, "LastError after CommSuspend").contains("ncclCommSuspend"), "{out}");
+    // A later error of the real library (a forwarded call): its text, not the shim's older one.
+    assert_eq!(line(&out, "LastError after a real error"), "fake: broadcast 2 failed");
     assert_eq!(line(&out, "TeamLsa"), "0 0 0");
     assert_eq!(line(&out, "LLA2ACalcSlots"), "-1");
     assert!(calls.contains("CommDestroy 0xc0ffee"), "{calls}");

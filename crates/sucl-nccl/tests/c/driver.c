@@ -49,6 +49,8 @@ int main(void) {
   rc = ncclCommSuspend(comm, 0);
   printf("CommSuspend = %d\n", rc);
   printf("LastError after CommSuspend = %s\n", ncclGetLastError(NULL));
+  rc = ncclBroadcast((void*)0x12, (void*)0x22, 7, 2, 1, comm, (void*)0x32);
+  printf("LastError after a real error = %s\n", ncclGetLastError(NULL));
   const char* s = ncclGetErrorString(3);
   printf("GetErrorString = %s\n", s ? s : "(null)");
   ncclTeam_t t = ncclTeamWorld(comm);

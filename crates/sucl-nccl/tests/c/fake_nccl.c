@@ -43,8 +43,11 @@ int ncclAllReduce(const void* s, void* r, size_t count, int dt, int op, void* co
   say("AllReduce %p %p %zu %d %d %p %p", s, r, count, dt, op, comm, stream);
   return 0;
 }
+static char last_error[128] = "";
+static int broadcasts = 0;
 int ncclBroadcast(const void* s, void* r, size_t count, int dt, int root, void* comm, void* stream) {
   say("Broadcast %p %p %zu %d %d %p %p", s, r, count, dt, root, comm, stream);
+  snprintf(last_error, sizeof last_error, "fake: broadcast %d failed", ++broadcasts);
   return 4; /* ncclInvalidArgument, to see codes come back */
 }
 int ncclPutSignal(const void* buf, size_t count, int dt, int peer, void* win, size_t off, int sig, int ctx,
@@ -56,5 +59,5 @@ int ncclGroupStart(void) { say("GroupStart"); return 0; }
 int ncclGroupEnd(void) { say("GroupEnd"); return 0; }
 int ncclCommDestroy(void* comm) { say("CommDestroy %p", comm); return 0; }
 const char* ncclGetErrorString(int code) { say("GetErrorString %d", code); return "fake error string"; }
-const char* ncclGetLastError(void* comm) { (void)comm; return "fake last error"; }
+const char* ncclGetLastError(void* comm) { (void)comm; return last_error; }
 ncclTeam_t ncclTeamWorld(void* comm) { ncclTeam_t t = {5, 3, 1}; say("TeamWorld %p", comm); return t; }
