@@ -65,11 +65,14 @@ fn seen(rc: c_int) -> c_int {
 
 export!(ncclGetLastError, pncclGetLastError => get_last_error(comm: Comm) -> *const c_char);
 fn get_last_error(_comm: Comm) -> *const c_char {
-    // Loads the real library if this is the first call (NCCL ignores the comm argument).
-    if let Err(e) = real::library() {
-        crate::errors::fail(crate::errors::ncclSystemError, e);
-    }
-    last_error(real_text())
+    let answer = || {
+        // Loads the real library if this is the first call (NCCL ignores the comm argument).
+        if let Err(e) = real::library() {
+            crate::errors::fail(crate::errors::ncclSystemError, e);
+        }
+        last_error(real_text())
+    };
+    std::panic::catch_unwind(answer).unwrap_or_else(|_| crate::errors::shim_text())
 }
 
 export!(ncclGroupStart, pncclGroupStart => group_start() -> c_int);

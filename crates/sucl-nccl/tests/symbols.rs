@@ -48,6 +48,21 @@ fn exports_are_exactly_nccls_functions_and_their_profiling_aliases() {
     }
     let got = exports();
     assert_eq!(got.len(), 165, "NCCL 2.30.7 exports 165 functions");
+    // NCCL 2.28.9 (torch 2.11's) exports 105: 52 API functions, their aliases and
+    // ncclResetDebugInitInternal; the table's third column says which.
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("api/nccl-api.txt");
+    let in_2_28: Vec<String> = std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split('|').map(str::trim).collect();
+            let v: Vec<u32> = c.get(2)?.split('.').map(|x| x.parse().unwrap()).collect();
+            (v.as_slice() <= [2, 28, 9].as_slice()).then(|| c[0].to_string())
+        })
+        .collect();
+    assert_eq!(in_2_28.len(), 53, "{in_2_28:?}");
+    assert!(in_2_28.iter().all(|n| got.contains(n)));
     let missing: Vec<_> = want.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want).collect();
     assert!(missing.is_empty() && extra.is_empty(), "missing exports {missing:?}; exports NCCL lacks {extra:?}");
