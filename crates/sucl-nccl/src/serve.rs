@@ -156,15 +156,21 @@ pub fn created(comm: CommKey, parent: Option<CommKey>, blocking: Option<bool>) {
 pub fn forget(comm: CommKey, abort: bool) {
     non_blocking().lock().unwrap_or_else(|e| e.into_inner()).remove(&comm);
     let st = comms().write().unwrap_or_else(|e| e.into_inner()).remove(&comm);
-    if let Some(st) = st {
-        let st = st.lock().unwrap_or_else(|e| e.into_inner());
-        if abort {
-            // Kernels still waiting for a peer give up when the backend is dropped.
-            st.abort.raise(sucl_core::AbortInfo { lost_rank: None, reason: "the NCCL communicator was aborted".into() });
+    if let Some(shared) = st {
+        // Dropping the backend binds its device's context: the caller's comes back after.
+        let _keep = KeepContext::new();
+        {
+            let st = shared.lock().unwrap_or_else(|e| e.into_inner());
+            if abort {
+                // Kernels still waiting for a peer give up when the backend is dropped.
+                st.abort.raise(sucl_core::AbortInfo { lost_rank: None, reason: "the NCCL communicator was aborted".into() });
+            }
+            debug(&format!("communicator {comm:#x}: {} calls served by sucl", st.served));
+            // SAFETY: the event was made at setup and is destroyed once, here.
+            unsafe { cu::cuEventDestroy_v2(st.done) };
         }
-        debug(&format!("communicator {comm:#x}: {} calls served by sucl", st.served));
-        // SAFETY: the event was made at setup and is destroyed once, here.
-        unsafe { cu::cuEventDestroy_v2(st.done) };
+        // The backend goes here (before `_keep` restores the context).
+        drop(shared);
     }
 }
 
@@ -234,23 +240,56 @@ fn try_set_up(comm: CommKey) -> Result<Option<CommState>, String> {
     let s = settings::get();
     let _keep = KeepContext::new();
     let abort = AbortState::new();
-    let dev = Device::open_for(ordinal, rank, s.timeout, Backoff::DEDICATED, abort.clone()).map_err(|e| e.to_string())?;
-    dev.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
+    // This rank's own steps; whatever their outcome, it takes part in the exchanges below, so that
+    // no peer is left waiting in an all-gather that never completes (without the exchange's few
+    // bytes of device memory it cannot: then the peers' wait ends at the timeout).
+    let dev = Device::open_for(ordinal, rank, s.timeout, Backoff::DEDICATED, abort.clone()).map_err(|e| e.to_string());
+    if let Ok(d) = &dev {
+        d.context().bind_to_thread().map_err(|e| format!("binding the context: {e:?}"))?;
+    }
     let mut ex = Exchanger::new(comm, n, s.timeout)?;
-    let opts = IpcOptions::from_env(true)?;
+    let local = dev.and_then(|d| Ok((d, IpcOptions::from_env(true)?, OwnedEvent::new()?)));
+    let ready = ex.all_gather(&[local.is_ok() as u8])?;
+    if let Some(r) = ready.iter().position(|v| v.as_slice() != [1]) {
+        return Err(match local {
+            Err(why) => why,
+            Ok(_) => format!("rank {r} could not prepare its side"),
+        });
+    }
+    let (dev, opts, done) = local?;
     let mut exchange = |_key: &str, bytes: &[u8]| {
         ex.all_gather(bytes).map_err(|why| sucl_core::Error::BackendUnavailable { rank, backend: "nccl".into(), why })
     };
+    // Agreed on every rank alike: served everywhere or nowhere.
     let backend = IpcBackend::setup(&dev, rank, n, (0..n).collect(), abort.clone(), s.timeout, Backoff::DEDICATED, opts, &mut exchange)
         .map_err(|e| e.to_string())?
         .map_err(|why| format!("peer memory unavailable: {why}"))?;
-    let mut done: cu::CUevent = std::ptr::null_mut();
-    // SAFETY: the device's context is current; writes one handle to a live local.
-    let rc = unsafe { cu::cuEventCreate(&mut done, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) };
-    if rc != cu::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuEventCreate: {rc:?}"));
+    Ok(Some(CommState { dev, backend, abort, done: done.take(), last_stream: usize::MAX, wrapped: None, served: 0 }))
+}
+
+/// A CUDA event destroyed on drop unless taken.
+struct OwnedEvent(cu::CUevent);
+
+impl OwnedEvent {
+    fn new() -> Result<OwnedEvent, String> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: a context is current (try_set_up); writes one handle to a live local.
+        ok(unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")?;
+        Ok(OwnedEvent(e))
     }
-    Ok(Some(CommState { dev, backend, abort, done, last_stream: usize::MAX, wrapped: None, served: 0 }))
+
+    fn take(mut self) -> cu::CUevent {
+        std::mem::replace(&mut self.0, std::ptr::null_mut())
+    }
+}
+
+impl Drop for OwnedEvent {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: made in `new`, destroyed once.
+            unsafe { cu::cuEventDestroy_v2(self.0) };
+        }
+    }
 }
 
 /// All-gathers small byte strings over the NCCL communicator, in fixed slots on the device.
