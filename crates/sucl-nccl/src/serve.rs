@@ -1,8 +1,9 @@
 //! The calls sucl serves itself: small all_reduce over sucl-cuda's peer-memory ("ipc") kernels,
 //! on communicators whose ranks all set the backend up right after the communicator was made.
 //!
-//! Setup runs over the program's own NCCL communicator: the peer-memory records travel through
-//! two `ncclAllGather`s of fixed-size slots (no second store, no extra environment), and
+//! Setup runs over the program's own NCCL communicator: every rank's readiness, then the
+//! peer-memory records and verdicts, travel through `ncclAllGather`s of fixed-size slots (no
+//! second store, no extra environment), and
 //! [`IpcBackend::setup`] makes every rank agree, so a communicator is served on all of its
 //! ranks or on none. Whether a call is served depends only on values equal on every rank (the
 //! op, dtype, byte count, that agreement and the settings), never on pointers or local state.
