@@ -1,6 +1,8 @@
 //! The drop-in's forwarding, against a stand-in library (tests/c/fake_nccl.c, compiled here with
 //! the system C compiler; not NCCL) loaded through SUCL_NCCL_REAL_PATH, driven by a C program
 //! (tests/c/driver.c) linked against the drop-in as a program built for NCCL would be.
+// The drop-in is built for x86-64 Linux only (its forwarding trampolines are x86-64 code).
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

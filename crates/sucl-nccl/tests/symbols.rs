@@ -1,6 +1,8 @@
 //! The drop-in's dynamic symbol table: exactly NCCL's exports (every `ncclX` of
 //! api/nccl-api.txt and its `pncclX` alias), a superset of what PyTorch imports, and the SONAME
 //! `libnccl.so.2`. Read with binutils (`nm`, `readelf`).
+// The drop-in is built for x86-64 Linux only (its forwarding trampolines are x86-64 code).
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
