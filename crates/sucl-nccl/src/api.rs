@@ -256,3 +256,34 @@ fn all_reduce(send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int
         seen(unsafe { f(send, recv, count, dtype, op, comm, stream) })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The leading fields of `ncclConfig_t` (every version has them).
+    #[repr(C)]
+    struct ConfigHead {
+        size: usize,
+        magic: u32,
+        version: u32,
+        blocking: c_int,
+    }
+
+    fn blocking_of(size: usize, version: u32, blocking: c_int) -> Option<bool> {
+        let c = ConfigHead { size, magic: 0xcafebeef, version, blocking };
+        // SAFETY: `c` is a live value whose leading fields are those read.
+        unsafe { config_blocking(&c as *const ConfigHead as *const c_void) }
+    }
+
+    #[test]
+    fn the_blocking_mode_is_read_only_where_the_config_has_it() {
+        assert_eq!(blocking_of(80, 22809, 0), Some(false), "2.28's config, non-blocking");
+        assert_eq!(blocking_of(96, 23007, 1), Some(true));
+        assert_eq!(blocking_of(80, 22809, c_int::MIN), None, "NCCL_CONFIG_UNDEF_INT: NCCL's default");
+        assert_eq!(blocking_of(80, 21300, 0), None, "older than 2.14: no blocking field yet");
+        assert_eq!(blocking_of(16, 22809, 0), None, "a size that ends before the field");
+        // SAFETY: a null config is allowed.
+        assert_eq!(unsafe { config_blocking(std::ptr::null()) }, None);
+    }
+}
