@@ -30,7 +30,7 @@ impl<T: Element> Region<T> {
             }
             return Ok(Region { ptr: NonNull::<T>::dangling().as_ptr(), count: 0 });
         }
-        if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        if !ptr.cast::<T>().is_aligned() {
             return Err(Fail::arg(arg, format!("{ptr:p} is not aligned for {} ({} bytes)", T::DTYPE, std::mem::align_of::<T>())));
         }
         if (ptr as usize).checked_add(bytes).is_none() {
@@ -160,7 +160,7 @@ impl<T> Out<T> {
         if ptr.is_null() {
             return Err(Fail::arg(arg, "is NULL (an output parameter)"));
         }
-        if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        if !ptr.cast::<T>().is_aligned() {
             return Err(Fail::arg(arg, format!("{ptr:p} is misaligned")));
         }
         Ok(Out { ptr })

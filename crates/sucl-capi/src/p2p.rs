@@ -181,7 +181,7 @@ pub unsafe extern "C" fn sucl_irecv(
 
 /// Elements in `bytes` of `elem`-byte elements; a partial element is a mismatch.
 pub(crate) fn elements(bytes: usize, elem: usize) -> Result<usize, Fail> {
-    if bytes % elem != 0 {
+    if !bytes.is_multiple_of(elem) {
         return Err(Fail::Sucl(sucl::Error::Mismatch {
             rank: 0,
             what: format!("message size: {bytes} bytes is not a whole number of {elem}-byte elements"),
