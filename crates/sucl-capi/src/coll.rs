@@ -24,7 +24,7 @@ pub(crate) fn times(arg: &'static str, count: usize, factor: usize) -> Result<us
     count.checked_mul(factor).ok_or_else(|| Fail::arg(arg, format!("{count} × {factor} elements overflow")))
 }
 
-fn root_of(c: &Communicator, root: i32) -> Result<usize, Fail> {
+pub(crate) fn root_of(c: &Communicator, root: i32) -> Result<usize, Fail> {
     let r = types::rank("root", root)?;
     if r >= c.size() {
         return Err(Fail::arg("root", format!("rank {r} out of range (communicator size {})", c.size())));

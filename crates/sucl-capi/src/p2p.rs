@@ -128,21 +128,8 @@ pub unsafe extern "C" fn sucl_isend(
     tag: i32,
     request: *mut sucl_request,
 ) -> sucl_result {
-    entry(|| {
-        let (dt, dest, tag) = (types::dtype(dtype)?, types::rank("dest", dest)?, types::tag(tag)?);
-        let out = Out::new("request", request)?;
-        let c = COMMS.lease(comm)?;
-        let (bytes, elem) = with_dtype!(dt, T => {
-            Region::<T>::new("buf", buf, count)?;
-            (count * std::mem::size_of::<T>(), std::mem::size_of::<T>())
-        });
-        // SAFETY: the caller keeps `buf` valid and unmodified until the request completed or
-        // was cancelled, and the request is completed or cancelled on this communicator
-        // (`sucl_wait`/`sucl_test`/`sucl_request_free`, or `sucl_comm_free`, which cancels it).
-        let req = unsafe { c.post_send_unscoped(buf as *const u8, bytes, dest, tag)? };
-        out.set(REQUESTS.insert(AnyRequest::P2p { comm, req, elem }));
-        Ok(())
-    })
+    // SAFETY: forwarded: the caller keeps `buf` valid and unmodified until the request completed.
+    unsafe { post(comm, buf, count, dtype, ("dest", dest), tag, request, Direction::Send) }
 }
 
 /// Starts receiving up to `count` elements into `buf` from `src` with `tag`; `*request`
@@ -164,16 +151,51 @@ pub unsafe extern "C" fn sucl_irecv(
     tag: i32,
     request: *mut sucl_request,
 ) -> sucl_result {
+    // SAFETY: forwarded: the caller keeps `buf` valid and untouched until the request completed.
+    unsafe { post(comm, buf as *const c_void, count, dtype, ("src", src), tag, request, Direction::Recv) }
+}
+
+/// Which way a non-blocking operation moves data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Send,
+    Recv,
+}
+
+/// Posts a non-blocking send or receive and registers its request.
+///
+/// # Safety
+/// `buf` stays valid for `count` elements (reads for a send, writes for a receive) and is not
+/// otherwise touched until the request completed or was withdrawn.
+#[allow(clippy::too_many_arguments)]
+unsafe fn post(
+    comm: sucl_comm,
+    buf: *const c_void,
+    count: usize,
+    dtype: sucl_dtype,
+    (peer_arg, peer): (&'static str, i32),
+    tag: i32,
+    request: *mut sucl_request,
+    dir: Direction,
+) -> sucl_result {
     entry(|| {
-        let (dt, src, tag) = (types::dtype(dtype)?, types::rank("src", src)?, types::tag(tag)?);
+        let (dt, peer, tag) = (types::dtype(dtype)?, types::rank(peer_arg, peer)?, types::tag(tag)?);
         let out = Out::new("request", request)?;
         let c = COMMS.lease(comm)?;
-        let (bytes, elem) = with_dtype!(dt, T => {
+        let elem = with_dtype!(dt, T => {
             Region::<T>::new("buf", buf, count)?;
-            (count * std::mem::size_of::<T>(), std::mem::size_of::<T>())
+            std::mem::size_of::<T>()
         });
-        // SAFETY: as in `sucl_isend`, for writes.
-        let req = unsafe { c.post_recv_unscoped(buf as *mut u8, bytes, src, tag)? };
+        let bytes = count * elem;
+        // SAFETY: the caller's promise above, and the request is completed or cancelled on this
+        // communicator (`sucl_wait`/`sucl_test`/`sucl_request_free`, or `sucl_comm_free`, which
+        // cancels it).
+        let req = unsafe {
+            match dir {
+                Direction::Send => c.post_send_unscoped(buf as *const u8, bytes, peer, tag)?,
+                Direction::Recv => c.post_recv_unscoped(buf as *mut u8, bytes, peer, tag)?,
+            }
+        };
         out.set(REQUESTS.insert(AnyRequest::P2p { comm, req, elem }));
         Ok(())
     })

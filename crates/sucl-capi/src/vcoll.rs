@@ -4,7 +4,7 @@
 //! of a truncation or a hang. A buffer addressed by displacements is taken to end where its last
 //! block ends.
 
-use crate::coll::times;
+use crate::coll::{root_of, times};
 use crate::error::{entry, Fail};
 use crate::handles::COMMS;
 use crate::mem::{extent, table, Input, Region};
@@ -29,14 +29,6 @@ fn on_comm(
         let counts = unsafe { table("counts", counts, len)? };
         f(&c, dt, counts)
     })
-}
-
-fn root_of(c: &Communicator, root: i32) -> Result<usize, Fail> {
-    let r = types::rank("root", root)?;
-    if r >= c.size() {
-        return Err(Fail::arg("root", format!("rank {r} out of range (communicator size {})", c.size())));
-    }
-    Ok(r)
 }
 
 /// Gathers `counts[r]` elements from every rank `r` (its `sendbuf`) into root's `recvbuf` at

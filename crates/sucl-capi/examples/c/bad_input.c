@@ -6,9 +6,12 @@
  *
  * Exits 0 when every case is handled, 1 otherwise (each miss listed on stderr).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, nanosleep */
 #include "check.h"
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* `call` must return `code` and leave a message containing `word`. */
 #define REJECTS(call, code, word)                                                                    \
@@ -19,6 +22,39 @@
         EXPECT(strstr(msg_, (word)) != NULL, "%s: message \"%s\" does not mention \"%s\"", #call, msg_, (word)); \
     } while (0)
 
+/* A receive nobody answers, on its own thread: it holds the communicator until it times out. */
+static sucl_comm blocked_comm;
+static sucl_result blocked_rc = -1;
+static char blocked_msg[512];
+
+static void *blocked_recv(void *arg) {
+    (void)arg;
+    double x;
+    blocked_rc = sucl_recv(blocked_comm, &x, 1, SUCL_FLOAT64, 0, 77, NULL);
+    snprintf(blocked_msg, sizeof blocked_msg, "%s", sucl_last_error());
+    return NULL;
+}
+
+/* While one thread is inside a call on a communicator, another thread's call on it is refused
+ * with SUCL_ERR_BUSY (not a data race); the blocked call ends with SUCL_ERR_TIMEOUT. */
+static void busy_and_timeout(sucl_comm comm) {
+    CHECK(sucl_comm_split(comm, 0, 0, &blocked_comm));
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_recv, NULL);
+    int rank, busy = 0;
+    struct timespec nap = {0, 1000000};
+    for (int i = 0; i < 4000 && !busy && blocked_rc == -1; i++) {
+        sucl_result rc = sucl_comm_rank(blocked_comm, &rank);
+        busy = rc == SUCL_ERR_BUSY && strstr(sucl_last_error(), "in use") != NULL;
+        nanosleep(&nap, NULL);
+    }
+    EXPECT(busy, "a second thread was never refused with SUCL_ERR_BUSY");
+    pthread_join(t, NULL);
+    EXPECT(blocked_rc == SUCL_ERR_TIMEOUT, "the unanswered receive returned %s (%s)", sucl_result_name(blocked_rc), blocked_msg);
+    EXPECT(strstr(blocked_msg, "timed out") != NULL, "timeout message \"%s\"", blocked_msg);
+    CHECK(sucl_comm_free(blocked_comm));
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("bad_input: calls sucl's C API with null pointers, unknown dtypes and ops, counts\n"
@@ -27,6 +63,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     me = 0;
+    setenv("SUCL_TIMEOUT", "5", 1); /* the unanswered receive below gives up after 5 s */
     sucl_comm comm;
     CHECK(sucl_init(&comm));
     EXPECT(strcmp(sucl_last_error(), "") == 0, "a successful call left the message \"%s\"", sucl_last_error());
@@ -92,9 +129,15 @@ int main(int argc, char **argv) {
     CHECK(sucl_comm_free(again));
 
     /* A pending receive is withdrawn when its communicator is freed; its handle dies. */
-    CHECK(sucl_irecv(comm, b, 4, SUCL_FLOAT64, 0, 9, &rq));
-    CHECK(sucl_comm_free(comm));
+    sucl_comm pending;
+    CHECK(sucl_comm_split(comm, 0, 0, &pending));
+    CHECK(sucl_irecv(pending, b, 4, SUCL_FLOAT64, 0, 9, &rq));
+    CHECK(sucl_comm_free(pending));
     REJECTS(sucl_wait(rq, NULL), SUCL_ERR_INVALID_HANDLE, "not live");
+
+    /* Last: the timeout aborts the job's communicators. */
+    busy_and_timeout(comm);
+    CHECK(sucl_comm_free(comm));
     REJECTS(sucl_barrier(comm), SUCL_ERR_INVALID_HANDLE, "not live");
     REJECTS(sucl_comm_free(comm), SUCL_ERR_INVALID_HANDLE, "not live");
     EXPECT(strcmp(sucl_result_name(SUCL_ERR_TIMEOUT), "SUCL_ERR_TIMEOUT") == 0, "result name");
