@@ -3,8 +3,9 @@
 # (scripts/install-capi.sh), builds the C examples with gcc through pkg-config (shared and
 # static), the C++ example with CMake's find_package(sucl), and runs them: the collectives
 # examples on 3 ranks under `sucl run -n 3` (every result checked against a serial reference),
-# the bad-input test in one process. Exits non-zero on any failure. Installs cmake and g++
-# (Debian packages) if missing.
+# the C one also from a torchrun-style environment, with explicit rank/size/address, and under
+# Open MPI's mpirun when it is installed; the bad-input test in one process. Exits non-zero on
+# any failure. Installs cmake and g++ (Debian packages) if missing.
 #
 #   scripts/capi-check.sh            # release build, as installed
 #   scripts/capi-check.sh --debug    # debug build (quicker to build)
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 case "${1:-}" in
-  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   --debug) profile=debug; flags=(--debug); cargo_flags=() ;;
   "") profile=release; flags=(); cargo_flags=(--release) ;;
   *) echo "capi-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -32,7 +33,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 prefix="$work/prefix"
 scripts/install-capi.sh --prefix "$prefix" "${flags[@]}"
 cargo build "${cargo_flags[@]}" -p sucl-cli
@@ -61,6 +67,35 @@ done
 
 echo "== C: every collective, v-collective, point-to-point call and a stream-triggered queue on 3 ranks"
 timeout 300 "$sucl" run -n 3 -- "$work/collectives"
+# Three processes started by hand (each bounded), with `launch_rank R` starting rank R.
+three() {
+  local what="$1" rc=0
+  shift
+  pids=()
+  for r in 0 1 2; do
+    "$@" "$r" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  pids=()
+  [ "$rc" -eq 0 ] || { echo "$what failed" >&2; exit 1; }
+}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+torchrun_rank() {
+  RANK="$1" WORLD_SIZE=3 LOCAL_RANK="$1" LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+    timeout 300 "$work/collectives"
+}
+explicit_rank() { timeout 300 "$work/collectives" --explicit "$1" 3 "127.0.0.1:$port"; }
+echo "== C: the same from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+port="$(free_port)"
+three "torchrun-style launch" torchrun_rank
+echo "== C: the same with sucl_init_explicit (rank, size, address)"
+port="$(free_port)"
+three "explicit init" explicit_rank
+if command -v mpirun >/dev/null; then
+  echo "== C: the same under Open MPI's mpirun"
+  timeout 300 mpirun --allow-run-as-root --oversubscribe -np 3 "$work/collectives"
+fi
 echo "== C++ (CMake find_package): collectives on 3 ranks"
 timeout 300 "$sucl" run -n 3 -- "$work/cpp/collectives_cpp"
 echo "== C: bad input (shared and static library)"

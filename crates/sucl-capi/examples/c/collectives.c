@@ -5,6 +5,10 @@
  *
  *     sucl run -n 3 -- ./collectives
  *
+ * or without a launcher, each process told its place (rank 0 listens at the address):
+ *
+ *     ./collectives --explicit RANK SIZE HOST:PORT
+ *
  * Exits 0 when every result is right, 1 when some are wrong (listed on stderr), 2 when a call
  * fails.
  */
@@ -345,12 +349,22 @@ int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("collectives: runs every sucl collective, v-collective, point-to-point call and a\n"
                "stream-triggered queue through the C API on host memory and checks each result\n"
-               "against a serial reference. No arguments.\n\n"
+               "against a serial reference.\n\n"
+               "usage: collectives                               (under a launcher: sucl run, torchrun, mpirun, srun)\n"
+               "       collectives --explicit RANK SIZE HOST:PORT  (no launcher; rank 0 listens there)\n\n"
                "example: sucl run -n 3 -- ./collectives\n");
         return 0;
     }
     sucl_comm comm;
-    CHECK(sucl_init(&comm));
+    if (argc == 5 && !strcmp(argv[1], "--explicit")) {
+        int r = atoi(argv[2]);
+        CHECK(sucl_init_explicit(r, atoi(argv[3]), r, argv[4], NULL, &comm));
+    } else if (argc == 1) {
+        CHECK(sucl_init(&comm));
+    } else {
+        fprintf(stderr, "collectives: unknown arguments (see --help)\n");
+        return 2;
+    }
     int rank, size;
     CHECK(sucl_comm_rank(comm, &rank));
     CHECK(sucl_comm_size(comm, &size));
