@@ -297,6 +297,55 @@ static void read_in_task(void *arg) {
     if (sucl_buffer_read(task_buf, 0, &x, 1) == SUCL_OK) seen_by_task = x;
 }
 
+/* The other collectives a stream-triggered queue takes, and a PROC_NULL peer, in one batch. */
+static void stream_collectives(sucl_stream st, int rank, int size) {
+    int n = COUNT * size;
+    sucl_buffer bc, ag_s, ag_r, rs_s, rs_r, aa_s, aa_r;
+    CHECK(sucl_buffer_create(SUCL_INT64, COUNT, &bc));
+    CHECK(sucl_buffer_create(SUCL_INT64, COUNT, &ag_s));
+    CHECK(sucl_buffer_create(SUCL_INT64, n, &ag_r));
+    CHECK(sucl_buffer_create(SUCL_INT64, n, &rs_s));
+    CHECK(sucl_buffer_create(SUCL_INT64, COUNT, &rs_r));
+    CHECK(sucl_buffer_create(SUCL_INT64, n, &aa_s));
+    CHECK(sucl_buffer_create(SUCL_INT64, n, &aa_r));
+    int64_t *tmp = malloc(sizeof(int64_t) * n);
+    int root = size - 1;
+    for (int i = 0; i < COUNT; i++) tmp[i] = rank == root ? v(root, i) : -1;
+    CHECK(sucl_buffer_write(bc, 0, tmp, COUNT));
+    for (int i = 0; i < COUNT; i++) tmp[i] = v(rank, i);
+    CHECK(sucl_buffer_write(ag_s, 0, tmp, COUNT));
+    for (int k = 0; k < n; k++) tmp[k] = v(rank, k);
+    CHECK(sucl_buffer_write(rs_s, 0, tmp, n));
+    for (int k = 0; k < n; k++) tmp[k] = 10000 * rank + 100 * (k / COUNT) + k % COUNT;
+    CHECK(sucl_buffer_write(aa_s, 0, tmp, n));
+    sucl_request r[5];
+    CHECK(sucl_stream_broadcast(st, bc, root, &r[0]));
+    CHECK(sucl_stream_all_gather(st, ag_s, ag_r, &r[1]));
+    CHECK(sucl_stream_reduce_scatter(st, rs_s, rs_r, SUCL_SUM, &r[2]));
+    CHECK(sucl_stream_all_to_all(st, aa_s, aa_r, &r[3]));
+    CHECK(sucl_stream_send(st, bc, SUCL_PROC_NULL, 1, &r[4]));
+    CHECK(sucl_stream_start(st));
+    CHECK(sucl_stream_wait(st));
+    CHECK(sucl_stream_synchronize(st));
+    for (int k = 0; k < 5; k++) CHECK(sucl_wait(r[k], NULL));
+    CHECK(sucl_buffer_read(bc, 0, tmp, COUNT));
+    for (int i = 0; i < COUNT; i++) EXPECT(tmp[i] == v(root, i), "stream broadcast [%d] = %ld", i, (long)tmp[i]);
+    CHECK(sucl_buffer_read(ag_r, 0, tmp, n));
+    for (int k = 0; k < n; k++) EXPECT(tmp[k] == v(k / COUNT, k % COUNT), "stream all_gather [%d] = %ld", k, (long)tmp[k]);
+    CHECK(sucl_buffer_read(rs_r, 0, tmp, COUNT));
+    for (int i = 0; i < COUNT; i++) {
+        int64_t want = 0;
+        for (int p = 0; p < size; p++) want += v(p, rank * COUNT + i);
+        EXPECT(tmp[i] == want, "stream reduce_scatter [%d] = %ld, want %ld", i, (long)tmp[i], (long)want);
+    }
+    CHECK(sucl_buffer_read(aa_r, 0, tmp, n));
+    for (int k = 0; k < n; k++)
+        EXPECT(tmp[k] == 10000 * (k / COUNT) + 100 * rank + k % COUNT, "stream all_to_all [%d] = %ld", k, (long)tmp[k]);
+    sucl_buffer all[7] = {bc, ag_s, ag_r, rs_s, rs_r, aa_s, aa_r};
+    for (int k = 0; k < 7; k++) CHECK(sucl_buffer_free(all[k]));
+    free(tmp);
+}
+
 static void stream(sucl_comm comm, int rank, int size) {
     int right = (rank + 1) % size, left = (rank + size - 1) % size;
     sucl_host_queue q;
@@ -337,6 +386,7 @@ static void stream(sucl_comm comm, int rank, int size) {
         for (int p = 0; p < size; p++) want += (double)v(p, i);
         EXPECT(res[i] == want, "stream all_reduce [%d] = %g, want %g", i, res[i], want);
     }
+    stream_collectives(st, rank, size);
     CHECK(sucl_stream_close(st));
     CHECK(sucl_barrier(comm)); /* the communicator is back */
     CHECK(sucl_buffer_free(out));
