@@ -127,3 +127,38 @@ pub extern "C" fn sucl_result_name(code: sucl_result) -> *const c_char {
     };
     s.as_ptr()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last() -> String {
+        // SAFETY: sucl_last_error returns a valid NUL-terminated string owned by this thread.
+        unsafe { CStr::from_ptr(sucl_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_its_message() {
+        let rc = entry(|| panic!("boom in a test"));
+        assert_eq!(rc, SUCL_ERR_INTERNAL);
+        assert!(last().contains("boom in a test"), "{}", last());
+    }
+
+    #[test]
+    fn the_last_error_is_per_thread_and_cleared_by_a_success() {
+        assert_eq!(entry(|| Err(Fail::arg("count", "too big"))), SUCL_ERR_INVALID_ARGUMENT);
+        assert_eq!(last(), "invalid argument `count`: too big");
+        let other = std::thread::spawn(last).join().unwrap();
+        assert_eq!(other, "");
+        assert_eq!(entry(|| Ok(())), SUCL_OK);
+        assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn sucl_errors_keep_their_kind() {
+        let e = sucl::Error::Timeout { rank: 2, op: "recv".into(), after: std::time::Duration::from_secs(1) };
+        assert_eq!(entry(|| Err(e.into())), SUCL_ERR_TIMEOUT);
+        assert!(last().starts_with("rank 2: recv timed out"), "{}", last());
+    }
+}
