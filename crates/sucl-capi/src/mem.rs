@@ -194,3 +194,50 @@ pub(crate) unsafe fn c_str(arg: &'static str, ptr: *const std::ffi::c_char) -> R
     let s = unsafe { std::ffi::CStr::from_ptr(ptr) };
     s.to_str().map(|s| Some(s.to_string())).map_err(|_| Fail::arg(arg, "is not UTF-8"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(ptr: usize, count: usize) -> Result<Region<u32>, Fail> {
+        Region::<u32>::new("buf", ptr as *const c_void, count)
+    }
+
+    #[test]
+    fn bad_buffers_are_refused_before_any_slice_exists() {
+        assert!(matches!(region(0, 1), Err(Fail::Arg { .. })));
+        assert!(region(0, 0).is_ok());
+        assert!(matches!(region(0x1002, 1), Err(Fail::Arg { .. })), "misaligned");
+        assert!(matches!(region(0x1000, usize::MAX / 2), Err(Fail::Arg { .. })), "overflowing size");
+        assert!(matches!(region(usize::MAX - 7, 4), Err(Fail::Arg { .. })), "wrapping the address space");
+    }
+
+    #[test]
+    fn overlap_and_offsets() {
+        let (a, b) = (region(0x1000, 4).ok().unwrap(), region(0x1008, 4).ok().unwrap());
+        assert!(a.overlaps(&b) && b.overlaps(&a));
+        let c = region(0x1010, 4).ok().unwrap();
+        assert!(!a.overlaps(&c));
+        assert!(!a.overlaps(&region(0x1000, 0).ok().unwrap()), "an empty buffer overlaps nothing");
+        assert!(b.starts_at(&a, 2) && !b.starts_at(&a, 1));
+        assert!(!b.starts_at(&a, usize::MAX), "an offset that overflows matches nothing");
+    }
+
+    #[test]
+    fn an_overlapping_input_is_copied() {
+        let mut v = [1u32, 2, 3, 4];
+        let p = v.as_mut_ptr() as usize;
+        let (s, r) = (region(p, 3).ok().unwrap(), region(p + 4, 3).ok().unwrap());
+        // SAFETY: `v` lives through the test and nothing writes it while `input` is read.
+        let input = unsafe { Input::of(&s, &r) };
+        assert!(matches!(input, Input::Copied(_)));
+        assert_eq!(&*input, &[1, 2, 3]);
+    }
+
+    #[test]
+    fn extent_is_the_end_of_the_last_block() {
+        assert_eq!(extent("displs", [2, 3].into_iter(), &[5, 0]).ok(), Some(7));
+        assert!(matches!(extent("displs", [1].into_iter(), &[usize::MAX]), Err(Fail::Arg { .. })));
+        assert!(matches!(extent("displs", [1, 1].into_iter(), &[0]), Err(Fail::Arg { .. })));
+    }
+}
