@@ -11,6 +11,7 @@
 //! Depends on `sucl` (the facade) only.
 
 #![allow(non_camel_case_types)]
+#![warn(missing_docs)]
 
 mod coll;
 mod comm;
