@@ -45,6 +45,28 @@ static void all_reduce(sucl_comm comm, int rank, int size) {
     }
 }
 
+/* The other two operators: prod over int64, avg over double. */
+static void operators(sucl_comm comm, int rank, int size) {
+    int64_t ps[COUNT], pr[COUNT];
+    double as[COUNT], ar[COUNT];
+    for (int i = 0; i < COUNT; i++) {
+        ps[i] = rank + i + 2;
+        as[i] = (double)v(rank, i);
+    }
+    CHECK(sucl_all_reduce(comm, ps, pr, COUNT, SUCL_INT64, SUCL_PROD));
+    CHECK(sucl_all_reduce(comm, as, ar, COUNT, SUCL_FLOAT64, SUCL_AVG));
+    for (int i = 0; i < COUNT; i++) {
+        int64_t prod = 1;
+        double sum = 0;
+        for (int p = 0; p < size; p++) {
+            prod *= p + i + 2;
+            sum += (double)v(p, i);
+        }
+        EXPECT(pr[i] == prod, "all_reduce prod [%d] = %ld, want %ld", i, (long)pr[i], (long)prod);
+        EXPECT(ar[i] == sum / size, "all_reduce avg [%d] = %g, want %g", i, ar[i], sum / size);
+    }
+}
+
 /* all_reduce sum over every integer and 32/64-bit float dtype, with values that fit each. */
 static void dtypes(sucl_comm comm, int rank, int size) {
 #define SUM_OF(T, DT)                                                                    \
@@ -425,6 +447,7 @@ int main(int argc, char **argv) {
     }
     all_reduce(comm, rank, size);
     dtypes(comm, rank, size);
+    operators(comm, rank, size);
     rooted(comm, rank, size);
     everyone(comm, rank, size);
     vcoll(comm, rank, size);
