@@ -61,6 +61,16 @@ fi
 cmake -S "$ex/cpp" -B "$work/cpp" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$work/cpp" >/dev/null
 
+# The library exports exactly the functions the header declares.
+declared="$(grep -oE '^(sucl_result|const char \*)[ ]*sucl_[a-z_]+' "$prefix/include/sucl.h" | grep -oE 'sucl_[a-z_]+$' | sort)"
+exported="$(nm -D --defined-only "$libdir/libsucl.so.0" | awk '{print $3}' | sort)"
+if [ "$declared" != "$exported" ]; then
+  echo "libsucl.so's exports differ from sucl.h's declarations:" >&2
+  diff <(echo "$declared") <(echo "$exported") >&2 || true
+  exit 1
+fi
+echo "libsucl.so exports the $(echo "$declared" | wc -l) functions sucl.h declares, nothing else"
+
 for bin in collectives bad_input bad_input_static cpp/collectives_cpp; do
   "$work/$bin" --help | grep -q "example:" || { echo "$bin --help says no example" >&2; exit 1; }
 done
