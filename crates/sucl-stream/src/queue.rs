@@ -409,7 +409,7 @@ impl CommQueue {
 
     fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
         let (state, req) = self.new_request(elem, what);
-        self.pending.push(Op { work, state, keep: None, exact: None });
+        self.pending.push(Op::new(work, state, None));
         req
     }
 
@@ -601,7 +601,7 @@ impl CommQueue {
         match &mut self.path {
             Path::Host { ch, q, sig } => {
                 let ops = std::mem::take(&mut self.pending);
-                ch.submit(Batch { epoch, ops });
+                self.pending = ch.submit(Batch { epoch, ops });
                 let (sig, ch) = (sig.clone(), ch.clone());
                 q.submit(move || {
                     sig.trigger.store(epoch, Ordering::Release);

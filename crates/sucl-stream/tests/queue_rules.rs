@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{await_token, run, token, world};
+use common::{await_token, progress_threads, run, token, world};
 use sucl_runtime::ReduceOp;
 use sucl_stream::{CommQueue, HostQueue, SharedBuf};
 
@@ -165,5 +165,104 @@ fn a_buffer_held_past_the_timeout_names_the_operation_never_posted() {
         let e = cq.synchronize().expect_err("the failed queue synchronized").to_string();
         assert!(e.contains("never posted"), "{e}");
         let _ = cq.close();
+    });
+}
+
+/// Each queue's progress thread has ended by the time `close` returns (it is joined, not left
+/// to end some time later): closing queue after queue leaves no thread behind.
+#[test]
+fn closing_a_queue_ends_its_progress_thread() {
+    run("closing_a_queue_ends_its_progress_thread", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (mut comm, _ctl) = world();
+        let peer = 1 - rank;
+        let q = HostQueue::new();
+        for round in 0..8u32 {
+            let mut cq = CommQueue::on_host(comm, &q).unwrap();
+            // (A new thread names itself once it runs: allow it that long.)
+            let named = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while progress_threads() == 0 && std::time::Instant::now() < named {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(progress_threads(), 1, "round {round}: one queue, one progress thread");
+            let (out, got) = (SharedBuf::new(vec![round; 2]), SharedBuf::<u32>::zeroed(2));
+            cq.enqueue_recv(&got, peer, round).unwrap();
+            cq.enqueue_send(&out, peer, round).unwrap();
+            cq.start().unwrap();
+            cq.wait().unwrap();
+            cq.synchronize().unwrap();
+            assert_eq!(got.to_vec(), vec![round; 2]);
+            comm = cq.close().unwrap();
+            assert_eq!(progress_threads(), 0, "round {round}: the closed queue's progress thread still runs");
+        }
+    });
+}
+
+/// A batch whose trigger never comes (the queue is stuck behind a task) does not outlive the
+/// queue: `close` fails it after its bound — the request gets the error, the buffer is free,
+/// the progress thread is gone — and when the queue reaches the trigger after all, nothing is
+/// posted.
+#[test]
+fn closing_a_stuck_queue_withdraws_its_batches() {
+    run("closing_a_stuck_queue_withdraws_its_batches", 2, &[("SUCL_TIMEOUT", "1")], |rank| {
+        let comm = sucl_runtime::init().expect("init");
+        if rank == 1 {
+            // Alive (no call of its own would outlast the short timeout) until rank 0 is done.
+            std::thread::sleep(std::time::Duration::from_secs(10));
+            return;
+        }
+        let q = HostQueue::new();
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        q.submit(move || {
+            let _ = gate.recv_timeout(std::time::Duration::from_secs(30));
+        });
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let b = SharedBuf::new(vec![5u32; 2]);
+        let r = cq.enqueue_send(&b, 1, 5).unwrap();
+        cq.start().unwrap();
+        let Err(e) = cq.close() else { panic!("a queue with a batch never triggered closed cleanly") };
+        let e = e.to_string();
+        assert!(e.contains("1 started and not complete"), "{e}");
+        let e = r.test().expect_err("the withdrawn send still looks in flight or completed").to_string();
+        assert!(e.contains("closing a stream-triggered queue"), "{e}");
+        assert_eq!(progress_threads(), 0, "the closed queue's progress thread still runs");
+        // The queue reaches the trigger now: nothing may move any more.
+        open.send(()).unwrap();
+        q.synchronize(std::time::Duration::from_secs(10)).unwrap();
+        b.write()[0] = 6;
+    });
+}
+
+/// Batches posted at once still match per (peer, tag) in enqueue order: three starts each send
+/// on one (peer, tag) while the first send's buffer is held by the host, so only the later
+/// batches could be posted at first; the peer must still receive them in start order.
+#[test]
+fn batches_posted_at_once_keep_enqueue_order_per_peer_and_tag() {
+    run("batches_posted_at_once_keep_enqueue_order_per_peer_and_tag", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (comm, _ctl) = world();
+        if rank == 1 {
+            let mut got = vec![];
+            for _ in 0..3 {
+                let mut b = [0u64; 2];
+                comm.recv(&mut b[..], 0, 4).unwrap();
+                got.push(b[0]);
+            }
+            assert_eq!(got, vec![1, 2, 3], "messages of one (peer, tag) overtook each other across batches");
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let bufs: Vec<SharedBuf<u64>> = (1..=3).map(|v| SharedBuf::new(vec![v; 2])).collect();
+        let held = bufs[0].write();
+        for b in &bufs {
+            cq.enqueue_send(b, 1, 4).unwrap();
+            cq.start().unwrap();
+        }
+        // Every trigger is reached while the first buffer is held.
+        q.synchronize(std::time::Duration::from_secs(5)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(held);
+        cq.wait().unwrap();
+        cq.synchronize().unwrap();
+        cq.close().unwrap();
     });
 }
