@@ -5,11 +5,13 @@
 //! behind a stream that waits for it.
 //!
 //! Each start releases its batch on its own: a triggered batch is posted at once, whatever the
-//! batches before it are still doing, and batches complete in any order; the completion counter
-//! (what a queue's `wait` holds on) advances over every batch up to the newest completed one.
+//! batches before it are still doing, and batches complete in any order (each operation's
+//! request as soon as it is done); the completion counter (what a queue's `wait` holds on)
+//! advances to the newest batch whose predecessors all completed too.
 //! Operations are posted in enqueue order (what makes messages match in that order): one whose
-//! buffer is still in use — by a task, or by an earlier batch's operation that writes it — holds
-//! the operations behind it until the buffer is free, bounded by the timeout.
+//! buffer is still in use — by a task, or by an earlier batch's operation that writes it or
+//! reads what this one writes — holds the operations behind it until the buffer is free,
+//! bounded by the timeout.
 //!
 //! [`CommQueue`]: crate::CommQueue
 

@@ -34,7 +34,10 @@
 //! [`PROC_NULL`] peer completes at once; operations match per (peer, tag) in enqueue order and
 //! match ordinary sends and receives of the same communicator; one buffer may serve two
 //! operations of one batch only if both read it (a receive or a collective's result buffer
-//! used by another operation of the same batch is refused at enqueue, naming both); `wait` with
+//! used by another operation of the same batch is refused at enqueue, naming both; across
+//! batches, which MPI calls erroneous too, the later operation — and every one enqueued after
+//! it — is posted once the earlier one gave the buffer back, so lend a second buffer where the
+//! earlier one could only complete after them); `wait` with
 //! operations enqueued and not started is refused, naming how many; the queue keeps every
 //! buffer it was lent until its operation completed; closing (or dropping) a queue with
 //! operations in flight is an error (see [`CommQueue::close`]).

@@ -720,8 +720,10 @@ impl CommQueue {
 
     /// Ends the queue and gives the communicator back. Closing with operations in flight is an
     /// error: operations enqueued but never started are withdrawn (their requests fail), started
-    /// ones are waited for (bounded, so no buffer is freed under a transfer), and the error says
-    /// how many there were; the communicator is then dropped. Call
+    /// ones are waited for (bounded, so no buffer is freed under a transfer) and those still
+    /// held after the bound are withdrawn (cancelled on the backend, their requests failed), and
+    /// the error says how many there were; the communicator is then dropped. Either way the
+    /// queue's progress thread has ended when this returns. Call
     /// [`synchronize`](CommQueue::synchronize) first to close cleanly.
     pub fn close(mut self) -> Result<Communicator> {
         self.shut_down()
