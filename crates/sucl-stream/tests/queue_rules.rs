@@ -266,3 +266,44 @@ fn batches_posted_at_once_keep_enqueue_order_per_peer_and_tag() {
         cq.close().unwrap();
     });
 }
+
+/// A peer lost while several batches are posted at once fails every one of them: each request
+/// gets an error naming the peer (from the progress thread, not a host-side timeout), the
+/// queue's wait is released and `synchronize` reports it.
+#[test]
+fn a_lost_peer_fails_every_batch_in_flight() {
+    let name = "a_lost_peer_fails_every_batch_in_flight";
+    let Some(rank) = common::child_rank() else {
+        let outs = common::launch(name, 2, &[("SUCL_TIMEOUT", "4")], std::time::Duration::from_secs(60));
+        assert_eq!(outs[1].status.code(), Some(9), "the victim did not die as planned:\n{}\n{}", outs[1].stdout, outs[1].stderr);
+        assert!(outs[0].status.success(), "rank 0 failed:\n{}\n{}", outs[0].stdout, outs[0].stderr);
+        return;
+    };
+    let (comm, ctl) = world();
+    if rank == 1 {
+        await_token(&ctl, 0);
+        // Die without a goodbye while rank 0's batches wait for this rank.
+        std::process::exit(9);
+    }
+    let q = HostQueue::new();
+    let mut cq = CommQueue::on_host(comm, &q).unwrap();
+    let bufs: Vec<SharedBuf<u32>> = (0..3).map(|_| SharedBuf::zeroed(4)).collect();
+    let mut reqs = vec![];
+    for (tag, b) in bufs.iter().enumerate() {
+        reqs.push(cq.enqueue_recv(b, 1, tag as u32).unwrap());
+        cq.start().unwrap();
+    }
+    cq.wait().unwrap();
+    token(&ctl, 1);
+    for r in &reqs {
+        let e = r.wait().expect_err("a receive from the lost peer completed").to_string();
+        assert!(e.contains("rank 1"), "{} failed without naming rank 1: {e}", r.describe());
+        assert!(!e.contains("waiting on the host"), "{} was not released by the progress thread: {e}", r.describe());
+    }
+    q.synchronize(std::time::Duration::from_secs(3)).expect("the queue's wait was not released by the failure");
+    let e = cq.synchronize().expect_err("a queue that lost its peer synchronized").to_string();
+    assert!(e.contains("rank 1"), "{e}");
+    let _ = cq.close();
+    assert_eq!(progress_threads(), 0, "the failed queue's progress thread still runs after close");
+    std::process::exit(0);
+}
