@@ -307,3 +307,38 @@ fn a_lost_peer_fails_every_batch_in_flight() {
     assert_eq!(progress_threads(), 0, "the failed queue's progress thread still runs after close");
     std::process::exit(0);
 }
+
+/// Batches that complete out of order do not release a queue's wait early: the second start's
+/// receive completes first, and the task after the wait must still find the first start's
+/// receive complete.
+#[test]
+fn a_wait_covers_every_batch_when_they_complete_out_of_order() {
+    run("a_wait_covers_every_batch_when_they_complete_out_of_order", 2, &[("SUCL_TIMEOUT", "5")], |rank| {
+        let (comm, ctl) = world();
+        if rank == 1 {
+            comm.send(&[2u32; 2][..], 0, 2).unwrap();
+            // Rank 0 saw the second batch complete (its wait still holds) before this send.
+            await_token(&ctl, 0);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            comm.send(&[1u32; 2][..], 0, 1).unwrap();
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let (first, second) = (SharedBuf::<u32>::zeroed(2), SharedBuf::<u32>::zeroed(2));
+        let r1 = cq.enqueue_recv(&first, 1, 1).unwrap();
+        cq.start().unwrap();
+        let r2 = cq.enqueue_recv(&second, 1, 2).unwrap();
+        cq.start().unwrap();
+        cq.wait().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let (s, r) = (seen.clone(), r1.clone());
+        q.submit(move || *s.lock().unwrap() = Some(r.test().map(|n| n.is_some()).unwrap_or(false)));
+        assert_eq!(r2.wait().unwrap(), 2);
+        token(&ctl, 1);
+        cq.synchronize().unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some(true), "the task after the wait ran before the first batch completed");
+        assert_eq!((r1.wait().unwrap(), first.to_vec()), (2, vec![1, 1]));
+        cq.close().unwrap();
+    });
+}
