@@ -99,6 +99,9 @@ struct Running {
     posted: usize,
     /// Operations not complete yet.
     left: usize,
+    /// Whether every operation completed and the batch left the count in flight (it may do so
+    /// before the batches started before it: only the completion counter waits for those).
+    released: bool,
     deadline: Instant,
 }
 
@@ -135,7 +138,9 @@ pub(crate) struct Channel {
     failed: Mutex<Option<Error>>,
     has_failed: AtomicBool,
     engine: Mutex<Engine>,
-    /// Started operations not yet completed (the cap on operations in flight counts these).
+    /// Started operations of batches not yet complete, and one per such batch (the cap on
+    /// operations in flight counts these). A batch leaves the count when its own operations
+    /// completed, whatever the batches before it are doing.
     pub(crate) in_flight: AtomicU64,
     pub(crate) closed: AtomicBool,
     pub(crate) rank: usize,
@@ -291,7 +296,7 @@ impl Channel {
 
     /// Whether this channel has started batches the engine has not finished.
     pub(crate) fn busy(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) > 0
+        self.submitted.load(Ordering::Acquire) > self.finished.load(Ordering::Acquire)
     }
 
     /// Fails every operation the engine holds and releases the queue's waits.
@@ -306,7 +311,9 @@ impl Channel {
         }
         let mut n = 0u64;
         for r in running.drain(..) {
-            n += r.ops.len() as u64 + 1;
+            if !r.released {
+                n += r.ops.len() as u64 + 1;
+            }
             fail_ops(r.ops.into_iter(), &e, comm);
         }
         let queued = std::mem::take(&mut self.queued.lock().unwrap_or_else(|p| p.into_inner()).batches);
@@ -335,7 +342,7 @@ impl Channel {
         let Engine { comm, running, spare } = &mut *engine;
         let Some(comm) = comm.as_ref() else { return false };
         let mut moved = self.admit(running, spare);
-        match advance(comm, running, collectives) {
+        match advance(comm, running, collectives, &self.in_flight) {
             Ok(m) => moved |= m,
             Err(e) => {
                 self.fail(e, running, Some(comm));
@@ -344,7 +351,7 @@ impl Channel {
         }
         while running.front().is_some_and(|r| r.posted == r.ops.len() && r.left == 0) {
             let mut r = running.pop_front().expect("front");
-            self.finish(r.epoch, r.ops.len());
+            self.finish(r.epoch);
             if spare.len() < SPARE_LISTS && r.ops.capacity() <= SPARE_CAPACITY {
                 r.ops.clear();
                 spare.push(r.ops);
@@ -375,7 +382,8 @@ impl Channel {
             let b = q.batches.pop_front().expect("front");
             let left = b.ops.len();
             self.admitted.store(b.epoch, Ordering::Release);
-            running.push_back(Running { epoch: b.epoch, ops: b.ops, posted: 0, left, deadline: Instant::now() + self.timeout });
+            let deadline = Instant::now() + self.timeout;
+            running.push_back(Running { epoch: b.epoch, ops: b.ops, posted: 0, left, released: false, deadline });
             admitted = true;
         }
         admitted
@@ -391,11 +399,10 @@ impl Channel {
         Some(Error::Timeout { rank: self.rank, op: format!("stream-triggered {}{why}", op.state.what), after: self.timeout })
     }
 
-    /// A batch all of whose operations completed: it leaves the count in flight and the queue
-    /// learns its completion (batches complete in start order: an earlier one still running
-    /// holds this report back).
-    fn finish(&self, epoch: u64, ops: usize) {
-        self.in_flight.fetch_sub(ops as u64 + 1, Ordering::AcqRel);
+    /// A batch all of whose operations completed, as had every batch started before it: the
+    /// queue learns its completion (reported in start order: an earlier batch still running
+    /// holds this report back, though not the batch's leaving the count in flight).
+    fn finish(&self, epoch: u64) {
         self.finished.fetch_max(epoch, Ordering::AcqRel);
         self.signal.complete(epoch);
     }
@@ -463,7 +470,8 @@ impl Channel {
 
 /// Posts what can be posted of the running batches, in order, then tests every posted
 /// operation once. Returns whether anything happened.
-fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bool) -> Result<bool> {
+/// A batch whose operations all completed leaves `in_flight` here.
+fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bool, in_flight: &AtomicU64) -> Result<bool> {
     let mut moved = false;
     let mut held = false;
     for r in running.iter_mut() {
@@ -481,6 +489,10 @@ fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bo
             moved = true;
         }
         moved |= test_posted(comm, r)?;
+        if !r.released && r.posted == r.ops.len() && r.left == 0 {
+            r.released = true;
+            in_flight.fetch_sub(r.ops.len() as u64 + 1, Ordering::AcqRel);
+        }
     }
     Ok(moved)
 }

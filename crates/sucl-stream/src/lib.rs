@@ -88,7 +88,8 @@ pub const ANY_SOURCE: usize = usize::MAX - 1;
 /// A wildcard tag (MPI's `MPI_ANY_TAG`). Stream-triggered operations refuse it.
 pub const ANY_TAG: u32 = u32::MAX;
 
-/// Most operations started and not yet complete on one queue (each start counting as one more);
+/// Most operations started and not yet complete on one queue (each start counting as one more
+/// until its own operations completed, whatever earlier starts are doing);
 /// `start` blocks (bounded) beyond
 /// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
 pub const MAX_IN_FLIGHT: u64 = 500;

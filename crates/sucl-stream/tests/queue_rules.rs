@@ -342,3 +342,37 @@ fn a_wait_covers_every_batch_when_they_complete_out_of_order() {
         cq.close().unwrap();
     });
 }
+
+/// Batches that completed behind one that has not leave the count of operations in flight:
+/// with one receive outstanding from the first start, 400 later starts of one send each (800
+/// operations and triggers, beyond `MAX_IN_FLIGHT`) neither block nor fail, and the receive's
+/// message, sent only once the peer got all 400, arrives.
+#[test]
+fn completed_batches_behind_an_outstanding_one_leave_the_cap_on_operations_in_flight() {
+    run("completed_batches_behind_an_outstanding_one_leave_the_cap_on_operations_in_flight", 2, &[("SUCL_TIMEOUT", "3")], |rank| {
+        const SENDS: u32 = 400;
+        let (comm, _ctl) = world();
+        if rank == 1 {
+            for i in 0..SENDS {
+                let mut b = [0u32];
+                comm.recv(&mut b[..], 0, 1).unwrap();
+                assert_eq!(b[0], i);
+            }
+            comm.send(&[99u32][..], 0, 99).unwrap();
+            return;
+        }
+        let q = HostQueue::new();
+        let mut cq = CommQueue::on_host(comm, &q).unwrap();
+        let late = SharedBuf::<u32>::zeroed(1);
+        let r = cq.enqueue_recv(&late, 1, 99).unwrap();
+        cq.start().unwrap();
+        for i in 0..SENDS {
+            cq.enqueue_send(&SharedBuf::new(vec![i]), 1, 1).unwrap();
+            cq.start().unwrap_or_else(|e| panic!("start {} of the sends: {e}", i + 1));
+        }
+        cq.wait().unwrap();
+        cq.synchronize().unwrap();
+        assert_eq!((r.wait().unwrap(), late.to_vec()), (1, vec![99]));
+        cq.close().unwrap();
+    });
+}
