@@ -608,19 +608,14 @@ impl DevicePath {
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
         let mem = Box::new(SlotLend(slot, bytes));
         let staged = if send {
-            StagedOp {
-                downloads: vec![copy],
-                uploads: vec![],
-                op: Op { work: Work::Send { peer, tag, mem }, state: state.clone(), keep: None, exact: None },
-                hold: keep,
-            }
+            StagedOp { downloads: vec![copy], uploads: vec![], op: Op::new(Work::Send { peer, tag, mem }, state.clone(), None), hold: keep }
         } else {
             // The upload is enqueued before the length is known: the message must fill the
             // buffer (NCCL's rule too), or stale slot bytes would reach the device.
             StagedOp {
                 downloads: vec![],
                 uploads: vec![copy],
-                op: Op { work: Work::Recv { peer, tag, mem }, state: state.clone(), keep: None, exact: Some(bytes) },
+                op: Op::new(Work::Recv { peer, tag, mem }, state.clone(), Some(bytes)),
                 hold: keep,
             }
         };
@@ -686,7 +681,7 @@ impl DevicePath {
             }
             Ok(Some(rlen * std::mem::size_of::<T>()))
         }));
-        let op = Op { work, state: state.clone(), keep: None, exact: None };
+        let op = Op::new(work, state.clone(), None);
         if let Mode::Staged { pending, .. } = &mut self.mode {
             pending.push(StagedOp { downloads: vec![download], uploads: vec![upload], op, hold: keep });
         }
@@ -753,7 +748,7 @@ impl DevicePath {
                 for s in sent_slots {
                     pool.put(s, None);
                 }
-                ch.submit(Batch { epoch, ops: batch });
+                let _ = ch.submit(Batch { epoch, ops: batch });
                 awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
                 signal.trigger_on(&stream, epoch)
             }

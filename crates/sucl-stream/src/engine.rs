@@ -5,11 +5,13 @@
 //! behind a stream that waits for it.
 //!
 //! Each start releases its batch on its own: a triggered batch is posted at once, whatever the
-//! batches before it are still doing, and batches complete in any order; the completion counter
-//! (what a queue's `wait` holds on) advances over every batch up to the newest completed one.
+//! batches before it are still doing, and batches complete in any order (each operation's
+//! request as soon as it is done); the completion counter (what a queue's `wait` holds on)
+//! advances to the newest batch whose predecessors all completed too.
 //! Operations are posted in enqueue order (what makes messages match in that order): one whose
-//! buffer is still in use — by a task, or by an earlier batch's operation that writes it — holds
-//! the operations behind it until the buffer is free, bounded by the timeout.
+//! buffer is still in use — by a task, or by an earlier batch's operation that writes it or
+//! reads what this one writes — holds the operations behind it until the buffer is free,
+//! bounded by the timeout.
 //!
 //! [`CommQueue`]: crate::CommQueue
 
@@ -72,6 +74,15 @@ pub(crate) struct Op {
     pub(crate) keep: Option<Box<dyn Send>>,
     /// A receive that must fill exactly this many bytes (staged device receives).
     pub(crate) exact: Option<usize>,
+    /// The backend's request while the operation is posted and not complete.
+    req: Option<UnscopedRequest>,
+}
+
+impl Op {
+    /// An operation not posted yet.
+    pub(crate) fn new(work: Work, state: Arc<OpState>, exact: Option<usize>) -> Op {
+        Op { work, state, keep: None, exact, req: None }
+    }
 }
 
 /// A batch released by one start.
@@ -84,23 +95,52 @@ pub(crate) struct Batch {
 /// with its backend request until it completes.
 struct Running {
     epoch: u64,
-    ops: Vec<(Op, Option<UnscopedRequest>)>,
+    ops: Vec<Op>,
     posted: usize,
     /// Operations not complete yet.
     left: usize,
+    /// Whether every operation completed and the batch left the count in flight (it may do so
+    /// before the batches started before it: only the completion counter waits for those).
+    released: bool,
     deadline: Instant,
 }
 
+/// What one progress round works on, under one lock (a round takes it once, not once each).
+struct Engine {
+    /// The communicator, until the queue is closed.
+    comm: Option<Communicator>,
+    /// Triggered batches not yet complete, oldest first.
+    running: VecDeque<Running>,
+    /// Emptied operation lists of finished batches, on their way back to the queue (through
+    /// [`Queued::spare`] at the next admission, which takes that lock anyway).
+    spare: Vec<Vec<Op>>,
+}
+
+/// Batches handed to the engine and not triggered yet, and operation lists to reuse.
+#[derive(Default)]
+struct Queued {
+    batches: VecDeque<Batch>,
+    /// Emptied operation lists that `submit` hands back to the queue for its next batch, so
+    /// that neither the queue (growing a fresh list per batch) nor the engine allocates per
+    /// batch once the queue runs.
+    spare: Vec<Vec<Op>>,
+}
+
+/// Most operation lists kept for reuse (a queue has about this many batches in flight at once
+/// in a pipelined program), and the largest one kept.
+const SPARE_LISTS: usize = 8;
+const SPARE_CAPACITY: usize = 1024;
+
 /// One queue as the engine sees it.
 pub(crate) struct Channel {
-    pub(crate) comm: Mutex<Option<Communicator>>,
-    batches: Mutex<VecDeque<Batch>>,
+    queued: Mutex<Queued>,
     pub(crate) signal: Box<dyn Signal>,
     failed: Mutex<Option<Error>>,
     has_failed: AtomicBool,
-    /// Triggered batches not yet complete, oldest first.
-    running: Mutex<VecDeque<Running>>,
-    /// Started operations not yet completed (the cap on operations in flight counts these).
+    engine: Mutex<Engine>,
+    /// Started operations of batches not yet complete, and one per such batch (the cap on
+    /// operations in flight counts these). A batch leaves the count when its own operations
+    /// completed, whatever the batches before it are doing.
     pub(crate) in_flight: AtomicU64,
     pub(crate) closed: AtomicBool,
     pub(crate) rank: usize,
@@ -115,7 +155,7 @@ pub(crate) struct Channel {
     poll_spin: Duration,
     /// The newest batch handed to the engine.
     submitted: AtomicU64,
-    /// The newest batch moved to the running ones (changed under the `running` lock).
+    /// The newest batch moved to the running ones (changed under the `engine` lock).
     admitted: AtomicU64,
     /// The newest batch holding a collective (run by the progress thread only).
     coll_epoch: AtomicU64,
@@ -126,8 +166,10 @@ pub(crate) struct Channel {
     delegated: AtomicU64,
     /// Delegated wait tasks that stopped driving and sleep until their batch completes.
     stranded: AtomicU32,
-    /// This channel's progress thread.
+    /// This channel's progress thread (to wake it without a lock).
     thread: OnceLock<std::thread::Thread>,
+    /// The same thread, joined when the queue is closed.
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Channel {
@@ -143,12 +185,11 @@ impl Channel {
             spin: backoff.spin.min(crate::SHORT_SPIN),
             poll_spin: backoff.spin,
             yield_for: backoff.yield_for + backoff.spin.saturating_sub(crate::SHORT_SPIN),
-            comm: Mutex::new(Some(comm)),
-            batches: Mutex::default(),
+            queued: Mutex::default(),
             signal,
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
-            running: Mutex::default(),
+            engine: Mutex::new(Engine { comm: Some(comm), running: VecDeque::new(), spare: vec![] }),
             in_flight: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             rank,
@@ -160,6 +201,7 @@ impl Channel {
             delegated: AtomicU64::new(0),
             stranded: AtomicU32::new(0),
             thread: OnceLock::new(),
+            handle: Mutex::new(None),
         });
         let served = ch.clone();
         let t = std::thread::Builder::new().name("sucl-stream-progress".into()).spawn(move || run(served)).map_err(|source| Error::Io {
@@ -168,6 +210,7 @@ impl Channel {
             source,
         })?;
         let _ = ch.thread.set(t.thread().clone());
+        *ch.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
         Ok(ch)
     }
 
@@ -221,30 +264,39 @@ impl Channel {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).as_ref().cloned()
     }
 
-    /// Hands a started batch to the engine (the queue's trigger releases it).
-    pub(crate) fn submit(&self, batch: Batch) {
+    /// Hands a started batch to the engine (the queue's trigger releases it); returns an empty
+    /// operation list (a finished batch's, when there is one) for the queue's next batch.
+    pub(crate) fn submit(&self, batch: Batch) -> Vec<Op> {
         // Each batch counts once more for its trigger and completion on the queue.
         self.in_flight.fetch_add(batch.ops.len() as u64 + 1, Ordering::AcqRel);
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let spare = queued.spare.pop().unwrap_or_default();
+        // Asked under the lock that `fail` drains the queued batches under (after recording
+        // the error): either this sees the failure or `fail` sees this batch, so no batch of a
+        // failed queue is ever posted.
         if let Some(e) = self.error() {
+            drop(queued);
             // A failed queue runs nothing more: every later operation gets the error at once.
             let n = batch.ops.len() as u64 + 1;
-            fail_ops(batch.ops.into_iter().map(|o| (o, None)), &e, None);
+            fail_ops(batch.ops.into_iter(), &e, None);
             self.in_flight.fetch_sub(n, Ordering::AcqRel);
-            return;
+            return spare;
         }
         if batch.ops.iter().any(|o| matches!(o.work, Work::Coll(_))) {
             self.coll_epoch.fetch_max(batch.epoch, Ordering::AcqRel);
         }
         self.submitted.fetch_max(batch.epoch, Ordering::AcqRel);
-        self.batches.lock().unwrap_or_else(|p| p.into_inner()).push_back(batch);
+        queued.batches.push_back(batch);
+        drop(queued);
         if self.signal.polled() || self.wants_engine() {
             self.wake();
         }
+        spare
     }
 
     /// Whether this channel has started batches the engine has not finished.
     pub(crate) fn busy(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) > 0
+        self.submitted.load(Ordering::Acquire) > self.finished.load(Ordering::Acquire)
     }
 
     /// Fails every operation the engine holds and releases the queue's waits.
@@ -259,13 +311,15 @@ impl Channel {
         }
         let mut n = 0u64;
         for r in running.drain(..) {
-            n += r.ops.len() as u64 + 1;
+            if !r.released {
+                n += r.ops.len() as u64 + 1;
+            }
             fail_ops(r.ops.into_iter(), &e, comm);
         }
-        let queued: Vec<Batch> = self.batches.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let queued = std::mem::take(&mut self.queued.lock().unwrap_or_else(|p| p.into_inner()).batches);
         for b in queued {
             n += b.ops.len() as u64 + 1;
-            fail_ops(b.ops.into_iter().map(|o| (o, None)), &e, comm);
+            fail_ops(b.ops.into_iter(), &e, comm);
         }
         self.in_flight.fetch_sub(n, Ordering::AcqRel);
         self.finished.store(u64::MAX, Ordering::Release);
@@ -280,29 +334,33 @@ impl Channel {
     /// stops at a collective (it runs to completion where it is posted), leaving it to the
     /// progress thread.
     pub(crate) fn progress(&self, collectives: bool) -> bool {
-        let mut running = match self.running.try_lock() {
+        let mut engine = match self.engine.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
-        let comm_guard = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(comm) = comm_guard.as_ref() else { return false };
-        let mut moved = self.admit(&mut running);
-        match advance(comm, &mut running, collectives) {
+        let Engine { comm, running, spare } = &mut *engine;
+        let Some(comm) = comm.as_ref() else { return false };
+        let mut moved = self.admit(running, spare);
+        match advance(comm, running, collectives, &self.in_flight) {
             Ok(m) => moved |= m,
             Err(e) => {
-                self.fail(e, &mut running, Some(comm));
+                self.fail(e, running, Some(comm));
                 return true;
             }
         }
         while running.front().is_some_and(|r| r.posted == r.ops.len() && r.left == 0) {
-            let r = running.pop_front().expect("front");
-            self.finish(r.epoch, r.ops.len());
+            let mut r = running.pop_front().expect("front");
+            self.finish(r.epoch);
+            if spare.len() < SPARE_LISTS && r.ops.capacity() <= SPARE_CAPACITY {
+                r.ops.clear();
+                spare.push(r.ops);
+            }
             moved = true;
         }
         if !moved && !running.is_empty() {
-            if let Some(e) = self.overdue(&running) {
-                self.fail(e, &mut running, Some(comm));
+            if let Some(e) = self.overdue(running) {
+                self.fail(e, running, Some(comm));
                 return true;
             }
         }
@@ -310,20 +368,22 @@ impl Channel {
     }
 
     /// Moves the batches whose trigger the queue stored to the running ones.
-    fn admit(&self, running: &mut VecDeque<Running>) -> bool {
+    fn admit(&self, running: &mut VecDeque<Running>, spare: &mut Vec<Vec<Op>>) -> bool {
         // Two loads instead of a lock in the usual round, where nothing new was triggered.
         let next = self.admitted.load(Ordering::Acquire) + 1;
         if self.submitted.load(Ordering::Acquire) < next || self.signal.triggered() < next {
             return false;
         }
-        let mut q = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let room = SPARE_LISTS.saturating_sub(q.spare.len());
+        q.spare.extend(spare.drain(..).take(room));
         let mut admitted = false;
-        while q.front().is_some_and(|b| b.epoch <= self.signal.triggered()) {
-            let b = q.pop_front().expect("front");
+        while q.batches.front().is_some_and(|b| b.epoch <= self.signal.triggered()) {
+            let b = q.batches.pop_front().expect("front");
             let left = b.ops.len();
-            let ops = b.ops.into_iter().map(|o| (o, None)).collect();
             self.admitted.store(b.epoch, Ordering::Release);
-            running.push_back(Running { epoch: b.epoch, ops, posted: 0, left, deadline: Instant::now() + self.timeout });
+            let deadline = Instant::now() + self.timeout;
+            running.push_back(Running { epoch: b.epoch, ops: b.ops, posted: 0, left, released: false, deadline });
             admitted = true;
         }
         admitted
@@ -334,62 +394,91 @@ impl Channel {
     fn overdue(&self, running: &VecDeque<Running>) -> Option<Error> {
         let now = Instant::now();
         let r = running.iter().find(|r| r.left > 0 && now > r.deadline)?;
-        let (i, (op, _)) = r.ops.iter().enumerate().find(|(_, (o, _))| !o.state.is_done())?;
+        let (i, op) = r.ops.iter().enumerate().find(|(_, o)| !o.state.is_done())?;
         let why = if i >= r.posted { " (never posted: its buffer stayed in use by a task or by an earlier operation)" } else { "" };
         Some(Error::Timeout { rank: self.rank, op: format!("stream-triggered {}{why}", op.state.what), after: self.timeout })
     }
 
-    /// A batch all of whose operations completed: it leaves the count in flight and the queue
-    /// learns its completion (batches complete in start order: an earlier one still running
-    /// holds this report back).
-    fn finish(&self, epoch: u64, ops: usize) {
-        self.in_flight.fetch_sub(ops as u64 + 1, Ordering::AcqRel);
+    /// A batch all of whose operations completed, as had every batch started before it: the
+    /// queue learns its completion (reported in start order: an earlier batch still running
+    /// holds this report back, though not the batch's leaving the count in flight).
+    fn finish(&self, epoch: u64) {
         self.finished.fetch_max(epoch, Ordering::AcqRel);
         self.signal.complete(epoch);
     }
 
-    /// Whether a batch waits for a trigger that only polling can see.
+    /// Whether a batch waits for a trigger that only polling can see (atomics only: the
+    /// progress thread asks this every idle round).
     fn needs_poll(&self) -> bool {
-        self.signal.polled() && !self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+        self.signal.polled() && self.busy() && self.submitted.load(Ordering::Acquire) > self.admitted.load(Ordering::Acquire)
     }
 
-    fn idle(&self) -> bool {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
-            && self.batches.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
-    }
-
-    /// Takes the communicator back once the engine holds no batch of this channel; the
-    /// progress thread then ends.
+    /// Takes the communicator back once the engine holds no batch of this channel, and ends
+    /// the progress thread (joined before this returns). Batches still held after `bound` are
+    /// failed here: posted operations are withdrawn (so the backend no longer touches their
+    /// memory) and every buffer is given back — a batch whose trigger never came (its queue is
+    /// stuck behind a task) would otherwise never time out, keeping the thread, the
+    /// communicator and the buffers forever and posting its operations whenever the trigger
+    /// came after all.
     pub(crate) fn take_comm(&self, bound: Duration) -> Result<Communicator> {
         self.closed.store(true, Ordering::Release);
         let deadline = Instant::now() + bound;
         while self.busy() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }
-        if self.busy() {
-            // Leave the communicator (and the lent buffers) to the engine, which fails the batch
-            // at its own timeout and then drops them.
-            return Err(Error::Timeout { rank: self.rank, op: "closing a stream-triggered queue".into(), after: bound });
+        let late = self.busy().then(|| {
+            let left = self.in_flight.load(Ordering::Acquire);
+            Error::Timeout {
+                rank: self.rank,
+                op: format!("closing a stream-triggered queue ({left} operations and triggers still held, withdrawn)"),
+                after: bound,
+            }
+        });
+        let comm = {
+            // Blocks at most for a collective the progress thread is running (its own timeout).
+            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let Engine { comm, running, .. } = &mut *engine;
+            if let Some(e) = &late {
+                self.fail(e.clone(), running, comm.as_ref());
+            }
+            comm.take()
+        };
+        self.join_progress_thread(bound);
+        match (late, comm) {
+            (Some(e), _) => Err(e),
+            (None, Some(comm)) => Ok(comm),
+            (None, None) => Err(Error::Config("the queue's communicator was already taken".into())),
         }
-        self.wake();
-        self.comm
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or_else(|| Error::Config("the queue's communicator was already taken".into()))
+    }
+
+    /// Waits (at most `bound`) for the progress thread to end — it does once the channel is
+    /// closed and holds nothing — and joins it; one still running then is left to end alone.
+    fn join_progress_thread(&self, bound: Duration) {
+        let Some(handle) = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+        let deadline = Instant::now() + bound;
+        while !handle.is_finished() && Instant::now() < deadline {
+            self.wake();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if handle.is_finished() {
+            let _ = handle.join();
+        } else {
+            tracing::warn!(rank = self.rank, "a stream-triggered queue's progress thread did not end within {bound:?} of closing");
+        }
     }
 }
 
 /// Posts what can be posted of the running batches, in order, then tests every posted
 /// operation once. Returns whether anything happened.
-fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bool) -> Result<bool> {
+/// A batch whose operations all completed leaves `in_flight` here.
+fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bool, in_flight: &AtomicU64) -> Result<bool> {
     let mut moved = false;
     let mut held = false;
     for r in running.iter_mut() {
         while !held && r.posted < r.ops.len() {
-            let (op, req) = &mut r.ops[r.posted];
+            let op = &mut r.ops[r.posted];
             match post(comm, op, collectives, r.deadline)? {
-                Posted::Request(q) => *req = Some(q),
+                Posted::Request(q) => op.req = Some(q),
                 Posted::Complete => r.left -= 1,
                 Posted::NotYet => {
                     held = true;
@@ -400,6 +489,10 @@ fn advance(comm: &Communicator, running: &mut VecDeque<Running>, collectives: bo
             moved = true;
         }
         moved |= test_posted(comm, r)?;
+        if !r.released && r.posted == r.ops.len() && r.left == 0 {
+            r.released = true;
+            in_flight.fetch_sub(r.ops.len() as u64 + 1, Ordering::AcqRel);
+        }
     }
     Ok(moved)
 }
@@ -447,10 +540,10 @@ fn post(comm: &Communicator, op: &mut Op, collectives: bool, deadline: Instant) 
 /// Tests every posted operation of `r` in flight once; returns whether any completed.
 fn test_posted(comm: &Communicator, r: &mut Running) -> Result<bool> {
     let mut moved = false;
-    for (op, req) in r.ops[..r.posted].iter_mut() {
-        let Some(q) = req.as_ref() else { continue };
+    for op in r.ops[..r.posted].iter_mut() {
+        let Some(q) = op.req.as_ref() else { continue };
         if let Some(bytes) = comm.test_unscoped(q)? {
-            *req = None;
+            op.req = None;
             give_back(&mut op.work);
             op.state.complete(check_length(op, bytes));
             op.keep.take();
@@ -489,9 +582,9 @@ fn give_back(w: &mut Work) {
 
 /// Withdraws posted operations (so the backend no longer touches their memory), returns their
 /// memory and records `e` on every one not already complete.
-fn fail_ops(ops: impl Iterator<Item = (Op, Option<UnscopedRequest>)>, e: &Error, comm: Option<&Communicator>) {
-    for (mut op, req) in ops {
-        if let Some(r) = req {
+fn fail_ops(ops: impl Iterator<Item = Op>, e: &Error, comm: Option<&Communicator>) {
+    for mut op in ops {
+        if let Some(r) = op.req.take() {
             match comm {
                 Some(c) => c.cancel_unscoped(r),
                 // Unreachable by construction (posted requests always come with their
@@ -526,7 +619,7 @@ fn run(ch: Arc<Channel>) {
             idle_rounds = 0;
             continue;
         }
-        let busy = !ch.idle();
+        let busy = ch.busy();
         if !busy && ch.closed.load(Ordering::Acquire) {
             break;
         }

@@ -34,7 +34,10 @@
 //! [`PROC_NULL`] peer completes at once; operations match per (peer, tag) in enqueue order and
 //! match ordinary sends and receives of the same communicator; one buffer may serve two
 //! operations of one batch only if both read it (a receive or a collective's result buffer
-//! used by another operation of the same batch is refused at enqueue, naming both); `wait` with
+//! used by another operation of the same batch is refused at enqueue, naming both; across
+//! batches, which MPI calls erroneous too, the later operation — and every one enqueued after
+//! it — is posted once the earlier one gave the buffer back, so lend a second buffer where the
+//! earlier one could only complete after them); `wait` with
 //! operations enqueued and not started is refused, naming how many; the queue keeps every
 //! buffer it was lent until its operation completed; closing (or dropping) a queue with
 //! operations in flight is an error (see [`CommQueue::close`]).
@@ -85,7 +88,8 @@ pub const ANY_SOURCE: usize = usize::MAX - 1;
 /// A wildcard tag (MPI's `MPI_ANY_TAG`). Stream-triggered operations refuse it.
 pub const ANY_TAG: u32 = u32::MAX;
 
-/// Most operations started and not yet complete on one queue (each start counting as one more);
+/// Most operations started and not yet complete on one queue (each start counting as one more
+/// until its own operations completed, whatever earlier starts are doing);
 /// `start` blocks (bounded) beyond
 /// it, so the thread that triggers a queue never blocks inside the driver behind a full stream.
 pub const MAX_IN_FLIGHT: u64 = 500;

@@ -409,7 +409,7 @@ impl CommQueue {
 
     fn push_host(&mut self, work: Work, elem: usize, what: What) -> Request {
         let (state, req) = self.new_request(elem, what);
-        self.pending.push(Op { work, state, keep: None, exact: None });
+        self.pending.push(Op::new(work, state, None));
         req
     }
 
@@ -601,7 +601,7 @@ impl CommQueue {
         match &mut self.path {
             Path::Host { ch, q, sig } => {
                 let ops = std::mem::take(&mut self.pending);
-                ch.submit(Batch { epoch, ops });
+                self.pending = ch.submit(Batch { epoch, ops });
                 let (sig, ch) = (sig.clone(), ch.clone());
                 q.submit(move || {
                     sig.trigger.store(epoch, Ordering::Release);
@@ -720,8 +720,10 @@ impl CommQueue {
 
     /// Ends the queue and gives the communicator back. Closing with operations in flight is an
     /// error: operations enqueued but never started are withdrawn (their requests fail), started
-    /// ones are waited for (bounded, so no buffer is freed under a transfer), and the error says
-    /// how many there were; the communicator is then dropped. Call
+    /// ones are waited for (bounded, so no buffer is freed under a transfer) and those still
+    /// held after the bound are withdrawn (cancelled on the backend, their requests failed), and
+    /// the error says how many there were; the communicator is then dropped. Either way the
+    /// queue's progress thread has ended when this returns. Call
     /// [`synchronize`](CommQueue::synchronize) first to close cleanly.
     pub fn close(mut self) -> Result<Communicator> {
         self.shut_down()

@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const EXAMPLES: [&str; 4] = ["faces", "ring", "st_gpu", "stream_plot"];
 
@@ -14,7 +16,42 @@ fn example(name: &str, args: &[&str]) -> Output {
     let exe = std::env::current_exe().unwrap();
     let path: PathBuf = exe.parent().and_then(|deps| deps.parent()).unwrap().join("examples").join(name);
     assert!(path.exists(), "{} is missing: run `cargo test -p sucl-stream`, which builds the examples", path.display());
-    Command::new(&path).args(args).env_remove("SUCL_TIMEOUT").output().expect("running an example")
+    let child = Command::new(&path)
+        .args(args)
+        .env_remove("SUCL_TIMEOUT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running an example");
+    finish_within(name, child, Duration::from_secs(60))
+}
+
+/// The example's output once it exited; kills it (and fails) if it runs past `limit`, so a
+/// `--help` that runs work, or a launch error that waits for other ranks, cannot hang the test.
+fn finish_within(name: &str, mut child: Child, limit: Duration) -> Output {
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = vec![];
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("waiting for an example") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: out.join().expect("stdout reader"), stderr: err.join().expect("stderr reader") }
 }
 
 #[test]

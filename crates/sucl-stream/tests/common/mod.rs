@@ -132,3 +132,10 @@ pub fn run(name: &str, n: usize, env: &[(&str, &str)], body: fn(usize)) {
         None => all_passed(&launch(name, n, env, Duration::from_secs(60))),
     }
 }
+
+/// Live progress threads of queues in this process (Linux: the kernel keeps the first 15 bytes
+/// of a thread's name, "sucl-stream-progress").
+pub fn progress_threads() -> usize {
+    let named = |e: &std::fs::DirEntry| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == "sucl-stream-pro");
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").filter_map(|e| e.ok()).filter(named).count()
+}
