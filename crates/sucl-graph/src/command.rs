@@ -1343,12 +1343,6 @@ impl Scheduler {
     pub fn rank_graphs(&self) -> Vec<RankGraph> {
         self.generators.iter().map(|g| RankGraph { rank: g.rank, commands: g.commands.clone() }).collect()
     }
-
-    /// The task graph and the generated command graphs as JSON (the format of
-    /// `sucl graph --json`, described in [`crate::dump`]).
-    pub fn to_json(&self) -> String {
-        crate::dump::to_json(self)
-    }
 }
 
 #[cfg(test)]
