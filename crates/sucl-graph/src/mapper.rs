@@ -200,4 +200,20 @@ impl RangeMapper {
             RangeMapper::Custom(_, m) => *m,
         }
     }
+
+    /// What this mapper guarantees for the chunks of a split that cuts the kernel dimensions
+    /// marked in `cut` (and leaves the others whole): [`RangeMapper::meta`], refined where
+    /// the split decides it. `slice(d)` takes dimension `d` whole and follows the chunk in the
+    /// others, so when the split cuts no dimension but `d` every chunk maps to the same cells
+    /// (constant: the whole slab, which is what makes a broadcast or all-gather of it
+    /// possible), and when the split leaves `d` whole distinct chunks map to disjoint cells.
+    pub fn meta_for_split(&self, cut: [bool; MAX_DIMS]) -> MapperMeta {
+        let mut meta = self.meta();
+        if let RangeMapper::Slice(d) = self {
+            let cut_elsewhere = (0..MAX_DIMS).any(|k| k != *d && cut[k]);
+            meta.constant = !cut_elsewhere;
+            meta.non_overlapping = !cut[*d];
+        }
+        meta
+    }
 }

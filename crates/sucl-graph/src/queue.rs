@@ -207,7 +207,9 @@ impl<'k> Handler<'k> {
         ReadAcc { slot: self.access(b.id, mapper, AccessMode::Read), _elem: PhantomData }
     }
 
-    /// Writes the cells `mapper` names (a producer: prior contents are not brought in).
+    /// Writes some of the cells `mapper` names; the others keep their values, so their prior
+    /// contents are brought in first, as for [`Handler::read_write`] (Celerity's `write`). A
+    /// kernel that overwrites every mapped cell should use [`Handler::discard_write`].
     pub fn write<T, const D: usize>(&mut self, b: &Buffer<T, D>, mapper: RangeMapper) -> WriteAcc<T, D> {
         self.writer(b, mapper, AccessMode::Write)
     }
@@ -774,7 +776,7 @@ impl<'c> DistrQueue<'c> {
         for w in self.scheduler.take_warnings() {
             let (rank, task, buffer) = (self.comm.rank(), w.task.0, w.buffer.0);
             if self.warned.insert(w.buffer) {
-                tracing::warn!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
+                tracing::warn!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote (a `write` accessor reads the cells it keeps: say discard_write if the kernel overwrites them all)");
             } else {
                 tracing::debug!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
             }
