@@ -286,9 +286,7 @@ fn grid(hint: SplitHint, global: Index, ranks: usize) -> (usize, usize) {
 /// Part `i` of `parts` of `[0, len)`, boundaries on multiples of `granularity` (the last part
 /// ends at `len`); parts differ by at most one granule.
 fn slab(len: usize, parts: usize, i: usize, granularity: usize) -> (usize, usize) {
-    let g = granularity.max(1);
-    let units = len.div_ceil(g);
-    let at = |k: usize| (k * units / parts * g).min(len);
+    let at = |k: usize| crate::mapper::even_part_start(len, parts, k, granularity);
     (at(i), at(i + 1))
 }
 
@@ -385,6 +383,10 @@ fn maps_every_chunk(m: &RangeMapper, range: Index, extent: Index) -> Option<bool
             perm.swap(*a, *b);
             fits(perm, None).then_some(true)
         }
+        // The mirrored chunk lies in the range, so in the buffer if the range fits.
+        RangeMapper::Reverse => fits([0, 1, 2], None).then_some(true),
+        // Every item of the range gets at least one granule if there are enough of them.
+        RangeMapper::EvenSplit(g) => (extent[0].div_ceil((*g).max(1)) >= range[0]).then_some(true),
         RangeMapper::Custom(..) => None,
     }
 }
@@ -1438,21 +1440,32 @@ impl Scheduler {
 mod tests {
     use super::*;
 
-    /// The closed forms that let discovery skip per-rank work agree with mapping every chunk.
+    /// The closed forms and metadata that let discovery skip per-rank work (population,
+    /// coverage, disjoint writes, constant reads) agree with mapping every chunk.
     #[test]
     fn population_and_coverage_match_every_chunk() {
-        let targets = [Target::Distributed(SplitHint::Split1D), Target::Distributed(SplitHint::Split2D), Target::Master];
+        let targets =
+            [Target::Distributed(SplitHint::Split1D), Target::Distributed(SplitHint::Split2D), Target::Master, Target::Collective];
         let mappers = [
             RangeMapper::OneToOne,
             RangeMapper::All,
+            RangeMapper::Slice(0),
             RangeMapper::Slice(1),
             RangeMapper::Transposed(0, 1),
             RangeMapper::Neighborhood([1, 0, 0]),
             RangeMapper::Fixed(GridBox::new([2, 0, 0], [3, 1, 1])),
+            RangeMapper::Reverse,
+            RangeMapper::EvenSplit(1),
+            RangeMapper::EvenSplit(4),
         ];
         for ranks in 1..=12 {
             for target in targets {
-                for range in [[1, 1, 1], [3, 1, 1], [7, 5, 1], [40, 1, 1], [9, 9, 1], [2, 30, 1], [2, 3, 1]] {
+                // A collective task's range is one item per rank (the task graph sets it).
+                let ranges = match target {
+                    Target::Collective => vec![[ranks, 1, 1]],
+                    _ => vec![[1, 1, 1], [3, 1, 1], [7, 5, 1], [40, 1, 1], [9, 9, 1], [2, 30, 1], [2, 3, 1]],
+                };
+                for range in ranges {
                     for granularity in [[1, 1, 1], [4, 1, 1], [2, 3, 1]] {
                         let chunks: Vec<Chunk> = (0..ranks).map(|r| split_chunk(target, range, granularity, ranks, r)).collect();
                         let filled: Vec<usize> = (0..ranks).filter(|&r| !chunks[r].as_box().is_empty()).collect();
@@ -1479,6 +1492,13 @@ mod tests {
                                 });
                                 if writes_disjoint(m, target, range) {
                                     assert!(disjoint, "{what}: {m:?} over {extent:?} said disjoint");
+                                }
+                                if split_meta(m, target, range).constant {
+                                    let first = filled.first().map(|&r| m.map(&chunks[r], extent));
+                                    assert!(
+                                        filled.iter().all(|&r| Some(m.map(&chunks[r], extent)) == first),
+                                        "{what}: {m:?} over {extent:?} said constant"
+                                    );
                                 }
                             }
                         }

@@ -98,6 +98,19 @@ pub mod mappers {
     pub fn transposed(a: usize, b: usize) -> RangeMapper {
         RangeMapper::Transposed(a, b)
     }
+
+    /// The chunk mirrored in the kernel's range along every dimension (item `i` of a range
+    /// of `n` maps to cell `n - 1 - i`).
+    pub fn reverse() -> RangeMapper {
+        RangeMapper::Reverse
+    }
+
+    /// Dimension 0 of the buffer cut into one contiguous part per item of the kernel's range
+    /// (boundaries on multiples of `granularity`), the other dimensions whole: with a
+    /// collective host task, each rank's part of the buffer.
+    pub fn even_split(granularity: usize) -> RangeMapper {
+        RangeMapper::EvenSplit(granularity)
+    }
 }
 
 /// A typed buffer of `D` (1–3) dimensions, known to every rank of a [`DistrQueue`]. A handle:

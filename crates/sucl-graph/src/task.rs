@@ -549,6 +549,9 @@ impl TaskGraph {
             if !dims_ok {
                 return Err(GraphError::InvalidArgument(format!("task '{}': mapper {:?} names a dimension over 2", spec.name, a.mapper)));
             }
+            if let RangeMapper::EvenSplit(0) = a.mapper {
+                return Err(GraphError::InvalidArgument(format!("task '{}': even_split needs a granularity of at least 1", spec.name)));
+            }
         }
         Ok(())
     }

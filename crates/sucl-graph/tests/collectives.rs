@@ -490,3 +490,42 @@ fn several_accessors_get_a_collective_each_or_none() {
         assert!(pushes(&s, t) > 0, "{ranks} ranks");
     }
 }
+
+/// Reversed writes are disjoint per chunk: read with `all`, they are an all-gather of the
+/// mirrored slabs. A reversed read of one-to-one writes stays point to point (each rank needs
+/// its mirror rank's slab: no pattern).
+#[test]
+fn reverse_writes_all_gather_and_reverse_reads_go_point_to_point() {
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("mirror", &[N]).access(a, RangeMapper::Reverse, DiscardWrite)).unwrap();
+        let t = s
+            .submit(TaskSpec::parallel_for("use", &[N]).access(a, RangeMapper::All, Read).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .unwrap();
+        let c = collective_everywhere(&s, t, a);
+        assert_eq!(c.op, CollectiveOp::AllGather, "{ranks} ranks");
+        for (r, p) in c.parts().iter().enumerate() {
+            let (lo, hi) = (r * N / ranks, (r + 1) * N / ranks);
+            assert_eq!(p.region, Region::from_box(GridBox::new([N - hi, 0, 0], [N - lo, 1, 1])), "{ranks} ranks: rank {r}");
+        }
+        let t = s
+            .submit(TaskSpec::parallel_for("init", &[N]).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .and_then(|_| {
+                s.submit(TaskSpec::parallel_for("back", &[N]).access(b, RangeMapper::Reverse, Read).access(
+                    a,
+                    RangeMapper::OneToOne,
+                    DiscardWrite,
+                ))
+            })
+            .unwrap();
+        assert!(!s.rank_graphs().iter().flat_map(|g| &g.commands).any(|c| c.task == t && c.kind == CommandKind::Collective));
+        if N.is_multiple_of(ranks) {
+            // Equal slabs: each rank pushes its slab to its mirror rank (itself in the middle of
+            // an odd count, which moves nothing).
+            assert_eq!(pushes(&s, t), ranks - ranks % 2, "{ranks} ranks");
+        } else {
+            assert!(pushes(&s, t) >= ranks - 1, "{ranks} ranks");
+        }
+    }
+}

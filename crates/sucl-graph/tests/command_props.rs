@@ -16,6 +16,8 @@ enum M {
     Halo,
     /// `slice(0)`: the whole (1D) buffer for every non-empty chunk.
     Slice,
+    /// The chunk mirrored in the range.
+    Reverse,
     Fixed(usize, usize),
 }
 
@@ -49,10 +51,13 @@ fn arb_step() -> impl Strategy<Value = Step> {
     });
     (any::<bool>(), prop::collection::vec(acc, 1..3)).prop_map(|(master, mut accessors)| {
         if !master {
-            // Distributed tasks write one to one only, so ranks never overlap.
-            for a in &mut accessors {
-                if a.mode.writes() {
-                    a.mapper = M::OneToOne;
+            // Distributed tasks write one to one or reversed (all writers of a buffer alike),
+            // so ranks never overlap.
+            for b in 0..2 {
+                let first = accessors.iter().find(|a| a.buffer == b && a.mode.writes()).map(|a| a.mapper.clone());
+                let mapper = if matches!(first, Some(M::Reverse)) { M::Reverse } else { M::OneToOne };
+                for a in accessors.iter_mut().filter(|a| a.buffer == b && a.mode.writes()) {
+                    a.mapper = mapper.clone();
                 }
             }
         }
@@ -68,6 +73,7 @@ fn cells(m: &M, lo: usize, hi: usize) -> BTreeSet<usize> {
     match m {
         M::OneToOne => (lo..hi).collect(),
         M::All | M::Slice => (0..LEN).collect(),
+        M::Reverse => (LEN - hi..LEN - lo).collect(),
         M::Halo => (lo.saturating_sub(1)..(hi + 1).min(LEN)).collect(),
         M::Fixed(a, b) => (*a..*b).collect(),
     }
@@ -79,6 +85,7 @@ fn to_mapper(m: &M) -> RangeMapper {
         M::All => RangeMapper::All,
         M::Halo => RangeMapper::Neighborhood([1, 0, 0]),
         M::Slice => RangeMapper::Slice(0),
+        M::Reverse => RangeMapper::Reverse,
         M::Fixed(a, b) => RangeMapper::Fixed(GridBox::new([*a, 0, 0], [*b, 1, 1])),
     }
 }
