@@ -16,11 +16,13 @@
 //! (owner of every cell, every rank's up-to-date cells), so it folds the buffer's layers into
 //! it first (O(ranks) region operations, which the transfer itself costs anyway).
 //!
-//! Collective pattern discovery turns a forward of the task graph into one [`Collective`]
-//! command per rank, decided from the chunk counts (closed forms of the split) and the mappers'
-//! metadata. The command carries the pattern, the root and both sides' split accesses, not
-//! per-rank regions, so with built-in mappers its generation does no per-rank work; the
-//! executor (and dumps) compute who sends what to whom from it.
+//! Collective pattern discovery turns a forward of the task graph into [`Collective`] commands
+//! (the same on every rank), decided from the chunk counts (closed forms of the split) and the
+//! mappers' metadata refined by the splits. A command carries the pattern, the root and both
+//! sides' split accesses, not per-rank regions, so with built-in mappers its generation does
+//! no per-rank work; the executor (and dumps) compute who sends what to whom from it. A
+//! consumer that reads the forwarded buffer through several accessors is handled as one merged
+//! requirement where one constant accessor covers them all, per accessor otherwise.
 
 use crate::geometry::{GridBox, Index, Region, RegionMap, MAX_DIMS};
 use crate::mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};

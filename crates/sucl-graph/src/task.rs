@@ -376,7 +376,7 @@ impl TaskGraph {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Reader entries kept over all buffers (bounded by horizons, see [`Footprint`]).
+    /// Reader entries kept over all buffers (bounded by horizons, see `Scheduler::footprint`).
     pub fn reader_entries(&self) -> usize {
         self.buffers.iter().map(|b| b.readers.len()).sum()
     }
