@@ -86,6 +86,11 @@ fn all_gather_program() {
     }
 }
 
+/// A kernel over `range` that reads `a` through `mapper` and writes `b` one to one.
+fn read_into(name: &str, range: &[usize], a: BufferId, mapper: RangeMapper, b: BufferId) -> TaskSpec {
+    TaskSpec::parallel_for(name, range).access(a, mapper, Read).access(b, RangeMapper::OneToOne, DiscardWrite)
+}
+
 /// The 1-item kernel that reads and writes all of `a`.
 fn one_item(a: BufferId) -> TaskSpec {
     TaskSpec::parallel_for("one", &[1]).access(a, RangeMapper::All, ReadWrite)
@@ -375,13 +380,7 @@ fn slice_along_the_split_becomes_all_gather_or_broadcast() {
         let mut s = sim(ranks);
         let (a, b) = (s.create_buffer(&[N, 4], false).unwrap(), s.create_buffer(&[N, 4], false).unwrap());
         s.submit(TaskSpec::parallel_for("init", &[N, 4]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
-        let t = s
-            .submit(TaskSpec::parallel_for("cols", &[N, 4]).access(a, RangeMapper::Slice(0), Read).access(
-                b,
-                RangeMapper::OneToOne,
-                DiscardWrite,
-            ))
-            .unwrap();
+        let t = s.submit(read_into("cols", &[N, 4], a, RangeMapper::Slice(0), b)).unwrap();
         let c = collective_everywhere(&s, t, a);
         assert_eq!((c.op, c.root), (CollectiveOp::AllGather, None), "{ranks} ranks");
         for (r, p) in c.parts().iter().enumerate() {
@@ -390,13 +389,7 @@ fn slice_along_the_split_becomes_all_gather_or_broadcast() {
         }
         // One producer (a master task): a broadcast of the whole buffer from rank 0.
         s.submit(TaskSpec::master_host_task("load", &[1]).access(a, RangeMapper::All, DiscardWrite)).unwrap();
-        let t = s
-            .submit(TaskSpec::parallel_for("cols", &[N, 4]).access(a, RangeMapper::Slice(0), Read).access(
-                b,
-                RangeMapper::OneToOne,
-                DiscardWrite,
-            ))
-            .unwrap();
+        let t = s.submit(read_into("cols", &[N, 4], a, RangeMapper::Slice(0), b)).unwrap();
         let c = collective_everywhere(&s, t, a);
         assert_eq!((c.op, c.root), (CollectiveOp::Broadcast, Some(0)), "{ranks} ranks");
         assert_eq!(pushes(&s, t), 0);
@@ -500,9 +493,7 @@ fn reverse_writes_all_gather_and_reverse_reads_go_point_to_point() {
         let mut s = sim(ranks);
         let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
         s.submit(TaskSpec::parallel_for("mirror", &[N]).access(a, RangeMapper::Reverse, DiscardWrite)).unwrap();
-        let t = s
-            .submit(TaskSpec::parallel_for("use", &[N]).access(a, RangeMapper::All, Read).access(b, RangeMapper::OneToOne, DiscardWrite))
-            .unwrap();
+        let t = s.submit(read_into("use", &[N], a, RangeMapper::All, b)).unwrap();
         let c = collective_everywhere(&s, t, a);
         assert_eq!(c.op, CollectiveOp::AllGather, "{ranks} ranks");
         for (r, p) in c.parts().iter().enumerate() {
@@ -511,13 +502,7 @@ fn reverse_writes_all_gather_and_reverse_reads_go_point_to_point() {
         }
         let t = s
             .submit(TaskSpec::parallel_for("init", &[N]).access(b, RangeMapper::OneToOne, DiscardWrite))
-            .and_then(|_| {
-                s.submit(TaskSpec::parallel_for("back", &[N]).access(b, RangeMapper::Reverse, Read).access(
-                    a,
-                    RangeMapper::OneToOne,
-                    DiscardWrite,
-                ))
-            })
+            .and_then(|_| s.submit(read_into("back", &[N], b, RangeMapper::Reverse, a)))
             .unwrap();
         assert!(!s.rank_graphs().iter().flat_map(|g| &g.commands).any(|c| c.task == t && c.kind == CommandKind::Collective));
         if N.is_multiple_of(ranks) {
