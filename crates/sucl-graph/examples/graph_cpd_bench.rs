@@ -10,6 +10,7 @@ use sucl_graph::{mappers::*, Buffer, CudaSource, DistrQueue, GraphError, Handler
 use sucl_runtime::{Communicator, ReduceOp};
 
 /// No-op kernels for GPU ranks: the chunk, then one or two (pointer, extent) accessor pairs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const NOOP_SRC: &str = r#"
 extern "C" __global__ void noop1(sucl_chunk c, float* a, sucl_extent ae) {}
 extern "C" __global__ void noop2(sucl_chunk c, float* a, sucl_extent ae, float* b, sucl_extent be) {}
