@@ -798,6 +798,13 @@ impl CommandGraphGenerator {
     fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, all: &mut Option<ChunkRegions>) -> bool {
         let Some(pmap) = &f.producer_mapper else { return false };
         let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
+        let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
+        if let (Some(reader), None) = (readers.next(), readers.next()) {
+            // The common case, without the bookkeeping of several accessors.
+            let Some(p) = self.pattern(task, f, pmap, reader, f.region.clone(), extent) else { return false };
+            self.emit_collective(task, f, pmap, extent, p, all);
+            return true;
+        }
         let Some(plan) = self.plan(task, f, pmap, extent) else { return false };
         for p in plan {
             self.emit_collective(task, f, pmap, extent, p, all);
@@ -805,22 +812,19 @@ impl CommandGraphGenerator {
         true
     }
 
-    /// The collectives that deliver everything `task` reads of the forwarded cells, or None
-    /// if some part fits no pattern (then the whole buffer goes point to point).
+    /// The collectives that deliver everything `task` reads of the forwarded cells through
+    /// several reading accessors, or None if some part fits no pattern (then the whole buffer
+    /// goes point to point).
     ///
-    /// One reading accessor: its pattern over the forwarded cells. Several (e.g. a matrix
-    /// product reading A with `slice(1)` and `slice(0)`): if one of them is constant for the
-    /// consumer's split and covers every forwarded cell, every rank reads all of them anyway,
-    /// so that accessor's pattern moves everything (the merged requirement). Otherwise each
-    /// accessor on its own: one that reads, on every rank, just what that rank wrote (the
-    /// producer's geometry and mapper) needs nothing; the others get a pattern each over
-    /// their own cells, provided no two of them read a common cell (else a cell could arrive
-    /// twice).
+    /// If one accessor is constant for the consumer's split and covers every forwarded cell
+    /// (a matrix product reading A with `slice(1)` and `slice(0)` along a 1D split), every
+    /// rank reads all of them anyway, so that accessor's pattern moves everything (the merged
+    /// requirement). Otherwise each accessor on its own: one that reads, on every rank, just
+    /// what that rank wrote (the producer's geometry and mapper) needs nothing; the others get
+    /// a pattern each over their own cells, provided no two of them read a common cell (else
+    /// a cell could arrive twice).
     fn plan<'t>(&self, task: &'t Task, f: &Forward, pmap: &RangeMapper, extent: Index) -> Option<Vec<Planned<'t>>> {
         let readers: Vec<&Accessor> = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents()).collect();
-        if let [reader] = readers[..] {
-            return Some(vec![self.pattern(task, f, pmap, reader, f.region.clone(), extent)?]);
-        }
         let whole = Chunk::whole(task.range);
         let covering = readers.iter().find(|a| {
             split_meta(&a.mapper, task.target, task.range).constant && f.region.difference(&a.mapper.map(&whole, extent)).is_empty()
