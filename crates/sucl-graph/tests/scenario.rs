@@ -116,3 +116,17 @@ fn the_shipped_scenarios_simulate() {
     }
     assert!(seen >= 3, "the scenarios are found: {seen}");
 }
+
+/// The shipped matrix-product scenario does what its comment says: A moves by one all-gather
+/// (its two accessors merged), nothing point to point, and the even_split save moves nothing.
+#[test]
+fn the_matmul_scenario_moves_a_by_one_all_gather() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/matmul.toml");
+    let s = Scenario::parse(&std::fs::read_to_string(path).unwrap()).unwrap().simulate(4).unwrap();
+    for g in s.rank_graphs() {
+        let moves: Vec<_> = g.commands.iter().filter(|c| c.buffer.is_some()).collect();
+        assert_eq!(moves.len(), 1, "rank {}: {moves:?}", g.rank);
+        let coll = moves[0].collective.as_ref().expect("a collective");
+        assert_eq!((moves[0].task.0, coll.op), (1, sucl_graph::CollectiveOp::AllGather), "rank {}", g.rank);
+    }
+}
