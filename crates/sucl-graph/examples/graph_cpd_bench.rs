@@ -1,33 +1,16 @@
-// Collective pattern discovery on real ranks, with and without discovery side by side in one
-// run (rounds alternate which mode goes first; a fresh DistrQueue per measurement).
-//
-//   sucl run -n 4 -- target/release/examples/graph_cpd_bench comm [--programs allgather,...]
-//       [--min-bytes 4096] [--max-bytes 67108864] [--rounds 3] [--budget-mib 256] [--max-iters 200]
-//   sucl run -n 4 -- target/release/examples/graph_cpd_bench nbody [--size 4096] [--steps 3] [--rounds 3]
-//   sucl run -n 2 -- target/release/examples/graph_cpd_bench comm --device ...   (GPU ranks)
-//
-// comm: communication-only throughput (kernels do nothing) of the paper's Table 3 programs —
-// allgather (N kernel writes one_to_one, next reads all), gather_scatter (a 1-item kernel
-// reads and writes all, then an N kernel reads and writes one_to_one), gather_bcast (N kernel
-// writes, 1-item kernel reads and writes all, N kernel reads all), alltoall (N×N kernel
-// writes rows, next reads transposed(0, 1)) and the stencil control (2D Jacobi,
-// neighborhood(1, 1)) — over f32 buffers of 4 KiB .. 64 MiB (×4 steps). An iteration is one
-// pass of the program's tasks; iterations/s = iterations / (wall time of the iterations and a
-// final sync, max over ranks). Iterations per size: budget / size, clamped to [3, max-iters].
-// With --device every rank is a GPU queue (DistrQueue::on_device: buffers in device memory,
-// moved by the queue's device transport, NCCL or staged) and the kernels are CUDA no-ops.
-//
-// nbody: a direct N-body (f64, one worker thread per rank, forces read all positions, then
-// positions move), steps/s; the final positions of both modes are compared bit for bit
-// (`wrong` = 1 if they differ).
-//
-// Output: one JSON line per (program, size, round, mode) on rank 0's stdout.
+// Collective pattern discovery on real ranks, with and without discovery side by side: see
+// HELP below (`--help`).
 
+#[path = "common/args.rs"]
+mod args;
+
+use args::Args;
 use std::time::Instant;
 use sucl_graph::{mappers::*, Buffer, CudaSource, DistrQueue, GraphError, Handler, QueueOptions, SplitHint};
 use sucl_runtime::{Communicator, ReduceOp};
 
 /// No-op kernels for GPU ranks: the chunk, then one or two (pointer, extent) accessor pairs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const NOOP_SRC: &str = r#"
 extern "C" __global__ void noop1(sucl_chunk c, float* a, sucl_extent ae) {}
 extern "C" __global__ void noop2(sucl_chunk c, float* a, sucl_extent ae, float* b, sucl_extent be) {}
@@ -213,23 +196,11 @@ fn comm_rate(
     Ok((iters as f64 / max_over_ranks(comm, t.elapsed().as_secs_f64())?, transport))
 }
 
-struct Args(Vec<String>);
-
-impl Args {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().position(|a| a == name).and_then(|i| self.0.get(i + 1)).map(String::as_str)
-    }
-
-    fn num(&self, name: &str, default: usize) -> usize {
-        self.get(name).map_or(default, |x| x.parse().unwrap_or_else(|_| panic!("{name}: want a number, got {x:?}")))
-    }
-}
-
 fn comm_bench(comm: &Communicator, args: &Args) -> Result<(), GraphError> {
-    let programs = args.get("--programs").unwrap_or("allgather,gather_scatter,gather_bcast,alltoall,stencil").to_string();
+    let programs = args.value("--programs").unwrap_or(PROGRAMS).to_string();
     let (min, max) = (args.num("--min-bytes", 4096), args.num("--max-bytes", 64 << 20));
     let (rounds, budget, max_iters) = (args.num("--rounds", 3), args.num("--budget-mib", 256) << 20, args.num("--max-iters", 200));
-    let gpu = if args.0.iter().any(|a| a == "--device") { Some(Gpu::open(comm)?) } else { None };
+    let gpu = if args.flag("--device") { Some(Gpu::open(comm)?) } else { None };
     for program in programs.split(',') {
         let mut bytes = min;
         while bytes <= max {
@@ -342,21 +313,59 @@ fn nbody_bench(comm: &Communicator, args: &Args) -> Result<bool, GraphError> {
     Ok(agree)
 }
 
-fn main() -> Result<(), GraphError> {
-    let args = Args(std::env::args().collect());
-    let comm = sucl_runtime::init()?;
-    match args.0.get(1).map(String::as_str) {
-        Some("comm") => comm_bench(&comm, &args),
-        Some("nbody") => {
-            if !nbody_bench(&comm, &args)? {
-                eprintln!("graph_cpd_bench: rank {}: N-body positions differ with and without discovery", comm.rank());
-                std::process::exit(1);
-            }
-            Ok(())
+const HELP: &str = "Usage: graph_cpd_bench comm [options] | graph_cpd_bench nbody [options]
+
+Collective pattern discovery on real ranks, with and without discovery side by side in one
+run (rounds alternate which mode goes first; a fresh DistrQueue per measurement).
+
+  sucl run -n 4 -- target/release/examples/graph_cpd_bench comm [--programs allgather,...]
+      [--min-bytes 4096] [--max-bytes 67108864] [--rounds 3] [--budget-mib 256] [--max-iters 200]
+  sucl run -n 4 -- target/release/examples/graph_cpd_bench nbody [--size 4096] [--steps 3] [--rounds 3]
+  sucl run -n 2 -- target/release/examples/graph_cpd_bench comm --device ...   (GPU ranks)
+
+comm: communication-only throughput (kernels do nothing) of the paper's Table 3 programs —
+allgather (N kernel writes one_to_one, next reads all), gather_scatter (a 1-item kernel
+reads and writes all, then an N kernel reads and writes one_to_one), gather_bcast (N kernel
+writes, 1-item kernel reads and writes all, N kernel reads all), alltoall (N×N kernel
+writes rows, next reads transposed(0, 1)) and the stencil control (2D Jacobi,
+neighborhood(1, 1)) — over f32 buffers of 4 KiB .. 64 MiB (×4 steps). An iteration is one
+pass of the program's tasks; iterations/s = iterations / (wall time of the iterations and a
+final sync, max over ranks). Iterations per size: budget / size, clamped to [3, max-iters].
+With --device every rank is a GPU queue (DistrQueue::on_device: buffers in device memory,
+moved by the queue's device transport, NCCL or staged) and the kernels are CUDA no-ops.
+
+nbody: a direct N-body (f64, one worker thread per rank, forces read all positions, then
+positions move), steps/s; the final positions of both modes are compared bit for bit
+(`wrong` = 1 if they differ).
+
+Output: one JSON line per (program, size, round, mode) on rank 0's stdout.
+";
+
+/// The comm programs, in the default order.
+const PROGRAMS: &str = "allgather,gather_scatter,gather_bcast,alltoall,stencil";
+
+fn main() {
+    let args = Args::from_env(HELP);
+    let bench = args.positional(0).unwrap_or("");
+    if !["comm", "nbody"].contains(&bench) {
+        args.fail(format!("want `comm` or `nbody`, got {bench:?}"));
+    }
+    if let Some(list) = args.value("--programs") {
+        if let Some(p) = list.split(',').find(|p| !PROGRAMS.split(',').any(|q| q == *p)) {
+            args.fail(format!("--programs: unknown program {p:?} (of {PROGRAMS})"));
         }
-        other => {
-            eprintln!("graph_cpd_bench: want `comm` or `nbody`, got {other:?}");
-            std::process::exit(2);
+    }
+    let result = sucl_runtime::init().map_err(GraphError::from).and_then(|comm| {
+        if bench == "comm" {
+            return comm_bench(&comm, &args);
         }
+        if !nbody_bench(&comm, &args)? {
+            return Err(GraphError::InvalidArgument(format!("rank {}: N-body positions differ with and without discovery", comm.rank())));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        eprintln!("graph_cpd_bench: {e}");
+        std::process::exit(1);
     }
 }

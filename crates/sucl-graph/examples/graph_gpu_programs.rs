@@ -11,7 +11,30 @@
 
 use sucl_graph::{mappers::*, CudaSource, DistrQueue, GraphError, KernelArg, SplitHint};
 
+const HELP: &str = "Usage: graph_gpu_programs (no arguments; one rank per GPU, started with `sucl run`)
+
+The task-graph programs of graph_programs on GPU ranks (DistrQueue::on_device: buffers in
+device memory, CUDA C kernels compiled at run time by NVRTC, transfers over NCCL or staged
+through host memory), plus a chain of one_to_one kernels. Rank 0 prints every result exactly
+in graph_programs' format, so the two can be compared line by line.
+
+Example:
+  target/debug/sucl run -n 2 -- target/debug/examples/graph_gpu_programs
+
+Settings (environment): SUCL_GRAPH_CPD (0: no collective pattern discovery),
+SUCL_GRAPH_DEVICE_TRANSPORT (auto, nccl or staged), CUDA_VISIBLE_DEVICES. Without a GPU (or CUDA
+driver) every rank ends with a one-line error.
+";
+
 fn main() {
+    if let Some(arg) = std::env::args().nth(1) {
+        if arg == "--help" || arg == "-h" {
+            print!("{HELP}");
+            return;
+        }
+        eprintln!("graph_gpu_programs: takes no arguments, got {arg:?} (--help for usage)");
+        std::process::exit(2);
+    }
     if let Err(e) = run() {
         eprintln!("graph_gpu_programs: {e}");
         std::process::exit(1);

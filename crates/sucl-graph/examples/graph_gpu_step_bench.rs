@@ -1,19 +1,10 @@
-// Step rates on GPU ranks: a 2D Jacobi stencil (f32) and a direct N-body (f64) written with the
-// task graph (DistrQueue::on_device, kernels by NVRTC) against the same algorithm written by
-// hand with sucl calls on device buffers (the same CUDA kernels, launched by hand; halo rows by
-// device send/recv/sendrecv, positions by a device all_gather), side by side in one run.
-//
-// sucl run -n 2 -- target/release/examples/graph_gpu_step_bench jacobi --size 8192 --steps 50 --rounds 3
-// sucl run -n 2 -- target/release/examples/graph_gpu_step_bench nbody --size 32768 --steps 5 --rounds 3
-//
-// Two ranks on one GPU need the communicator's device calls staged (NCCL refuses two ranks on
-// one GPU): SUCL_CONFIG naming a file with `[platforms.cuda] backends = ["staged"]`.
-//
-// Time per step = wall time of `steps` steps ending with a device synchronize and a barrier,
-// max over ranks; one untimed warm-up round, then the best of `rounds` rounds of each version
-// (rounds alternate which goes first). Both versions then hold the same number of steps:
-// #wrong counts the cells where their results differ (all ranks' slabs), which must be 0.
+// Step rates on GPU ranks, task graph against hand-written sucl calls: see HELP at the end
+// (`--help`).
 
+#[path = "common/args.rs"]
+mod args;
+
+use args::Args;
 use std::time::Instant;
 use sucl_cuda::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use sucl_cuda::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
@@ -287,21 +278,24 @@ fn wrong<T: PartialEq>(comm: &Communicator, a: &[T], b: &[T]) -> Result<u64, Gra
 }
 
 fn main() {
-    if let Err(e) = run() {
+    let args = Args::from_env(HELP);
+    let program = args.positional(0).unwrap_or("").to_string();
+    if !["jacobi", "nbody"].contains(&program.as_str()) {
+        args.fail(format!("want `jacobi` or `nbody`, got {program:?}"));
+    }
+    let default_size = if program == "nbody" { 32768 } else { 8192 };
+    let (n, steps, rounds) =
+        (args.num("--size", default_size), args.num("--steps", if program == "nbody" { 5 } else { 50 }), args.num("--rounds", 3));
+    if n < 3 || steps == 0 {
+        args.fail(format!("--size (at least 3) and --steps (at least 1) must be positive, got {n} and {steps}"));
+    }
+    if let Err(e) = run(&program, n, steps, rounds, args.flag("--verbose")) {
         eprintln!("graph_gpu_step_bench: {e}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<(), GraphError> {
-    let args: Vec<String> = std::env::args().collect();
-    let program = args.get(1).cloned().unwrap_or_default();
-    let default_size = if program == "nbody" { 32768 } else { 8192 };
-    let arg = |name: &str, default: usize| -> usize {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map_or(default, |x| x.parse().expect("a number"))
-    };
-    let (n, steps, rounds) = (arg("--size", default_size), arg("--steps", if program == "nbody" { 5 } else { 50 }), arg("--rounds", 3));
-    let verbose = args.iter().any(|a| a == "--verbose");
+fn run(program: &str, n: usize, steps: usize, rounds: usize, verbose: bool) -> Result<(), GraphError> {
     let comm = sucl_runtime::init()?;
     if !n.is_multiple_of(comm.size()) {
         return Err(fail(format!("--size {n} must divide among {} ranks", comm.size())));
@@ -340,7 +334,7 @@ fn run() -> Result<(), GraphError> {
         }
         Ok::<(), GraphError>(())
     };
-    let wrong_cells = match program.as_str() {
+    let wrong_cells = match program {
         "jacobi" => {
             let (mut u, mut v) = (q.buffer_from([n, n], jacobi_init(n))?, q.buffer_from([n, n], jacobi_init(n))?);
             let mut h = JacobiHand::new(&comm, &hand, n)?;
@@ -387,3 +381,22 @@ fn run() -> Result<(), GraphError> {
     }
     Ok(())
 }
+
+const HELP: &str = "Usage: graph_gpu_step_bench jacobi|nbody [--size N] [--steps S] [--rounds R] [--verbose]
+
+Step rates on GPU ranks: a 2D Jacobi stencil (f32) and a direct N-body (f64) written with the
+task graph (DistrQueue::on_device, kernels by NVRTC) against the same algorithm written by
+hand with sucl calls on device buffers (the same CUDA kernels, launched by hand; halo rows by
+device send/recv/sendrecv, positions by a device all_gather), side by side in one run.
+
+sucl run -n 2 -- target/release/examples/graph_gpu_step_bench jacobi --size 8192 --steps 50 --rounds 3
+sucl run -n 2 -- target/release/examples/graph_gpu_step_bench nbody --size 32768 --steps 5 --rounds 3
+
+Two ranks on one GPU need the communicator's device calls staged (NCCL refuses two ranks on
+one GPU): SUCL_CONFIG naming a file with `[platforms.cuda] backends = [\"staged\"]`.
+
+Time per step = wall time of `steps` steps ending with a device synchronize and a barrier,
+max over ranks; one untimed warm-up round, then the best of `rounds` rounds of each version
+(rounds alternate which goes first). Both versions then hold the same number of steps:
+#wrong counts the cells where their results differ (all ranks' slabs), which must be 0.
+";

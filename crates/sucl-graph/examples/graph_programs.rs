@@ -8,7 +8,30 @@
 
 use sucl_graph::{mappers::*, DistrQueue, GraphError, SplitHint};
 
+const HELP: &str = "Usage: graph_programs (no arguments; start it on any number of ranks with `sucl run`)
+
+Task-graph programs on host ranks, written with the DistrQueue API: 1D and 2D stencils, reads
+of a whole buffer, master and collective host tasks, a matrix transpose, a direct N-body and the
+Table 3 programs of collective pattern discovery (all-gather, gather-scatter, gather-broadcast,
+all-to-all). Rank 0 prints every result exactly, one line per program, so runs on different
+rank counts (and with SUCL_GRAPH_CPD=0 or 1) can be compared byte for byte.
+
+Example:
+  target/debug/sucl run -n 3 -- target/debug/examples/graph_programs
+
+Settings (environment): SUCL_GRAPH_THREADS (worker threads per rank), SUCL_GRAPH_CPD (0: no
+collective pattern discovery), SUCL_GRAPH_DUMP=dir (each rank writes its graphs as JSON).
+";
+
 fn main() {
+    if let Some(arg) = std::env::args().nth(1) {
+        if arg == "--help" || arg == "-h" {
+            print!("{HELP}");
+            return;
+        }
+        eprintln!("graph_programs: takes no arguments, got {arg:?} (--help for usage)");
+        std::process::exit(2);
+    }
     if let Err(e) = run() {
         eprintln!("graph_programs: {e}");
         std::process::exit(1);

@@ -1,21 +1,10 @@
-// Scheduler throughput: tasks per second of command generation on one rank (graph only, no
-// kernels, no communication) for a stencil loop and an N-body loop, and the collective pattern
-// discovery paper's Table 3 programs (allgather, gather_scatter, gather_bcast, alltoall, and the
-// stencil control) with and without discovery side by side, at 1, 4, 16, 64 and 256 simulated
-// ranks.
-//
-// cargo run --release -p sucl-graph --example graph_sched_bench -- [--ranks 1,4,16,64,256]
-//     [--min-seconds 1.0] [--json] [--programs stencil,nbody,allgather,...] [--cpd both|on|off]
-//     [--rounds 1]
-//
-// With --rounds R every (program, ranks) runs R rounds; with --cpd both a round runs both modes,
-// alternating which goes first, and every round prints a line (field "round"), so a table can
-// take medians of rates measured side by side (the machines we share are noisy).
-//
-// Every rank generates only its own commands; rank 0 is measured (the others do the same work
-// for their own chunks). A horizon every 4 tasks keeps the graph bounded, and commands are
-// taken (and dropped) after every task, as in a real run.
+// Scheduler throughput (command generation on one rank, no kernels): see HELP below
+// (`--help`).
 
+#[path = "common/args.rs"]
+mod args;
+
+use args::Args;
 use std::time::{Duration, Instant};
 use sucl_graph::{AccessMode::*, GraphError, RangeMapper, Scheduler, TaskSpec};
 
@@ -176,40 +165,68 @@ fn alltoall(ranks: usize, min: Duration, cpd: bool) -> Row {
     Row { program: "alltoall", cpd, ranks, tasks, seconds, cpu_seconds, commands }
 }
 
+const HELP: &str = "Usage: graph_sched_bench [--ranks LIST] [--min-seconds S] [--json] [--programs LIST] [--cpd both|on|off] [--rounds R]
+
+Scheduler throughput: tasks per second of command generation on one rank (graph only, no
+kernels, no communication) for a stencil loop and an N-body loop, and the collective pattern
+discovery paper's Table 3 programs (allgather, gather_scatter, gather_bcast, alltoall, and the
+stencil control) with and without discovery side by side, at 1, 4, 16, 64 and 256 simulated
+ranks.
+
+cargo run --release -p sucl-graph --example graph_sched_bench -- [--ranks 1,4,16,64,256]
+    [--min-seconds 1.0] [--json] [--programs stencil,nbody,allgather,...] [--cpd both|on|off]
+    [--rounds 1]
+
+With --rounds R every (program, ranks) runs R rounds; with --cpd both a round runs both modes,
+alternating which goes first, and every round prints a line (field \"round\"), so a table can
+take medians of rates measured side by side (the machines we share are noisy).
+
+Every rank generates only its own commands; rank 0 is measured (the others do the same work
+for their own chunks). A horizon every 4 tasks keeps the graph bounded, and commands are
+taken (and dropped) after every task, as in a real run.
+";
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let ranks: Vec<usize> = arg("--ranks")
-        .unwrap_or_else(|| "1,4,16,64,256".into())
+    let args = Args::from_env(HELP);
+    let ranks: Vec<usize> = args
+        .value("--ranks")
+        .unwrap_or("1,4,16,64,256")
         .split(',')
-        .map(|x| x.trim().parse().unwrap_or_else(|_| panic!("--ranks: bad number {x:?}")))
+        .map(|x| x.trim().parse().ok().filter(|&n: &usize| n > 0).unwrap_or_else(|| args.fail(format!("--ranks: bad rank count {x:?}"))))
         .collect();
-    let min = Duration::from_secs_f64(arg("--min-seconds").map_or(1.0, |x| x.parse().expect("--min-seconds: a number")));
-    let json = args.iter().any(|a| a == "--json");
-    let programs = arg("--programs").unwrap_or_else(|| "stencil,nbody,allgather,gather_scatter,gather_bcast,alltoall".into());
-    let modes: Vec<bool> = match arg("--cpd").as_deref().unwrap_or("both") {
+    let seconds: f64 = args.num("--min-seconds", 1.0);
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        args.fail(format!("--min-seconds: want a duration in seconds, got {seconds}"));
+    }
+    let min = Duration::from_secs_f64(seconds);
+    let json = args.flag("--json");
+    let programs = args.value("--programs").unwrap_or("stencil,nbody,allgather,gather_scatter,gather_bcast,alltoall").to_string();
+    let modes: Vec<bool> = match args.value("--cpd").unwrap_or("both") {
         "both" => vec![false, true],
         "on" => vec![true],
         "off" => vec![false],
-        other => panic!("--cpd: both, on or off, not {other:?}"),
+        other => args.fail(format!("--cpd: both, on or off, not {other:?}")),
     };
+    let rounds: usize = args.num("--rounds", 1);
+    let runs: Vec<fn(usize, Duration, bool) -> Row> = programs
+        .split(',')
+        .map(|p| match p.trim() {
+            "stencil" => stencil as fn(usize, Duration, bool) -> Row,
+            "nbody" => nbody,
+            "allgather" => allgather,
+            "gather_scatter" => gather_scatter,
+            "gather_bcast" => gather_bcast,
+            "alltoall" => alltoall,
+            other => args.fail(format!("--programs: unknown program {other:?}")),
+        })
+        .collect();
     if !json {
         println!(
             "{:>14} {:>4} {:>6} {:>8} {:>10} {:>12} {:>14}",
             "program", "cpd", "ranks", "tasks", "cpu s", "tasks/cpu-s", "commands/task"
         );
     }
-    let rounds: usize = arg("--rounds").map_or(1, |x| x.parse().expect("--rounds: a number"));
-    for program in programs.split(',') {
-        let run: fn(usize, Duration, bool) -> Row = match program.trim() {
-            "stencil" => stencil,
-            "nbody" => nbody,
-            "allgather" => allgather,
-            "gather_scatter" => gather_scatter,
-            "gather_bcast" => gather_bcast,
-            "alltoall" => alltoall,
-            other => panic!("--programs: unknown program {other:?}"),
-        };
+    for run in runs {
         for &n in &ranks {
             for round in 0..rounds {
                 let order: Vec<bool> = if round % 2 == 0 { modes.clone() } else { modes.iter().rev().copied().collect() };

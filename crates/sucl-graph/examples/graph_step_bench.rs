@@ -1,15 +1,10 @@
-// Step rates of a 2D Jacobi stencil (f32) and a direct N-body (f64) written with the task
-// graph (DistrQueue) against the same algorithm written by hand with sucl calls, side by side
-// in one run (rounds alternate graph / hand), every result checked: both must end bit-identical.
-//
-// sucl run -n 4 -- target/release/examples/graph_step_bench jacobi --size 4096 --steps 10 --rounds 3
-// sucl run -n 4 -- target/release/examples/graph_step_bench nbody --size 4096 --steps 4 --rounds 3
-//
-// Time per step = wall time of `steps` steps (ending with a barrier) / steps, max over ranks;
-// after one untimed warm-up round (first touch of the buffers), the best of `rounds` rounds
-// of each version is reported, and the ratio graph/hand of step rates.
-// Both versions split rows (bodies) in equal contiguous slabs and run one thread per rank.
+// Step rates of a Jacobi stencil and an N-body, task graph against hand-written sucl calls:
+// see HELP at the end (`--help`).
 
+#[path = "common/args.rs"]
+mod args;
+
+use args::Args;
 use std::time::Instant;
 use sucl_graph::{mappers::*, Buffer, DistrQueue, GraphError, QueueOptions};
 use sucl_runtime::{Communicator, ReduceOp};
@@ -259,14 +254,24 @@ impl NbodyHand {
     }
 }
 
-fn main() -> Result<(), GraphError> {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str, default: usize| -> usize {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map_or(default, |x| x.parse().expect("a number"))
-    };
-    let program = args.get(1).cloned().unwrap_or_default();
-    let verbose = args.iter().any(|a| a == "--verbose");
-    let (n, steps, rounds) = (arg("--size", 4096), arg("--steps", 10), arg("--rounds", 3));
+fn main() {
+    let args = Args::from_env(HELP);
+    let program = args.positional(0).unwrap_or("").to_string();
+    if !["jacobi", "nbody"].contains(&program.as_str()) {
+        args.fail(format!("want `jacobi` or `nbody`, got {program:?}"));
+    }
+    let verbose = args.flag("--verbose");
+    let (n, steps, rounds) = (args.num("--size", 4096), args.num("--steps", 10), args.num("--rounds", 3));
+    if n < 3 || steps == 0 {
+        args.fail(format!("--size (at least 3) and --steps (at least 1) must be positive, got {n} and {steps}"));
+    }
+    if let Err(e) = run(&program, n, steps, rounds, verbose) {
+        eprintln!("graph_step_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(program: &str, n: usize, steps: usize, rounds: usize, verbose: bool) -> Result<(), GraphError> {
     let comm = sucl_runtime::init()?;
     let mut q = DistrQueue::with_options(&comm, QueueOptions { horizon_step: 4, threads: 1, dump_dir: None, discovery: true })?;
     let (mut best_graph, mut best_hand) = (f64::INFINITY, f64::INFINITY);
@@ -298,7 +303,7 @@ fn main() -> Result<(), GraphError> {
         Ok(())
     };
     let (graph_sum, hand_sum);
-    match program.as_str() {
+    match program {
         "jacobi" => {
             let mut g = JacobiGraph { u: q.buffer_from([n, n], jacobi_init(n))?, v: q.buffer([n, n])? };
             let mut h = JacobiHand::new(&comm, n);
@@ -315,10 +320,7 @@ fn main() -> Result<(), GraphError> {
             }
             (graph_sum, hand_sum) = (g.checksum(&mut q)?, h.checksum(&comm)?);
         }
-        other => {
-            eprintln!("graph_step_bench: want `jacobi` or `nbody`, got {other:?}");
-            std::process::exit(2);
-        }
+        other => return Err(GraphError::InvalidArgument(format!("want `jacobi` or `nbody`, got {other:?}"))),
     }
     let wrong = usize::from(graph_sum != hand_sum);
     if comm.rank() == 0 {
@@ -333,8 +335,25 @@ fn main() -> Result<(), GraphError> {
         );
     }
     if wrong != 0 {
-        eprintln!("graph_step_bench: rank {}: graph checksum {graph_sum:#x} != hand-written {hand_sum:#x}", comm.rank());
-        std::process::exit(1);
+        return Err(GraphError::InvalidArgument(format!(
+            "rank {}: graph checksum {graph_sum:#x} != hand-written {hand_sum:#x}",
+            comm.rank()
+        )));
     }
     Ok(())
 }
+
+const HELP: &str = "Usage: graph_step_bench jacobi|nbody [--size N] [--steps S] [--rounds R] [--verbose]
+
+Step rates of a 2D Jacobi stencil (f32) and a direct N-body (f64) written with the task
+graph (DistrQueue) against the same algorithm written by hand with sucl calls, side by side
+in one run (rounds alternate graph / hand), every result checked: both must end bit-identical.
+
+sucl run -n 4 -- target/release/examples/graph_step_bench jacobi --size 4096 --steps 10 --rounds 3
+sucl run -n 4 -- target/release/examples/graph_step_bench nbody --size 4096 --steps 4 --rounds 3
+
+Time per step = wall time of `steps` steps (ending with a barrier) / steps, max over ranks;
+after one untimed warm-up round (first touch of the buffers), the best of `rounds` rounds
+of each version is reported, and the ratio graph/hand of step rates.
+Both versions split rows (bodies) in equal contiguous slabs and run one thread per rank.
+";

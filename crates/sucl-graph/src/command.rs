@@ -16,15 +16,17 @@
 //! (owner of every cell, every rank's up-to-date cells), so it folds the buffer's layers into
 //! it first (O(ranks) region operations, which the transfer itself costs anyway).
 //!
-//! Collective pattern discovery turns a forward of the task graph into one [`Collective`]
-//! command per rank, decided from the chunk counts (closed forms of the split) and the mappers'
-//! metadata. The command carries the pattern, the root and both sides' split accesses, not
-//! per-rank regions, so with built-in mappers its generation does no per-rank work; the
-//! executor (and dumps) compute who sends what to whom from it.
+//! Collective pattern discovery turns a forward of the task graph into [`Collective`] commands
+//! (the same on every rank), decided from the chunk counts (closed forms of the split) and the
+//! mappers' metadata refined by the splits. A command carries the pattern, the root and both
+//! sides' split accesses, not per-rank regions, so with built-in mappers its generation does
+//! no per-rank work; the executor (and dumps) compute who sends what to whom from it. A
+//! consumer that reads the forwarded buffer through several accessors is handled as one merged
+//! requirement where one constant accessor covers them all, per accessor otherwise.
 
 use crate::geometry::{GridBox, Index, Region, RegionMap, MAX_DIMS};
-use crate::mapper::{Chunk, RangeMapper};
-use crate::task::{AccessMode, BufferId, DepKind, Forward, SplitHint, Target, Task, TaskGraph, TaskId, TaskKind};
+use crate::mapper::{Chunk, DimMapping, MapperMeta, RangeMapper};
+use crate::task::{AccessMode, Accessor, BufferId, DepKind, Forward, SplitHint, Target, Task, TaskGraph, TaskId, TaskKind};
 use crate::GraphError;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -286,9 +288,7 @@ fn grid(hint: SplitHint, global: Index, ranks: usize) -> (usize, usize) {
 /// Part `i` of `parts` of `[0, len)`, boundaries on multiples of `granularity` (the last part
 /// ends at `len`); parts differ by at most one granule.
 fn slab(len: usize, parts: usize, i: usize, granularity: usize) -> (usize, usize) {
-    let g = granularity.max(1);
-    let units = len.div_ceil(g);
-    let at = |k: usize| (k * units / parts * g).min(len);
+    let at = |k: usize| crate::mapper::even_part_start(len, parts, k, granularity);
     (at(i), at(i + 1))
 }
 
@@ -385,23 +385,45 @@ fn maps_every_chunk(m: &RangeMapper, range: Index, extent: Index) -> Option<bool
             perm.swap(*a, *b);
             fits(perm, None).then_some(true)
         }
+        // The mirrored chunk lies in the range, so in the buffer if the range fits.
+        RangeMapper::Reverse => fits([0, 1, 2], None).then_some(true),
+        // Every item of the range gets at least one granule if there are enough of them.
+        RangeMapper::EvenSplit(g) => (extent[0].div_ceil((*g).max(1)) >= range[0]).then_some(true),
         RangeMapper::Custom(..) => None,
     }
 }
 
+/// The kernel dimensions a task's split cuts (the others every chunk has whole).
+fn cut_dims(target: Target, range: Index) -> [bool; MAX_DIMS] {
+    match target {
+        Target::Distributed(hint) => [true, hint == SplitHint::Split2D && range[1] > 1, false],
+        Target::Collective => [true, false, false],
+        Target::Master => [false; MAX_DIMS],
+    }
+}
+
+/// What `m` guarantees for the chunks of a task of this geometry
+/// ([`RangeMapper::meta_for_split`] with the dimensions the split cuts).
+fn split_meta(m: &RangeMapper, target: Target, range: Index) -> MapperMeta {
+    m.meta_for_split(cut_dims(target, range))
+}
+
 /// True if distinct chunks of this split can never write the same cell through `m` (from the
-/// metadata, refined for `slice(d)` when the split does not cut dimension `d`).
+/// metadata, refined by the split: `slice(d)` when the split does not cut dimension `d`).
 fn writes_disjoint(m: &RangeMapper, target: Target, range: Index) -> bool {
-    if m.meta().non_overlapping {
-        return true;
-    }
-    match (m, target) {
-        (RangeMapper::Slice(d), Target::Distributed(hint)) => {
-            let cut_1 = hint == SplitHint::Split2D && range[1] > 1;
-            *d != 0 && !(*d == 1 && cut_1)
-        }
-        _ => false,
-    }
+    split_meta(m, target, range).non_overlapping
+}
+
+/// One collective that command generation decided on for a forward: the pattern, its root,
+/// the reading accessor whose chunks say who needs what, the forwarded cells it moves, and
+/// the consumer count (and the one consumer, if only one).
+struct Planned<'t> {
+    op: CollectiveOp,
+    root: Option<usize>,
+    reader: &'t Accessor,
+    region: Region,
+    consumers: usize,
+    single_consumer: Option<usize>,
 }
 
 impl CommandGraphGenerator {
@@ -765,43 +787,95 @@ impl CommandGraphGenerator {
         }
     }
 
-    /// Turns a forward into a collective command when the chunk counts and the mappers'
-    /// metadata match one (the conditions of the issue, decided in constant time); otherwise
-    /// leaves the transfer to push / await-push. The command carries the producer's and
+    /// Turns a forward into collective commands when the chunk counts and the mappers'
+    /// metadata match a pattern (decided in constant time with built-in mappers); otherwise
+    /// leaves the transfer to push / await-push. A task that reads the buffer through several
+    /// accessors gets one collective per accessor that needs data (see
+    /// [`CommandGraphGenerator::plan`]), or none at all. A command carries the producer's and
     /// consumer's split accesses, not per-rank regions; when the forwarded cells lie in one
     /// layer of the producer, the view records the delivery in that layer, so with built-in
     /// mappers a collective costs no per-rank work at all.
     fn materialise(&mut self, graph: &TaskGraph, task: &Task, f: &Forward, all: &mut Option<ChunkRegions>) -> bool {
         let Some(pmap) = &f.producer_mapper else { return false };
+        let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
         let mut readers = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents());
-        let (Some(reader), None) = (readers.next(), readers.next()) else { return false };
-        let (pm, cm) = (pmap.meta(), reader.mapper.meta());
+        if let (Some(reader), None) = (readers.next(), readers.next()) {
+            // The common case, without the bookkeeping of several accessors.
+            let Some(p) = self.pattern(task, f, pmap, reader, f.region.clone(), extent) else { return false };
+            self.emit_collective(task, f, pmap, extent, p, all);
+            return true;
+        }
+        let Some(plan) = self.plan(task, f, pmap, extent) else { return false };
+        for p in plan {
+            self.emit_collective(task, f, pmap, extent, p, all);
+        }
+        true
+    }
+
+    /// The collectives that deliver everything `task` reads of the forwarded cells through
+    /// several reading accessors, or None if some part fits no pattern (then the whole buffer
+    /// goes point to point).
+    ///
+    /// If one accessor is constant for the consumer's split and covers every forwarded cell
+    /// (a matrix product reading A with `slice(1)` and `slice(0)` along a 1D split), every
+    /// rank reads all of them anyway, so that accessor's pattern moves everything (the merged
+    /// requirement). Otherwise each accessor on its own: one that reads, on every rank, just
+    /// what that rank wrote (the producer's geometry and mapper) needs nothing; the others get
+    /// a pattern each over their own cells, provided no two of them read a common cell (else
+    /// a cell could arrive twice).
+    fn plan<'t>(&self, task: &'t Task, f: &Forward, pmap: &RangeMapper, extent: Index) -> Option<Vec<Planned<'t>>> {
+        let readers: Vec<&Accessor> = task.accessors.iter().filter(|a| a.buffer == f.buffer && a.mode.needs_prior_contents()).collect();
+        let whole = Chunk::whole(task.range);
+        let covering = readers.iter().find(|a| {
+            split_meta(&a.mapper, task.target, task.range).constant && f.region.difference(&a.mapper.map(&whole, extent)).is_empty()
+        });
+        if let Some(reader) = covering {
+            return Some(vec![self.pattern(task, f, pmap, reader, f.region.clone(), extent)?]);
+        }
+        let same_geometry =
+            f.producer_target == task.target && f.producer_range == task.range && f.producer_granularity == task.granularity;
+        let mut plan: Vec<Planned<'t>> = Vec::new();
+        for reader in readers {
+            if same_geometry && pmap.same_as(&reader.mapper) {
+                continue; // every rank reads what it wrote
+            }
+            let region = reader.mapper.map(&whole, extent).intersection(&f.region);
+            if region.is_empty() {
+                continue;
+            }
+            if plan.iter().any(|p| p.region.intersects(&region)) {
+                return None;
+            }
+            plan.push(self.pattern(task, f, pmap, reader, region, extent)?);
+        }
+        Some(plan)
+    }
+
+    /// The collective that moves `region` (forwarded cells, all read through `reader`) from
+    /// the producer's chunks to the ranks whose `reader` chunks read them, if the chunk counts
+    /// and the mappers' metadata (refined by both splits) match a pattern.
+    fn pattern<'t>(
+        &self,
+        task: &Task,
+        f: &Forward,
+        pmap: &RangeMapper,
+        reader: &'t Accessor,
+        region: Region,
+        extent: Index,
+    ) -> Option<Planned<'t>> {
+        let pm = split_meta(pmap, f.producer_target, f.producer_range);
+        let cm = split_meta(&reader.mapper, task.target, task.range);
         // Metadata alone rules most edges out (a halo read, a custom mapper) before any
         // O(ranks) work, so a stencil pays nothing for discovery.
-        let identity_like = |m: &crate::mapper::MapperMeta| m.dims.iter().all(|d| *d != crate::mapper::DimMapping::Other);
-        let p_disjoint = writes_disjoint(pmap, f.producer_target, f.producer_range);
-        if pm == crate::mapper::MapperMeta::UNKNOWN
+        let identity_like = |m: &MapperMeta| m.dims.iter().all(|d| *d != DimMapping::Other);
+        let p_disjoint = pm.non_overlapping;
+        if pmap.meta() == MapperMeta::UNKNOWN
             || !(cm.constant || cm.non_overlapping || p_disjoint)
             || !(cm.constant || cm.non_overlapping || identity_like(&cm))
         {
-            return false;
+            return None;
         }
-        let extent = graph.buffer(f.buffer).map_or([0; MAX_DIMS], |b| b.extent);
         let ranks = self.ranks;
-        let coll = |op, root| Collective {
-            op,
-            root,
-            ranks,
-            extent,
-            region: f.region.clone(),
-            producer: SplitAccess {
-                target: f.producer_target,
-                range: f.producer_range,
-                granularity: f.producer_granularity,
-                mapper: pmap.clone(),
-            },
-            consumer: SplitAccess { target: task.target, range: task.range, granularity: task.granularity, mapper: reader.mapper.clone() },
-        };
         // Producers: ranks with a non-empty producer chunk; consumers: ranks that read some of
         // the cells. Both in constant time where the geometry tells (every non-empty consumer
         // chunk reads something), by mapping every chunk otherwise.
@@ -810,8 +884,8 @@ impl CommandGraphGenerator {
             Some(true) => population(task.target, task.range, task.granularity, ranks),
             Some(false) => (0, None),
             None => {
-                let regions = all.get_or_insert_with(|| self.chunk_regions(task));
-                let consumers: Vec<usize> = (0..ranks).filter(|&r| !regions[&f.buffer][r].0.is_empty()).collect();
+                let reads = |r: usize| reader.mapper.map(&chunk_of(task, ranks, r), extent);
+                let consumers: Vec<usize> = (0..ranks).filter(|&r| reads(r).intersects(&region)).collect();
                 (consumers.len(), (consumers.len() == 1).then(|| consumers[0]))
             }
         };
@@ -827,15 +901,46 @@ impl CommandGraphGenerator {
         } else if full && m >= 2 && is_transposition(f, task, pmap, &reader.mapper) {
             (CollectiveOp::AllToAll, None)
         } else {
-            return false;
+            return None;
         };
-        let coll = coll(op, root);
+        Some(Planned { op, root, reader, region, consumers: c, single_consumer })
+    }
+
+    /// Emits this rank's command for one planned collective and records what it delivers.
+    fn emit_collective(
+        &mut self,
+        task: &Task,
+        f: &Forward,
+        pmap: &RangeMapper,
+        extent: Index,
+        p: Planned<'_>,
+        all: &mut Option<ChunkRegions>,
+    ) {
+        let coll = Collective {
+            op: p.op,
+            root: p.root,
+            ranks: self.ranks,
+            extent,
+            region: p.region,
+            producer: SplitAccess {
+                target: f.producer_target,
+                range: f.producer_range,
+                granularity: f.producer_granularity,
+                mapper: pmap.clone(),
+            },
+            consumer: SplitAccess {
+                target: task.target,
+                range: task.range,
+                granularity: task.granularity,
+                mapper: p.reader.mapper.clone(),
+            },
+        };
         let me = self.rank;
         // Cells forwarded are written by the producer alone and read by nobody since, so a
         // consumer lacks exactly the forwarded cells it reads that another rank wrote.
         let (mine, reads) = (coll.written(me), coll.read(me));
         let received = reads.difference(&mine);
-        let sent = self.sent(&coll, c, single_consumer, &reader.mapper, &mine, &reads);
+        let sent = self.sent(&coll, p.consumers, p.single_consumer, &mine, &reads);
         let mut deps = self.true_deps(f.buffer, &sent);
         deps.extend(self.write_deps(f.buffer, &received));
         let consumer = coll.consumer.clone();
@@ -848,27 +953,19 @@ impl CommandGraphGenerator {
             self.produced(f.buffer, &received, id);
         }
         self.delivered(f, consumer, all, task);
-        true
     }
 
     /// What this rank sends in a collective: the forwarded cells it wrote that another rank
     /// reads. In constant time for a constant consumer (everybody reads the same cells) and a
     /// built-in non-overlapping one (the others read what this rank does not); by peers
     /// otherwise.
-    fn sent(
-        &self,
-        coll: &Collective,
-        consumers: usize,
-        single: Option<usize>,
-        cmap: &RangeMapper,
-        mine: &Region,
-        reads: &Region,
-    ) -> Region {
+    fn sent(&self, coll: &Collective, consumers: usize, single: Option<usize>, mine: &Region, reads: &Region) -> Region {
         if mine.is_empty() {
             return Region::empty();
         }
         let me = self.rank;
-        let meta = cmap.meta();
+        let cmap = &coll.consumer.mapper;
+        let meta = split_meta(cmap, coll.consumer.target, coll.consumer.range);
         if meta.constant {
             let another = consumers >= 2 || (consumers == 1 && single != Some(me));
             if !another {
@@ -1343,33 +1440,38 @@ impl Scheduler {
     pub fn rank_graphs(&self) -> Vec<RankGraph> {
         self.generators.iter().map(|g| RankGraph { rank: g.rank, commands: g.commands.clone() }).collect()
     }
-
-    /// The task graph and the generated command graphs as JSON (the format of
-    /// `sucl graph --json`, described in [`crate::dump`]).
-    pub fn to_json(&self) -> String {
-        crate::dump::to_json(self)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The closed forms that let discovery skip per-rank work agree with mapping every chunk.
+    /// The closed forms and metadata that let discovery skip per-rank work (population,
+    /// coverage, disjoint writes, constant reads) agree with mapping every chunk.
     #[test]
     fn population_and_coverage_match_every_chunk() {
-        let targets = [Target::Distributed(SplitHint::Split1D), Target::Distributed(SplitHint::Split2D), Target::Master];
+        let targets =
+            [Target::Distributed(SplitHint::Split1D), Target::Distributed(SplitHint::Split2D), Target::Master, Target::Collective];
         let mappers = [
             RangeMapper::OneToOne,
             RangeMapper::All,
+            RangeMapper::Slice(0),
             RangeMapper::Slice(1),
             RangeMapper::Transposed(0, 1),
             RangeMapper::Neighborhood([1, 0, 0]),
             RangeMapper::Fixed(GridBox::new([2, 0, 0], [3, 1, 1])),
+            RangeMapper::Reverse,
+            RangeMapper::EvenSplit(1),
+            RangeMapper::EvenSplit(4),
         ];
         for ranks in 1..=12 {
             for target in targets {
-                for range in [[1, 1, 1], [3, 1, 1], [7, 5, 1], [40, 1, 1], [9, 9, 1], [2, 30, 1], [2, 3, 1]] {
+                // A collective task's range is one item per rank (the task graph sets it).
+                let ranges = match target {
+                    Target::Collective => vec![[ranks, 1, 1]],
+                    _ => vec![[1, 1, 1], [3, 1, 1], [7, 5, 1], [40, 1, 1], [9, 9, 1], [2, 30, 1], [2, 3, 1]],
+                };
+                for range in ranges {
                     for granularity in [[1, 1, 1], [4, 1, 1], [2, 3, 1]] {
                         let chunks: Vec<Chunk> = (0..ranks).map(|r| split_chunk(target, range, granularity, ranks, r)).collect();
                         let filled: Vec<usize> = (0..ranks).filter(|&r| !chunks[r].as_box().is_empty()).collect();
@@ -1396,6 +1498,13 @@ mod tests {
                                 });
                                 if writes_disjoint(m, target, range) {
                                     assert!(disjoint, "{what}: {m:?} over {extent:?} said disjoint");
+                                }
+                                if split_meta(m, target, range).constant {
+                                    let first = filled.first().map(|&r| m.map(&chunks[r], extent));
+                                    assert!(
+                                        filled.iter().all(|&r| Some(m.map(&chunks[r], extent)) == first),
+                                        "{what}: {m:?} over {extent:?} said constant"
+                                    );
                                 }
                             }
                         }

@@ -391,7 +391,9 @@ pub(crate) fn plan_transfers(commands: &[Command], me: usize) -> Result<Vec<Task
 /// Messages per task (tasks ascending). Within a task, a (peer, buffer, collective) triple names
 /// at most one message each way, and sender and receiver sort by it, so messages between two
 /// ranks meet in the same order on both sides (NCCL matches by order, not by tag). Empty regions
-/// move nothing.
+/// move nothing. A task may have several collectives on one buffer (one per reading accessor,
+/// over disjoint cells): their messages with one peer become one message, the union of their
+/// regions taken in command order, which sender and receiver list alike.
 pub(crate) fn group_messages(lists: Vec<TransferLists>) -> Result<Vec<TaskTransfers>, GraphError> {
     let mut out: Vec<TaskTransfers> = Vec::new();
     for l in lists {
@@ -411,6 +413,8 @@ pub(crate) fn group_messages(lists: Vec<TransferLists>) -> Result<Vec<TaskTransf
     for t in &mut out {
         t.sends.sort_by_key(|m| (m.peer, m.buffer.0, m.collective));
         t.recvs.sort_by_key(|m| (m.peer, m.buffer.0, m.collective));
+        merge_collective_messages(&mut t.sends);
+        merge_collective_messages(&mut t.recvs);
         for list in [&t.sends, &t.recvs] {
             if let Some(w) =
                 list.windows(2).find(|w| (w[0].peer, w[0].buffer, w[0].collective) == (w[1].peer, w[1].buffer, w[1].collective))
@@ -423,6 +427,21 @@ pub(crate) fn group_messages(lists: Vec<TransferLists>) -> Result<Vec<TaskTransf
         }
     }
     Ok(out)
+}
+
+/// Merges neighbouring collective messages of a sorted list that share (peer, buffer): the
+/// sort is stable, so they stand in command order on both sides of the transfer.
+fn merge_collective_messages(list: &mut Vec<Message>) {
+    let mut merged: Vec<Message> = Vec::with_capacity(list.len());
+    for m in list.drain(..) {
+        match merged.last_mut() {
+            Some(last) if m.collective && (last.peer, last.buffer, last.collective) == (m.peer, m.buffer, true) => {
+                last.region = last.region.union(&m.region);
+            }
+            _ => merged.push(m),
+        }
+    }
+    *list = merged;
 }
 
 /// The tag of a message of `task` on a GPU queue's staged path: task, buffer and whether it
@@ -1073,6 +1092,29 @@ mod tests {
         assert!(plan_transfers(&[exec], 0).is_err(), "a transfer without a buffer");
         let dup = [cmd(0, CommandKind::Push, 1, 0, &[(1, r)]), cmd(1, CommandKind::Push, 1, 0, &[(1, r)])];
         assert!(plan_transfers(&dup, 0).is_err(), "two pushes of one task and buffer to one rank would be ambiguous");
+    }
+
+    /// Two collectives of one task on one buffer (two accessors over disjoint cells) in which
+    /// rank 1 sends rank 0 cells: one message, the union, listed alike on both sides.
+    #[test]
+    fn collectives_of_one_task_and_buffer_share_one_message_per_peer() {
+        let parts = [bx([0, 0, 0], [2, 1, 1]), bx([6, 0, 0], [8, 1, 1])];
+        let lists = |me: usize| -> Vec<TransferLists> {
+            parts
+                .iter()
+                .map(|&b| {
+                    let part = vec![PeerRegion { rank: 1 - me, region: Region::from_box(b) }];
+                    let (sends, recvs) = if me == 1 { (part, vec![]) } else { (vec![], part) };
+                    TransferLists { task: 4, buffer: BufferId(0), collective: true, sends, recvs }
+                })
+                .collect()
+        };
+        let (sender, receiver) = (group_messages(lists(1)).unwrap(), group_messages(lists(0)).unwrap());
+        let both = Region::from_box(parts[0]).union(&Region::from_box(parts[1]));
+        assert_eq!(sender[0].sends.len(), 1, "one message to rank 0");
+        assert_eq!(sender[0].sends[0].region, both);
+        assert_eq!(receiver[0].recvs.len(), 1, "one message from rank 1");
+        assert_eq!(receiver[0].recvs[0].region.boxes(), sender[0].sends[0].region.boxes(), "packed in the same order");
     }
 
     #[test]

@@ -120,6 +120,15 @@ pub fn to_json(s: &Scheduler) -> String {
     serde_json::to_string_pretty(&to_value(s)).expect("a JSON value prints")
 }
 
+impl Scheduler {
+    /// The task graph and the generated command graphs as JSON (the format of
+    /// `sucl graph --json`, described above). Defined here, not in [`crate::command`], so
+    /// that the dump depends on the command graph and never the other way round.
+    pub fn to_json(&self) -> String {
+        to_json(self)
+    }
+}
+
 fn boxes(r: &crate::geometry::Region, dims: usize) -> String {
     if r.is_empty() {
         return "{}".into();

@@ -8,15 +8,24 @@
 //! for data it reads that other ranks wrote. A push or await-push carries the full per-peer
 //! regions of a (task, buffer) transfer.
 //!
+//! Access modes follow Celerity: `read`, `write` and `read_write` consume the prior contents of
+//! the mapped cells (a `write` keeps the cells the kernel leaves alone, so they are brought in
+//! like a `read_write`'s), `discard_write` and `discard_read_write` do not; every mode but
+//! `read` produces.
+//!
 //! Collective pattern discovery (on by default; `QueueOptions::discovery`, `SUCL_GRAPH_CPD=0`,
 //! `sucl graph --no-cpd` turn it off): the task graph marks each read that is the first
 //! dependency on one producer's region as a [`Forward`] (unless producer and consumer share
-//! geometry and mapper), and each rank's generator turns a forward into a [`Collective`] command
+//! geometry and mapper), and each rank's generator turns a forward into [`Collective`] commands
 //! (gather, all-gather, broadcast, scatter, all-to-all) from the producer and consumer chunk
-//! counts and the mappers' metadata, or leaves it to push / await-push. A collective command
-//! carries the producer's and consumer's split accesses rather than per-rank regions, so its
-//! generation costs no per-rank work; the executor lowers it to the communicator's
-//! (v-)collectives.
+//! counts and the mappers' metadata refined by each task's split
+//! ([`RangeMapper::meta_for_split`]: `slice(d)` along a split that cuts only `d` is constant),
+//! or leaves it to push / await-push. A task that reads the buffer through several accessors
+//! gets one collective for them all when one accessor is constant and covers every forwarded
+//! cell, else one per accessor that needs data (their cells disjoint), else point to point. A
+//! collective command carries the producer's and consumer's split accesses rather than per-rank
+//! regions, so its generation costs no per-rank work; the executor lowers it to the
+//! communicator's (v-)collectives.
 //!
 //! Programs use [`DistrQueue`] ([`queue`]): typed [`Buffer`]s, command groups that declare
 //! accessors with range mappers ([`mappers`]) and run a kernel (`parallel_for`, Rust closures

@@ -82,6 +82,16 @@ pub enum RangeMapper {
     Slice(usize),
     /// The chunk with dimensions `a` and `b` swapped.
     Transposed(usize, usize),
+    /// The chunk mirrored in the kernel's range along every dimension: a chunk `[o, o + r)`
+    /// of a range of extent `n` maps to `[n - o - r, n - o)` (Celerity's tests' reverse
+    /// one-to-one).
+    Reverse,
+    /// Dimension 0 of the buffer cut into as many contiguous parts as the kernel's range has
+    /// items along dimension 0 (part boundaries on multiples of the granularity, parts
+    /// differing by at most one granule); a chunk gets the parts of its items and the whole
+    /// buffer along the other dimensions (Celerity's `even_split`: e.g. each rank of a
+    /// collective host task writes its part of a buffer to a file).
+    EvenSplit(usize),
     /// A closure, with the metadata its author declares.
     Custom(Arc<CustomFn>, MapperMeta),
 }
@@ -96,6 +106,8 @@ impl fmt::Debug for RangeMapper {
             RangeMapper::NeighborhoodAxes(h) => write!(f, "neighborhood_axes({h:?})"),
             RangeMapper::Slice(d) => write!(f, "slice({d})"),
             RangeMapper::Transposed(a, b) => write!(f, "transposed({a}, {b})"),
+            RangeMapper::Reverse => write!(f, "reverse"),
+            RangeMapper::EvenSplit(g) => write!(f, "even_split({g})"),
             RangeMapper::Custom(_, m) => write!(f, "custom({m:?})"),
         }
     }
@@ -147,6 +159,21 @@ impl RangeMapper {
                 b.max.swap(*a, *c);
                 b
             }
+            RangeMapper::Reverse => {
+                let mut b = chunk.as_box();
+                for d in 0..MAX_DIMS {
+                    b.min[d] = chunk.global[d].saturating_sub(chunk.offset[d] + chunk.range[d]);
+                    b.max[d] = chunk.global[d].saturating_sub(chunk.offset[d]);
+                }
+                b
+            }
+            RangeMapper::EvenSplit(g) => {
+                let mut b = full;
+                let part = |k: usize| even_part_start(buffer[0], chunk.global[0], k, *g);
+                b.min[0] = part(chunk.offset[0]);
+                b.max[0] = part(chunk.offset[0] + chunk.range[0]);
+                b
+            }
             RangeMapper::Custom(f, _) => {
                 return f(chunk, buffer).intersection(&Region::from_box(full));
             }
@@ -163,6 +190,8 @@ impl RangeMapper {
             (Neighborhood(a), Neighborhood(b)) | (NeighborhoodAxes(a), NeighborhoodAxes(b)) => a == b,
             (Slice(a), Slice(b)) => a == b,
             (Transposed(a, b), Transposed(c, d)) => (a, b) == (c, d),
+            (Reverse, Reverse) => true,
+            (EvenSplit(a), EvenSplit(b)) => a == b,
             (Custom(f, _), Custom(g, _)) => Arc::ptr_eq(f, g),
             _ => false,
         }
@@ -197,7 +226,54 @@ impl RangeMapper {
                 dims.swap(*a, *b);
                 MapperMeta { constant: false, non_overlapping: true, dims }
             }
+            // Mirrored: each buffer dimension follows the chunk, but not as an identity.
+            RangeMapper::Reverse => MapperMeta { constant: false, non_overlapping: true, dims: [DimMapping::Other; MAX_DIMS] },
+            // Chunks that differ only along kernel dimensions 1 and 2 map to the same part:
+            // disjoint only for splits along dimension 0 (see `meta_for_split`).
+            RangeMapper::EvenSplit(_) => MapperMeta {
+                constant: false,
+                non_overlapping: false,
+                dims: [DimMapping::Other, DimMapping::Constant, DimMapping::Constant],
+            },
             RangeMapper::Custom(_, m) => *m,
         }
     }
+
+    /// What this mapper guarantees for the chunks of a split that cuts the kernel dimensions
+    /// marked in `cut` (and leaves the others whole): [`RangeMapper::meta`], refined where
+    /// the split decides it. `slice(d)` takes dimension `d` whole and follows the chunk in the
+    /// others, so when the split cuts no dimension but `d` every chunk maps to the same cells
+    /// (constant: the whole slab, which is what makes a broadcast or all-gather of it
+    /// possible), and when the split leaves `d` whole distinct chunks map to disjoint cells.
+    /// `even_split` follows kernel dimension 0 alone: disjoint for splits along 0 only,
+    /// constant when 0 is not cut.
+    pub fn meta_for_split(&self, cut: [bool; MAX_DIMS]) -> MapperMeta {
+        let mut meta = self.meta();
+        match self {
+            RangeMapper::Slice(d) => {
+                let cut_elsewhere = (0..MAX_DIMS).any(|k| k != *d && cut[k]);
+                meta.constant = !cut_elsewhere;
+                meta.non_overlapping = !cut[*d];
+            }
+            // Only the chunk's position along kernel dimension 0 matters.
+            RangeMapper::EvenSplit(_) => {
+                meta.constant = !cut[0];
+                meta.non_overlapping = !cut[1] && !cut[2];
+            }
+            _ => {}
+        }
+        meta
+    }
+}
+
+/// Where part `k` of `parts` of `[0, len)` starts (`k == parts`: `len`): boundaries on
+/// multiples of `granularity` (the last part ends at `len`), parts differing by at most one
+/// granule. Parts beyond the granules are empty.
+pub(crate) fn even_part_start(len: usize, parts: usize, k: usize, granularity: usize) -> usize {
+    let g = granularity.max(1);
+    let units = len.div_ceil(g);
+    if parts == 0 {
+        return 0;
+    }
+    (k.min(parts) * units / parts * g).min(len)
 }

@@ -98,6 +98,19 @@ pub mod mappers {
     pub fn transposed(a: usize, b: usize) -> RangeMapper {
         RangeMapper::Transposed(a, b)
     }
+
+    /// The chunk mirrored in the kernel's range along every dimension (item `i` of a range
+    /// of `n` maps to cell `n - 1 - i`).
+    pub fn reverse() -> RangeMapper {
+        RangeMapper::Reverse
+    }
+
+    /// Dimension 0 of the buffer cut into one contiguous part per item of the kernel's range
+    /// (boundaries on multiples of `granularity`), the other dimensions whole: with a
+    /// collective host task, each rank's part of the buffer.
+    pub fn even_split(granularity: usize) -> RangeMapper {
+        RangeMapper::EvenSplit(granularity)
+    }
 }
 
 /// A typed buffer of `D` (1–3) dimensions, known to every rank of a [`DistrQueue`]. A handle:
@@ -207,7 +220,9 @@ impl<'k> Handler<'k> {
         ReadAcc { slot: self.access(b.id, mapper, AccessMode::Read), _elem: PhantomData }
     }
 
-    /// Writes the cells `mapper` names (a producer: prior contents are not brought in).
+    /// Writes some of the cells `mapper` names; the others keep their values, so their prior
+    /// contents are brought in first, as for [`Handler::read_write`] (Celerity's `write`). A
+    /// kernel that overwrites every mapped cell should use [`Handler::discard_write`].
     pub fn write<T, const D: usize>(&mut self, b: &Buffer<T, D>, mapper: RangeMapper) -> WriteAcc<T, D> {
         self.writer(b, mapper, AccessMode::Write)
     }
@@ -774,7 +789,7 @@ impl<'c> DistrQueue<'c> {
         for w in self.scheduler.take_warnings() {
             let (rank, task, buffer) = (self.comm.rank(), w.task.0, w.buffer.0);
             if self.warned.insert(w.buffer) {
-                tracing::warn!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
+                tracing::warn!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote (a `write` accessor reads the cells it keeps: say discard_write if the kernel overwrites them all)");
             } else {
                 tracing::debug!(rank, task, buffer, region = ?w.region, "the task reads cells of the buffer that nothing wrote");
             }

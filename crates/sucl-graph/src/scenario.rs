@@ -28,10 +28,14 @@
 //! region = { min = [0, 0], max = [8, 8] }   # a box of it (default: all of it)
 //! ```
 //!
-//! Modes: read, write, read_write, discard_write, discard_read_write. Mappers: `"one_to_one"`,
-//! `"all"`, `{ neighborhood = [h0, h1, h2] }` (bounding box, with diagonals),
+//! Modes: read, write, read_write, discard_write, discard_read_write. Mappers — every built-in
+//! [`RangeMapper`], so the command graph of any program whose mappers are not closures can be
+//! written down: `"one_to_one"`, `"all"`, `"reverse"`, `"even_split"` (granularity 1),
+//! `{ neighborhood = [h0, h1, h2] }` (bounding box, with diagonals),
 //! `{ neighborhood_axes = [h0, h1, h2] }` (a cross), `{ slice = d }`, `{ transposed = [a, b] }`,
-//! `{ fixed = { min = [...], max = [...] } }`. Missing dimensions of a box are 0..1.
+//! `{ even_split = g }`, `{ fixed = { min = [...], max = [...] } }`. Missing dimensions of a box
+//! are 0..1. [`mapper_to_toml`] writes a mapper in this form. A closure
+//! ([`RangeMapper::Custom`]) has no file form.
 
 use crate::command::Scheduler;
 use crate::geometry::{GridBox, MAX_DIMS};
@@ -151,6 +155,9 @@ pub struct MapperTable {
     /// The two dimensions swapped.
     #[serde(default)]
     pub transposed: Option<[usize; 2]>,
+    /// Dimension 0 cut into one part per item, on multiples of this granularity.
+    #[serde(default)]
+    pub even_split: Option<usize>,
     /// A fixed box.
     #[serde(default)]
     pub fixed: Option<BoxDecl>,
@@ -194,14 +201,28 @@ impl MapperDecl {
         match self {
             MapperDecl::Name(n) if n == "one_to_one" => Ok(RangeMapper::OneToOne),
             MapperDecl::Name(n) if n == "all" => Ok(RangeMapper::All),
-            MapperDecl::Name(n) => Err(bad(format!("{what}: unknown mapper \"{n}\" (one_to_one, all, or a table)"))),
+            MapperDecl::Name(n) if n == "reverse" => Ok(RangeMapper::Reverse),
+            MapperDecl::Name(n) if n == "even_split" => Ok(RangeMapper::EvenSplit(1)),
+            MapperDecl::Name(n) => Err(bad(format!("{what}: unknown mapper \"{n}\" (one_to_one, all, reverse, even_split, or a table)"))),
             MapperDecl::Table(t) => {
-                let set =
-                    [t.neighborhood.is_some(), t.neighborhood_axes.is_some(), t.slice.is_some(), t.transposed.is_some(), t.fixed.is_some()];
+                let set = [
+                    t.neighborhood.is_some(),
+                    t.neighborhood_axes.is_some(),
+                    t.slice.is_some(),
+                    t.transposed.is_some(),
+                    t.even_split.is_some(),
+                    t.fixed.is_some(),
+                ];
                 if set.iter().filter(|&&x| x).count() != 1 {
                     return Err(bad(format!(
-                        "{what}: a mapper table has exactly one of neighborhood, neighborhood_axes, slice, transposed, fixed"
+                        "{what}: a mapper table has exactly one of neighborhood, neighborhood_axes, slice, transposed, even_split, fixed"
                     )));
+                }
+                if let Some(g) = t.even_split {
+                    if g == 0 {
+                        return Err(bad(format!("{what}: even_split needs a granularity of at least 1")));
+                    }
+                    return Ok(RangeMapper::EvenSplit(g));
                 }
                 if let Some(h) = &t.neighborhood_axes {
                     dims(h, &format!("{what}: neighborhood_axes"))?;
@@ -226,6 +247,34 @@ impl MapperDecl {
             }
         }
     }
+}
+
+/// `m` in the scenario form (a TOML value: a string or an inline table), or None for a
+/// closure, which has none. Parsing the result gives a mapper that maps every chunk alike.
+pub fn mapper_to_toml(m: &RangeMapper) -> Option<String> {
+    let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
+    Some(match m {
+        RangeMapper::OneToOne => "\"one_to_one\"".into(),
+        RangeMapper::All => "\"all\"".into(),
+        RangeMapper::Reverse => "\"reverse\"".into(),
+        RangeMapper::EvenSplit(g) => format!("{{ even_split = {g} }}"),
+        RangeMapper::Neighborhood(h) => format!("{{ neighborhood = [{}] }}", list(h)),
+        RangeMapper::NeighborhoodAxes(h) => format!("{{ neighborhood_axes = [{}] }}", list(h)),
+        RangeMapper::Slice(d) => format!("{{ slice = {d} }}"),
+        RangeMapper::Transposed(a, b) => format!("{{ transposed = [{a}, {b}] }}"),
+        RangeMapper::Fixed(b) => format!("{{ fixed = {{ min = [{}], max = [{}] }} }}", list(&b.min), list(&b.max)),
+        RangeMapper::Custom(..) => return None,
+    })
+}
+
+/// Parses one mapper in the scenario form (what [`mapper_to_toml`] writes).
+pub fn parse_mapper(text: &str) -> Result<RangeMapper, GraphError> {
+    #[derive(Deserialize)]
+    struct One {
+        mapper: MapperDecl,
+    }
+    let one: One = toml::from_str(&format!("mapper = {text}")).map_err(|e| bad(format!("mapper {text}: {e}")))?;
+    one.mapper.to_mapper("mapper")
 }
 
 fn mode(m: &str, what: &str) -> Result<AccessMode, GraphError> {

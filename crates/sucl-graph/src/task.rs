@@ -28,9 +28,11 @@ pub struct TaskId(pub usize);
 pub enum AccessMode {
     /// Reads the current contents.
     Read,
-    /// Writes the mapped cells. As in Celerity, a producer only: prior contents are neither
-    /// awaited nor transferred (a kernel that writes only part of its mapped cells and needs the
-    /// rest kept must use `ReadWrite`).
+    /// Writes some or all of the mapped cells; the cells it leaves alone keep their values. As
+    /// in Celerity (and SYCL), this makes it a consumer as well as a producer: the prior
+    /// contents of every mapped cell are brought in before the task runs, exactly as for
+    /// `ReadWrite`. A task that overwrites every mapped cell should say `DiscardWrite`, which
+    /// moves nothing.
     Write,
     /// Reads and writes.
     ReadWrite,
@@ -41,9 +43,10 @@ pub enum AccessMode {
 }
 
 impl AccessMode {
-    /// True if the task needs the contents the cells had before it ran.
+    /// True if the task needs the contents the cells had before it ran (Celerity's consumer
+    /// modes: every mode but the discarding ones).
     pub fn needs_prior_contents(self) -> bool {
-        matches!(self, AccessMode::Read | AccessMode::ReadWrite)
+        matches!(self, AccessMode::Read | AccessMode::Write | AccessMode::ReadWrite)
     }
 
     /// True if the task changes the cells.
@@ -269,7 +272,8 @@ pub struct Warning {
     pub task: TaskId,
     /// The buffer read.
     pub buffer: BufferId,
-    /// The cells read that no task (and no host data) ever wrote.
+    /// The cells read (or consumed by a `write` accessor) that no task and no host data ever
+    /// wrote.
     pub region: Region,
 }
 
@@ -372,7 +376,7 @@ impl TaskGraph {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Reader entries kept over all buffers (bounded by horizons, see [`Footprint`]).
+    /// Reader entries kept over all buffers (bounded by horizons, see `Scheduler::footprint`).
     pub fn reader_entries(&self) -> usize {
         self.buffers.iter().map(|b| b.readers.len()).sum()
     }
@@ -544,6 +548,9 @@ impl TaskGraph {
             };
             if !dims_ok {
                 return Err(GraphError::InvalidArgument(format!("task '{}': mapper {:?} names a dimension over 2", spec.name, a.mapper)));
+            }
+            if let RangeMapper::EvenSplit(0) = a.mapper {
+                return Err(GraphError::InvalidArgument(format!("task '{}': even_split needs a granularity of at least 1", spec.name)));
             }
         }
         Ok(())

@@ -86,6 +86,11 @@ fn all_gather_program() {
     }
 }
 
+/// A kernel over `range` that reads `a` through `mapper` and writes `b` one to one.
+fn read_into(name: &str, range: &[usize], a: BufferId, mapper: RangeMapper, b: BufferId) -> TaskSpec {
+    TaskSpec::parallel_for(name, range).access(a, mapper, Read).access(b, RangeMapper::OneToOne, DiscardWrite)
+}
+
 /// The 1-item kernel that reads and writes all of `a`.
 fn one_item(a: BufferId) -> TaskSpec {
     TaskSpec::parallel_for("one", &[1]).access(a, RangeMapper::All, ReadWrite)
@@ -346,6 +351,166 @@ fn a_replica_delivered_by_a_collective_is_not_sent_again() {
             .unwrap();
         for g in s.rank_graphs() {
             assert!(!g.commands.iter().any(|c| c.task == t3 && c.buffer == Some(a)), "{ranks} ranks: rank {} moves A again", g.rank);
+        }
+    }
+}
+
+/// `slice(d)` takes dimension `d` whole: for a split that cuts only `d`, every chunk maps to
+/// the same cells (constant), and for a split that leaves `d` whole, distinct chunks map to
+/// disjoint cells.
+#[test]
+fn slice_along_the_split_dimension_is_constant() {
+    let only_0 = [true, false, false];
+    let tiles = [true, true, false];
+    let meta = |d: usize, cut: [bool; 3]| RangeMapper::Slice(d).meta_for_split(cut);
+    assert!(meta(0, only_0).constant, "slice(0) of a 1D split is the whole buffer for every chunk");
+    assert!(!meta(0, only_0).non_overlapping);
+    assert!(!meta(1, only_0).constant, "slice(1) of a 1D split follows the chunk along 0");
+    assert!(meta(1, only_0).non_overlapping);
+    assert!(!meta(0, tiles).constant && !meta(0, tiles).non_overlapping, "a 2D split cuts dimension 1 too");
+    assert!(meta(0, [false; 3]).constant, "one chunk: constant");
+    assert_eq!(RangeMapper::OneToOne.meta_for_split(only_0), RangeMapper::OneToOne.meta(), "other mappers: as declared");
+}
+
+/// So a kernel that reads a buffer through `slice(0)` along its 1D split gets an all-gather
+/// (producers on every rank) or a broadcast (one producer), not a push cascade.
+#[test]
+fn slice_along_the_split_becomes_all_gather_or_broadcast() {
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N, 4], false).unwrap(), s.create_buffer(&[N, 4], false).unwrap());
+        s.submit(TaskSpec::parallel_for("init", &[N, 4]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t = s.submit(read_into("cols", &[N, 4], a, RangeMapper::Slice(0), b)).unwrap();
+        let c = collective_everywhere(&s, t, a);
+        assert_eq!((c.op, c.root), (CollectiveOp::AllGather, None), "{ranks} ranks");
+        for (r, p) in c.parts().iter().enumerate() {
+            let slab = GridBox::new([r * N / ranks, 0, 0], [(r + 1) * N / ranks, 4, 1]);
+            assert_eq!(p.region, Region::from_box(slab), "{ranks} ranks: part of rank {r}");
+        }
+        // One producer (a master task): a broadcast of the whole buffer from rank 0.
+        s.submit(TaskSpec::master_host_task("load", &[1]).access(a, RangeMapper::All, DiscardWrite)).unwrap();
+        let t = s.submit(read_into("cols", &[N, 4], a, RangeMapper::Slice(0), b)).unwrap();
+        let c = collective_everywhere(&s, t, a);
+        assert_eq!((c.op, c.root), (CollectiveOp::Broadcast, Some(0)), "{ranks} ranks");
+        assert_eq!(pushes(&s, t), 0);
+    }
+}
+
+/// A = A·A: the product reads A by rows (`slice(1)`) and by columns (`slice(0)`). The column
+/// accessor is constant along the 1D split and covers every cell read, so one all-gather of
+/// A serves both accessors; nothing moves point to point.
+#[test]
+fn a_task_reading_one_buffer_through_two_accessors_keeps_discovery() {
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, c) = (s.create_buffer(&[N, N], false).unwrap(), s.create_buffer(&[N, N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("a", &[N, N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let mm = s
+            .submit(
+                TaskSpec::parallel_for("square", &[N, N])
+                    .access(a, RangeMapper::Slice(1), Read)
+                    .access(a, RangeMapper::Slice(0), Read)
+                    .access(c, RangeMapper::OneToOne, DiscardWrite),
+            )
+            .unwrap();
+        let coll = collective_everywhere(&s, mm, a);
+        assert_eq!(coll.op, CollectiveOp::AllGather, "{ranks} ranks");
+        let whole = Region::from_box(GridBox::full([N, N, 1]));
+        for g in s.rank_graphs() {
+            let got = g.commands.iter().find(|x| x.task == mm && x.kind == CommandKind::Collective).unwrap();
+            let own = Region::from_box(GridBox::new([g.rank * N / ranks, 0, 0], [(g.rank + 1) * N / ranks, N, 1]));
+            assert_eq!(got.region, whole.difference(&own), "{ranks} ranks: rank {} receives every other slab", g.rank);
+        }
+        assert_eq!(pushes(&s, mm), 0);
+    }
+}
+
+/// Accessors that read disjoint cells get a collective each (a master task reading two
+/// separate ranges: two gathers); one that reads only what each rank wrote needs nothing;
+/// accessors whose cells overlap (no one of them constant and covering) go point to point,
+/// so no cell can arrive twice.
+#[test]
+fn several_accessors_get_a_collective_each_or_none() {
+    let fixed = |lo: usize, hi: usize| RangeMapper::Fixed(GridBox::new([lo, 0, 0], [hi, 1, 1]));
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("init", &[N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t = s
+            .submit(TaskSpec::master_host_task("ends", &[1]).access(a, fixed(0, N / 4), Read).access(a, fixed(3 * N / 4, N), Read).access(
+                b,
+                RangeMapper::All,
+                DiscardWrite,
+            ))
+            .unwrap();
+        let mut seen = Vec::new();
+        for g in s.rank_graphs() {
+            let mine: Vec<_> = g.commands.iter().filter(|c| c.task == t && c.buffer == Some(a)).collect();
+            assert!(mine.iter().all(|c| c.kind == CommandKind::Collective), "{ranks} ranks, rank {}: {mine:?}", g.rank);
+            let ops: Vec<_> = mine.iter().map(|c| c.collective.as_ref().map(|x| (x.op, x.root, x.region.clone())).unwrap()).collect();
+            seen.push(ops);
+        }
+        let want = vec![
+            (CollectiveOp::Gather, Some(0), Region::from_box(GridBox::new([0, 0, 0], [N / 4, 1, 1]))),
+            (CollectiveOp::Gather, Some(0), Region::from_box(GridBox::new([3 * N / 4, 0, 0], [N, 1, 1]))),
+        ];
+        assert!(seen.iter().all(|ops| *ops == want), "{ranks} ranks: {seen:?}");
+        // Own cells plus a cell that every rank reads (of a fresh version): the own cells need
+        // nothing, the shared cell is one collective.
+        s.submit(TaskSpec::parallel_for("init", &[N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t = s
+            .submit(TaskSpec::parallel_for("own+head", &[N]).access(a, RangeMapper::OneToOne, Read).access(a, fixed(0, 1), Read).access(
+                b,
+                RangeMapper::OneToOne,
+                DiscardWrite,
+            ))
+            .unwrap();
+        assert_eq!(collective_everywhere(&s, t, a).region, Region::from_box(GridBox::new([0, 0, 0], [1, 1, 1])), "{ranks} ranks");
+        // Overlapping reads, no accessor covering them all: point to point.
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("init", &[N]).access(a, RangeMapper::OneToOne, DiscardWrite)).unwrap();
+        let t = s
+            .submit(
+                TaskSpec::parallel_for("overlap", &[N]).access(a, fixed(0, N / 2), Read).access(a, fixed(N / 4, 3 * N / 4), Read).access(
+                    b,
+                    RangeMapper::OneToOne,
+                    DiscardWrite,
+                ),
+            )
+            .unwrap();
+        no_collective(&s);
+        assert!(pushes(&s, t) > 0, "{ranks} ranks");
+    }
+}
+
+/// Reversed writes are disjoint per chunk: read with `all`, they are an all-gather of the
+/// mirrored slabs. A reversed read of one-to-one writes stays point to point (each rank needs
+/// its mirror rank's slab: no pattern).
+#[test]
+fn reverse_writes_all_gather_and_reverse_reads_go_point_to_point() {
+    for ranks in 2..=8 {
+        let mut s = sim(ranks);
+        let (a, b) = (s.create_buffer(&[N], false).unwrap(), s.create_buffer(&[N], false).unwrap());
+        s.submit(TaskSpec::parallel_for("mirror", &[N]).access(a, RangeMapper::Reverse, DiscardWrite)).unwrap();
+        let t = s.submit(read_into("use", &[N], a, RangeMapper::All, b)).unwrap();
+        let c = collective_everywhere(&s, t, a);
+        assert_eq!(c.op, CollectiveOp::AllGather, "{ranks} ranks");
+        for (r, p) in c.parts().iter().enumerate() {
+            let (lo, hi) = (r * N / ranks, (r + 1) * N / ranks);
+            assert_eq!(p.region, Region::from_box(GridBox::new([N - hi, 0, 0], [N - lo, 1, 1])), "{ranks} ranks: rank {r}");
+        }
+        let t = s
+            .submit(TaskSpec::parallel_for("init", &[N]).access(b, RangeMapper::OneToOne, DiscardWrite))
+            .and_then(|_| s.submit(read_into("back", &[N], b, RangeMapper::Reverse, a)))
+            .unwrap();
+        assert!(!s.rank_graphs().iter().flat_map(|g| &g.commands).any(|c| c.task == t && c.kind == CommandKind::Collective));
+        if N.is_multiple_of(ranks) {
+            // Equal slabs: each rank pushes its slab to its mirror rank (itself in the middle of
+            // an odd count, which moves nothing).
+            assert_eq!(pushes(&s, t), ranks - ranks % 2, "{ranks} ranks");
+        } else {
+            assert!(pushes(&s, t) >= ranks - 1, "{ranks} ranks");
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Random programs against a cell-by-cell oracle: every await-push is met by pushes of exactly
 //! its region, only the last writer of a cell pushes it, nothing moves twice, and a kernel that
-//! reads received data depends on the await-push that receives it.
+//! reads received data depends on the await-push that receives it. Tasks may read one buffer
+//! through several accessors (collective pattern discovery then works per accessor).
 
 use proptest::prelude::*;
 use std::collections::BTreeSet;
@@ -13,6 +14,10 @@ enum M {
     OneToOne,
     All,
     Halo,
+    /// `slice(0)`: the whole (1D) buffer for every non-empty chunk.
+    Slice,
+    /// The chunk mirrored in the range.
+    Reverse,
     Fixed(usize, usize),
 }
 
@@ -30,7 +35,13 @@ struct Step {
 }
 
 fn arb_mapper() -> impl Strategy<Value = M> {
-    prop_oneof![Just(M::OneToOne), Just(M::All), Just(M::Halo), (0..LEN, 0..LEN).prop_map(|(a, b)| M::Fixed(a.min(b), a.max(b) + 1)),]
+    prop_oneof![
+        Just(M::OneToOne),
+        Just(M::All),
+        Just(M::Halo),
+        Just(M::Slice),
+        (0..LEN, 0..LEN).prop_map(|(a, b)| M::Fixed(a.min(b), a.max(b) + 1)),
+    ]
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -40,10 +51,13 @@ fn arb_step() -> impl Strategy<Value = Step> {
     });
     (any::<bool>(), prop::collection::vec(acc, 1..3)).prop_map(|(master, mut accessors)| {
         if !master {
-            // Distributed tasks write one to one only, so ranks never overlap.
-            for a in &mut accessors {
-                if a.mode.writes() {
-                    a.mapper = M::OneToOne;
+            // Distributed tasks write one to one or reversed (all writers of a buffer alike),
+            // so ranks never overlap.
+            for b in 0..2 {
+                let first = accessors.iter().find(|a| a.buffer == b && a.mode.writes()).map(|a| a.mapper.clone());
+                let mapper = if matches!(first, Some(M::Reverse)) { M::Reverse } else { M::OneToOne };
+                for a in accessors.iter_mut().filter(|a| a.buffer == b && a.mode.writes()) {
+                    a.mapper = mapper.clone();
                 }
             }
         }
@@ -58,7 +72,8 @@ fn cells(m: &M, lo: usize, hi: usize) -> BTreeSet<usize> {
     }
     match m {
         M::OneToOne => (lo..hi).collect(),
-        M::All => (0..LEN).collect(),
+        M::All | M::Slice => (0..LEN).collect(),
+        M::Reverse => (LEN - hi..LEN - lo).collect(),
         M::Halo => (lo.saturating_sub(1)..(hi + 1).min(LEN)).collect(),
         M::Fixed(a, b) => (*a..*b).collect(),
     }
@@ -69,6 +84,8 @@ fn to_mapper(m: &M) -> RangeMapper {
         M::OneToOne => RangeMapper::OneToOne,
         M::All => RangeMapper::All,
         M::Halo => RangeMapper::Neighborhood([1, 0, 0]),
+        M::Slice => RangeMapper::Slice(0),
+        M::Reverse => RangeMapper::Reverse,
         M::Fixed(a, b) => RangeMapper::Fixed(GridBox::new([*a, 0, 0], [*b, 1, 1])),
     }
 }
@@ -127,7 +144,7 @@ fn oracle(ranks: usize, steps: &[Step]) -> Moves {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn pushes_match_await_pushes_and_the_oracle(
@@ -163,7 +180,10 @@ proptest! {
                 }
                 prop_assert!(discovery || kind != CommandKind::Collective, "no collective with discovery off");
                 let b = c.buffer.unwrap().0;
-                prop_assert!(seen.insert((format!("{kind:?}"), c.task, b)), "one command per task and buffer");
+                // One push and one await-push per task and buffer; collectives one per reading
+                // accessor that needs data, each over its own (disjoint) forwarded cells.
+                let cells = c.collective.as_ref().map(|coll| format!("{:?}", coll.region));
+                prop_assert!(seen.insert((format!("{kind:?}"), c.task, b, cells)), "one command per task, buffer (and collective region)");
                 // A collective both sends (like a push) and receives (like an await-push).
                 let (out, inc) = match (&c.collective, kind) {
                     (Some(coll), _) => (coll.sends(g.rank), coll.recvs(g.rank)),

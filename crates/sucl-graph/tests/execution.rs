@@ -268,3 +268,100 @@ fn sucl_graph_dump_writes_every_ranks_graph_from_a_running_program() {
         }
     }
 }
+
+/// The side of the matrix of [`square_and_write_rank`].
+const SQ: usize = 5;
+
+/// The matrix's cells as first written.
+fn square_input(i: usize, j: usize) -> f64 {
+    ((i * SQ + j) % 7) as f64 - 2.0
+}
+
+/// A rank of the square-and-write test. A master task changes one cell of A through a `write`
+/// accessor mapped to all of A (a consumer, as in Celerity: the cells it leaves alone keep
+/// their values, so rank 0 first receives the other ranks' rows); then B = A·A reads A through
+/// two accessors at once (rows by `slice(1)`, columns by `slice(0)`), and the master rank
+/// reads B's first and last rows through two more. Rank 0 prints what it read, then B.
+#[test]
+#[ignore = "a rank of square_and_write_give_the_sequential_result_on_1_to_3_ranks, started by it"]
+fn square_and_write_rank() {
+    use sucl_graph::{mappers::*, DistrQueue};
+    let comm = sucl_runtime::init().unwrap();
+    let mut q = DistrQueue::new(&comm).unwrap();
+    let a = q.buffer::<f64, 2>([SQ, SQ]).unwrap();
+    let b = q.buffer::<f64, 2>([SQ, SQ]).unwrap();
+    q.submit(|cgh| {
+        let a = cgh.discard_write(&a, one_to_one());
+        cgh.parallel_for([SQ, SQ], move |c, k| {
+            let mut a = k.write(&a);
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in c.offset[1]..c.offset[1] + c.range[1] {
+                    a.set([i, j], square_input(i, j));
+                }
+            }
+        })
+    })
+    .unwrap();
+    q.submit(|cgh| {
+        let w = cgh.write(&a, all());
+        cgh.master_task([1], move |_, k| k.write(&w).set([0, 0], 100.0))
+    })
+    .unwrap();
+    q.submit(|cgh| {
+        let rows = cgh.read(&a, slice(1));
+        let cols = cgh.read(&a, slice(0));
+        let b = cgh.discard_write(&b, one_to_one());
+        cgh.parallel_for([SQ, SQ], move |c, k| {
+            let (rows, cols, mut b) = (k.read(&rows), k.read(&cols), k.write(&b));
+            for i in c.offset[0]..c.offset[0] + c.range[0] {
+                for j in c.offset[1]..c.offset[1] + c.range[1] {
+                    b.set([i, j], (0..SQ).map(|l| rows.get([i, l]) * cols.get([l, j])).sum());
+                }
+            }
+        })
+    })
+    .unwrap();
+    // Two disjoint rows of B read by the master rank through two accessors: a gather each
+    // (with discovery), run one after the other.
+    q.submit(|cgh| {
+        let first = cgh.read(&b, fixed(&[0, 0], &[1, SQ]));
+        let last = cgh.read(&b, fixed(&[SQ - 1, 0], &[SQ, SQ]));
+        cgh.master_task([1], move |_, k| {
+            let (first, last) = (k.read(&first), k.read(&last));
+            let ends: Vec<f64> = (0..SQ).map(|j| first.get([0, j]) - last.get([SQ - 1, j])).collect();
+            println!("ENDS {ends:?}");
+        })
+    })
+    .unwrap();
+    let b = q.fence_all(&b).unwrap();
+    if comm.rank() == 0 {
+        println!("SQUARE {b:?}");
+    }
+}
+
+/// A·A of the matrix with cell [0, 0] set to 100, computed here in the kernel's order.
+fn square_expected() -> String {
+    let a = |i: usize, j: usize| if (i, j) == (0, 0) { 100.0 } else { square_input(i, j) };
+    let b: Vec<f64> = (0..SQ * SQ).map(|x| (0..SQ).map(|l| a(x / SQ, l) * a(l, x % SQ)).sum()).collect();
+    let ends: Vec<f64> = (0..SQ).map(|j| b[j] - b[(SQ - 1) * SQ + j]).collect();
+    format!("ENDS {ends:?}\nSQUARE {b:?}")
+}
+
+#[test]
+fn square_and_write_give_the_sequential_result_on_1_to_3_ranks() {
+    let want = square_expected();
+    for n in 1..=3 {
+        for cpd in ["0", "1"] {
+            let mut ranks = start_env(n, "square_and_write_rank", "20", 1, None, Some(cpd));
+            for (r, c) in ranks.iter_mut().enumerate() {
+                let (ok, err) = wait(c, Duration::from_secs(60), &format!("{n} ranks: rank {r}"));
+                assert!(ok, "{n} ranks, discovery {cpd}: rank {r} failed: {err}");
+            }
+            let mut out = String::new();
+            std::io::Read::read_to_string(ranks[0].0.stdout.as_mut().unwrap(), &mut out).unwrap();
+            let lines: Vec<&str> =
+                out.lines().filter_map(|l| ["ENDS", "SQUARE"].iter().filter_map(|p| l.find(p)).min().map(|at| &l[at..])).collect();
+            assert_eq!(lines.join("\n"), want, "{n} ranks, discovery {cpd}");
+        }
+    }
+}

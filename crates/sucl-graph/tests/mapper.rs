@@ -53,3 +53,29 @@ fn metadata_of_built_in_mappers() {
     assert_eq!(halo.dims, [Other, Identity(1), Identity(2)]);
     assert!(!halo.non_overlapping);
 }
+
+#[test]
+fn reverse_mirrors_the_chunk_in_the_kernel_range() {
+    let buf = [16, 1, 1];
+    assert_eq!(RangeMapper::Reverse.map(&chunk([0, 0, 0], [4, 1, 1], [16, 1, 1]), buf), boxed([12, 0, 0], [16, 1, 1]));
+    assert_eq!(RangeMapper::Reverse.map(&chunk([5, 0, 0], [3, 1, 1], [16, 1, 1]), buf), boxed([8, 0, 0], [11, 1, 1]));
+    // 2D: mirrored along both dimensions.
+    let c = chunk([0, 1, 0], [2, 2, 1], [4, 6, 1]);
+    assert_eq!(RangeMapper::Reverse.map(&c, [4, 6, 1]), boxed([2, 3, 0], [4, 5, 1]));
+    let meta = RangeMapper::Reverse.meta();
+    assert!(meta.non_overlapping && !meta.constant);
+}
+
+#[test]
+fn even_split_gives_each_item_its_part_of_dimension_0() {
+    let parts = |len: usize, items: usize, g: usize| -> Vec<Region> {
+        (0..items).map(|i| RangeMapper::EvenSplit(g).map(&chunk([i, 0, 0], [1, 1, 1], [items, 1, 1]), [len, 2, 1])).collect()
+    };
+    let rows = |lo: usize, hi: usize| boxed([lo, 0, 0], [hi, 2, 1]);
+    assert_eq!(parts(10, 3, 1), vec![rows(0, 3), rows(3, 6), rows(6, 10)]);
+    assert_eq!(parts(10, 3, 4), vec![rows(0, 4), rows(4, 8), rows(8, 10)], "boundaries on multiples of 4");
+    let few = parts(2, 3, 1);
+    assert_eq!(few.iter().filter(|r| r.is_empty()).count(), 1, "more items than rows: one gets nothing");
+    // A chunk of several items gets their parts together.
+    assert_eq!(RangeMapper::EvenSplit(1).map(&chunk([1, 0, 0], [2, 1, 1], [3, 1, 1]), [10, 2, 1]), rows(3, 10));
+}

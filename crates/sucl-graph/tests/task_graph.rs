@@ -29,10 +29,15 @@ fn reading_unwritten_data_warns_and_host_data_does_not() {
     g.submit(TaskSpec::parallel_for("w", &[4]).access(a, OneToOne, DiscardWrite)).unwrap();
     let r = g.submit(TaskSpec::parallel_for("r", &[8]).access(a, All, Read).access(h, All, Read)).unwrap();
     let fresh = g.create_buffer(&[8], false).unwrap();
-    g.submit(TaskSpec::parallel_for("produce", &[8]).access(fresh, OneToOne, Write)).unwrap();
-    assert_eq!(g.warnings().len(), 1, "write is a producer only: {:?}", g.warnings());
+    g.submit(TaskSpec::parallel_for("produce", &[8]).access(fresh, OneToOne, DiscardWrite)).unwrap();
+    assert_eq!(g.warnings().len(), 1, "discard_write is a producer only: {:?}", g.warnings());
     assert_eq!(g.warnings()[0].task, r);
     assert_eq!(g.warnings()[0].region, GridBox::new([4, 0, 0], [8, 1, 1]).into());
+    // `write` keeps the cells it does not change, so it consumes them (as in Celerity).
+    let other = g.create_buffer(&[8], false).unwrap();
+    let w = g.submit(TaskSpec::parallel_for("write", &[8]).access(other, OneToOne, Write)).unwrap();
+    assert_eq!(g.warnings().len(), 2, "write consumes: {:?}", g.warnings());
+    assert_eq!((g.warnings()[1].task, &g.warnings()[1].region), (w, &GridBox::new([0, 0, 0], [8, 1, 1]).into()));
 }
 
 #[test]
