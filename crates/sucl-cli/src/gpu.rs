@@ -574,8 +574,8 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
             a.iters.describe()
         );
         println!(
-            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7}",
-            "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7} {:>8}",
+            "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters"
         );
     }
     let mut rows = vec![];
@@ -586,14 +586,15 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));
             } else {
                 println!(
-                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
+                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7} {:>8}",
                     row.bytes,
                     row.count,
                     row.dtype,
                     row.time_us,
                     row.algbw_gbps,
                     row.busbw_gbps,
-                    crate::bench::wrong_cell(row.wrong)
+                    crate::bench::wrong_cell(row.wrong),
+                    row.iters
                 );
             }
         }
