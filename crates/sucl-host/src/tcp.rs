@@ -1,7 +1,8 @@
 //! The TCP backend: a full mesh of persistent non-blocking connections, framed by the core wire
 //! header, with the core engine's matching and the generic collective algorithms. Each
 //! connection reads a little ahead (a small frame in one syscall), and with several peers a wait
-//! asks poll(2) which sockets have bytes before reading any.
+//! asks poll(2) which sockets have bytes before reading any. A connection joins the mesh only
+//! after proving that it knows the job secret (the `tcp_auth` module).
 
 use crate::tcp_auth;
 use crate::HostConfig;
