@@ -179,7 +179,8 @@ struct Doorman {
     secret: Arc<JobSecret>,
     wait: Duration,
     pending: Arc<std::sync::atomic::AtomicUsize>,
-    done: std::sync::mpsc::Sender<std::result::Result<(usize, TcpStream), String>>,
+    /// Where a connection that passed the handshake goes, with the rank it proved to be.
+    done: std::sync::mpsc::Sender<(usize, TcpStream)>,
 }
 
 impl Doorman {
@@ -204,7 +205,12 @@ impl Doorman {
                 let r =
                     s.set_nonblocking(false).map_err(|e| e.to_string()).and_then(|_| tcp_auth::accept(&mut s, ends, peers, &secret, wait));
                 pending.fetch_sub(1, Ordering::AcqRel);
-                let _ = done.send(r.map(|peer| (peer, s)).map_err(|why| format!("{why} (from {from})")));
+                match r {
+                    Ok(peer) => {
+                        let _ = done.send((peer, s));
+                    }
+                    Err(why) => tracing::warn!(comm_rank = ends.acceptor, %from, %why, "tcp mesh: refused a connection"),
+                }
             });
             if spawned.is_err() {
                 self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -273,12 +279,11 @@ impl TcpBackend {
             abort.check(wr, "tcp setup")?;
             doorman.admit().map_err(io("accept"))?;
             match arrived.try_recv() {
-                Ok(Ok((peer, s))) if streams[peer].is_none() => {
+                Ok((peer, s)) if streams[peer].is_none() => {
                     streams[peer] = Some(s);
                     missing -= 1;
                 }
-                Ok(Ok((peer, _))) => tracing::warn!(rank = wr, peer, "tcp mesh: a second connection from one rank; closed it"),
-                Ok(Err(why)) => tracing::warn!(rank = wr, %why, "tcp mesh: refused a connection"),
+                Ok((peer, _)) => tracing::warn!(rank = wr, peer, "tcp mesh: a second connection from one rank; closed it"),
                 Err(_) => {
                     if Instant::now() >= deadline {
                         return Err(Error::Timeout {

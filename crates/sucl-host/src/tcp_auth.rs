@@ -48,14 +48,19 @@ fn send(s: &mut TcpStream, kind: Kind, meta: [u64; 2], payload: &[&[u8]]) -> io:
 
 /// Reads one frame of `kind` whose payload is exactly `len` bytes (checked before reading it).
 fn expect(s: &mut TcpStream, kind: Kind, len: usize) -> Result<(Header, Vec<u8>), String> {
+    let failed = |what: &str, e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!("no {kind:?} {what} in time"),
+        io::ErrorKind::UnexpectedEof => format!("the connection closed before a {kind:?} {what}"),
+        _ => format!("reading a {kind:?} {what}: {e}"),
+    };
     let mut h = [0u8; HEADER_LEN];
-    s.read_exact(&mut h).map_err(|e| format!("reading a {kind:?} header: {e}"))?;
+    s.read_exact(&mut h).map_err(|e| failed("header", e))?;
     let hdr = Header::decode(&h, len as u64).map_err(|e| format!("bad {kind:?} header: {e}"))?;
     if hdr.kind != kind || hdr.len != len as u64 {
         return Err(format!("expected a {kind:?} frame of {len} bytes, got a {:?} frame of {}", hdr.kind, hdr.len));
     }
     let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload).map_err(|e| format!("reading a {kind:?} payload: {e}"))?;
+    s.read_exact(&mut payload).map_err(|e| failed("payload", e))?;
     Ok((hdr, payload))
 }
 
