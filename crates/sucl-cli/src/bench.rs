@@ -2,12 +2,15 @@
 //! mean over timed iterations after warm-up, max over ranks; algbw = bytes / time; busbw applies
 //! nccl-tests' factor; every size is checked against the serial reference (`#wrong`: the first call and the
 //! last timed call, outside the timed loop, counted over every rank through the rendezvous store).
+//!
+//! Unless `--iters` fixes it, the number of timed iterations of each size fills a time budget
+//! ([`Iters::Budget`]): a sub-microsecond call timed 20 times measures the clock, not the call.
 
 use crate::ops::run_op;
 use crate::pattern::{buffer_lens, count_wrong_vs, fill_input, Case};
 use crate::with_dtype;
 use serde::Serialize;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
 
 /// A benchmark operation: a collective or the point-to-point ring exchange.
@@ -58,6 +61,58 @@ impl BenchOp {
     }
 }
 
+/// How many timed iterations one measurement runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Iters {
+    /// Exactly this many (`--iters`).
+    Fixed(usize),
+    /// As many as fill `budget` at the estimated time of one call, within `min..=max` (as the
+    /// OSU benchmarks scale their iterations to the message size, but from a measurement).
+    Budget {
+        /// Time the timed iterations of one size should take.
+        budget: Duration,
+        /// Fewest timed iterations.
+        min: usize,
+        /// Most timed iterations.
+        max: usize,
+    },
+}
+
+/// Default of `--budget-ms`.
+pub const DEFAULT_BUDGET: Duration = Duration::from_millis(100);
+/// Default of `--min-iters`.
+pub const DEFAULT_MIN_ITERS: usize = 10;
+/// Default of `--max-iters`.
+pub const DEFAULT_MAX_ITERS: usize = 100_000;
+/// The estimate of one call's time comes from a batch of calls that lasts at least this part of
+/// the budget (so its own timing error is small beside it).
+const ESTIMATE_PART: u32 = 10;
+/// Each estimation batch is this many times the last.
+const ESTIMATE_GROWTH: usize = 4;
+
+impl Iters {
+    /// The timed iterations for calls of `per_call` seconds (at least 1).
+    pub fn count(self, per_call: f64) -> usize {
+        match self {
+            Iters::Fixed(n) => n.max(1),
+            Iters::Budget { budget, min, max } => {
+                let (min, max) = (min.max(1), max.max(min.max(1)));
+                let fill = if per_call > 0.0 { budget.as_secs_f64() / per_call } else { f64::INFINITY };
+                // `as` saturates: an infinite or huge quotient becomes usize::MAX, then `max`.
+                (fill as usize).clamp(min, max)
+            }
+        }
+    }
+
+    /// How the header line describes the iterations.
+    pub fn describe(self) -> String {
+        match self {
+            Iters::Fixed(n) => format!("{n} iters"),
+            Iters::Budget { budget, min, max } => format!("iters per size to fill {} ms ({min}..{max})", budget.as_millis()),
+        }
+    }
+}
+
 /// Benchmark settings.
 #[derive(Clone, Copy)]
 pub struct BenchArgs {
@@ -65,7 +120,7 @@ pub struct BenchArgs {
     pub min_bytes: u64,
     pub max_bytes: u64,
     pub factor: u64,
-    pub iters: usize,
+    pub iters: Iters,
     pub warmup: usize,
     pub dtype: DType,
     pub redop: ReduceOp,
@@ -91,11 +146,15 @@ pub struct Row {
     pub busbw_gbps: f64,
     /// Wrong elements over every rank (first and last timed call); None: not checked.
     pub wrong: Option<u64>,
+    /// Timed iterations (0 in rows written before the count was recorded).
+    #[serde(default)]
+    pub iters: usize,
 }
 
 impl Row {
     /// A row for `shown` elements of `dtype` (the largest buffer of one rank) that took `secs`.
-    pub fn new(a: &BenchArgs, backend: &str, ranks: usize, shown: usize, dtype: DType, secs: f64, wrong: Option<u64>) -> Row {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(a: &BenchArgs, backend: &str, ranks: usize, shown: usize, dtype: DType, secs: f64, wrong: Option<u64>, iters: usize) -> Row {
         let bytes = (shown * dtype.size()) as u64;
         let algbw = bytes as f64 / secs / 1e9;
         Row {
@@ -110,6 +169,7 @@ impl Row {
             algbw_gbps: algbw,
             busbw_gbps: algbw * a.op.bus_factor(ranks),
             wrong,
+            iters,
         }
     }
 }
@@ -275,21 +335,45 @@ pub fn measure_with<T: Element>(comm: &Communicator, a: &BenchArgs, bytes: u64, 
     checked.poison(&mut recv);
     once(&send, &mut recv)?;
     let mut wrong = checked.wrong(&recv);
-    for _ in 0..a.warmup {
-        once(&send, &mut recv)?;
-    }
+    let iters = warm_up(comm, a, || once(&send, &mut recv))?;
     checked.poison(&mut recv);
     comm.barrier()?;
     let t = Instant::now();
-    for _ in 0..a.iters {
+    for _ in 0..iters {
         once(&send, &mut recv)?;
     }
-    let mut time = [t.elapsed().as_secs_f64() / a.iters.max(1) as f64];
+    let mut time = [t.elapsed().as_secs_f64() / iters as f64];
     wrong += checked.wrong(&recv);
     comm.all_reduce_in_place(&mut time, ReduceOp::Max)?;
     let wrong = if a.check { Some(crate::ops::oob_sum(comm, "bench/wrong", wrong)?) } else { None };
     let label = if runner == Runner::RawMpi { RAW_MPI } else { comm.backend_label() };
-    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], wrong))
+    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], wrong, iters))
+}
+
+/// Runs `a.warmup` calls of `once`, then returns how many timed iterations to run. With a
+/// budget, batches of calls (1, 4, 16, ... up to the most allowed) are timed until one lasts a
+/// tenth of the budget; its time per call sets the count. Every rank decides from the slowest
+/// rank's batch time (a max-reduction, which every rank receives bit for bit), so all run the
+/// same batches and the same count: ranks that ran different counts would deadlock.
+pub fn warm_up(comm: &Communicator, a: &BenchArgs, mut once: impl FnMut() -> Result<()>) -> Result<usize> {
+    for _ in 0..a.warmup {
+        once()?;
+    }
+    let Iters::Budget { budget, max, .. } = a.iters else { return Ok(a.iters.count(0.0)) };
+    let enough = (budget / ESTIMATE_PART).as_secs_f64();
+    let mut batch = 1usize;
+    loop {
+        let t = Instant::now();
+        for _ in 0..batch {
+            once()?;
+        }
+        let mut took = [t.elapsed().as_secs_f64()];
+        comm.all_reduce_in_place(&mut took, ReduceOp::Max)?;
+        if took[0] >= enough || batch >= max {
+            return Ok(a.iters.count(took[0] / batch as f64));
+        }
+        batch = batch.saturating_mul(ESTIMATE_GROWTH).min(max.max(1));
+    }
 }
 
 /// Runs the sweep; rank 0 prints the table (or JSON lines) and returns the rows.
@@ -303,17 +387,17 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     );
     if lead && !a.json {
         println!(
-            "# sucl bench {}: {} ranks, backend {} (loaded: {}), {} iters, {} warmup",
+            "# sucl bench {}: {} ranks, backend {} (loaded: {}), {}, {} warmup",
             a.op.name(),
             comm.size(),
             comm.backend_label(),
             comm.backends().join(", "),
-            a.iters,
+            a.iters.describe(),
             a.warmup
         );
         println!(
-            "{:>12} {:>12} {:>6} {:>6} {:>12} {:>10} {:>10} {:>7}",
-            "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+            "{:>12} {:>12} {:>6} {:>6} {:>12} {:>10} {:>10} {:>7} {:>8}",
+            "bytes", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters"
         );
     }
     let mut rows = vec![];
@@ -326,7 +410,7 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
             } else {
                 bar.suspend(|| {
                     println!(
-                        "{:>12} {:>12} {:>6} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
+                        "{:>12} {:>12} {:>6} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7} {:>8}",
                         row.bytes,
                         row.count,
                         row.dtype,
@@ -334,7 +418,8 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
                         row.time_us,
                         row.algbw_gbps,
                         row.busbw_gbps,
-                        wrong_cell(row.wrong)
+                        wrong_cell(row.wrong),
+                        row.iters
                     )
                 });
             }
@@ -442,5 +527,22 @@ pub fn round_order(n: usize, round: usize) -> Vec<usize> {
         (0..n).collect()
     } else {
         (0..n).rev().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_fills_its_time_within_the_bounds() {
+        let b = Iters::Budget { budget: Duration::from_millis(100), min: 10, max: 1000 };
+        assert_eq!(b.count(1e-3), 100, "100 ms of 1 ms calls");
+        assert_eq!(b.count(1e-6), 1000, "capped at max");
+        assert_eq!(b.count(1.0), 10, "at least min");
+        assert_eq!(b.count(0.0), 1000, "a call too quick to time runs the most");
+        assert_eq!(b.count(f64::NAN), 1000, "nor does a bad estimate run fewer");
+        assert_eq!(Iters::Fixed(7).count(1e-9), 7, "--iters is exact");
+        assert_eq!(Iters::Fixed(0).count(1.0), 1);
     }
 }

@@ -9,8 +9,7 @@ use std::time::Instant;
 use sucl::cuda::{Buffer, Device, DeviceElement, Queue};
 use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
 use sucl_core::Error;
-use sucl_cuda::cudarc::driver::CudaSlice;
-use sucl_cuda::cudarc::nccl::safe as raw;
+use sucl_cuda::{DeviceMemory, DeviceMemoryMut, RawNccl};
 
 fn dev_err(comm: &Communicator, e: impl std::fmt::Debug) -> Error {
     Error::BackendUnavailable { rank: comm.rank(), backend: "cuda".into(), why: format!("{e:?}") }
@@ -326,33 +325,16 @@ pub fn check(
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }
 
-/// NCCL's reduce op for sucl's.
-fn raw_redop(op: ReduceOp) -> raw::ReduceOp {
-    match op {
-        ReduceOp::Sum => raw::ReduceOp::Sum,
-        ReduceOp::Prod => raw::ReduceOp::Prod,
-        ReduceOp::Min => raw::ReduceOp::Min,
-        ReduceOp::Max => raw::ReduceOp::Max,
-        ReduceOp::Avg => raw::ReduceOp::Avg,
-    }
-}
-
-fn raw_op<T: DeviceElement + raw::NcclType>(
-    c: &raw::Comm,
-    op: CollOp,
-    s: &CudaSlice<T>,
-    r: &mut CudaSlice<T>,
-    redop: ReduceOp,
-    root: usize,
-) -> std::result::Result<(), String> {
-    let res = match op {
-        CollOp::AllReduce => c.all_reduce(s, r, &raw_redop(redop)).map(|_| ()),
-        CollOp::Broadcast => c.broadcast_in_place(r, root as i32).map(|_| ()),
-        CollOp::AllGather => c.all_gather(s, r).map(|_| ()),
-        CollOp::ReduceScatter => c.reduce_scatter(s, r, &raw_redop(redop)).map(|_| ()),
-        other => return Err(format!("the raw NCCL baseline has no {}", other.name())),
-    };
-    res.map_err(|e| format!("{e:?}"))
+/// One collective through NCCL called directly (the `raw` choice). The addresses are taken
+/// as sucl's own backends take them: inside a stream capture without cudarc's cross-stream
+/// event waits, which would cross the capture's boundary and make NCCL fail.
+fn raw_op<T: DeviceElement>(rawc: &RawNccl, q: &Queue, d: &sucl_core::CollDesc, s: &Buffer<T>, r: &mut Buffer<T>) -> Result<()> {
+    let stream = q.stream();
+    let (sp, _read) = s.read_ptr(stream);
+    let (rp, _write) = r.write_ptr(stream);
+    // SAFETY: both buffers hold the sizes `d` gives this rank (measure sizes them from it) and
+    // outlive the call: they are dropped only after the queue is synchronized.
+    unsafe { rawc.collective(d, sp, rp, stream) }
 }
 
 /// Measures one size on device buffers, checked as host measurements are (see
@@ -360,10 +342,10 @@ fn raw_op<T: DeviceElement + raw::NcclType>(
 /// first call (before warm-up) and of the last timed call are downloaded and compared with the
 /// serial reference outside the timed loop; `wrong` adds up every rank's count through the
 /// rendezvous store.
-fn measure<T: DeviceElement + raw::NcclType>(
+fn measure<T: DeviceElement>(
     comm: &Communicator,
     q: &Queue,
-    rawc: Option<&raw::Comm>,
+    rawc: Option<&RawNccl>,
     a: &BenchArgs,
     bytes: u64,
     label: &str,
@@ -388,12 +370,10 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let ds = q.upload(&send)?;
     let mut dr = q.upload(&recv)?;
     let poison = vec![T::from_i64(-77); rl.max(1)];
+    let raw_desc = sucl_core::CollDesc { op, dtype: T::DTYPE, redop: a.redop, root, count };
     let once = |dr: &mut Buffer<T>| -> Result<()> {
         match rawc {
-            Some(c) => {
-                let (s, d) = (ds.cuda_slice().expect("non-empty"), dr.cuda_slice_mut().expect("non-empty"));
-                raw_op(c, op, s, d, a.redop, root).map_err(|why| Error::BackendUnavailable { rank: r, backend: "nccl (raw)".into(), why })
-            }
+            Some(c) => raw_op(c, q, &raw_desc, &ds, dr),
             None => run_dev(comm, q, op, &ds, dr, a.redop, root),
         }
     };
@@ -417,7 +397,7 @@ fn measure<T: DeviceElement + raw::NcclType>(
     comm.synchronize(q)?;
     let mut one = [t.elapsed().as_secs_f64()];
     comm.all_reduce_in_place(&mut one, ReduceOp::Max)?;
-    let iters = a.iters.min(((MEASURE_SECONDS / one[0]) as usize).max(MIN_ITERS)).max(1);
+    let iters = a.iters.count(one[0]).min(((MEASURE_SECONDS / one[0]) as usize).max(MIN_ITERS)).max(1);
     // --graph: capture a batch of calls once; the graph holds dr's address, so it is poisoned
     // in place from here on.
     let (per_graph, replays) = graph_batches(iters);
@@ -453,7 +433,7 @@ fn measure<T: DeviceElement + raw::NcclType>(
     let wrong = if a.check { Some(crate::ops::oob_sum(comm, "gpu-bench/wrong", wrong)?) } else { None };
     let shown = count
         * if matches!(op, CollOp::AllGather | CollOp::Gather | CollOp::Scatter | CollOp::AllToAll | CollOp::ReduceScatter) { n } else { 1 };
-    Ok(Row::new(&BenchArgs { iters, ..*a }, label, n, shown, T::DTYPE, time[0], wrong))
+    Ok(Row::new(a, label, n, shown, T::DTYPE, time[0], wrong, iters))
 }
 
 /// Captures `calls` calls of `once` on `q`'s stream into a CUDA graph (none of them runs now).
@@ -473,21 +453,17 @@ fn capture(
     graph?.ok_or_else(|| dev_err(comm, "stream capture recorded nothing (does this backend run on the stream?)"))
 }
 
-fn raw_comm(comm: &Communicator, q: &Queue) -> Result<raw::Comm> {
+fn raw_comm(comm: &Communicator, q: &Queue) -> Result<RawNccl> {
     let mut id = if comm.rank() == 0 {
         sucl_cuda::nccl_unique_id().map_err(|why| Error::BackendUnavailable { rank: 0, backend: "nccl".into(), why })?
     } else {
         vec![0u8; 128]
     };
     comm.broadcast(&mut id, 0)?;
-    let mut internal = [0 as std::ffi::c_char; 128];
-    for (d, s) in internal.iter_mut().zip(&id) {
-        *d = *s as std::ffi::c_char;
-    }
-    raw::Comm::from_rank(q.stream().clone(), comm.rank(), comm.size(), raw::Id::uninit(internal)).map_err(|e| dev_err(comm, e))
+    RawNccl::join(q.stream(), &id, comm.rank(), comm.size())
 }
 
-fn measure_any(comm: &Communicator, q: &Queue, rawc: Option<&raw::Comm>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
+fn measure_any(comm: &Communicator, q: &Queue, rawc: Option<&RawNccl>, a: &BenchArgs, bytes: u64, label: &str) -> Result<Row> {
     match a.dtype {
         DType::F32 => measure::<f32>(comm, q, rawc, a, bytes, label),
         DType::F64 => measure::<f64>(comm, q, rawc, a, bytes, label),
@@ -591,15 +567,15 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     if lead && !a.json {
         let how = if a.graph { ", CUDA-graph replays" } else { "" };
         println!(
-            "# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {} iters{how}",
+            "# sucl bench {} --device cuda: {} ranks, backend {choice} ({}), {}{how}",
             a.op.name(),
             comm.size(),
             dev.name(),
-            a.iters
+            a.iters.describe()
         );
         println!(
-            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7}",
-            "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10} {:>7} {:>8}",
+            "bytes", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "iters"
         );
     }
     let mut rows = vec![];
@@ -610,14 +586,15 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
                 println!("{}", serde_json::to_string(&row).expect("row serializes"));
             } else {
                 println!(
-                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7}",
+                    "{:>12} {:>12} {:>6} {:>12.2} {:>10.3} {:>10.3} {:>7} {:>8}",
                     row.bytes,
                     row.count,
                     row.dtype,
                     row.time_us,
                     row.algbw_gbps,
                     row.busbw_gbps,
-                    crate::bench::wrong_cell(row.wrong)
+                    crate::bench::wrong_cell(row.wrong),
+                    row.iters
                 );
             }
         }

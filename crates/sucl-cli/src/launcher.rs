@@ -1,7 +1,8 @@
-//! `sucl run`: starts N ranks on this machine, hosts their rendezvous store, prefixes their
-//! output with the rank, forwards signals, and ends the whole job when any rank fails.
+//! `sucl run`: starts N ranks on this machine, hosts their rendezvous store, forwards their
+//! output whole lines at a time (prefixed with the rank unless asked not to), forwards signals,
+//! and ends the whole job when any rank fails.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,33 +39,77 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-fn forward_lines(src: impl Read + Send + 'static, rank: usize, to_stderr: bool, lock: Arc<Mutex<()>>) -> std::thread::JoinHandle<()> {
+/// Longest line the forwarder holds while waiting for its newline: a rank that writes more
+/// without one has it forwarded in pieces of this size, each ended as a line of its own.
+const MAX_HELD_LINE: usize = 1 << 20;
+
+/// Where a forwarded stream of a rank goes.
+#[derive(Clone, Copy)]
+enum Sink {
+    Stdout,
+    Stderr,
+}
+
+/// Writes `bytes` (whole lines) to `sink` while holding `lock`, which every writer of the
+/// launcher's stdout and stderr takes, so that no other rank's line lands inside them.
+fn write_whole(sink: Sink, bytes: &[u8], lock: &Mutex<()>) {
+    let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = match sink {
+        Sink::Stdout => {
+            let mut o = std::io::stdout().lock();
+            o.write_all(bytes).and_then(|_| o.flush())
+        }
+        Sink::Stderr => std::io::stderr().lock().write_all(bytes),
+    };
+}
+
+/// A line of the launcher's own on stderr, never inside a rank's line.
+fn say(lock: &Mutex<()>, msg: &str) {
+    write_whole(Sink::Stderr, format!("{msg}\n").as_bytes(), lock);
+}
+
+/// `lines` (whole lines, the last ending in a newline) with `prefix` before each.
+fn prefixed(lines: &[u8], prefix: &[u8]) -> Vec<u8> {
+    if prefix.is_empty() {
+        return lines.to_vec();
+    }
+    let mut out = Vec::with_capacity(lines.len() + prefix.len() * 8);
+    for line in lines.split_inclusive(|&b| b == b'\n') {
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(line);
+    }
+    out
+}
+
+/// Forwards a rank's output whole lines at a time: whatever whole lines one read brings go out
+/// in one locked write, the bytes after the last newline wait for the rest of their line, and a
+/// last line without a newline goes out, ended by one, when the rank closes the stream.
+fn forward_lines(mut src: impl Read + Send + 'static, prefix: String, sink: Sink, lock: Arc<Mutex<()>>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut r = BufReader::new(src);
-        let mut line = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        let mut held: Vec<u8> = Vec::new();
         loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {
-                    let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
-                    let prefix = format!("[{rank}] ");
-                    if to_stderr {
-                        let mut e = std::io::stderr().lock();
-                        let _ = e.write_all(prefix.as_bytes()).and_then(|_| e.write_all(&line));
-                        if !line.ends_with(b"\n") {
-                            let _ = e.write_all(b"\n");
-                        }
-                    } else {
-                        let mut o = std::io::stdout().lock();
-                        let _ = o.write_all(prefix.as_bytes()).and_then(|_| o.write_all(&line));
-                        if !line.ends_with(b"\n") {
-                            let _ = o.write_all(b"\n");
-                        }
-                        let _ = o.flush();
-                    }
+            let n = match src.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            held.extend_from_slice(&chunk[..n]);
+            let whole = match held.iter().rposition(|&b| b == b'\n') {
+                Some(last) => last + 1,
+                None if held.len() >= MAX_HELD_LINE => {
+                    held.push(b'\n');
+                    held.len()
                 }
-            }
+                None => continue,
+            };
+            write_whole(sink, &prefixed(&held[..whole], prefix.as_bytes()), &lock);
+            held.drain(..whole);
+        }
+        if !held.is_empty() {
+            held.push(b'\n');
+            write_whole(sink, &prefixed(&held, prefix.as_bytes()), &lock);
         }
     })
 }
@@ -157,9 +202,8 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
             .env(SECRET_ENV, secret.expose())
             .stdin(Stdio::null())
             .process_group(0);
-        if opts.prefix {
-            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        }
+        // Always through the launcher, so that lines of several ranks never tear each other.
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if bind {
             let per = cpus.len() / opts.ranks;
             let block: Vec<usize> = cpus[r * per..(r + 1) * per].to_vec();
@@ -179,16 +223,17 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
         }
         match cmd.spawn() {
             Ok(mut c) => {
+                let prefix = if opts.prefix { format!("[{r}] ") } else { String::new() };
                 if let Some(o) = c.stdout.take() {
-                    pipes.push(forward_lines(o, r, false, lock.clone()));
+                    pipes.push(forward_lines(o, prefix.clone(), Sink::Stdout, lock.clone()));
                 }
                 if let Some(e) = c.stderr.take() {
-                    pipes.push(forward_lines(e, r, true, lock.clone()));
+                    pipes.push(forward_lines(e, prefix, Sink::Stderr, lock.clone()));
                 }
                 children.push(Some(c));
             }
             Err(e) => {
-                eprintln!("sucl run: cannot start rank {r} ({prog}): {e}");
+                say(&lock, &format!("sucl run: cannot start rank {r} ({prog}): {e}"));
                 for c in children.iter_mut().flatten() {
                     signal_group(c, libc::SIGKILL);
                     let _ = c.wait();
@@ -291,10 +336,21 @@ pub fn launch(opts: &LaunchOpts) -> i32 {
     }
     if let Some(info) = cause {
         if exit_code != 0 {
-            eprintln!("sucl run: job aborted: {}", info.reason);
+            say(&lock, &format!("sucl run: job aborted: {}", info.reason));
         }
     }
     drop(server);
     remove_segments(&job);
     exit_code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefixed;
+
+    #[test]
+    fn every_line_of_a_batch_gets_the_prefix() {
+        assert_eq!(prefixed(b"a\nbb\n\nc\n", b"[3] "), b"[3] a\n[3] bb\n[3] \n[3] c\n".to_vec());
+        assert_eq!(prefixed(b"a\nb\n", b""), b"a\nb\n".to_vec());
+    }
 }

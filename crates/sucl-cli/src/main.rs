@@ -151,9 +151,20 @@ struct BenchCli {
     /// Size multiplier between steps.
     #[arg(long, default_value_t = 2)]
     factor: u64,
-    /// Timed iterations per size.
-    #[arg(long, default_value_t = 20)]
-    iters: usize,
+    /// Timed iterations per size, fixed (default: as many as fill --budget-ms).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Without --iters: milliseconds the timed iterations of each size should take, at the time
+    /// per call estimated after the warm-up (all ranks run the count the slowest rank's
+    /// estimate gives).
+    #[arg(long, default_value_t = bench::DEFAULT_BUDGET.as_millis() as u64)]
+    budget_ms: u64,
+    /// Without --iters: fewest timed iterations per size.
+    #[arg(long, default_value_t = bench::DEFAULT_MIN_ITERS)]
+    min_iters: usize,
+    /// Without --iters: most timed iterations per size.
+    #[arg(long, default_value_t = bench::DEFAULT_MAX_ITERS)]
+    max_iters: usize,
     /// Warm-up iterations per size.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
@@ -186,7 +197,7 @@ struct BenchCli {
     /// directly, bypassing sucl).
     #[arg(long)]
     device: Option<String>,
-    /// With `--device cuda`: capture a batch of calls (up to 20, at most --iters) into a CUDA
+    /// With `--device cuda`: capture a batch of calls (up to 20, at most the iterations) into a CUDA
     /// graph per choice and size, and time its replays (after the checked first call and the
     /// warm-up, uncaptured); the replays' last output is checked as usual.
     #[arg(long)]
@@ -302,9 +313,14 @@ fn bench_main(b: BenchCli) -> i32 {
     }
     let Some(dtype) = DType::parse(&b.dtype) else { return fail(format!("unknown dtype `{}`", b.dtype)) };
     let Some(redop) = ReduceOp::parse(&b.redop) else { return fail(format!("unknown reduce op `{}`", b.redop)) };
-    if b.iters == 0 {
-        return fail("--iters must be at least 1");
-    }
+    let iters = match b.iters {
+        Some(0) => return fail("--iters must be at least 1"),
+        Some(n) => bench::Iters::Fixed(n),
+        None if b.budget_ms == 0 || b.min_iters == 0 || b.min_iters > b.max_iters => {
+            return fail("--budget-ms and --min-iters must be at least 1, and --min-iters at most --max-iters")
+        }
+        None => bench::Iters::Budget { budget: Duration::from_millis(b.budget_ms), min: b.min_iters, max: b.max_iters },
+    };
     if b.graph && b.device.is_none() {
         return fail("--graph times CUDA-graph replays: it needs --device cuda");
     }
@@ -325,7 +341,7 @@ fn bench_main(b: BenchCli) -> i32 {
         min_bytes: min,
         max_bytes: max,
         factor: b.factor,
-        iters: b.iters,
+        iters,
         warmup: b.warmup,
         dtype,
         redop,
@@ -518,7 +534,7 @@ fn tune_main(t: TuneCli) -> i32 {
                 min_bytes: min,
                 max_bytes: max,
                 factor: t.factor,
-                iters: t.iters,
+                iters: bench::Iters::Fixed(t.iters),
                 warmup: t.warmup,
                 dtype,
                 redop: ReduceOp::Sum,

@@ -87,7 +87,7 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
                         min_bytes: bytes,
                         max_bytes: bytes,
                         factor: 2,
-                        iters: a.iters,
+                        iters: bench::Iters::Fixed(a.iters),
                         warmup: a.warmup,
                         dtype: a.dtype,
                         redop: ReduceOp::Sum,

@@ -74,3 +74,32 @@ fn device_check_on_gpus() {
     let out = finish(spawn(cmd), Duration::from_secs(600), "device check");
     assert!(out.status.success() && out.stdout.contains(" 0 wrong"), "{}\n{}", out.stdout, out.stderr);
 }
+
+/// The raw NCCL baseline is captured into CUDA graphs like sucl's own choices.
+#[test]
+fn raw_nccl_baseline_replays_from_a_cuda_graph() {
+    let Some(gpus) = gpu_or_skip() else { return };
+    let ranks = gpus.min(2).to_string();
+    let mut cmd = sucl();
+    cmd.args(["bench", "all_reduce", "--device", "cuda", "--ranks", &ranks, "--compare", "raw,nccl", "--graph"])
+        .args(["--min-bytes", "8", "--max-bytes", "256K", "--factor", "64", "--iters", "20", "--rounds", "1"])
+        .env("NCCL_NVLS_ENABLE", "0");
+    let out = finish(spawn(cmd), Duration::from_secs(300), "raw baseline under capture");
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+}
+
+/// An NCCL failure says what NCCL said: the call, the code's name, its text and NCCL's last
+/// message, never a bare `NcclError`.
+#[test]
+fn nccl_errors_carry_nccls_own_words() {
+    let Some(gpus) = gpu_or_skip() else { return };
+    let ranks = gpus.min(2).to_string();
+    let mut cmd = sucl();
+    cmd.args(["bench", "all_reduce", "--device", "cuda", "--ranks", &ranks, "--backend", "raw", "--max-bytes", "64", "--iters", "2"])
+        .env("NCCL_NVLS_ENABLE", "0")
+        .env("NCCL_SOCKET_IFNAME", "=sucl-no-such-interface");
+    let out = finish(spawn(cmd), Duration::from_secs(120), "NCCL without a socket interface");
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("rank 0: backend nccl cannot serve: ncclGetUniqueId failed: nccl"), "{}", out.stderr);
+    assert!(out.stderr.contains("Bootstrap") && !out.stderr.contains("NcclError"), "{}", out.stderr);
+}

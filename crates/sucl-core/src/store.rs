@@ -138,6 +138,28 @@ impl JobSecret {
     fn verify(&self, label: &[u8], parts: &[&[u8]], proof: &[u8]) -> bool {
         self.mac(label, parts).verify_slice(proof).is_ok()
     }
+
+    /// `HMAC-SHA256(secret, label ‖ parts...)`: proves to another holder of the secret that
+    /// this process knows it, without sending it (for handshakes beyond the store's, such as
+    /// the tcp mesh's). Give each use its own `label`, so one proof never serves another.
+    pub fn proof(&self, label: &[u8], parts: &[&[u8]]) -> [u8; PROOF_LEN] {
+        self.prove(label, parts)
+    }
+
+    /// Whether `proof` is [`JobSecret::proof`] of the same label and parts (constant time).
+    pub fn check_proof(&self, label: &[u8], parts: &[&[u8]], proof: &[u8]) -> bool {
+        self.verify(label, parts, proof)
+    }
+}
+
+/// Length of a [`JobSecret::proof`].
+pub const PROOF_LEN: usize = MAC_LEN;
+/// Length of a [`random_nonce`].
+pub const NONCE_BYTES: usize = NONCE_LEN;
+
+/// A fresh random nonce from the kernel, for a challenge.
+pub fn random_nonce() -> std::io::Result<[u8; NONCE_BYTES]> {
+    random_bytes()
 }
 
 /// `N` random bytes from the kernel.

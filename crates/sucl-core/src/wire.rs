@@ -19,10 +19,17 @@ pub const HEADER_LEN: usize = 40;
 pub enum Kind {
     /// Point-to-point or collective payload.
     Data = 1,
-    /// Connection handshake: meta0 = sender rank, meta1 = communicator id.
+    /// Connection handshake: meta0 = sender rank, meta1 = communicator id; on the tcp mesh the
+    /// payload is the sender's 32-byte nonce and its 32-byte proof of the job secret.
     Hello = 2,
     /// The sender aborts; the payload is the reason (UTF-8).
     Abort = 3,
+    /// Mesh handshake: the accepting rank's challenge; meta0 = its rank, meta1 = communicator
+    /// id, payload = 32-byte nonce.
+    MeshChallenge = 4,
+    /// Mesh handshake: the accepting rank's proof that it knows the job secret; meta as the
+    /// challenge, payload = 32-byte HMAC-SHA256.
+    MeshWelcome = 5,
     /// Store: set key (tag = key length) to value.
     StoreSet = 16,
     /// Store: wait for a key and return its value; meta0 = timeout in ms.
@@ -48,6 +55,8 @@ impl Kind {
             1 => Kind::Data,
             2 => Kind::Hello,
             3 => Kind::Abort,
+            4 => Kind::MeshChallenge,
+            5 => Kind::MeshWelcome,
             16 => Kind::StoreSet,
             17 => Kind::StoreGet,
             18 => Kind::StoreAdd,

@@ -12,20 +12,24 @@
 
 mod device;
 pub mod ipc;
+mod nccl_api;
+mod raw;
 mod signal;
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
 pub use ipc::{IpcBackend, IpcOptions};
+pub use raw::RawNccl;
 pub use signal::{StreamSignal, SIGNAL_FAILED};
 
 use cudarc::driver::{CudaContext, CudaStream};
 
 use cudarc::nccl::sys as ncclsys;
+use nccl_api::{nccl_call, nccl_call_err, nccl_call_text, nccl_op, nccl_type};
 use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 use sucl_core::backend::{CollDesc, CollOp};
 use sucl_core::wait::{Backoff, Waiter};
-use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
+use sucl_core::{AbortState, Error, ReduceOp, Result};
 
 pub use cudarc;
 
@@ -73,7 +77,7 @@ pub fn nccl_version() -> std::result::Result<i32, String> {
     if !dl_present("libnccl.so.2") && !dl_present("libnccl.so") {
         return Err("libnccl.so.2 not found".into());
     }
-    cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion: {e:?}"))
+    cudarc::nccl::result::get_nccl_version().map_err(|e| nccl_call_text("ncclGetVersion", e.0, std::ptr::null_mut()))
 }
 
 /// Wraps a CUDA driver error.
@@ -81,12 +85,8 @@ pub fn cuda_err(rank: usize, during: &str, e: cudarc::driver::DriverError) -> Er
     Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {e:?}") }
 }
 
-fn nccl_err(rank: usize, during: &str, e: cudarc::nccl::result::NcclError) -> Error {
-    nccl_code_err(rank, during, e.0)
-}
-
-fn nccl_code_err(rank: usize, during: &str, code: ncclsys::ncclResult_t) -> Error {
-    Error::BackendUnavailable { rank, backend: "nccl".into(), why: format!("{during}: {code:?}") }
+fn nccl_err(rank: usize, during: &str, e: cudarc::nccl::result::NcclError, comm: ncclsys::ncclComm_t) -> Error {
+    nccl_call_err(rank, during, e.0, comm)
 }
 
 /// NCCL's `NCCL_CONFIG_INITIALIZER` for the configuration layout cudarc binds (`nccl-02028`:
@@ -147,33 +147,6 @@ pub trait DeviceBackend: Send {
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()>;
 }
 
-fn nccl_type(d: DType) -> ncclsys::ncclDataType_t {
-    use ncclsys::ncclDataType_t as T;
-    match d {
-        DType::U8 => T::ncclUint8,
-        DType::I8 => T::ncclInt8,
-        DType::I32 => T::ncclInt32,
-        DType::U32 => T::ncclUint32,
-        DType::I64 => T::ncclInt64,
-        DType::U64 => T::ncclUint64,
-        DType::F16 => T::ncclFloat16,
-        DType::BF16 => T::ncclBfloat16,
-        DType::F32 => T::ncclFloat32,
-        DType::F64 => T::ncclFloat64,
-    }
-}
-
-fn nccl_op(o: ReduceOp) -> ncclsys::ncclRedOp_t {
-    use ncclsys::ncclRedOp_t as O;
-    match o {
-        ReduceOp::Sum => O::ncclSum,
-        ReduceOp::Prod => O::ncclProd,
-        ReduceOp::Min => O::ncclMin,
-        ReduceOp::Max => O::ncclMax,
-        ReduceOp::Avg => O::ncclAvg,
-    }
-}
-
 /// The NCCL backend: one NCCL communicator per sucl communicator.
 ///
 /// Setup joins a non-blocking communicator (`ncclConfig_t::blocking = 0`) and splits a blocking
@@ -219,7 +192,7 @@ impl Drop for NcclBackend {
 
 /// The 128-byte NCCL unique id, made on one rank and shared through the store.
 pub fn nccl_unique_id() -> std::result::Result<Vec<u8>, String> {
-    let id = cudarc::nccl::result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {e:?}"))?;
+    let id = cudarc::nccl::result::get_uniqueid().map_err(|e| nccl_call_text("ncclGetUniqueId", e.0, std::ptr::null_mut()))?;
     Ok(id.internal.iter().map(|&c| c as u8).collect())
 }
 
@@ -254,7 +227,7 @@ impl NcclBackend {
         let rc = unsafe { ncclsys::ncclCommInitRankConfig(&mut comm, size as i32, uid, rank as i32, &mut config) };
         if comm.is_null() {
             // NCCL failed before it made a communicator: nothing to abort.
-            let e = nccl_code_err(world_rank, "ncclCommInitRankConfig", rc);
+            let e = nccl_call_err(world_rank, "ncclCommInitRankConfig", rc, comm);
             abort.raise(e.abort_info());
             return Err(e);
         }
@@ -281,12 +254,12 @@ impl NcclBackend {
         // for the call and `config` is fully initialized (see nonblocking_config).
         let rc = unsafe { ncclsys::ncclCommSplit(self.comm, 0, self.rank as i32, &mut child, &mut config) };
         if !matches!(rc, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
-            return Err(self.fail(nccl_code_err(self.world_rank, "ncclCommSplit", rc)));
+            return Err(self.fail(nccl_call_err(self.world_rank, "ncclCommSplit", rc, self.comm)));
         }
         // The split runs on the parent's (non-blocking) terms: wait until both say it is done.
         self.settle("ncclCommSplit")?;
         if child.is_null() {
-            return Err(self.fail(nccl_code_err(self.world_rank, "ncclCommSplit (no communicator)", rc)));
+            return Err(self.fail(nccl_call_err(self.world_rank, "ncclCommSplit (no communicator)", rc, self.comm)));
         }
         self.p2p_comm = std::mem::replace(&mut self.comm, child);
         self.settle("ncclCommSplit")
@@ -309,12 +282,12 @@ impl NcclBackend {
             // `state` is valid for writes.
             let rc = unsafe { ncclsys::ncclCommGetAsyncError(comm, &mut state) };
             if rc != ncclsys::ncclResult_t::ncclSuccess {
-                return Err(self.fail(nccl_code_err(wr, "ncclCommGetAsyncError", rc)));
+                return Err(self.fail(nccl_call_err(wr, "ncclCommGetAsyncError", rc, comm)));
             }
             match state {
                 ncclsys::ncclResult_t::ncclSuccess => return Ok(()),
                 ncclsys::ncclResult_t::ncclInProgress => {}
-                failed => return Err(self.fail(nccl_code_err(wr, during, failed))),
+                failed => return Err(self.fail(nccl_call_err(wr, during, failed, comm))),
             }
             if let Err(e) = w.pause(&self.abort, wr, &|| format!("{during} (nccl)"), false) {
                 return Err(self.fail(e));
@@ -343,7 +316,7 @@ impl NcclBackend {
             // SAFETY: `comm` was finalized and is quiescent; it is destroyed once and never used
             // again (`aborted` is set).
             let r = unsafe { cudarc::nccl::result::comm_destroy(comm) };
-            done = done.and(r.map(|_| ()).map_err(|e| nccl_err(self.world_rank, "ncclCommDestroy", e)));
+            done = done.and(r.map(|_| ()).map_err(|e| nccl_err(self.world_rank, "ncclCommDestroy", e, comm)));
         }
         done
     }
@@ -390,7 +363,7 @@ impl NcclBackend {
             }
             Ok(_) => Ok(()),
             Err(e) => {
-                let e = nccl_err(self.world_rank, during, e);
+                let e = nccl_err(self.world_rank, during, e, comm);
                 Err(self.fail(e))
             }
         }
@@ -490,7 +463,7 @@ impl DeviceBackend for NcclBackend {
                 }
             }
         };
-        self.check(d.op.name(), r)
+        self.check(nccl_call(d.op), r)
     }
 
     unsafe fn p2p(&mut self, sends: &[(u64, usize, usize)], recvs: &[(u64, usize, usize)], stream: &CudaStream) -> Result<()> {
@@ -517,7 +490,7 @@ impl DeviceBackend for NcclBackend {
                 res.and(end)
             })
         };
-        self.check_on(c, "point-to-point", r)
+        self.check_on(c, "ncclSend/ncclRecv group (point-to-point)", r)
     }
 
     fn synchronize(&mut self, stream: &CudaStream) -> Result<()> {
@@ -544,11 +517,7 @@ impl DeviceBackend for NcclBackend {
                 // SAFETY: `comm` is live (`aborted` is false) and `async_err` is a writable local.
                 unsafe { ncclsys::ncclCommGetAsyncError(comm, &mut async_err) };
                 if !matches!(async_err, ncclsys::ncclResult_t::ncclSuccess | ncclsys::ncclResult_t::ncclInProgress) {
-                    let e = Error::BackendUnavailable {
-                        rank: self.world_rank,
-                        backend: "nccl".into(),
-                        why: format!("asynchronous NCCL error {async_err:?}"),
-                    };
+                    let e = nccl_call_err(self.world_rank, "an earlier call (asynchronous error)", async_err, comm);
                     return Err(self.fail(e));
                 }
             }

@@ -13,6 +13,7 @@
 pub mod shm;
 mod shm_sync;
 pub mod tcp;
+mod tcp_auth;
 mod tcp_pair;
 
 use std::time::Duration;

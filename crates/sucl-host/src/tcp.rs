@@ -1,8 +1,10 @@
 //! The TCP backend: a full mesh of persistent non-blocking connections, framed by the core wire
 //! header, with the core engine's matching and the generic collective algorithms. Each
 //! connection reads a little ahead (a small frame in one syscall), and with several peers a wait
-//! asks poll(2) which sockets have bytes before reading any.
+//! asks poll(2) which sockets have bytes before reading any. A connection joins the mesh only
+//! after proving that it knows the job secret (the `tcp_auth` module).
 
+use crate::tcp_auth;
 use crate::HostConfig;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,8 +14,7 @@ use std::time::{Duration, Instant};
 use sucl_core::algorithms::{self, AlgoConfig};
 use sucl_core::backend::{Backend, CollDesc, CollOp};
 use sucl_core::engine::{Channel, Engine};
-use sucl_core::store::StoreClient;
-use sucl_core::wire::{Header, Kind, HEADER_LEN};
+use sucl_core::store::{JobSecret, StoreClient, HANDSHAKE_TIMEOUT};
 use sucl_core::{AbortState, Error, Result};
 
 /// Default of [`crate::HostConfig::tcp_read_ahead`]: a small frame (header and payload) arrives
@@ -161,17 +162,70 @@ pub struct TcpBackend {
     algo: AlgoConfig,
 }
 
-fn hello_frame(rank: usize, ctx: u64) -> [u8; HEADER_LEN] {
-    Header { kind: Kind::Hello, tag: 0, len: 0, meta: [rank as u64, ctx] }.encode()
-}
-
 fn ctx_hash(prefix: &str) -> u64 {
     prefix.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
+/// Connections that may be in the mesh handshake at once on one listener; more are closed at
+/// once (a flood of strangers costs no more than this many short-lived threads).
+const MAX_PENDING_HELLOS: usize = 64;
+
+/// Accepting connections from higher ranks: each in the handshake on a thread of its own, so
+/// that a stranger that connects and stays silent holds up no rank of the job.
+struct Doorman {
+    listener: std::net::TcpListener,
+    ends: tcp_auth::Ends,
+    peers: std::ops::Range<usize>,
+    secret: Arc<JobSecret>,
+    wait: Duration,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// Where a connection that passed the handshake goes, with the rank it proved to be.
+    done: std::sync::mpsc::Sender<(usize, TcpStream)>,
+}
+
+impl Doorman {
+    /// Takes the connections waiting on the listener (non-blocking) into the handshake.
+    fn admit(&self) -> io::Result<()> {
+        use std::sync::atomic::Ordering;
+        loop {
+            let (mut s, from) = match self.listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HELLOS {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!(%from, "tcp mesh: too many connections in the handshake; closed one");
+                continue;
+            }
+            let (ends, peers, secret, wait) = (self.ends, self.peers.clone(), self.secret.clone(), self.wait);
+            let (pending, done) = (self.pending.clone(), self.done.clone());
+            let spawned = std::thread::Builder::new().name("sucl-tcp-hello".into()).spawn(move || {
+                let r =
+                    s.set_nonblocking(false).map_err(|e| e.to_string()).and_then(|_| tcp_auth::accept(&mut s, ends, peers, &secret, wait));
+                pending.fetch_sub(1, Ordering::AcqRel);
+                match r {
+                    Ok(peer) => {
+                        let _ = done.send((peer, s));
+                    }
+                    Err(why) => tracing::warn!(comm_rank = ends.acceptor, %from, %why, "tcp mesh: refused a connection"),
+                }
+            });
+            if spawned.is_err() {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
 impl TcpBackend {
     /// Builds the mesh: every rank listens, publishes its address under `prefix` in the store,
-    /// connects to lower ranks and accepts higher ones; a hello frame names each connection.
+    /// connects to lower ranks and accepts higher ones. Each connection proves in a handshake
+    /// that it belongs to the job (see [`crate::tcp_auth`]: it knows `secret`, the job secret
+    /// the store checks) before any frame of it is read; one that fails is closed, logged and
+    /// otherwise ignored, so a stranger neither joins nor disturbs the job.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         store: &StoreClient,
         prefix: &str,
@@ -179,6 +233,7 @@ impl TcpBackend {
         world_ranks: Vec<usize>,
         abort: Arc<AbortState>,
         cfg: &HostConfig,
+        secret: &JobSecret,
     ) -> Result<TcpBackend> {
         let n = world_ranks.len();
         let wr = world_ranks[rank];
@@ -190,42 +245,46 @@ impl TcpBackend {
         // SUCL_SOCKET_IFNAME / SUCL_PORT_RANGE, when set, choose the address and port.
         let listener = sucl_core::bootstrap::Network::from_env()?.listen(ip).map_err(io("bind"))?;
         let addr = listener.local_addr().map_err(io("local addr"))?;
+        listener.set_nonblocking(true).map_err(io("listener"))?;
         store.set(&format!("{prefix}/tcp/{rank}"), addr.to_string().as_bytes())?;
         let ctx = ctx_hash(prefix);
+        let (done, arrived) = std::sync::mpsc::channel();
+        let doorman = Doorman {
+            listener,
+            ends: tcp_auth::Ends { ctx, acceptor: rank },
+            peers: rank + 1..n,
+            secret: Arc::new(secret.clone()),
+            wait: HANDSHAKE_TIMEOUT.min(cfg.timeout),
+            pending: Default::default(),
+            done,
+        };
         let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
         for (j, slot) in streams.iter_mut().enumerate().take(rank) {
             let a = String::from_utf8_lossy(&store.get(&format!("{prefix}/tcp/{j}"))?).into_owned();
             let sa: SocketAddr =
                 a.parse().map_err(|_| Error::Protocol { rank: wr, peer: world_ranks[j], why: format!("bad advertised address {a:?}") })?;
             let mut s = TcpStream::connect_timeout(&sa, cfg.timeout).map_err(io(&format!("connect to rank {} at {sa}", world_ranks[j])))?;
-            s.write_all(&hello_frame(rank, ctx)).map_err(io("hello"))?;
+            // Higher ranks waiting meanwhile are taken into their handshake.
+            doorman.admit().map_err(io("accept"))?;
+            tcp_auth::connect(&mut s, tcp_auth::Ends { ctx, acceptor: j }, rank, secret, cfg.timeout).map_err(|why| Error::Protocol {
+                rank: wr,
+                peer: world_ranks[j],
+                why: format!("tcp mesh handshake with rank {} at {sa}: {why}", world_ranks[j]),
+            })?;
             *slot = Some(s);
         }
-        listener.set_nonblocking(true).map_err(io("listener"))?;
         let deadline = Instant::now() + cfg.timeout;
         let mut missing = n - 1 - rank;
         while missing > 0 {
             abort.check(wr, "tcp setup")?;
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).map_err(io("accept"))?;
-                    s.set_read_timeout(Some(cfg.timeout)).map_err(io("accept"))?;
-                    let mut h = [0u8; HEADER_LEN];
-                    s.read_exact(&mut h).map_err(io("reading hello"))?;
-                    let hdr = Header::decode(&h, 0).map_err(|w| Error::Protocol {
-                        rank: wr,
-                        peer: usize::MAX,
-                        why: format!("bad hello: {w}"),
-                    })?;
-                    let peer = hdr.meta[0] as usize;
-                    if hdr.kind != Kind::Hello || hdr.meta[1] != ctx || peer <= rank || peer >= n || streams[peer].is_some() {
-                        return Err(Error::Protocol { rank: wr, peer, why: "unexpected hello on the tcp mesh".into() });
-                    }
-                    s.set_read_timeout(None).map_err(io("accept"))?;
+            doorman.admit().map_err(io("accept"))?;
+            match arrived.try_recv() {
+                Ok((peer, s)) if streams[peer].is_none() => {
                     streams[peer] = Some(s);
                     missing -= 1;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                Ok((peer, _)) => tracing::warn!(rank = wr, peer, "tcp mesh: a second connection from one rank; closed it"),
+                Err(_) => {
                     if Instant::now() >= deadline {
                         return Err(Error::Timeout {
                             rank: wr,
@@ -235,7 +294,6 @@ impl TcpBackend {
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(e) => return Err(io("accept")(e)),
             }
         }
         let mut channels: Vec<Option<Box<dyn Channel>>> = Vec::with_capacity(n);
@@ -299,6 +357,7 @@ impl Backend for TcpBackend {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use sucl_core::wire::Header;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -442,7 +442,7 @@ fn make_backend(ctx: &Arc<Context>, prefix: &str, rank: usize, world_ranks: &[us
             let name = format!("/sucl-{job}-{}-{nonce}-{local}", std::process::id());
             Ok(Box::new(ShmBackend::connect(store, prefix, &name, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?))
         }
-        "tcp" => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg)?)),
+        "tcp" => Ok(Box::new(TcpBackend::connect(store, prefix, rank, world_ranks.to_vec(), ctx.abort.clone(), cfg, &ctx.env.job_secret)?)),
         #[cfg(feature = "mpi")]
         "mpi" => Ok(Box::new(sucl_mpi::MpiBackend::new(rank, world_ranks.to_vec(), ctx.abort.clone(), cfg.timeout, cfg.backoff)?)),
         other => {
