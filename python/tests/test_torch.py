@@ -30,3 +30,10 @@ def test_ddp_over_sucl_equals_ddp_over_gloo(tmp_path):
     torch.manual_seed(0)
     start = torch.nn.Linear(16, 32)
     assert not torch.allclose(start.weight, params["gloo"]["0.weight"])
+
+
+def test_sucl_init_under_torchrun_meets_at_torchruns_store():
+    # No torch.distributed here: sucl.init() reads torchrun's environment itself.
+    rc, out = torchrun(2, "collectives.py", timeout=300)
+    assert rc == 0, out
+    assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out

@@ -9,25 +9,86 @@ use sucl::{Communicator, ReduceOp};
 /// A call with everything it needs. Built (and validated) while holding the GIL; run without it.
 pub enum Call {
     Barrier,
-    Broadcast { buf: Region, root: usize },
+    Broadcast {
+        buf: Region,
+        root: usize,
+    },
     /// `recv == None`: in place in `send`.
-    AllReduce { send: Region, recv: Option<Region>, op: ReduceOp },
+    AllReduce {
+        send: Region,
+        recv: Option<Region>,
+        op: ReduceOp,
+    },
     /// `recv == None`: in place in `send` (written on the root only).
-    Reduce { send: Region, recv: Option<Region>, op: ReduceOp, root: usize },
+    Reduce {
+        send: Region,
+        recv: Option<Region>,
+        op: ReduceOp,
+        root: usize,
+    },
     /// `recv` is needed on the root only.
-    Gather { send: Region, recv: Option<Region>, root: usize },
+    Gather {
+        send: Region,
+        recv: Option<Region>,
+        root: usize,
+    },
     /// `send == None`: in place (this rank's block of `recv` is its contribution).
-    AllGather { send: Option<Region>, recv: Region },
+    AllGather {
+        send: Option<Region>,
+        recv: Region,
+    },
     /// `send` is needed on the root only.
-    Scatter { send: Option<Region>, recv: Region, root: usize },
-    AllToAll { send: Region, recv: Region },
-    ReduceScatter { send: Region, recv: Region, op: ReduceOp },
-    Gatherv { send: Region, recv: Option<Region>, counts: Vec<usize>, displs: Vec<usize>, root: usize },
-    Scatterv { send: Option<Region>, recv: Region, counts: Vec<usize>, displs: Vec<usize>, root: usize },
-    AllGatherv { send: Region, recv: Region, counts: Vec<usize>, displs: Vec<usize> },
-    AllToAllv { send: Region, sdispls: Vec<usize>, recv: Region, rdispls: Vec<usize>, counts: Vec<usize> },
-    Send { buf: Region, dest: usize, tag: u32 },
-    Recv { buf: Region, src: usize, tag: u32 },
+    Scatter {
+        send: Option<Region>,
+        recv: Region,
+        root: usize,
+    },
+    AllToAll {
+        send: Region,
+        recv: Region,
+    },
+    ReduceScatter {
+        send: Region,
+        recv: Region,
+        op: ReduceOp,
+    },
+    Gatherv {
+        send: Region,
+        recv: Option<Region>,
+        counts: Vec<usize>,
+        displs: Vec<usize>,
+        root: usize,
+    },
+    Scatterv {
+        send: Option<Region>,
+        recv: Region,
+        counts: Vec<usize>,
+        displs: Vec<usize>,
+        root: usize,
+    },
+    AllGatherv {
+        send: Region,
+        recv: Region,
+        counts: Vec<usize>,
+        displs: Vec<usize>,
+    },
+    AllToAllv {
+        send: Region,
+        sdispls: Vec<usize>,
+        recv: Region,
+        rdispls: Vec<usize>,
+        counts: Vec<usize>,
+    },
+    Send {
+        buf: Region,
+        dest: usize,
+        tag: u32,
+    },
+    Recv {
+        buf: Region,
+        src: usize,
+        tag: u32,
+    },
 }
 
 /// Checks that `recv` may receive what `send` holds: same element type, writable, and either
@@ -81,8 +142,7 @@ impl Call {
                 typed!(send.dtype, T => c.all_to_all(unsafe { send.slice::<T>() }, unsafe { recv.slice_mut::<T>() })).map(|_| 0)
             }
             Call::ReduceScatter { send, recv, op } => {
-                typed!(send.dtype, T => c.reduce_scatter(unsafe { send.slice::<T>() }, unsafe { recv.slice_mut::<T>() }, *op))
-                    .map(|_| 0)
+                typed!(send.dtype, T => c.reduce_scatter(unsafe { send.slice::<T>() }, unsafe { recv.slice_mut::<T>() }, *op)).map(|_| 0)
             }
             Call::Gatherv { send, recv, counts, displs, root } => typed!(send.dtype, T => match recv {
                 Some(r) => c.gatherv(unsafe { send.slice::<T>() }, unsafe { r.slice_mut::<T>() }, counts, displs, *root),

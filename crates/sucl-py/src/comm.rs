@@ -6,7 +6,7 @@ use crate::call::{pair, Call};
 use crate::errors::{invalid, to_py};
 use crate::exec::{Executor, SLICE};
 use crate::region::Region;
-use crate::request::{Request, P2p};
+use crate::request::{P2p, Request};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use sucl::ReduceOp;
@@ -128,7 +128,13 @@ impl Communicator {
         Ok(Call::Gatherv { send, recv, counts, displs, root })
     }
 
-    fn scatterv_call(send: Option<&Obj<'_>>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>, root: usize) -> PyResult<Call> {
+    fn scatterv_call(
+        send: Option<&Obj<'_>>,
+        recv: &Obj<'_>,
+        counts: Vec<usize>,
+        displs: Option<Vec<usize>>,
+        root: usize,
+    ) -> PyResult<Call> {
         let recv = region("recv", recv)?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
         Ok(match opt_region("send", send)? {
@@ -373,7 +379,14 @@ impl Communicator {
 
     /// Non-blocking `gatherv`.
     #[pyo3(signature = (send, recv, counts, displs=None, root=0))]
-    fn igatherv(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, counts: Vec<usize>, displs: Option<Vec<usize>>, root: usize) -> PyResult<Request> {
+    fn igatherv(
+        &self,
+        send: &Obj<'_>,
+        recv: Option<&Obj<'_>>,
+        counts: Vec<usize>,
+        displs: Option<Vec<usize>>,
+        root: usize,
+    ) -> PyResult<Request> {
         self.post(Self::gatherv_call(send, recv, counts, displs, root)?)
     }
 
@@ -394,7 +407,14 @@ impl Communicator {
 
     /// Non-blocking `scatterv`.
     #[pyo3(signature = (send, recv, counts, displs=None, root=0))]
-    fn iscatterv(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>, root: usize) -> PyResult<Request> {
+    fn iscatterv(
+        &self,
+        send: Option<&Obj<'_>>,
+        recv: &Obj<'_>,
+        counts: Vec<usize>,
+        displs: Option<Vec<usize>>,
+        root: usize,
+    ) -> PyResult<Request> {
         self.post(Self::scatterv_call(send, recv, counts, displs, root)?)
     }
 
@@ -472,5 +492,14 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         Python::attach(|py| py.detach(|| self.exec.close()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn packed_displacements_lay_blocks_end_to_end() {
+        assert_eq!(super::packed(&[3, 0, 2, 5]), vec![0, 3, 3, 5]);
+        assert!(super::packed(&[]).is_empty());
     }
 }

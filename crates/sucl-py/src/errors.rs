@@ -9,12 +9,7 @@ create_exception!(sucl, SuclError, PyRuntimeError, "Base class of every error su
 create_exception!(sucl, InvalidArgumentError, SuclError, "An argument was invalid; no data moved.");
 create_exception!(sucl, LostPeerError, SuclError, "A peer process died or closed its connections.");
 create_exception!(sucl, TimeoutError, SuclError, "A bounded wait ran out (SUCL_TIMEOUT).");
-create_exception!(
-    sucl,
-    MismatchError,
-    SuclError,
-    "Ranks called a collective with different arguments; the communicator is poisoned."
-);
+create_exception!(sucl, MismatchError, SuclError, "Ranks called a collective with different arguments; the communicator is poisoned.");
 create_exception!(sucl, AbortedError, SuclError, "The communicator was aborted because some rank failed.");
 create_exception!(sucl, BackendUnavailableError, SuclError, "A backend cannot serve this communicator or call.");
 create_exception!(sucl, ConfigError, SuclError, "A configuration or launch-environment problem.");

@@ -62,13 +62,7 @@ pub struct Executor {
 impl Executor {
     pub fn new(comm: Communicator) -> Executor {
         let rank = comm.rank();
-        Executor {
-            comm: Arc::new(Mutex::new(Some(comm))),
-            pending: Arc::default(),
-            queue: Mutex::new(None),
-            last: Mutex::new(None),
-            rank,
-        }
+        Executor { comm: Arc::new(Mutex::new(Some(comm))), pending: Arc::default(), queue: Mutex::new(None), last: Mutex::new(None), rank }
     }
 
     /// The error for a call on a closed communicator.

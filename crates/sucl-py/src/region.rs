@@ -83,7 +83,7 @@ impl Region {
 
     fn checked(arg: &str, addr: usize, len: usize, dtype: DType, readonly: bool, keep: Keep) -> PyResult<Region> {
         let addr = dangling_if_empty(addr, len, dtype.size());
-        if addr % dtype.size() != 0 {
+        if !addr.is_multiple_of(dtype.size()) {
             return Err(invalid(arg, format!("its memory is not aligned to its {}-byte elements", dtype.size())));
         }
         Ok(Region { addr, len, dtype, readonly, _keep: keep })
@@ -158,6 +158,9 @@ fn dtype_of_format(arg: &str, format: &[u8], item_size: usize) -> PyResult<DType
         [o, c] => (*o, *c),
         _ => return Err(invalid(arg, format!("unsupported element format {:?}", String::from_utf8_lossy(format)))),
     };
+    if !matches!(order, b'@' | b'=' | b'<' | b'>' | b'!') {
+        return Err(invalid(arg, format!("unsupported element format {:?}", String::from_utf8_lossy(format))));
+    }
     if matches!(order, b'>' | b'!') && item_size > 1 && cfg!(target_endian = "little") {
         return Err(invalid(arg, "big-endian elements are not supported"));
     }
@@ -181,9 +184,9 @@ fn dtype_of_format(arg: &str, format: &[u8], item_size: usize) -> PyResult<DType
         b'd' => Some(DType::F64),
         _ => None,
     };
-    dtype.ok_or_else(|| {
-        invalid(arg, format!("element format {:?} ({item_size} bytes) has no sucl type", String::from_utf8_lossy(format)))
-    })
+    dtype
+        .filter(|d| d.size() == item_size)
+        .ok_or_else(|| invalid(arg, format!("element format {:?} ({item_size} bytes) has no sucl type", String::from_utf8_lossy(format))))
 }
 
 /// The element type of a torch dtype's name (`str(tensor.dtype)`).
@@ -251,3 +254,35 @@ macro_rules! typed {
     };
 }
 pub(crate) use typed;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_formats_map_to_sucl_types_by_kind_and_size() {
+        assert_eq!(dtype_of_format("x", b"f", 4).ok(), Some(DType::F32));
+        assert_eq!(dtype_of_format("x", b"<d", 8).ok(), Some(DType::F64));
+        assert_eq!(dtype_of_format("x", b"l", 8).ok(), Some(DType::I64));
+        assert_eq!(dtype_of_format("x", b"L", 4).ok(), Some(DType::U32));
+        assert_eq!(dtype_of_format("x", b"B", 1).ok(), Some(DType::U8));
+        assert_eq!(dtype_of_format("x", b"e", 2).ok(), Some(DType::F16));
+        assert_eq!(dtype_of_format("x", b"?", 1).ok(), Some(DType::U8));
+    }
+
+    #[test]
+    fn formats_without_a_sucl_type_are_refused() {
+        assert!(dtype_of_format("x", b"h", 2).is_err(), "int16");
+        assert!(dtype_of_format("x", b">f", 4).is_err(), "big-endian");
+        assert!(dtype_of_format("x", b"Zf", 8).is_err(), "complex");
+        assert!(dtype_of_format("x", b"T{f}", 4).is_err(), "struct");
+        assert!(dtype_of_format("x", b"f", 8).is_err(), "size disagrees with the code");
+    }
+
+    #[test]
+    fn torch_dtype_names_map_to_sucl_types() {
+        assert_eq!(dtype_of_torch("x", "torch.bfloat16").ok(), Some(DType::BF16));
+        assert_eq!(dtype_of_torch("x", "torch.bool").ok(), Some(DType::U8));
+        assert!(dtype_of_torch("x", "torch.complex64").is_err());
+    }
+}
