@@ -69,6 +69,7 @@ class _Work(dist._Work):
         self._done = False
 
     def wait(self, timeout=None):
+        """Waits for the sucl requests, then copies results out; True."""
         with self._lock:
             if not self._done:
                 for r in self._requests:
@@ -79,18 +80,23 @@ class _Work(dist._Work):
         return True
 
     def is_completed(self):
+        """Whether every request completed."""
         return self._done or all(r.test() for r in self._requests)
 
     def is_success(self):
+        """Whether the work completed (failures raise from wait())."""
         return self._done
 
     def exception(self):
+        """None: failures raise from wait()."""
         return None
 
     def result(self):
+        """The output tensors."""
         return self._result
 
     def get_future(self):
+        """A future completed with the output tensors once the work is."""
         fut = torch.futures.Future()
         if self._done:
             fut.set_result(self._result)
@@ -110,10 +116,6 @@ class _Work(dist._Work):
         return fut
 
 
-def _done(result):
-    return _Work([], result)
-
-
 class ProcessGroupSucl(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a sucl communicator (CPU tensors)."""
 
@@ -127,26 +129,32 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return self._comm
 
     def getBackendName(self):
+        """The backend's name, ``"sucl"``."""
         return BACKEND_NAME
 
     # --- collectives -------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        """All-reduce each tensor in place (``opts.reduceOp``)."""
         op = _op(opts)
         return _Work([self._comm.iall_reduce(t, None, op) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """All-reduce each tensor in place, one request each."""
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
+        """Broadcast each tensor from ``opts.rootRank``."""
         root = opts.rootRank if opts is not None else 0
         return _Work([self._comm.ibroadcast(t, root) for t in tensors], tensors)
 
     def reduce(self, tensors, opts=None):
+        """Reduce each tensor in place onto ``opts.rootRank``."""
         op, root = _op(opts), opts.rootRank
         return _Work([self._comm.ireduce(t, None, op, root) for t in tensors], tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
+        """Gather every rank's input into each rank's list of outputs."""
         reqs, thens = [], []
         for outs, inp in zip(output_lists, inputs):
             flat = inp.new_empty((self.size() * inp.numel(),))
@@ -155,16 +163,19 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return _Work(reqs, output_lists, lambda: [_unflat(f, o) for f, o in thens])
 
     def _allgather_base(self, output, input, opts=None):
+        """Gather every rank's input into one output tensor (``all_gather_into_tensor``)."""
         return _Work([self._comm.iall_gather(input, output)], [output])
 
     all_gather_single = _allgather_base
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        """Reduce the ranks' input lists; block r lands in rank r's output."""
         op = _op(opts)
         reqs = [self._comm.ireduce_scatter(_flat(ins), out, op) for out, ins in zip(outputs, input_lists)]
         return _Work(reqs, outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        """Reduce the ranks' inputs; block r lands in rank r's output (``reduce_scatter_tensor``)."""
         return _Work([self._comm.ireduce_scatter(input, output, _op(opts))], [output])
 
     reduce_scatter_single = _reduce_scatter_base
@@ -177,6 +188,7 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return table.tolist()
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """``all_to_all_single``: even blocks, or rows split by ``input_split_sizes`` per rank."""
         n = self.size()
         if not input_split_sizes and not output_split_sizes:
             return _Work([self._comm.iall_to_all(input, output)], [output])
@@ -188,6 +200,7 @@ class ProcessGroupSucl(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def alltoall(self, outputs, inputs, opts=None):
+        """``all_to_all`` on lists of tensors of any sizes."""
         counts = self._split_table([t.numel() for t in inputs])
         flat_in = _flat(inputs)
         n, me = self.size(), self.rank()
@@ -196,6 +209,7 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return _Work([req], outputs, lambda: _unflat(flat_out, outputs))
 
     def gather(self, output_lists, inputs, opts=None):
+        """Gather every rank's input into the root's output list."""
         root = opts.rootRank
         inp = inputs[0].contiguous()
         if self.rank() == root:
@@ -205,19 +219,23 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return _Work([self._comm.igather(inp, None, root)], output_lists)
 
     def scatter(self, outputs, input_lists, opts=None):
+        """Scatter the root's input list, one tensor per rank."""
         root = opts.rootRank
         send = _flat(input_lists[0]) if self.rank() == root else None
         return _Work([self._comm.iscatter(send, outputs[0], root)], outputs)
 
     def barrier(self, opts=None):
+        """Wait for every rank."""
         return _Work([self._comm.ibarrier()], [])
 
     # --- point to point ----------------------------------------------------------------------
 
     def send(self, tensors, dst, tag=0):
+        """Send each tensor to group rank ``dst``."""
         return _Work([self._comm.isend(t, dst, tag) for t in tensors], tensors)
 
     def recv(self, tensors, src, tag=0):
+        """Receive each tensor from group rank ``src``."""
         return _Work([self._comm.irecv(t, src, tag) for t in tensors], tensors)
 
 
