@@ -134,6 +134,25 @@ sub.close()
 none = comm.split(None if r == 0 else 1)
 assert (none is None) == (r == 0)
 
+# A request keeps its buffers alive: the caller's only reference to each send array goes away
+# before the wait (arrays this large are unmapped when freed).
+outs, reqs = [], []
+for k in range(4):
+    outs.append(np.zeros(200_000))
+    reqs.append(comm.iall_reduce(np.full(200_000, float(r + k)), outs[-1], op="sum"))
+sucl.wait_all(reqs)
+for k in range(4):
+    same(outs[k], np.full(200_000, float(sum(range(n)) + n * k)), "iall_reduce of a dropped send array")
+# Several non-blocking calls in flight, then a blocking one: it runs after them on every rank.
+a, b = np.full(5, float(r)), np.full(5, 1.0)
+ra = comm.iall_reduce(a)
+rb = comm.ibroadcast(b if r == 0 else np.zeros(5), root=0)
+c = np.full(5, 2.0)
+comm.all_reduce(c)
+same(c, np.full(5, 2.0 * n), "blocking after non-blocking")
+assert ra.test() and rb.test()
+same(a, np.full(5, float(sum(range(n)))), "queued iall_reduce")
+
 comm.barrier()
 comm.ibarrier().wait()
 print(f"OK rank {r} of {n}")
