@@ -94,6 +94,17 @@ if n >= 2:
     for q in reqs:
         q.wait()
     same(t, ins[(r - 1) % n], "isend/irecv")
+# Further groups: the whole world again, and ranks 0 and 1 alone (created by every rank, joined
+# by members only), each meeting through torch's store under its own prefix.
+whole = dist.new_group(backend="sucl")
+t = torch.full((3,), float(r))
+dist.all_reduce(t, group=whole)
+same(t, torch.full((3,), float(sum(range(n)))), "new_group all_reduce")
+pair = dist.new_group(ranks=[0, 1], backend="sucl")
+if r < 2:
+    t = torch.full((3,), float(r + 1))
+    dist.all_reduce(t, group=pair)
+    same(t, torch.full((3,), 3.0), "two-rank group all_reduce")
 dist.barrier()
 objs = [None] * n
 dist.all_gather_object(objs, {"rank": r})
