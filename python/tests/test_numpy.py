@@ -1,14 +1,16 @@
 """The NumPy array API, with real processes under `sucl run`."""
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import RANKS, sucl_run
+from conftest import RANKS, run_job, sucl_run
 
 np = pytest.importorskip("numpy")
 
@@ -72,3 +74,16 @@ def test_single_process_world_and_errors_hierarchy():
         assert comm.iall_reduce(x).test() in (True, False)
     with pytest.raises(sucl.InvalidArgumentError, match="closed"):
         comm.barrier()
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_every_collective_under_mpirun():
+    # The wheel has no MPI: under mpirun the ranks meet at MASTER_ADDR:MASTER_PORT.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["mpirun", "-n", "2"] + (["--allow-run-as-root", "--oversubscribe"] if os.getuid() == 0 else [])
+    argv += [sys.executable, str(RANKS / "collectives.py")]
+    rc, out = run_job(argv, timeout=300, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert rc == 0, out
+    assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out
