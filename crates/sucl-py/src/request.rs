@@ -1,0 +1,143 @@
+//! `sucl.Request`: the handle of a non-blocking call, with `wait()` and `test()`.
+
+use crate::errors::to_py;
+use crate::exec::{lock, Completion, SLICE};
+use crate::region::Region;
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use sucl::{Communicator, UnscopedRequest};
+
+/// A posted point-to-point message (its buffer held until it completes or is withdrawn).
+pub struct P2p {
+    comm: Arc<Mutex<Option<Communicator>>>,
+    req: Option<UnscopedRequest>,
+    _buf: Region,
+    elem_size: usize,
+}
+
+impl P2p {
+    pub fn new(comm: Arc<Mutex<Option<Communicator>>>, req: UnscopedRequest, buf: Region) -> P2p {
+        let elem_size = buf.dtype.size();
+        P2p { comm, req: Some(req), _buf: buf, elem_size }
+    }
+
+    /// Tests (making progress) until done or `slice` passed. `Some` once complete.
+    fn progress(&mut self, slice: std::time::Duration) -> Option<sucl::Result<usize>> {
+        let start = Instant::now();
+        loop {
+            let g = lock(&self.comm);
+            let Some(c) = g.as_ref() else {
+                // Closing the communicator withdrew the message.
+                self.req = None;
+                return Some(Err(sucl::Error::invalid(0, "request", "its communicator was closed")));
+            };
+            let req = self.req.as_ref()?;
+            match c.test_unscoped(req) {
+                Ok(Some(bytes)) => {
+                    self.req = None;
+                    return Some(Ok(bytes / self.elem_size));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    c.cancel_unscoped(self.req.take().expect("tested above"));
+                    return Some(Err(e));
+                }
+            }
+            drop(g);
+            if start.elapsed() >= slice {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for P2p {
+    fn drop(&mut self) {
+        // Never leave the backend pointing at a buffer about to be released.
+        if let Some(req) = self.req.take() {
+            if let Some(c) = lock(&self.comm).as_ref() {
+                c.cancel_unscoped(req);
+            }
+        }
+    }
+}
+
+enum State {
+    /// A collective on the worker thread.
+    Queued(Arc<Completion>),
+    /// A send or receive in the backend.
+    P2p(P2p),
+    /// Finished: the element count for receives.
+    Done(sucl::Result<usize>),
+}
+
+/// The handle of a non-blocking call. Its buffers stay referenced until the call completes;
+/// dropping the handle does not cancel a collective (it completes in the background) but does
+/// withdraw a send or receive that has not completed.
+#[pyclass(module = "sucl")]
+pub struct Request {
+    state: Mutex<State>,
+    /// Whether `wait()` returns an element count (receives) rather than `None`.
+    counts: bool,
+}
+
+impl Request {
+    pub fn queued(done: Arc<Completion>) -> Request {
+        Request { state: Mutex::new(State::Queued(done)), counts: false }
+    }
+
+    pub fn p2p(p: P2p, counts: bool) -> Request {
+        Request { state: Mutex::new(State::P2p(p)), counts }
+    }
+
+    /// One slice of waiting (without the GIL); `Some` once complete.
+    fn step(&self, slice: std::time::Duration) -> Option<sucl::Result<usize>> {
+        let mut st = lock(&self.state);
+        let r = match &mut *st {
+            State::Done(r) => return Some(r.clone()),
+            State::Queued(done) => done.wait_slice(slice)?,
+            State::P2p(p) => p.progress(slice)?,
+        };
+        *st = State::Done(r.clone());
+        Some(r)
+    }
+
+    fn answer(&self, py: Python<'_>, r: sucl::Result<usize>) -> PyResult<Py<PyAny>> {
+        let n = r.map_err(to_py)?;
+        Ok(if self.counts { n.into_pyobject(py)?.into_any().unbind() } else { py.None() })
+    }
+}
+
+#[pymethods]
+impl Request {
+    /// Blocks until the call completes, with the GIL released; raises the call's error.
+    /// Returns the number of elements received for a receive, else None. Ctrl-C interrupts the
+    /// wait (the call itself goes on; wait again or drop the request).
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        loop {
+            if let Some(r) = py.detach(|| self.step(SLICE)) {
+                return self.answer(py, r);
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Whether the call completed (makes progress on sends and receives); raises its error.
+    fn test(&self, py: Python<'_>) -> PyResult<bool> {
+        let r = match &*lock(&self.state) {
+            State::Done(r) => Some(r.clone()),
+            State::Queued(done) => done.peek(),
+            State::P2p(_) => None,
+        };
+        let r = match r {
+            Some(r) => Some(r),
+            None => py.detach(|| self.step(std::time::Duration::ZERO)),
+        };
+        match r {
+            None => Ok(false),
+            Some(r) => self.answer(py, r).map(|_| true),
+        }
+    }
+}

@@ -1,0 +1,89 @@
+"""The NumPy array API, with real processes under `sucl run`."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import RANKS, run_job, sucl_run
+
+np = pytest.importorskip("numpy")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_matches_numpy(n):
+    rc, out = sucl_run(n, "collectives.py", timeout=300)
+    assert rc == 0, out
+    for r in range(n):
+        assert f"OK rank {r} of {n}" in out, out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_every_collective_over_each_backend(transport):
+    rc, out = sucl_run(2, "collectives.py", env={"SUCL_BACKEND": transport}, timeout=300)
+    assert rc == 0, out
+
+
+def test_bad_input_raises_before_data_moves():
+    rc, out = sucl_run(2, "bad_input.py")
+    assert rc == 0, out
+    assert "OK rank 0" in out and "OK rank 1" in out, out
+
+
+def test_a_killed_rank_raises_on_every_survivor():
+    # The launcher ends the job when a rank dies (SIGTERM, then SIGKILL after --grace): the
+    # survivors ignore SIGTERM, so what they print is sucl's doing, not the launcher's.
+    rc, out = sucl_run(3, "killed.py", env={"SUCL_TIMEOUT": "60"}, timeout=120, grace=30)
+    assert rc != 0, out  # the launcher reports the killed rank
+    for r in range(2):
+        assert f"RAISED rank {r} " in out, out
+    assert "NOT RAISED" not in out, out
+
+
+def test_ctrl_c_interrupts_a_wait():
+    p = subprocess.Popen([sys.executable, str(RANKS / "interrupt.py")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline().strip() == "WAITING"
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "INTERRUPTED" in out, out
+    assert p.returncode == 0, out
+
+
+def test_single_process_world_and_errors_hierarchy():
+    import sucl
+
+    assert issubclass(sucl.LostPeerError, sucl.SuclError)
+    assert issubclass(sucl.SuclError, RuntimeError)
+    with sucl.init() as comm:
+        assert (comm.rank, comm.size) == (0, 1)
+        x = np.arange(5, dtype=np.float64)
+        y = np.zeros(5)
+        comm.all_reduce(x, y, op=sucl.SUM)
+        assert np.array_equal(x, y)
+        assert comm.iall_reduce(x).test() in (True, False)
+    with pytest.raises(sucl.InvalidArgumentError, match="closed"):
+        comm.barrier()
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_every_collective_under_mpirun():
+    # The wheel has no MPI: under mpirun the ranks meet at MASTER_ADDR:MASTER_PORT.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["mpirun", "-n", "2"] + (["--allow-run-as-root", "--oversubscribe"] if os.getuid() == 0 else [])
+    argv += [sys.executable, str(RANKS / "collectives.py")]
+    rc, out = run_job(argv, timeout=300, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert rc == 0, out
+    assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out
