@@ -1339,7 +1339,7 @@ mod tests {
                 read_frame(&mut r, &mut buf, 32 << 20).unwrap_err()
             };
             assert!(matches!(e, ReadError::Io(ref e) if e.kind() == io::ErrorKind::WouldBlock), "{e}");
-            assert!(buf.capacity() <= FIRST_ROOM, "{} bytes held for 10 received", buf.capacity());
+            assert!(buf.capacity() < 2 * FIRST_ROOM, "{} bytes held for 10 received", buf.capacity());
         }
         // A frame that does arrive whole reads back whatever its size.
         let big = Frame::Command { seq: 1, ack: 0, cmd: Command::Write { buffer: 1, offset: 0, data: vec![3; 3 * FIRST_ROOM + 17] } };

@@ -47,8 +47,7 @@ pub(super) fn open_session(
         peer_frames: AtomicU64::new(0),
     });
     if let Err(why) = admit(shared, &s) {
-        s.close();
-        return Err(refuse(conn, out, why));
+        return Err(refuse(conn, out, why)); // nothing of the session started yet
     }
     info!(session = %hex(&id), peer = ?conn.peer_addr().ok(), "session opened");
     let mac = shared.cfg.token.opened_proof(nonces, &id);
