@@ -104,7 +104,7 @@ fn frames_announced_large_and_never_sent_hold_only_what_arrived() {
     let pid = d.child.id();
     // Sessions whose first command announces 16 MiB (the frame limit) and sends 10 bytes.
     let mut held = Vec::new();
-    for _ in 0..16 {
+    for _ in 0..32 {
         let mut s = raw_connect(&d.addr, &d.tls());
         let client: [u8; 16] = random();
         s.write_all(&Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 16 << 20, nonce: client }.encode()).unwrap();
@@ -113,18 +113,20 @@ fn frames_announced_large_and_never_sent_hold_only_what_arrived() {
         let n = sucl_remote::auth::Nonces { client, server: nonce };
         s.write_all(&Frame::Open { mac: d.token.open_proof(&n) }.encode()).unwrap();
         assert!(matches!(read(&mut s), Some(Frame::Opened { .. })));
-        let mut head = (16u32 << 20).to_le_bytes().to_vec();
-        head.extend_from_slice(&[0; 10]);
-        s.write_all(&head).unwrap();
         held.push(s);
     }
     let before = rss(pid);
-    // Each connection thread now waits inside that frame. 16 × 16 MiB would show at once;
+    for s in &mut held {
+        let mut head = (16u32 << 20).to_le_bytes().to_vec();
+        head.extend_from_slice(&[0; 10]);
+        s.write_all(&head).unwrap();
+    }
+    // Each connection thread now waits inside that frame. 32 × 16 MiB would show at once;
     // watch for a while.
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(2) {
         let grown = rss(pid).saturating_sub(before);
-        assert!(grown < 64 << 20, "the daemon grew by {} MiB for 160 bytes of announced frames", grown >> 20);
+        assert!(grown < 64 << 20, "the daemon grew by {} MiB for 320 bytes of announced frames", grown >> 20);
         std::thread::sleep(Duration::from_millis(50));
     }
     // Its sessions still work for whoever behaves.

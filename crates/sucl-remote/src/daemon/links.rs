@@ -1,7 +1,7 @@
 //! What a session knows of its peer mesh: its place in it, the outgoing links, transfers in
 //! flight and the events peers wait for (the data; `mesh` moves it).
 
-use super::state::lock;
+use super::sync::lock;
 use crate::auth::MeshKey;
 use crate::transport::Link;
 use crate::wire::PeerSpec;

@@ -12,6 +12,19 @@
 //! that must wait for a peer (a migration's bytes, a remote event) is handed to the session's
 //! executor thread, and the commands after it queue behind it.
 //!
+//! **Bounds.** A connection has [`DaemonConfig::handshake_timeout`] for its whole handshake,
+//! and at most [`DaemonConfig::max_handshakes`] are in one at once; a frame's buffer grows
+//! with the bytes that arrive, not with the length announced; the daemon holds at most
+//! [`DaemonConfig::max_sessions`] sessions, and an executor thread lives only while its
+//! session is attached or has a command to run.
+//!
+//! **Files.** `accept`: the accept pool and the handshake; `session`: opening, re-attaching
+//! and receiving a session's commands; `exec`: running them in order and answering;
+//! `objects`: buffers, queues, events and the commands on them alone; `mesh` and `links`: the
+//! peer mesh (its threads and transfers; its state); `state`: what the threads share;
+//! `config`: the settings; `sync`: locking. Each imports only files listed after it, in the
+//! order accept, session, exec, mesh, state, links, objects, config, sync.
+//!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
 //! links to each other on first use (TLS, then a proof that they hold the key), one outgoing
@@ -41,6 +54,7 @@ mod mesh;
 mod objects;
 mod session;
 mod state;
+mod sync;
 
 use crate::transport::{Pin, TlsIdentity};
 use crate::wire::MIN_MAX_FRAME;

@@ -3,13 +3,14 @@
 use super::config::*;
 use super::links::*;
 use super::objects::*;
+pub(super) use super::sync::lock;
 use crate::auth::SessionSecret;
 use crate::transport::Link;
 use crate::wire::Command;
 use std::collections::{HashMap, VecDeque};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
 /// Receipt and replay state: guarded together, so that receiving a command, queueing it and
@@ -106,11 +107,6 @@ pub(super) struct Acceptors {
     pub(super) idle: usize,
     /// Alive (waiting or serving).
     pub(super) live: usize,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in one connection's thread must not take the daemon down with it.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub(super) fn hex(b: &[u8]) -> String {
