@@ -1011,7 +1011,7 @@ fn placed<T: bytemuck::Pod>(r: Result<RemoteBuffer<T>, RemoteError>) -> RemoteBu
     match r {
         Ok(b) => b,
         Err(e @ RemoteError::Failed { code: sucl_remote::wire::code::LIMIT, .. }) => {
-            fail(&format!("{e}\n(start the daemons with a larger --max-session-bytes, or choose smaller sizes)"))
+            fail(&format!("{e}; start the daemons with a larger --max-session-bytes (or choose smaller sizes)"))
         }
         Err(e) => fail(&e.to_string()),
     }

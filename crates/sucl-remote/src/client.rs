@@ -661,8 +661,13 @@ impl Conn {
                 self.changed.notify_all(); // room for senders that wait for it
             }
             drop(st);
-            let parts: Vec<&[u8]> = batch.iter().flatten().map(|f| f.as_slice()).collect();
-            let written = link.write_parts(&parts);
+            let mut parts: [&[u8]; transport::MAX_PARTS] = [&[]; transport::MAX_PARTS];
+            let mut n = 0;
+            for (p, f) in parts.iter_mut().zip(batch.iter().flatten()) {
+                *p = f.as_slice();
+                n += 1;
+            }
+            let written = link.write_parts(&parts[..n]);
             st = self.lock();
             if let Err(e) = written {
                 if st.generation == generation {
