@@ -41,7 +41,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use sucl_remote::kernels::jacobi3d;
-use sucl_remote::{Arg, ClientOptions, Daemon, DaemonConfig, Mesh, Remote, RemoteBuffer, Tls, Token};
+use sucl_remote::{Arg, ClientOptions, Daemon, DaemonConfig, Mesh, Remote, RemoteBuffer, RemoteError, Tls, Token};
 
 fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort();
@@ -241,6 +241,8 @@ impl Served {
     fn start(tls: bool) -> Served {
         let token = Token::generate();
         let mut cfg = DaemonConfig::new(token.clone());
+        // Its memory is this process's own: the sizes asked for decide it.
+        cfg.limits.max_bytes = u64::MAX;
         if !tls {
             cfg.tls = None;
         }
@@ -589,8 +591,8 @@ fn migrate(md: &mut String, mib: usize, reps: usize, external: Option<&[String]>
         let (qa, qb) = (pick_queue(ra), pick_queue(rb));
         let device = format!("{:?} → {:?}", qa.device().kind(), qb.device().kind());
         let src: Vec<u64> = (0..n as u64).collect();
-        let xa = qa.upload(&src).unwrap();
-        let mut xb = qb.alloc::<u64>(n).unwrap();
+        let xa = placed(qa.upload(&src));
+        let mut xb = placed(qb.alloc::<u64>(n));
         qa.synchronize().unwrap();
         let mut s2s = Vec::new();
         for _ in 0..reps + 1 {
@@ -640,7 +642,7 @@ fn chain(md: &mut String, reps: usize) {
     let _mesh = Mesh::new(&[ra.clone(), rb.clone()]).unwrap();
     let (qa, qb) = (ra.devices().unwrap()[0].queue().unwrap(), rb.devices().unwrap()[0].queue().unwrap());
     let xa = qa.upload(&vec![0u64; 1024]).unwrap();
-    let mut xb = qb.alloc::<u64>(1024).unwrap();
+    let mut xb = placed(qb.alloc::<u64>(1024));
     qa.synchronize().unwrap();
     qb.synchronize().unwrap();
     let rtt = time(reps, 2, || ra.nop().unwrap());
@@ -847,8 +849,8 @@ fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize, external: Option<
         let qs = &c.queues;
         // Block k holds global planes k·nzl ..= (k+1)·nzl + 1 (its interior and two halos).
         let block = |k: usize| -> Vec<f64> { (k * nzl * plane..((k + 1) * nzl + 2) * plane).map(init).collect() };
-        let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
-        let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&block(k)).unwrap()).collect();
+        let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&block(k)))).collect();
+        let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&block(k)))).collect();
         c.sync();
         let t = Instant::now();
         for _ in 0..steps {
@@ -933,10 +935,10 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
         let qs = &c.queues;
         let a_rows = |k: usize| a[k * w * n..(k + 1) * w * n].to_vec();
         let b_cols = |j: usize| -> Vec<f64> { (0..n).flat_map(|r| b[r * n + j * w..r * n + (j + 1) * w].to_vec()).collect() };
-        let ak: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&a_rows(k)).unwrap()).collect();
-        let ck: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(w * n).unwrap()).collect();
-        let mut cur: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].upload(&b_cols(k)).unwrap()).collect();
-        let mut next: Vec<RemoteBuffer<f64>> = (0..d).map(|k| qs[k].alloc::<f64>(n * w).unwrap()).collect();
+        let ak: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&a_rows(k)))).collect();
+        let ck: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].alloc::<f64>(w * n))).collect();
+        let mut cur: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&b_cols(k)))).collect();
+        let mut next: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].alloc::<f64>(n * w))).collect();
         c.sync();
         let t = Instant::now();
         for s in 0..d {
@@ -985,13 +987,55 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
     }
 }
 
+/// The usage text (`--help`).
+const HELP: &str = "\
+remote_bench: remote devices on loopback, each figure beside its baseline from the same run.
+
+Usage: remote_bench [--only latency,reconnect,migrate,chain,jacobi,matmul] [--iters N]
+                    [--reconnects N] [--migrate-mib N] [--migrate-reps N] [--chain-reps N]
+                    [--jacobi-n N --jacobi-nz N --jacobi-steps N] [--matmul-n N]
+                    [--servers HOST:PORT,...] [--cuda] [--out FILE.md]
+
+Without --servers the daemons run in this process (every byte still crosses loopback TCP).
+--servers runs the migration, Jacobi 3D and the matmul on running sucld's (token and pins from
+SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN); --cuda runs them on the servers' GPUs,
+checked against the same kernels on this machine's GPU 0. A server's per-session memory
+limit (sucld --max-session-bytes) must hold each daemon's share of the problem.
+
+Example:
+  cargo run --release -p sucl-remote --example remote_bench -- --only latency,jacobi --iters 2000";
+
+/// A buffer the server placed, or — when it refused — a one-line error naming the setting to
+/// raise, and the end of the run.
+fn placed<T: bytemuck::Pod>(r: Result<RemoteBuffer<T>, RemoteError>) -> RemoteBuffer<T> {
+    match r {
+        Ok(b) => b,
+        Err(e @ RemoteError::Failed { code: sucl_remote::wire::code::LIMIT, .. }) => {
+            fail(&format!("{e}; start the daemons with a larger --max-session-bytes (or choose smaller sizes)"))
+        }
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// Says why the run cannot go on, and ends it.
+fn fail(why: &str) -> ! {
+    eprintln!("remote_bench: {why}");
+    std::process::exit(1)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{HELP}");
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--stream-sink") {
         return stream_sink(args[i + 1] == "tls", args[i + 2].parse().expect("--stream-sink tcp|tls BYTES"));
     }
     let opt = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let num = |name: &str, default: usize| opt(name).map(|s| s.parse().unwrap_or_else(|_| panic!("{name} N"))).unwrap_or(default);
+    let num = |name: &str, default: usize| {
+        opt(name).map(|s| s.parse().unwrap_or_else(|_| fail(&format!("{name} takes a whole number, not {s:?}")))).unwrap_or(default)
+    };
     let only = opt("--only").unwrap_or_else(|| "latency,reconnect,migrate,chain,jacobi,matmul".into());
     let on = |s: &str| only.split(',').any(|x| x == s);
     let mut md = format!("# sucl remote devices on loopback\n\nCommand: `{}`\n", args.join(" "));

@@ -18,7 +18,24 @@ extern "C" __global__ void add_index(unsigned long long* p, unsigned long long n
 }
 "#;
 
+const HELP: &str = "\
+remote_cuda_check: checks a `sucld --cuda` daemon's CUDA devices end to end.
+
+For every CUDA device the server offers: upload, fill, copy, read back, compile a kernel with
+NVRTC on the server, launch it, record and wait for events. Exits non-zero, saying what
+differed, on any failure, and when the server offers no CUDA device. Takes no arguments: the
+server is the first of SUCL_REMOTE, the token and pins come from SUCL_REMOTE_TOKEN(_FILE) and
+SUCL_REMOTE_TLS_PIN (or SUCL_REMOTE_TLS=off).
+
+Example:
+  SUCL_REMOTE=127.0.0.1:7787 SUCL_REMOTE_TOKEN_FILE=token SUCL_REMOTE_TLS_PIN=<pin> \\
+      cargo run -p sucl-remote --example remote_cuda_check";
+
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{HELP}");
+        return;
+    }
     if let Err(e) = run() {
         eprintln!("remote_cuda_check: FAILED: {e}");
         std::process::exit(1);

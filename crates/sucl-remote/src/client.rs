@@ -237,7 +237,14 @@ struct SessionKeys {
 
 struct State {
     keys: SessionKeys,
+    /// The connection commands are written to (`None` while it is being made again).
     writer: Option<Link>,
+    /// Frames not yet written to `writer`, oldest first (each is in `unanswered` too).
+    outq: VecDeque<Arc<Vec<u8>>>,
+    /// Bytes in `outq`.
+    outq_bytes: usize,
+    /// A thread is writing `outq` (one at a time: frames go out in order).
+    writing: bool,
     /// The pin of the certificate the server presented (all zero: plain TCP).
     pin: Pin,
     /// This server's mesh and index in it.
@@ -249,15 +256,15 @@ struct State {
     /// Why the session is over for good.
     dead: Option<RemoteError>,
     next_seq: u64,
-    /// Commands sent whose replies have not arrived (encoded frames, oldest first).
-    unanswered: VecDeque<(u64, Vec<u8>)>,
+    /// Commands sent whose replies have not arrived (encoded frames, oldest first; empty once
+    /// the server said it holds them).
+    unanswered: VecDeque<(u64, Arc<Vec<u8>>)>,
     last_reply: u64,
     /// Sequence numbers someone waits on, and the replies that came for them.
     awaited: HashSet<u64>,
     replies: HashMap<u64, Outcome>,
     /// The first failure of a command nobody waited on.
     deferred: Option<RemoteError>,
-    out: Vec<u8>,
     reconnects: u64,
     /// Re-attaches whose TLS session was resumed (no full handshake).
     resumed: u64,
@@ -272,6 +279,11 @@ struct Conn {
     opts: ClientOptions,
     state: Mutex<State>,
     changed: Condvar,
+    /// Wakes the writer thread (frames queued by a re-attach; the session's end).
+    wake_writer: Condvar,
+    /// Bytes read from the server, over all connections (a call that times out while this
+    /// stood still finds the connection stalled).
+    received: AtomicU64,
     next_id: AtomicU64,
 }
 
@@ -353,9 +365,6 @@ fn greet(server: &str, opts: &ClientOptions, timeout: Duration) -> Result<(Link,
     Ok((s, Nonces { client, server: w.nonce }, w))
 }
 
-/// Bytes of re-sent commands gathered into one write.
-const RESEND_BATCH: usize = 64 << 10;
-
 /// The most bytes of unanswered commands sent along with an attach, before the server has
 /// said which it already holds (those it holds it ignores; the rest go after its answer).
 /// Small, so that the bytes always fit the sockets' buffers while the server writes its
@@ -366,7 +375,7 @@ const PIPELINE_BYTES: usize = 16 << 10;
 /// commands the server already holds) that fit in [`PIPELINE_BYTES`]; returns the last
 /// sequence number appended (0: none). The frames form an unbroken run of sequence numbers,
 /// so the server never sees one skipped.
-fn pipeline(unanswered: &VecDeque<(u64, Vec<u8>)>, out: &mut Vec<u8>) -> u64 {
+fn pipeline(unanswered: &VecDeque<(u64, Arc<Vec<u8>>)>, out: &mut Vec<u8>) -> u64 {
     let mut budget = PIPELINE_BYTES;
     let mut upto = 0;
     for (seq, frame) in unanswered.iter().filter(|(_, f)| !f.is_empty()) {
@@ -383,6 +392,13 @@ fn pipeline(unanswered: &VecDeque<(u64, Vec<u8>)>, out: &mut Vec<u8>) -> u64 {
 fn read_handshake(server: &str, s: &mut Link) -> Result<Frame> {
     let mut buf = Vec::new();
     read_frame(s, &mut buf, HANDSHAKE_MAX_FRAME).map_err(|e| match e {
+        e if e.is_tls_record() => RemoteError::Connect {
+            server: server.into(),
+            why: "the daemon expects TLS (it answered with a TLS record) and this client connected without it: trust the \
+                  daemon's certificate (SUCL_REMOTE_TLS_PIN or SUCL_REMOTE_TLS_CERT, ClientOptions::pin) instead of \
+                  turning TLS off"
+                .into(),
+        },
         ReadError::Io(e) => RemoteError::Connect { server: server.into(), why: format!("during the handshake: {e}") },
         ReadError::Wire(w) => RemoteError::Protocol { server: server.into(), why: w.to_string() },
     })
@@ -422,6 +438,9 @@ impl Remote {
             state: Mutex::new(State {
                 keys,
                 writer: None,
+                outq: VecDeque::new(),
+                outq_bytes: 0,
+                writing: false,
                 pin,
                 mesh: None,
                 generation: 0,
@@ -433,12 +452,13 @@ impl Remote {
                 awaited: HashSet::new(),
                 replies: HashMap::new(),
                 deferred: None,
-                out: Vec::new(),
                 reconnects: 0,
                 resumed: 0,
                 next_reader: None,
             }),
             changed: Condvar::new(),
+            wake_writer: Condvar::new(),
+            received: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
         });
         {
@@ -573,52 +593,109 @@ impl Conn {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes `s` the connection and re-sends every unanswered command after `sent` (those up
-    /// to it went with the attach). The first connection starts the session's reader thread;
-    /// later ones are handed to it (it is the thread that re-attaches), so a reconnect starts
-    /// no thread.
+    /// Makes `s` the connection and queues every unanswered command after `sent` (those up
+    /// to it went with the attach) for the writer thread. The first connection starts the
+    /// session's reader and writer threads; later ones are handed to them (the reader is the
+    /// thread that re-attaches), so a reconnect starts no thread.
     fn install(self: &Arc<Self>, st: &mut State, s: Link, sent: u64) -> std::result::Result<(), String> {
         s.set_read_timeout(None).map_err(|e| e.to_string())?;
+        // A write that makes no progress for a call's time finds the connection stalled.
+        s.set_write_timeout(Some(self.opts.call_timeout)).map_err(|e| e.to_string())?;
         st.generation += 1;
         if s.resumed() {
             st.resumed += 1;
         }
-        let reader = s.try_clone().map_err(|e| e.to_string())?;
         if st.generation == 1 {
-            let (me, max_frame) = (self.clone(), st.keys.max_frame);
+            let (me, reader, max_frame) = (self.clone(), s.clone(), st.keys.max_frame);
             std::thread::Builder::new()
                 .name("sucl-remote-reader".into())
                 .spawn(move || me.read_loop(reader, 1, max_frame))
                 .map_err(|e| e.to_string())?;
+            let me = self.clone();
+            std::thread::Builder::new().name("sucl-remote-writer".into()).spawn(move || me.write_loop()).map_err(|e| e.to_string())?;
         } else {
-            st.next_reader = Some(reader);
+            st.next_reader = Some(s.clone());
         }
-        let mut w = s;
-        // Commands the server already received are kept as empty placeholders; the rest go in
-        // as few writes as they fit.
-        let mut batch = Vec::new();
-        for (_, frame) in st.unanswered.iter().filter(|(seq, _)| *seq > sent) {
-            if !batch.is_empty() && batch.len() + frame.len() > RESEND_BATCH {
-                w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
-                batch.clear();
-            }
-            if frame.len() > RESEND_BATCH {
-                w.write_all(frame).map_err(|e| format!("re-sending: {e}"))?; // as it is, not copied
-            } else {
-                batch.extend_from_slice(frame);
-            }
-        }
-        if !batch.is_empty() {
-            w.write_all(&batch).map_err(|e| format!("re-sending: {e}"))?;
-        }
-        st.writer = Some(w);
+        // Commands the server already received are kept as empty placeholders.
+        st.outq = st.unanswered.iter().filter(|(seq, f)| *seq > sent && !f.is_empty()).map(|(_, f)| f.clone()).collect();
+        st.outq_bytes = st.outq.iter().map(|f| f.len()).sum();
+        st.writer = Some(s);
         st.broken = None;
+        self.wake_writer.notify_all();
         Ok(())
+    }
+
+    /// The connection broke (or stalled): it is shut, which ends its reads and writes; the
+    /// reader thread re-attaches.
+    fn broke(&self, st: &mut State, why: String) {
+        st.broken.get_or_insert(why);
+        if let Some(w) = st.writer.take() {
+            w.shutdown();
+        }
+        st.outq.clear();
+        st.outq_bytes = 0;
+        self.changed.notify_all();
+    }
+
+    /// Writes the queued frames unless another thread is writing them already. No lock is
+    /// held while a write blocks: the reader thread goes on reading replies, so the server,
+    /// which may be writing replies while this side writes commands, goes on reading too.
+    fn flush<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if st.writing {
+            return st;
+        }
+        st.writing = true;
+        while let Some(link) = st.writer.clone().filter(|_| !st.outq.is_empty()) {
+            let generation = st.generation;
+            // Up to four frames in one vectored write, without copying them together.
+            let mut batch: [Option<Arc<Vec<u8>>>; transport::MAX_PARTS] = Default::default();
+            for slot in batch.iter_mut() {
+                match st.outq.pop_front() {
+                    Some(f) => *slot = Some(f),
+                    None => break,
+                }
+            }
+            let full = st.outq_bytes >= OUTQ_LIMIT;
+            st.outq_bytes -= batch.iter().flatten().map(|f| f.len()).sum::<usize>();
+            if full && st.outq_bytes < OUTQ_LIMIT {
+                self.changed.notify_all(); // room for senders that wait for it
+            }
+            drop(st);
+            let mut parts: [&[u8]; transport::MAX_PARTS] = [&[]; transport::MAX_PARTS];
+            let mut n = 0;
+            for (p, f) in parts.iter_mut().zip(batch.iter().flatten()) {
+                *p = f.as_slice();
+                n += 1;
+            }
+            let written = link.write_parts(&parts[..n]);
+            st = self.lock();
+            if let Err(e) = written {
+                if st.generation == generation {
+                    self.broke(&mut st, format!("sending: {e}"));
+                }
+            }
+        }
+        st.writing = false;
+        st
+    }
+
+    /// Writes what a re-attach queued: no caller is there to write it, and the reader thread
+    /// that re-attached must go back to reading at once (the server writes the replies it
+    /// re-sends before it reads again).
+    fn write_loop(self: Arc<Self>) {
+        let mut st = self.lock();
+        while st.dead.is_none() {
+            if !st.writing && st.writer.is_some() && !st.outq.is_empty() {
+                st = self.flush(st);
+                continue;
+            }
+            st = self.wake_writer.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Ends the session on this side: waits (at most [`CLOSE_DRAIN`]) for answers to commands
     /// already posted, then marks the session over and shuts the connection, which ends the
-    /// reader thread. The server drops the session when its re-attach window passes.
+    /// reader and writer threads. The server drops the session when its re-attach window passes.
     fn close(&self) {
         let deadline = Instant::now() + CLOSE_DRAIN.min(self.opts.call_timeout);
         let mut st = self.lock();
@@ -635,6 +712,7 @@ impl Conn {
             w.shutdown();
         }
         self.changed.notify_all();
+        self.wake_writer.notify_all();
     }
 
     /// Reads replies until the connection breaks, then re-attaches at once — rather than at
@@ -643,32 +721,36 @@ impl Conn {
     fn read_loop(self: Arc<Self>, mut s: Link, mut generation: u64, max_frame: u32) {
         loop {
             let why = self.read_replies(s, generation, max_frame);
+            {
+                let mut st = self.lock();
+                if st.generation != generation {
+                    return;
+                }
+                self.broke(&mut st, why);
+                if st.dead.is_some() {
+                    self.wake_writer.notify_all();
+                    return;
+                }
+            }
+            // Without the lock: calls keep their deadlines while the connection is made again.
+            self.reattach();
             let mut st = self.lock();
-            if st.generation != generation {
-                return;
-            }
-            if let Some(w) = st.writer.take() {
-                w.shutdown();
-            }
-            st.broken = Some(why);
-            self.changed.notify_all();
-            if st.dead.is_some() {
-                return;
-            }
-            self.reattach(&mut st);
             match st.next_reader.take() {
                 Some(next) if st.dead.is_none() => {
                     s = next;
                     generation = st.generation;
                 }
-                _ => return,
+                _ => {
+                    self.wake_writer.notify_all();
+                    return;
+                }
             }
         }
     }
 
     /// Reads replies from `s` until it breaks; returns why.
     fn read_replies(&self, s: Link, generation: u64, max_frame: u32) -> String {
-        let mut r = BufReader::with_capacity(1 << 16, s);
+        let mut r = BufReader::with_capacity(1 << 16, Counted { link: s, count: &self.received });
         let mut buf = Vec::new();
         loop {
             let f = read_frame(&mut r, &mut buf, max_frame);
@@ -710,43 +792,43 @@ impl Conn {
 
     fn submit(self: &Arc<Self>, cmd: Command, awaited: bool) -> Result<u64> {
         let deadline = Instant::now() + self.opts.call_timeout;
+        let seen = self.received.load(Ordering::Relaxed);
         let mut st = self.lock();
-        // Stay within the server's in-flight limit: wait for answers first.
-        while st.unanswered.len() >= st.keys.max_inflight as usize {
-            st = self.progress(st, deadline, "sending a command")?;
+        // Stay within the server's in-flight limit, and within [`OUTQ_LIMIT`] bytes waiting
+        // to be written: wait for answers and writes first.
+        while st.unanswered.len() >= st.keys.max_inflight as usize || (st.outq_bytes >= OUTQ_LIMIT && st.writer.is_some()) {
+            st = self.progress(st, deadline, "sending a command", seen)?;
         }
         if let Some(e) = &st.dead {
             return Err(e.clone());
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        let mut out = std::mem::take(&mut st.out);
-        out.clear();
+        let mut out = Vec::new();
         Frame::Command { seq, ack: st.last_reply, cmd }.encode_into(&mut out);
+        let frame = Arc::new(out);
         if awaited {
             st.awaited.insert(seq);
         }
-        if let Some(w) = st.writer.as_mut() {
-            if let Err(e) = w.write_all(&out) {
-                // The reader sees the same break; the command is re-sent on re-attach.
-                st.broken.get_or_insert_with(|| format!("sending: {e}"));
-                if let Some(w) = st.writer.take() {
-                    w.shutdown();
-                }
-            }
+        // Without a connection the command waits in `unanswered`; a re-attach sends it.
+        if st.writer.is_some() {
+            st.outq_bytes += frame.len();
+            st.outq.push_back(frame.clone());
         }
-        st.unanswered.push_back((seq, out));
+        st.unanswered.push_back((seq, frame));
+        drop(self.flush(st));
         Ok(seq)
     }
 
     fn wait(self: &Arc<Self>, seq: u64, what: &str) -> Result<Outcome> {
         let deadline = Instant::now() + self.opts.call_timeout;
+        let seen = self.received.load(Ordering::Relaxed);
         let mut st = self.lock();
         loop {
             if let Some(o) = st.replies.remove(&seq) {
                 return Ok(o);
             }
-            match self.progress(st, deadline, what) {
+            match self.progress(st, deadline, what, seen) {
                 Ok(s) => st = s,
                 Err(e) => {
                     let mut st = self.lock();
@@ -758,47 +840,60 @@ impl Conn {
     }
 
     /// Waits for something to change: a reply, a break (then re-attaches), or the deadline.
-    fn progress<'a>(self: &'a Arc<Self>, st: MutexGuard<'a, State>, deadline: Instant, what: &str) -> Result<MutexGuard<'a, State>> {
+    /// A deadline that passes with no byte received since `seen` means the connection stalled
+    /// (the server may be alive, but bytes stopped): it is cut, and the reader re-attaches as
+    /// after any other cut.
+    fn progress<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, State>,
+        deadline: Instant,
+        what: &str,
+        seen: u64,
+    ) -> Result<MutexGuard<'a, State>> {
         if let Some(e) = &st.dead {
             return Err(e.clone());
         }
-        // A broken connection is re-attached by the reader thread; wait for it like for a reply.
         let now = Instant::now();
         if now >= deadline {
+            if self.received.load(Ordering::Relaxed) == seen && st.writer.is_some() {
+                tracing::warn!(server = %self.server, "nothing received within {:?}: the connection stalled; re-attaching", self.opts.call_timeout);
+                self.broke(&mut st, format!("stalled: nothing received within {:?}", self.opts.call_timeout));
+            }
             return Err(RemoteError::Timeout { server: self.server.clone(), what: what.into(), after: self.opts.call_timeout });
         }
         Ok(self.changed.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0)
     }
 
     /// Re-attaches to the session, retrying until the reconnect window closes; marks the
-    /// session dead if it cannot.
-    fn reattach(self: &Arc<Self>, st: &mut State) {
+    /// session dead if it cannot. Holds the state lock only between network steps.
+    fn reattach(self: &Arc<Self>) {
         let window = self.opts.reconnect_window;
         let give_up = Instant::now() + window;
         let mut pause = Duration::from_micros(200);
-        let mut last = st.broken.clone().unwrap_or_default();
+        let mut last = self.lock().broken.clone().unwrap_or_default();
         loop {
             let left = give_up.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                st.dead = Some(RemoteError::Lost { server: self.server.clone(), window, why: last });
+            let attempt = if left.is_zero() { None } else { Some(self.try_attach(left.min(Duration::from_secs(2)))) };
+            let failed = match attempt {
+                None => Some(RemoteError::Lost { server: self.server.clone(), window, why: last.clone() }),
+                Some(Ok(())) => return,
+                // The session is gone or the proof is wrong: retrying will not help.
+                Some(Err(e @ RemoteError::Refused { .. })) => Some(e),
+                Some(Err(e)) => {
+                    last = e.to_string();
+                    None
+                }
+            };
+            let mut st = self.lock();
+            if st.dead.is_some() {
+                return; // closed meanwhile
+            }
+            if let Some(e) = failed {
+                st.dead = Some(e);
                 self.changed.notify_all();
                 return;
             }
-            match self.try_attach(st, left.min(Duration::from_secs(2))) {
-                Ok(()) => {
-                    st.reconnects += 1;
-                    tracing::debug!(server = %self.server, "re-attached");
-                    self.changed.notify_all();
-                    return;
-                }
-                Err(e @ RemoteError::Refused { .. }) => {
-                    // The session is gone or the proof is wrong: retrying will not help.
-                    st.dead = Some(e);
-                    self.changed.notify_all();
-                    return;
-                }
-                Err(e) => last = e.to_string(),
-            }
+            drop(st);
             std::thread::sleep(pause.min(left));
             pause = (pause * 2).min(Duration::from_millis(50));
         }
@@ -809,42 +904,53 @@ impl Conn {
     /// [`wire::feature::CHANNEL_BOUND_ATTACH`] the attach's proof is bound to the TLS channel
     /// and goes with the hello in one write: one round trip after the TLS handshake. Else it
     /// is bound to the server's nonce and waits for the welcome: two.
-    fn try_attach(self: &Arc<Self>, st: &mut State, timeout: Duration) -> Result<()> {
+    fn try_attach(self: &Arc<Self>, timeout: Duration) -> Result<()> {
         let server = self.server.as_str();
         let send_err = |e: std::io::Error| RemoteError::Connect { server: server.into(), why: e.to_string() };
         let mut s = dial(server, &self.opts, timeout)?;
         let client: [u8; 16] = random();
-        let (id, last_reply) = (st.keys.id, st.last_reply);
-        let channel = if st.keys.features & wire::feature::CHANNEL_BOUND_ATTACH != 0 { s.channel_binding() } else { None };
+        let features = self.lock().keys.features;
+        let channel = if features & wire::feature::CHANNEL_BOUND_ATTACH != 0 { s.channel_binding() } else { None };
+        // The attach and the unanswered commands that go with it (the session's keys and
+        // commands are read under the lock; nothing is written under it).
+        let attach = |out: &mut Vec<u8>, nonces: Option<&Nonces>| -> u64 {
+            let st = self.lock();
+            let (id, last_reply) = (st.keys.id, st.last_reply);
+            let mac = match (&channel, nonces) {
+                (Some(ch), _) => st.keys.secret.attach_proof_channel(ch, &client, &id, last_reply),
+                (None, Some(n)) => st.keys.secret.attach_proof(n, &id, last_reply),
+                (None, None) => unreachable!("an attach without a channel binding waits for the server's nonce"),
+            };
+            Frame::Attach { session: id, last_reply, mac }.encode_into(out);
+            pipeline(&st.unanswered, out)
+        };
         let mut out = Vec::new();
         hello(&self.opts, client).encode_into(&mut out);
         let (welcome, sent) = match &channel {
-            Some(ch) => {
-                Frame::Attach { session: id, last_reply, mac: st.keys.secret.attach_proof_channel(ch, &client, &id, last_reply) }
-                    .encode_into(&mut out);
-                let sent = pipeline(&st.unanswered, &mut out);
+            Some(_) => {
+                let sent = attach(&mut out, None);
                 s.write_all(&out).map_err(send_err)?;
                 (read_welcome(server, &self.opts, &mut s)?, sent)
             }
             None => {
                 s.write_all(&out).map_err(send_err)?;
                 let welcome = read_welcome(server, &self.opts, &mut s)?;
-                let nonces = Nonces { client, server: welcome.nonce };
                 out.clear();
-                Frame::Attach { session: id, last_reply, mac: st.keys.secret.attach_proof(&nonces, &id, last_reply) }.encode_into(&mut out);
-                let sent = pipeline(&st.unanswered, &mut out);
+                let sent = attach(&mut out, Some(&Nonces { client, server: welcome.nonce }));
                 s.write_all(&out).map_err(send_err)?;
                 (welcome, sent)
             }
         };
-        if welcome.max_frame != st.keys.max_frame {
+        let max_frame = self.lock().keys.max_frame;
+        if welcome.max_frame != max_frame {
             return Err(RemoteError::Protocol {
                 server: server.into(),
-                why: format!("frame limit changed from {} to {}", st.keys.max_frame, welcome.max_frame),
+                why: format!("frame limit changed from {max_frame} to {}", welcome.max_frame),
             });
         }
         match read_handshake(server, &mut s)? {
             Frame::Attached { last_received, mac } => {
+                let mut st = self.lock();
                 let proved = match &channel {
                     Some(ch) => st.keys.secret.check_attached_channel(ch, &client, last_received, &mac),
                     None => st.keys.secret.check_attached(&Nonces { client, server: welcome.nonce }, last_received, &mac),
@@ -861,19 +967,44 @@ impl Conn {
                         why: format!("server received command {last_received}, never sent"),
                     });
                 }
+                if st.dead.is_some() {
+                    return Ok(()); // closed meanwhile: nothing to install
+                }
                 // Everything up to `last_received` arrived and runs (or ran) once; the server
                 // re-sends the replies we lack. Only what it never received goes again (less
                 // what went with the attach) — but those it received stay counted as
                 // unanswered until their replies come.
                 for (seq, frame) in st.unanswered.iter_mut() {
-                    if *seq <= last_received {
-                        *frame = Vec::new();
+                    if *seq <= last_received && !frame.is_empty() {
+                        *frame = Arc::new(Vec::new());
                     }
                 }
-                self.install(st, s, sent.max(last_received)).map_err(|why| RemoteError::Connect { server: server.into(), why })
+                self.install(&mut st, s, sent.max(last_received)).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
+                st.reconnects += 1;
+                tracing::debug!(server = %self.server, "re-attached");
+                self.changed.notify_all();
+                Ok(())
             }
             other => Err(refused_or_protocol(server, other)),
         }
+    }
+}
+
+/// The most bytes of commands waiting to be written before a sender waits for room (a frame
+/// larger than this still goes, alone).
+const OUTQ_LIMIT: usize = 8 << 20;
+
+/// A connection's reads, counted (see [`Conn::received`]).
+struct Counted<'a> {
+    link: Link,
+    count: &'a AtomicU64,
+}
+
+impl std::io::Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.link.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 }
 
@@ -1257,10 +1388,10 @@ mod tests {
         // Commands 1-2 the server holds (placeholders); 3-6 wait for it; 5 is too big to fit
         // after 3 and 4, so 6 (which would fit) must not go either: the server would see 5
         // skipped.
-        let frame = |n: usize| vec![7u8; n];
-        let q: VecDeque<(u64, Vec<u8>)> = VecDeque::from(vec![
-            (1, Vec::new()),
-            (2, Vec::new()),
+        let frame = |n: usize| Arc::new(vec![7u8; n]);
+        let q: VecDeque<(u64, Arc<Vec<u8>>)> = VecDeque::from(vec![
+            (1, Arc::default()),
+            (2, Arc::default()),
             (3, frame(100)),
             (4, frame(200)),
             (5, frame(PIPELINE_BYTES)),
@@ -1271,7 +1402,7 @@ mod tests {
         assert_eq!(out.len(), 1 + 100 + 200, "the frames of 3 and 4, after what was there");
         // Nothing to send, or a first command over the budget: none go.
         let mut out = Vec::new();
-        assert_eq!(pipeline(&VecDeque::from(vec![(1, Vec::new())]), &mut out), 0);
+        assert_eq!(pipeline(&VecDeque::from(vec![(1, Arc::default())]), &mut out), 0);
         assert_eq!(pipeline(&VecDeque::from(vec![(8, frame(PIPELINE_BYTES + 1)), (9, frame(1))]), &mut out), 0);
         assert!(out.is_empty());
         // Exactly the budget fits.

@@ -3,7 +3,7 @@
 //! compiled from CUDA C by NVRTC per session. Compiled and type-checked here; it runs only on a
 //! machine with a GPU (see `scripts/remote-gpu-check.sh`).
 
-use crate::daemon::failed;
+use crate::wire::failed;
 use crate::wire::{code, Arg, DeviceInfo, DeviceKind, Outcome};
 use std::ops::Range;
 use sucl_cuda::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};

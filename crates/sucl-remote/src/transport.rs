@@ -400,6 +400,8 @@ struct Inner {
     sock: TcpStream,
     tls: Option<TlsSide>,
     read_timeout: Mutex<Option<Duration>>,
+    /// How long a write may wait for room without any byte going out.
+    write_timeout: Mutex<Option<Duration>>,
 }
 
 /// One connection, plain or TLS; clones share it (one reader and any number of writers).
@@ -437,7 +439,7 @@ fn wait_fd(sock: &TcpStream, events: i16, timeout: Option<Duration>) -> io::Resu
 impl Link {
     /// A plain TCP link.
     pub fn plain(sock: TcpStream) -> Link {
-        Link { inner: Arc::new(Inner { sock, tls: None, read_timeout: Mutex::new(None) }) }
+        Link { inner: Arc::new(Inner { sock, tls: None, read_timeout: Mutex::new(None), write_timeout: Mutex::new(None) }) }
     }
 
     /// The client side of a TLS link over `sock` that trusts `pins`; the handshake finishes
@@ -488,6 +490,12 @@ impl Link {
                 Ok(_) => {
                     if let Err(e) = conn.process_new_packets() {
                         let _ = conn.write_tls(&mut &sock); // the alert that says why, if it fits
+                        if matches!((&conn, &e), (rustls::Connection::Client(_), rustls::Error::InvalidMessage(_))) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("TLS: {e}: the server did not answer in TLS (a daemon started with --no-tls needs clients with TLS off: SUCL_REMOTE_TLS=off)"),
+                            ));
+                        }
                         return Err(tls_err(e));
                     }
                 }
@@ -498,7 +506,14 @@ impl Link {
         }
         conn.set_buffer_limit(None);
         let state = TlsState { conn, rbuf: Vec::new(), rpos: 0, rlen: 0 };
-        Ok(Link { inner: Arc::new(Inner { sock, tls: Some(TlsSide { conn: Mutex::new(state) }), read_timeout: Mutex::new(None) }) })
+        Ok(Link {
+            inner: Arc::new(Inner {
+                sock,
+                tls: Some(TlsSide { conn: Mutex::new(state) }),
+                read_timeout: Mutex::new(None),
+                write_timeout: Mutex::new(None),
+            }),
+        })
     }
 
     /// The pin of the certificate the other side presented (TLS client links only).
@@ -556,6 +571,17 @@ impl Link {
         *lock(&self.inner.read_timeout) = t;
         if self.inner.tls.is_none() {
             self.inner.sock.set_read_timeout(t)?;
+        }
+        Ok(())
+    }
+
+    /// Bounds how long a write waits while no byte can go out (`None`: for ever); a write
+    /// that waits longer fails with [`io::ErrorKind::TimedOut`] (plain TCP: `WouldBlock`),
+    /// leaving the link unusable.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        *lock(&self.inner.write_timeout) = t;
+        if self.inner.tls.is_none() {
+            self.inner.sock.set_write_timeout(t)?;
         }
         Ok(())
     }
@@ -635,7 +661,10 @@ impl Link {
                 return Ok(());
             }
             drop(c);
-            wait_fd(&self.inner.sock, libc::POLLOUT, None)?;
+            let timeout = *lock(&self.inner.write_timeout);
+            if !wait_fd(&self.inner.sock, libc::POLLOUT, timeout)? {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no room to write within the write timeout"));
+            }
             c = lock(&t.conn);
         }
     }

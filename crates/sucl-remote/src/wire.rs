@@ -1094,6 +1094,37 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
     Ok(f)
 }
 
+impl Frame {
+    /// The frame's name, as errors and logs say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello { .. } => "hello",
+            Frame::Welcome { .. } => "welcome",
+            Frame::Open { .. } => "open",
+            Frame::Attach { .. } => "attach",
+            Frame::Opened { .. } => "opened",
+            Frame::Attached { .. } => "attached",
+            Frame::Refused { .. } => "refused",
+            Frame::Command { .. } => "command",
+            Frame::Reply { .. } => "reply",
+            Frame::Ack { .. } => "ack",
+            Frame::Fatal { .. } => "fatal",
+            Frame::PeerOpen { .. } => "peer open",
+            Frame::PeerOpened { .. } => "peer opened",
+            Frame::PeerSubscribe { .. } => "peer subscribe",
+            Frame::PeerNotice { .. } => "peer notice",
+            Frame::PeerData { .. } => "peer data",
+            Frame::PeerReceived { .. } => "peer received",
+            Frame::PeerResume { .. } => "peer resume",
+        }
+    }
+}
+
+/// A failed outcome with `code` and `message`.
+pub(crate) fn failed(code: u16, message: impl Into<String>) -> Outcome {
+    Outcome::Failed { code, message: message.into() }
+}
+
 /// Why reading a frame failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -1106,7 +1137,9 @@ pub enum ReadError {
 }
 
 /// Reads one frame from `r` into `buf` (reused between calls) and decodes it. A length prefix
-/// over `max_frame` is refused before anything is allocated for the body.
+/// over `max_frame` is refused before anything is allocated for the body, and the body's
+/// room grows with the bytes that arrive (a peer that announces a large frame and sends a few
+/// bytes makes this hold a few).
 pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Result<Frame, ReadError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
@@ -1115,9 +1148,41 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Resul
         return Err(WireError::TooLong { what: "frame length", len: len as u64, limit: max_frame as u64 }.into());
     }
     buf.clear();
-    buf.resize(len as usize, 0);
-    r.read_exact(buf)?;
+    read_growing(r, buf, len as usize)?;
     Ok(decode(buf)?)
+}
+
+impl ReadError {
+    /// Whether the "frame length" read was the start of a TLS record (content type 20-23,
+    /// version 3.x): the other side speaks TLS where plain frames were expected.
+    pub fn is_tls_record(&self) -> bool {
+        match self {
+            ReadError::Wire(WireError::TooLong { what: "frame length", len, .. }) => {
+                let b = (*len as u32).to_le_bytes();
+                (0x14..=0x17).contains(&b[0]) && b[1] == 3 && b[2] <= 4
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The first room a frame's body gets; it doubles as bytes arrive.
+const FIRST_ROOM: usize = 64 << 10;
+
+/// Appends `n` bytes read from `r` to `buf`, giving it room step by step: never more than
+/// twice the bytes that arrived (or [`FIRST_ROOM`]) beyond what it held.
+fn read_growing(r: &mut impl Read, buf: &mut Vec<u8>, n: usize) -> io::Result<()> {
+    let end = buf.len() + n;
+    while buf.len() < end {
+        let start = buf.len();
+        let step = (end - start).min(start.max(FIRST_ROOM));
+        buf.resize(start + step, 0);
+        if let Err(e) = r.read_exact(&mut buf[start..]) {
+            buf.truncate(start);
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// The fixed fields of a [`Frame::PeerData`], read before its data (which the reader then
@@ -1187,9 +1252,8 @@ pub fn read_peer_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> 
         return Ok(PeerRead::Data(PeerDataHead { transfer: word(0), total: word(1), offset: word(2), len: count }));
     }
     buf.clear();
-    buf.resize(len as usize, 0);
-    buf[0] = head[4];
-    r.read_exact(&mut buf[1..])?;
+    buf.push(head[4]);
+    read_growing(r, buf, len as usize - 1)?;
     Ok(PeerRead::Frame(decode(buf)?))
 }
 
@@ -1245,5 +1309,42 @@ mod tests {
         let e = read_frame(&mut wire, &mut buf, 1024).unwrap_err();
         assert!(e.to_string().contains("frame length of 2147483647 exceeds the limit of 1024"), "{e}");
         assert_eq!(buf.capacity(), 0, "nothing was allocated for the claimed length");
+    }
+
+    /// Ten bytes of a frame that claims 16 MiB, then the connection goes quiet.
+    struct Trickle(Vec<u8>);
+
+    impl Read for Trickle {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "quiet"));
+            }
+            let n = out.len().min(self.0.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0.drain(..n);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_frame_that_announces_more_than_arrives_holds_room_for_what_arrived() {
+        let mut head = (16u32 << 20).to_le_bytes().to_vec();
+        head.extend_from_slice(&[5; 10]);
+        for peer in [false, true] {
+            let mut buf = Vec::new();
+            let mut r = Trickle(head.clone());
+            let e = if peer {
+                read_peer_frame(&mut r, &mut buf, 32 << 20).unwrap_err()
+            } else {
+                read_frame(&mut r, &mut buf, 32 << 20).unwrap_err()
+            };
+            assert!(matches!(e, ReadError::Io(ref e) if e.kind() == io::ErrorKind::WouldBlock), "{e}");
+            assert!(buf.capacity() < 2 * FIRST_ROOM, "{} bytes held for 10 received", buf.capacity());
+        }
+        // A frame that does arrive whole reads back whatever its size.
+        let big = Frame::Command { seq: 1, ack: 0, cmd: Command::Write { buffer: 1, offset: 0, data: vec![3; 3 * FIRST_ROOM + 17] } };
+        let mut buf = Vec::new();
+        assert_eq!(read_frame(&mut &big.encode()[..], &mut buf, 1 << 20).unwrap(), big);
+        assert!(buf.capacity() < 2 * big.encode().len());
     }
 }

@@ -15,7 +15,12 @@ use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, TlsIdentity, Tok
 /// shared token (HMAC-SHA256 challenge-response). sucld listens on loopback unless told
 /// otherwise.
 #[derive(Parser, Debug)]
-#[command(name = "sucld", version)]
+#[command(
+    name = "sucld",
+    version,
+    after_help = "Example:\n  sucld --gen-token ~/.sucld-token\n  sucld --token-file ~/.sucld-token --listen 0.0.0.0:7787 --cuda\n\n\
+                  Clients: SUCL_REMOTE=host:7787 SUCL_REMOTE_TOKEN_FILE=~/.sucld-token SUCL_REMOTE_TLS_PIN=<the printed pin>"
+)]
 struct Args {
     /// Address to listen on (port 0 picks a free port; see --print-address).
     #[arg(long, default_value = "127.0.0.1:7787")]
@@ -72,6 +77,16 @@ struct Args {
     /// Plain TCP: no TLS on client or peer connections (clients need SUCL_REMOTE_TLS=off).
     #[arg(long, conflicts_with_all = ["tls_dir", "tls_cert", "tls_ephemeral"])]
     no_tls: bool,
+    /// Sessions the daemon holds at once; at the limit a new session frees the one detached
+    /// longest, or is refused when every session is attached.
+    #[arg(long, default_value_t = 256)]
+    max_sessions: usize,
+    /// Connections in their handshake at once; more are closed as they arrive.
+    #[arg(long, default_value_t = 64)]
+    max_handshakes: usize,
+    /// Milliseconds a new connection has for its whole handshake (TLS, hello, open or attach).
+    #[arg(long, default_value_t = 5_000)]
+    handshake_timeout_ms: u64,
     /// Milliseconds a command waits for a peer server (a migration's bytes, a remote event).
     #[arg(long, default_value_t = 30_000)]
     peer_timeout_ms: u64,
@@ -117,6 +132,9 @@ fn run(args: Args) -> Result<(), String> {
     };
     cfg.kernels = KernelRegistry::with_builtins();
     cfg.peer_timeout = Duration::from_millis(args.peer_timeout_ms);
+    cfg.max_sessions = args.max_sessions.max(1);
+    cfg.max_handshakes = args.max_handshakes.max(1);
+    cfg.handshake_timeout = Duration::from_millis(args.handshake_timeout_ms.max(1));
     cfg.tls = if args.no_tls {
         None
     } else if let (Some(c), Some(k)) = (&args.tls_cert, &args.tls_key) {

@@ -91,6 +91,8 @@ pub struct FaultProxy {
     enabled: Arc<AtomicBool>,
     severed: Arc<AtomicBool>,
     live: Arc<Mutex<Vec<TcpStream>>>,
+    /// Connections opened before the last [`FaultProxy::stall`] forward nothing more.
+    stalls: Arc<AtomicU64>,
 }
 
 struct Rng(u64);
@@ -113,6 +115,8 @@ impl FaultProxy {
         let (severed, live) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
         let (target, c2, s2, e2, b2) = (target.to_string(), cuts.clone(), stop.clone(), enabled.clone(), bytes.clone());
         let (sv2, l2) = (severed.clone(), live.clone());
+        let stalls = Arc::new(AtomicU64::new(0));
+        let (st2, stop2) = (stalls.clone(), stop.clone());
         let rng = Arc::new(Mutex::new(Rng(seed | 1)));
         std::thread::spawn(move || {
             for client in l.incoming() {
@@ -127,10 +131,11 @@ impl FaultProxy {
                 l2.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let budget = if e2.load(Ordering::SeqCst) { 1 + rng.lock().unwrap().next() % (2 * mean_bytes) } else { u64::MAX };
-                pump_pair(client, server, budget, c2.clone(), b2.clone());
+                let stall = Stall { epochs: st2.clone(), born: st2.load(Ordering::SeqCst), stop: stop2.clone() };
+                pump_pair(client, server, budget, c2.clone(), b2.clone(), stall);
             }
         });
-        FaultProxy { addr, cuts, bytes, stop, enabled, severed, live }
+        FaultProxy { addr, cuts, bytes, stop, enabled, severed, live, stalls }
     }
 
     /// Cuts every connection and drops every new one (the network between is gone).
@@ -139,6 +144,12 @@ impl FaultProxy {
         for s in self.live.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
+    }
+
+    /// Stalls every open connection: both ends stay open, but no byte goes through any more
+    /// (neither read nor forwarded, so the senders' buffers fill); new connections work.
+    pub fn stall(&self) {
+        self.stalls.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A proxy that cuts nothing and only counts the bytes it forwards.
@@ -159,19 +170,46 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>, bytes: Arc<AtomicU64>) {
+/// Whether a connection made at stall epoch `born` is stalled now.
+#[derive(Clone)]
+struct Stall {
+    epochs: Arc<AtomicU64>,
+    born: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Stall {
+    /// Holds the calling pump while its connection is stalled; `false` once the proxy stops.
+    fn hold(&self) -> bool {
+        while self.epochs.load(Ordering::SeqCst) > self.born {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+}
+
+fn pump_pair(a: TcpStream, b: TcpStream, budget: u64, cuts: Arc<AtomicU64>, bytes: Arc<AtomicU64>, stall: Stall) {
     let left = Arc::new(AtomicU64::new(budget));
     let cut = Arc::new(AtomicBool::new(false));
     for (from, to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
-        let (left, cut, cuts, bytes) = (left.clone(), cut.clone(), cuts.clone(), bytes.clone());
+        let (left, cut, cuts, bytes, stall) = (left.clone(), cut.clone(), cuts.clone(), bytes.clone(), stall.clone());
         std::thread::spawn(move || {
             let (mut from, mut to) = (from, to);
             let mut buf = [0u8; 4096];
             loop {
+                if !stall.hold() {
+                    break;
+                }
                 let n = match from.read(&mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
+                if !stall.hold() {
+                    break; // stalled with these bytes in hand: they never go through
+                }
                 let have = left.fetch_sub((n as u64).min(left.load(Ordering::SeqCst)), Ordering::SeqCst);
                 let pass = (n as u64).min(have) as usize;
                 bytes.fetch_add(pass as u64, Ordering::Relaxed);

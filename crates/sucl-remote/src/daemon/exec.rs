@@ -1,0 +1,178 @@
+//! The executor: runs a session's commands in order, each exactly once, and answers them.
+
+use super::mesh::*;
+use super::objects::*;
+use super::state::*;
+use crate::wire::{code, failed, Command, Frame, Outcome, SessionStats};
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Whether `cmd` would have to wait for a peer (then the executor thread runs it).
+pub(super) fn would_block(s: &Session, cmd: &Command) -> bool {
+    let r = lock(&s.remote);
+    match cmd {
+        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.received != i.total),
+        Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
+        _ => false,
+    }
+}
+
+/// Runs queued commands in order until the queue is empty. On the connection's thread
+/// (`in_executor` false) it hands over to the executor at the first command that would block.
+pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
+    loop {
+        let (seq, cmd) = {
+            let mut st = lock(&s.state);
+            let Some((_, head)) = st.pending.front() else {
+                st.draining = false;
+                return;
+            };
+            if s.closed.load(Ordering::SeqCst) {
+                st.draining = false;
+                return;
+            }
+            if !in_executor && would_block(s, head) && hand_off(shared, s, &mut st) {
+                return;
+            }
+            st.pending.pop_front().expect("a head was seen")
+        };
+        let outcome = execute(shared, s, cmd);
+        let mut reply = Vec::new();
+        Frame::Reply { seq, outcome }.encode_into(&mut reply);
+        let mut st = lock(&s.state);
+        let conn = lock(&s.binding).conn.clone();
+        if let Some(mut c) = conn {
+            if c.write_all(&reply).is_err() {
+                c.shutdown(); // the client re-attaches; the reply stays retained
+            }
+        }
+        st.retained.push_back((seq, reply));
+    }
+}
+
+/// Hands the queue to the session's executor thread, starting one if none is alive; `false`
+/// if none could be started (then the caller runs the command itself).
+fn hand_off(shared: &Arc<Shared>, s: &Arc<Session>, st: &mut SessionState) -> bool {
+    st.handoff = true;
+    if st.executor {
+        s.exec_cv.notify_all();
+        return true;
+    }
+    let (sh, se) = (shared.clone(), s.clone());
+    match std::thread::Builder::new().name("sucld-exec".into()).spawn(move || executor_loop(&sh, &se)) {
+        Ok(_) => {
+            st.executor = true;
+            true
+        }
+        Err(e) => {
+            tracing::warn!("cannot start an executor thread ({e}): the connection's thread runs the command");
+            st.handoff = false;
+            false
+        }
+    }
+}
+
+/// The session's executor: runs the queue whenever a command at its head may block. It ends
+/// when the session closes, or when it has nothing to run and the session is detached (an
+/// abandoned session holds no thread; a command that must wait starts one again).
+pub(super) fn executor_loop(shared: &Arc<Shared>, s: &Arc<Session>) {
+    loop {
+        let mut st = lock(&s.state);
+        while !st.handoff {
+            if s.closed.load(Ordering::SeqCst) || lock(&s.binding).conn.is_none() {
+                st.executor = false;
+                return;
+            }
+            st = s.exec_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if s.closed.load(Ordering::SeqCst) {
+            st.executor = false;
+            return;
+        }
+        st.handoff = false;
+        drop(st);
+        drain(shared, s, true);
+    }
+}
+
+pub(super) fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Outcome {
+    match exec(shared, s, cmd) {
+        Ok(x) | Err(x) => x,
+    }
+}
+
+/// Commands that involve peers; the rest run on the session's objects.
+pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome, Outcome> {
+    match cmd {
+        Command::JoinMesh { mesh, key, index, peers } => {
+            lock(&s.objects).stats.executed += 1;
+            join_mesh(shared, s, mesh, key, index, peers)
+        }
+        Command::WaitRemote { peer, event } => {
+            lock(&s.objects).stats.executed += 1;
+            check_peer(s, peer)?;
+            let what = format!("waiting for event {event} of mesh member {peer}");
+            wait_remote(
+                shared,
+                s,
+                peer,
+                &what,
+                |r| {
+                    r.remote_done.get(&(peer, event)).map(|ok| {
+                        if *ok {
+                            Ok(())
+                        } else {
+                            Err(format!("event {event} of mesh member {peer} failed"))
+                        }
+                    })
+                },
+                || peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode()),
+            )?;
+            Ok(Outcome::Done)
+        }
+        Command::MigrateIn { buffer: id, offset, len, peer, transfer } => {
+            lock(&s.objects).stats.executed += 1;
+            check_peer(s, peer)?;
+            // A link to the source, though nothing goes out on it: if the source dies, its
+            // re-connection is refused and this wait fails at once.
+            peer_out(shared, s, &mut lock(&s.remote), peer).map_err(|e| failed(code::PEER, e))?;
+            let total = receive_transfer(shared, s, (peer, transfer), id, offset, len)?;
+            let mut o = lock(&s.objects);
+            if let Some(sb) = buffer(&mut o, id)?.content {
+                set_content_len(&mut o, sb, offset + total)?;
+            }
+            Ok(Outcome::Done)
+        }
+        Command::MigrateOut { buffer: id, offset, len, peer, transfer } => {
+            let mut o = lock(&s.objects);
+            o.stats.executed += 1;
+            check_peer(s, peer)?;
+            let len = trimmed(&mut o, id, offset, len)?;
+            let b = buffer(&mut o, id)?;
+            let r = span("migration source", offset, len, b.mem.len())?;
+            send_transfer(shared, s, &b.mem, r, peer, transfer)?;
+            Ok(Outcome::Done)
+        }
+        Command::Stats => {
+            let mut o = lock(&s.objects);
+            o.stats.executed += 1;
+            Ok(Outcome::Stats(SessionStats { peer_frames: s.peer_frames.load(Ordering::Relaxed), ..o.stats }))
+        }
+        other => {
+            let record = match other {
+                Command::Record { event, .. } => Some(event),
+                _ => None,
+            };
+            let in_mesh = lock(&s.remote).mesh.is_some();
+            let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
+            let mut o = lock(&s.objects);
+            o.stats.executed += 1;
+            let outcome = run(&ctx, &mut o, other)?;
+            if let Some(event) = record {
+                event_done(shared, s, event);
+            }
+            Ok(outcome)
+        }
+    }
+}

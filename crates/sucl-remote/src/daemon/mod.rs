@@ -1,0 +1,222 @@
+//! The daemon as a library: [`Daemon::start`] serves a node's devices on a TCP address until
+//! [`Daemon::shutdown`]. The `sucld` binary is a thin command line over it; a program that wants
+//! its own host kernels builds a [`DaemonConfig`] with its [`KernelRegistry`] and starts one.
+//!
+//! A small pool of threads waits in `accept`; the thread that accepts a connection serves it
+//! and then, while too few others wait, waits in `accept` again (so a new connection — a
+//! client's re-attach above all — neither starts a thread nor waits for one to be handed it).
+//! A session outlives its connection for the reconnect window: its buffers, queues and events
+//! stay, and so do the replies the client has not acknowledged. Commands of a session run in
+//! sequence-number order, each exactly once: a command whose number the session already
+//! received is not run again. The connection's thread runs commands as they arrive; a command
+//! that must wait for a peer (a migration's bytes, a remote event) is handed to the session's
+//! executor thread, and the commands after it queue behind it.
+//!
+//! **Bounds.** A connection has [`DaemonConfig::handshake_timeout`] for its whole handshake,
+//! and at most [`DaemonConfig::max_handshakes`] are in one at once; a frame's buffer grows
+//! with the bytes that arrive, not with the length announced; the daemon holds at most
+//! [`DaemonConfig::max_sessions`] sessions, and an executor thread lives only while its
+//! session is attached or has a command to run.
+//!
+//! **Files.** `accept`: the accept pool and the handshake; `session`: opening, re-attaching
+//! and receiving a session's commands; `exec`: running them in order and answering;
+//! `objects`: buffers, queues, events and the commands on them alone; `mesh` and `links`: the
+//! peer mesh (its threads and transfers; its state); `state`: what the threads share;
+//! `config`: the settings; `sync`: locking. Each imports only files listed after it, in the
+//! order accept, session, exec, mesh, state, links, objects, config, sync.
+//!
+//! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
+//! indices, addresses, certificate pins and a key the client hands every member). Members open
+//! links to each other on first use (TLS, then a proof that they hold the key), one outgoing
+//! link per member and direction, each with its own sending thread. Over them go the bytes of
+//! migrations ([`Command::MigrateOut`] on the source, [`Command::MigrateIn`] on the
+//! destination, which answers the client) and completion notices: a member that reaches
+//! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
+//! it — when the event completes, without the client.
+//!
+//! **Data path.** A migration's source writes each piece straight from the buffer (header and
+//! slice in one write) on the migrating command's thread; the destination's link reads the
+//! piece off the socket into a pooled staging chunk, and the receiving command copies chunks
+//! into the buffer as they come. The source's command completes when the destination confirms
+//! it holds every byte ([`Frame::PeerReceived`]).
+//!
+//! **Broken links.** The sending side makes a broken link again (authenticated as the first
+//! time). Peer frames are idempotent and waits re-send what they wait for whenever a link with
+//! that member broke or was made again: subscriptions again, and a migration's source asks how
+//! much arrived ([`Frame::PeerResume`]) and sends the rest. A member that cannot be reached
+//! within the peer timeout is lost: every wait on it fails, naming it.
+
+mod accept;
+mod config;
+mod exec;
+mod links;
+mod mesh;
+mod objects;
+mod session;
+mod state;
+mod sync;
+
+use crate::transport::{Pin, TlsIdentity};
+use crate::wire::MIN_MAX_FRAME;
+pub use config::{DaemonConfig, Limits};
+use objects::*;
+use state::*;
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// A running daemon.
+pub struct Daemon {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Daemon {
+    /// Opens the devices, binds the address and starts serving.
+    pub fn start(cfg: DaemonConfig) -> io::Result<Daemon> {
+        if cfg.max_frame < MIN_MAX_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("max frame {} is under the minimum {MIN_MAX_FRAME}", cfg.max_frame),
+            ));
+        }
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut devices: Vec<Served> =
+            (0..cfg.host_devices).map(|i| Served::Host { name: format!("host{i}"), memory: cfg.host_memory }).collect();
+        if cfg.cuda {
+            #[cfg(feature = "cuda")]
+            devices
+                .extend(crate::cuda::open_all().map_err(|e| io::Error::other(format!("CUDA devices: {e}")))?.into_iter().map(Served::Cuda));
+            #[cfg(not(feature = "cuda"))]
+            return Err(io::Error::other("this sucld was built without the `cuda` feature"));
+        }
+        let listener = TcpListener::bind(cfg.listen)?;
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && cfg.tls.is_none() {
+            warn!(%addr, "listening beyond loopback without TLS: traffic after the handshake is not encrypted");
+        }
+        info!(%addr, devices = devices.len(), tls = cfg.tls.is_some(), kernels = ?cfg.kernels.names(), "sucld listening");
+        let shared = Arc::new(Shared {
+            cfg,
+            devices,
+            sessions: Mutex::new(HashMap::new()),
+            meshes: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            handshakes: Mutex::new(HashMap::new()),
+            listener,
+            acceptors: Mutex::new(Acceptors::default()),
+            acceptors_cv: Condvar::new(),
+        });
+        let s = shared.clone();
+        let reaper = std::thread::Builder::new().name("sucld-reaper".into()).spawn(move || reap_loop(&s))?;
+        let mut daemon = Daemon { addr, shared, threads: vec![reaper] };
+        for _ in 0..accept::SPARE_ACCEPTORS {
+            if let Err(e) = accept::start_acceptor(&daemon.shared) {
+                daemon.stop();
+                return Err(e);
+            }
+        }
+        Ok(daemon)
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The pin of its TLS certificate (`None`: plain TCP).
+    pub fn tls_pin(&self) -> Option<Pin> {
+        self.shared.cfg.tls.as_ref().map(TlsIdentity::pin)
+    }
+
+    /// How many threads serve connections or wait in `accept` for one (each connection has
+    /// one; a few more wait, and a thread whose connection ended waits again only while fewer
+    /// than two others do).
+    pub fn connection_threads(&self) -> usize {
+        lock(&self.shared.acceptors).live
+    }
+
+    /// How many sessions it holds (attached or waiting for their client to re-attach).
+    pub fn session_count(&self) -> usize {
+        lock(&self.shared.sessions).len()
+    }
+
+    /// Blocks until the daemon stops (it stops only through [`Daemon::shutdown`] from another
+    /// handle, so the binary calls this to serve forever).
+    pub fn wait(mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    /// Stops accepting, closes every connection and frees every session.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Shutting the listening socket down closes the port and wakes every thread waiting in
+        // `accept` (with an error); a connection wakes one where that does not.
+        // SAFETY: the descriptor is the listener's, open for as long as `shared` lives.
+        unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for (_, c) in lock(&self.shared.conns).drain() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&self.shared.acceptors).idle > 0 && Instant::now() < deadline {
+            let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(100));
+            let a = lock(&self.shared.acceptors);
+            drop(self.shared.acceptors_cv.wait_timeout(a, Duration::from_millis(10)));
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for (_, s) in lock(&self.shared.sessions).drain() {
+            s.close();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop();
+        }
+    }
+}
+
+/// Frees sessions whose client did not re-attach in time, and cuts connections whose
+/// handshake ran past its deadline.
+fn reap_loop(shared: &Arc<Shared>) {
+    let tick =
+        (shared.cfg.reconnect_window.min(shared.cfg.handshake_timeout) / 4).clamp(Duration::from_millis(10), Duration::from_millis(500));
+    while !shared.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(tick);
+        accept::cut_late_handshakes(shared);
+        let window = shared.cfg.reconnect_window;
+        let mut expired = Vec::new();
+        lock(&shared.sessions).retain(|id, s| {
+            let b = lock(&s.binding);
+            let gone = b.conn.is_none() && b.detached_since.is_some_and(|t| t.elapsed() > window);
+            if gone {
+                info!(session = %hex(id), "session expired: its client did not re-attach within {window:?}; resources freed");
+                expired.push(s.clone());
+            }
+            !gone
+        });
+        for s in expired {
+            s.close();
+        }
+        lock(&shared.meshes).retain(|_, w| w.strong_count() > 0 && !w.upgrade().is_some_and(|s| s.closed.load(Ordering::SeqCst)));
+    }
+}
