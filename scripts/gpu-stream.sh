@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stream-triggered communication on the GPU machine (2 GPUs), in one call:
 #  1. the GPU checks of CommQueue over nccl and staged (kernel → start ordering, wait → kernel
-#     ordering, host returns while the stream is busy, 1000 start/wait pairs without a host sync,
+#     ordering, `recv; start; send; start; wait` completing (each start on its own), host returns while the stream is busy, 1000 start/wait pairs without a host sync,
 #     a killed peer releases the stream with an error);
 #  2. the GPU test binary of sucl-stream (tests/gpu.rs: ordinary staged collectives ordered with
 #     kernels on the stream, returning once enqueued, a lost peer releasing the stream with an
@@ -52,7 +52,7 @@ grep -q "^  nccl  available" "$OUT/info.txt" || { echo "gpu-stream: NCCL unavail
 LOG="$OUT/gpu-checks.txt"
 : >"$LOG"
 for t in $TRANSPORTS; do
-  for c in order busy many; do
+  for c in order apart busy many; do
     echo "== $c $t" >>"$LOG"
     SUCL_TIMEOUT=60 timeout 300 "$BIN" run -n 2 -- "$ST" "$c" "$t" >>"$LOG" 2>&1 || fail "$c over $t failed"
     [ "$(grep -c "st-gpu: $c $t: ok" "$LOG")" -ge 2 ] || fail "$c over $t: not every rank reported ok"

@@ -43,7 +43,7 @@ struct Args {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Gpu {
-    /// NCCL groups on the stream.
+    /// NCCL groups on a side stream of the queue, issued at the wait.
     Nccl,
     /// Stream memory operations and the progress thread over the host backend.
     Staged,

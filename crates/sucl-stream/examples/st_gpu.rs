@@ -1,10 +1,14 @@
 //! GPU checks and benchmarks of stream-triggered queues, for `scripts/gpu-stream.sh` (2 ranks,
 //! one GPU each, under `sucl run -n 2`):
 //!
-//! `st_gpu order|busy|many|killed|bench nccl|staged`
+//! `st_gpu order|apart|busy|many|killed|bench nccl|staged`
 //!
 //! - order: a kernel writes the send buffer just before `start`, the peer's kernel after `wait`
 //!   checks what arrived; 20 rounds without a host sync; the values prove the order.
+//! - apart: each round a receive is started on its own, then the matching send in a second
+//!   start, then one wait (`recv; start; send; start; wait`, the same on both ranks): a start
+//!   must not hold later starts behind its completion; the peer's kernel after the wait checks
+//!   what arrived; 20 rounds without a host sync.
 //! - busy: after a long kernel, enqueue + start + wait return while the stream is still busy.
 //! - many: 1000 start/wait pairs without a host sync complete (no deadlock behind full streams).
 //! - killed: rank 1 exits while rank 0's stream waits for it; rank 0's stream is released and
@@ -85,6 +89,9 @@ enum Check {
     /// A kernel writes the send buffer right before `start`, the peer's kernel after `wait`
     /// checks what arrived (20 rounds, no host sync).
     Order,
+    /// `recv; start; send; start; wait` on both ranks (20 rounds, no host sync): each start
+    /// releases its batch on its own; the kernel after the wait checks what arrived.
+    Apart,
     /// After a long kernel, enqueue + start + wait return while the stream is still busy.
     Busy,
     /// 1000 start/wait pairs without a host sync complete.
@@ -100,7 +107,7 @@ enum Check {
 enum Via {
     /// NCCL where every rank has it, else staged.
     Auto,
-    /// NCCL groups on the stream.
+    /// NCCL groups on a side stream of the queue, issued at the wait.
     Nccl,
     /// Stream memory operations and the progress thread over the host backend.
     Staged,
@@ -154,6 +161,28 @@ fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
                 return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} values arrived out of order") });
             }
             println!("st-gpu: order {t}: ok (rank {rank}, 20 rounds of {n} doubles, kernel → start and wait → kernel)");
+        }
+        "apart" => {
+            let n = 1 << 16;
+            let out = DeviceBuf::new(q.alloc::<f64>(n)?);
+            let got = DeviceBuf::new(q.alloc::<f64>(n)?);
+            for round in 0..20 {
+                fill(&k, &q, &out, (rank * 1_000_000 + round * 1000) as f64, 2_000_000);
+                // Both ranks receive first, in a start of its own: the receive completes only
+                // once the peer's send, in its second start, ran.
+                cq.enqueue_recv(&got, peer, round as u32)?;
+                cq.start()?;
+                cq.enqueue_send(&out, peer, round as u32)?;
+                cq.start()?;
+                cq.wait()?;
+                check(&k, &q, &got, (peer * 1_000_000 + round * 1000) as f64, &bad);
+            }
+            cq.synchronize()?;
+            let wrong = bad.lock().to_vec()?[0];
+            if wrong != 0 {
+                return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} wrong values") });
+            }
+            println!("st-gpu: apart {t}: ok (rank {rank}, 20 rounds of recv; start; send; start; wait, {n} doubles)");
         }
         "busy" => {
             let out = DeviceBuf::new(q.alloc::<f64>(1024)?);

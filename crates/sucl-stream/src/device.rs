@@ -1,12 +1,19 @@
 //! CUDA streams (feature `cuda`): a [`CommQueue`](crate::CommQueue) bound to a device [`Queue`].
 //!
-//! - **nccl**: `start` issues the batch on the stream — consecutive sends and receives as one
-//!   NCCL group, collectives in between in enqueue order; stream order is the trigger and NCCL's
-//!   kernels complete it, so [`CommQueue::wait`](crate::CommQueue::wait) costs nothing on the same stream
-//!   ([`CommQueue::wait_on`](crate::CommQueue::wait_on) orders another stream with an event). NCCL has no tags: messages
-//!   between two ranks match in enqueue order and must have the same length. The stream runs
-//!   the groups of successive starts one after the other, so here a batch must be able to
-//!   complete by itself (the staged path posts every batch at its trigger instead).
+//! - **nccl**: the groups run on a side stream of the queue. `start` records an event on the
+//!   stream (what the batch must see) and keeps the batch; `wait` (or `synchronize`) issues the
+//!   batches of every start since the last wait — consecutive sends and receives as one NCCL
+//!   group, collectives in between in enqueue order — on the side stream after that event, and
+//!   makes the stream wait for them with a second event (no host wait). NCCL runs a
+//!   communicator's kernels one after the other whatever stream they are on, so a start issued
+//!   as a group of its own would hold later starts behind it (`recv; start; send; start; wait`
+//!   on two ranks could never complete); issued together at the wait, they complete as MPI's
+//!   semantics say. Kernels enqueued between a start and its wait run while the groups do
+//!   (they must not write what the batch sends nor read what it receives, as in MPI). With a
+//!   collective among them, the batches are issued on the stream itself at the wait, in enqueue
+//!   order (collectives use the buffers' stream and another NCCL communicator than the groups).
+//!   NCCL has no tags: messages between two ranks match in enqueue order and must have the
+//!   same length. A request of a start completes once a wait (or synchronize) issued it.
 //! - **staged** (any host backend): two 64-bit counters in pinned, device-mapped host memory
 //!   (not write-combined). `start` enqueues the device→host copies of the batch's sends and a
 //!   `cuStreamWriteValue64` of the trigger; the progress thread (which makes no CUDA call) sees
@@ -25,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use sucl_cuda::cudarc::driver::sys as cu;
-use sucl_cuda::cudarc::driver::{CudaContext, CudaStream};
+use sucl_cuda::cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 use sucl_cuda::StreamSignal;
 use sucl_runtime::cuda::{Buffer, DeviceElement, Event, Queue};
 use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
@@ -35,7 +42,7 @@ use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
 pub enum Transport {
     /// NCCL when the communicator set it up on every rank, else staged.
     Auto,
-    /// NCCL groups on the stream.
+    /// NCCL groups on a side stream of the queue, issued at the wait.
     Nccl,
     /// Device ↔ pinned host copies, stream memory operations and the progress thread over the
     /// communicator's host backend.
@@ -337,10 +344,43 @@ enum NcclOp {
     Coll(NcclColl),
 }
 
+/// An NCCL-path operation with its request's state and the handles that keep its buffers.
+type NcclEntry = (NcclOp, Arc<OpState>, Box<dyn Send>);
+
+/// Where the NCCL path issues its groups: a stream of its own, forked from the queue's stream
+/// at the last start that had operations and joined back into it at the wait. Both events are
+/// made once and re-recorded (a stream wait takes the record current when it is enqueued), so a
+/// batch allocates nothing here.
+struct SideStream {
+    queue: Queue,
+    /// Recorded on the queue's stream at each start with operations: what the batch must see.
+    fork: CudaEvent,
+    /// Recorded on the side stream after the groups issued at a wait.
+    join: CudaEvent,
+}
+
+impl SideStream {
+    fn new(queue: &Queue, rank: usize) -> Result<SideStream> {
+        let ctx = queue.device().context();
+        let err = |during: &'static str| move |e| sucl_cuda::cuda_err(rank, during, e);
+        let fork = ctx.new_event(None).map_err(err("creating the fork event"))?;
+        let join = ctx.new_event(None).map_err(err("creating the join event"))?;
+        Ok(SideStream { queue: queue.device().queue()?, fork, join })
+    }
+}
+
 enum Mode {
     Nccl {
         comm: Box<Communicator>,
-        pending: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
+        pending: Vec<NcclEntry>,
+        /// Operations of the starts since the last wait, issued together at the next wait (or
+        /// synchronize): NCCL runs a communicator's kernels one after the other whatever stream
+        /// they are on, so a start issued as its own group could hold the groups of later
+        /// starts behind a receive whose send is in one of them.
+        posted: Vec<NcclEntry>,
+        /// The last start whose operations are in `posted`.
+        posted_epoch: u64,
+        side: SideStream,
         /// Handles of started operations by start epoch, released once the tracker saw it
         /// complete.
         held: Vec<(u64, Vec<Box<dyn Send>>)>,
@@ -387,7 +427,18 @@ impl DevicePath {
         let mode = if nccl {
             comm.pin_backend(Some("nccl"))?;
             let tracker = Arc::new(Tracker::new(queue.clone()));
-            Mode::Nccl { comm: Box::new(comm), pending: vec![], held: vec![], tracker, mark: None, failed: None }
+            let side = SideStream::new(queue, rank)?;
+            Mode::Nccl {
+                comm: Box::new(comm),
+                pending: vec![],
+                posted: vec![],
+                posted_epoch: 0,
+                side,
+                held: vec![],
+                tracker,
+                mark: None,
+                failed: None,
+            }
         } else {
             let signal = StreamSignal::leak(queue.device())?;
             let ch = Channel::new(comm, Box::new(signal))?;
@@ -470,8 +521,11 @@ impl DevicePath {
     /// group's completion is the stream's), so that the queue need not ask each request.
     pub(crate) fn synchronize(&mut self) -> Result<bool> {
         let r = match &mut self.mode {
-            Mode::Nccl { comm, held, failed, tracker, .. } => {
-                let r = comm.synchronize(&self.queue);
+            Mode::Nccl { .. } => {
+                // Starts not waited for are issued now (the host waits for them below).
+                let issued = self.issue_posted();
+                let Mode::Nccl { comm, held, failed, tracker, .. } = &mut self.mode else { unreachable!("nccl") };
+                let r = comm.synchronize(&self.queue).and(issued);
                 match &r {
                     Err(e) => {
                         failed.get_or_insert(e.clone());
@@ -696,26 +750,24 @@ impl DevicePath {
         let stream = d.queue.stream().clone();
         let cs = stream.cu_stream();
         match &mut d.mode {
-            Mode::Nccl { comm, pending, held, tracker, mark, failed } => {
-                let ops = std::mem::take(pending);
+            Mode::Nccl { pending, posted, posted_epoch, side, mark, failed, .. } => {
                 // The requests already hold this start's completion (made at enqueue).
                 mark.take();
-                let (keeps, issued) = issue_nccl(comm, &d.queue, ops, epoch);
-                // Whatever was issued of this start precedes any event recorded from now on.
-                tracker.issued.store(epoch, Ordering::Release);
-                if !keeps.is_empty() {
-                    held.push((epoch, keeps));
+                if pending.is_empty() {
+                    return Ok(());
                 }
-                if let Err(e) = issued {
+                // What the batch sends was written by the stream's work up to here; the groups
+                // issued at the wait start from this point, not from the wait's.
+                if let Err(e) = side.fork.record(&stream) {
+                    let e = sucl_cuda::cuda_err(rank, "recording the start on the stream", e);
+                    for (_, state, _) in pending.drain(..) {
+                        state.complete(Err(e.clone()));
+                    }
                     failed.get_or_insert(e.clone());
                     return Err(e);
                 }
-                if held.len() >= HELD_CHECK {
-                    // The oldest start's event is usually recorded already (one query).
-                    tracker.done_up_to(held[0].0)?;
-                    let done = tracker.completed.load(Ordering::Acquire);
-                    held.retain(|(e, _)| *e > done);
-                }
+                posted.append(pending);
+                *posted_epoch = epoch;
                 Ok(())
             }
             Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
@@ -757,6 +809,71 @@ impl DevicePath {
     }
 }
 
+impl DevicePath {
+    /// NCCL: issues the operations of every start since the last wait as one batch on the side
+    /// stream, after the stream's work up to the last of those starts (the fork event), and
+    /// makes the queue's stream wait for them (the join event). Neither the host nor the
+    /// queue's stream waits for them before this, so the kernels enqueued between a start and
+    /// its wait run while the groups do. With a collective among them, the batch is issued on
+    /// the queue's stream instead, in enqueue order.
+    fn issue_posted(&mut self) -> Result<()> {
+        let rank = self.rank;
+        let Mode::Nccl { comm, posted, posted_epoch, side, held, tracker, failed, .. } = &mut self.mode else { return Ok(()) };
+        if posted.is_empty() {
+            return Ok(());
+        }
+        let epoch = *posted_epoch;
+        if posted.iter().any(|(op, ..)| matches!(op, NcclOp::Coll(_))) {
+            // Collectives run on the buffers' stream (this one), and on another NCCL
+            // communicator than the groups: kept in enqueue order with them on this stream, so
+            // a collective and a send or receive of two starts never race on a buffer.
+            let (keeps, issued) = issue_nccl(comm, &self.queue, posted.drain(..), epoch);
+            tracker.issued.store(epoch, Ordering::Release);
+            if !keeps.is_empty() {
+                held.push((epoch, keeps));
+            }
+            return issued.inspect_err(|e| {
+                failed.get_or_insert(e.clone());
+            });
+        }
+        let cuda = |during: &'static str| move |e| sucl_cuda::cuda_err(rank, during, e);
+        let forked = side.queue.stream().wait(&side.fork).map_err(cuda("ordering the side stream after the start"));
+        let (keeps, issued) = match forked {
+            Ok(()) => issue_nccl(comm, &side.queue, posted.drain(..), epoch),
+            Err(e) => {
+                for (_, state, _) in posted.drain(..) {
+                    state.complete(Err(e.clone()));
+                }
+                (vec![], Err(e))
+            }
+        };
+        // Later work on the queue's stream runs after the groups (also after a failed issue:
+        // what was issued before the failure may still use the buffers).
+        let joined = side
+            .join
+            .record(side.queue.stream())
+            .and_then(|()| self.queue.stream().wait(&side.join))
+            .map_err(cuda("ordering the stream after the side stream"));
+        // Whatever was issued of these starts precedes any event recorded on the queue's
+        // stream from now on.
+        tracker.issued.store(epoch, Ordering::Release);
+        if !keeps.is_empty() {
+            held.push((epoch, keeps));
+        }
+        if let Err(e) = issued.and(joined) {
+            failed.get_or_insert(e.clone());
+            return Err(e);
+        }
+        if held.len() >= HELD_CHECK {
+            // The oldest start's event is usually recorded already (one query).
+            tracker.done_up_to(held[0].0)?;
+            let done = tracker.completed.load(Ordering::Acquire);
+            held.retain(|(e, _)| *e > done);
+        }
+        Ok(())
+    }
+}
+
 /// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
 /// point-to-point operations is exactly one group), collectives where they stand. If an issue
 /// fails, every operation of the batch fails with its error (none is left to time out).
@@ -765,7 +882,7 @@ impl DevicePath {
 fn issue_nccl(
     comm: &Communicator,
     queue: &Queue,
-    ops: Vec<(NcclOp, Arc<OpState>, Box<dyn Send>)>,
+    ops: impl ExactSizeIterator<Item = NcclEntry>,
     epoch: u64,
 ) -> (Vec<Box<dyn Send>>, Result<()>) {
     let mut states = Vec::with_capacity(ops.len());
@@ -820,8 +937,10 @@ impl DevicePath {
         let d = self;
         let rank = d.rank;
         let cs = d.queue.stream().cu_stream();
+        if let Mode::Nccl { .. } = d.mode {
+            return d.issue_posted();
+        }
         let Mode::Staged { signal, awaiting, waited, held, .. } = &mut d.mode else {
-            // NCCL: stream order already holds later work behind the group.
             return Ok(());
         };
         if epoch <= *waited {

@@ -28,7 +28,10 @@
 //! - CUDA streams, staged (any host backend): trigger and completion counters in pinned,
 //!   device-mapped host memory, written and awaited by the stream with
 //!   `cuStreamWriteValue64`/`cuStreamWaitValue64`, the queue's progress thread between them;
-//! - CUDA streams over NCCL: `start` issues the batch as one NCCL group on the stream.
+//! - CUDA streams over NCCL: `start` marks the stream's point with an event; `wait` issues the
+//!   batches of the starts since the last wait as NCCL groups on a side stream after that
+//!   point and makes the stream wait for them (NCCL runs a communicator's kernels in issue
+//!   order, so one group per start would hold later starts behind earlier ones).
 //!
 //! Rules, checked before anything moves: an explicit peer and tag (no wildcards); a
 //! [`PROC_NULL`] peer completes at once; operations match per (peer, tag) in enqueue order and

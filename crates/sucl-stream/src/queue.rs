@@ -580,6 +580,10 @@ impl CommQueue {
     /// once the queue reaches this point — at once, whatever the operations of earlier starts
     /// are still doing (only [`wait`](CommQueue::wait) orders later work). Returns at once (it
     /// blocks, bounded, only while more than [`MAX_IN_FLIGHT`] operations are in flight).
+    /// Over NCCL the batch starts from this point of the stream but is issued at the next
+    /// `wait` or `synchronize`, together with the other starts before it (NCCL runs a
+    /// communicator's kernels in issue order, so a group per start would hold later starts
+    /// behind this one); its requests complete only after that.
     pub fn start(&mut self) -> Result<()> {
         self.check_open()?;
         if self.outstanding.len() >= self.prune_at {
