@@ -141,7 +141,8 @@ fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
     let t = format!("{:?}", cq.transport().expect("device queue")).to_lowercase();
     let bad = DeviceBuf::new(q.upload(&[0u64])?);
     match what {
-        "order" => {
+        "order" | "apart" => {
+            let apart = what == "apart";
             let n = 1 << 16;
             let out = DeviceBuf::new(q.alloc::<f64>(n)?);
             let got = DeviceBuf::new(q.alloc::<f64>(n)?);
@@ -149,8 +150,16 @@ fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
                 // A slow kernel writes the send buffer right before the start: the data sent
                 // must be this round's, and the checking kernel after the wait must see it.
                 fill(&k, &q, &out, (rank * 1_000_000 + round * 1000) as f64, 2_000_000);
-                cq.enqueue_send(&out, peer, round as u32)?;
-                cq.enqueue_recv(&got, peer, round as u32)?;
+                if apart {
+                    // Both ranks receive first, in a start of its own: the receive completes
+                    // only once the peer's send, in its second start, ran.
+                    cq.enqueue_recv(&got, peer, round as u32)?;
+                    cq.start()?;
+                    cq.enqueue_send(&out, peer, round as u32)?;
+                } else {
+                    cq.enqueue_send(&out, peer, round as u32)?;
+                    cq.enqueue_recv(&got, peer, round as u32)?;
+                }
                 cq.start()?;
                 cq.wait()?;
                 check(&k, &q, &got, (peer * 1_000_000 + round * 1000) as f64, &bad);
@@ -160,29 +169,8 @@ fn run(what: &str, transport: Transport) -> sucl_runtime::Result<()> {
             if wrong != 0 {
                 return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} values arrived out of order") });
             }
-            println!("st-gpu: order {t}: ok (rank {rank}, 20 rounds of {n} doubles, kernel → start and wait → kernel)");
-        }
-        "apart" => {
-            let n = 1 << 16;
-            let out = DeviceBuf::new(q.alloc::<f64>(n)?);
-            let got = DeviceBuf::new(q.alloc::<f64>(n)?);
-            for round in 0..20 {
-                fill(&k, &q, &out, (rank * 1_000_000 + round * 1000) as f64, 2_000_000);
-                // Both ranks receive first, in a start of its own: the receive completes only
-                // once the peer's send, in its second start, ran.
-                cq.enqueue_recv(&got, peer, round as u32)?;
-                cq.start()?;
-                cq.enqueue_send(&out, peer, round as u32)?;
-                cq.start()?;
-                cq.wait()?;
-                check(&k, &q, &got, (peer * 1_000_000 + round * 1000) as f64, &bad);
-            }
-            cq.synchronize()?;
-            let wrong = bad.lock().to_vec()?[0];
-            if wrong != 0 {
-                return Err(sucl_runtime::Error::Mismatch { rank, what: format!("{wrong} wrong values") });
-            }
-            println!("st-gpu: apart {t}: ok (rank {rank}, 20 rounds of recv; start; send; start; wait, {n} doubles)");
+            let how = if apart { "recv; start; send; start; wait" } else { "kernel → start and wait → kernel" };
+            println!("st-gpu: {what} {t}: ok (rank {rank}, 20 rounds of {n} doubles, {how})");
         }
         "busy" => {
             let out = DeviceBuf::new(q.alloc::<f64>(1024)?);
