@@ -2,9 +2,9 @@
 //!
 //! - **nccl**: the groups run on a side stream of the queue. `start` records an event on the
 //!   stream (what the batch must see) and keeps the batch; `wait` (or `synchronize`) issues the
-//!   batches of every start since the last wait — consecutive sends and receives as one NCCL
-//!   group, collectives in between in enqueue order — on the side stream after that event, and
-//!   makes the stream wait for them with a second event (no host wait). NCCL runs a
+//!   batches of every start since the last wait (their sends and receives as one NCCL group)
+//!   on the side stream after that event, and makes the stream wait for them with a second
+//!   event (no host wait). NCCL runs a
 //!   communicator's kernels one after the other whatever stream they are on, so a start issued
 //!   as a group of its own would hold later starts behind it (`recv; start; send; start; wait`
 //!   on two ranks could never complete); issued together at the wait, they complete as MPI's
@@ -823,44 +823,21 @@ impl DevicePath {
             return Ok(());
         }
         let epoch = *posted_epoch;
-        if posted.iter().any(|(op, ..)| matches!(op, NcclOp::Coll(_))) {
+        let (keeps, issued) = if posted.iter().any(|(op, ..)| matches!(op, NcclOp::Coll(_))) {
             // Collectives run on the buffers' stream (this one), and on another NCCL
             // communicator than the groups: kept in enqueue order with them on this stream, so
             // a collective and a send or receive of two starts never race on a buffer.
-            let (keeps, issued) = issue_nccl(comm, &self.queue, posted.drain(..), epoch);
-            tracker.issued.store(epoch, Ordering::Release);
-            if !keeps.is_empty() {
-                held.push((epoch, keeps));
-            }
-            return issued.inspect_err(|e| {
-                failed.get_or_insert(e.clone());
-            });
-        }
-        let cuda = |during: &'static str| move |e| sucl_cuda::cuda_err(rank, during, e);
-        let forked = side.queue.stream().wait(&side.fork).map_err(cuda("ordering the side stream after the start"));
-        let (keeps, issued) = match forked {
-            Ok(()) => issue_nccl(comm, &side.queue, posted.drain(..), epoch),
-            Err(e) => {
-                for (_, state, _) in posted.drain(..) {
-                    state.complete(Err(e.clone()));
-                }
-                (vec![], Err(e))
-            }
+            issue_nccl(comm, &self.queue, posted.drain(..), epoch)
+        } else {
+            issue_on_side(comm, side, &self.queue, posted, epoch, rank)
         };
-        // Later work on the queue's stream runs after the groups (also after a failed issue:
-        // what was issued before the failure may still use the buffers).
-        let joined = side
-            .join
-            .record(side.queue.stream())
-            .and_then(|()| self.queue.stream().wait(&side.join))
-            .map_err(cuda("ordering the stream after the side stream"));
         // Whatever was issued of these starts precedes any event recorded on the queue's
         // stream from now on.
         tracker.issued.store(epoch, Ordering::Release);
         if !keeps.is_empty() {
             held.push((epoch, keeps));
         }
-        if let Err(e) = issued.and(joined) {
+        if let Err(e) = issued {
             failed.get_or_insert(e.clone());
             return Err(e);
         }
@@ -872,6 +849,37 @@ impl DevicePath {
         }
         Ok(())
     }
+}
+
+/// Issues `posted` on the side stream after the fork event and makes `queue`'s stream wait for
+/// it (the join event); returns what [`issue_nccl`] returns.
+fn issue_on_side(
+    comm: &Communicator,
+    side: &SideStream,
+    queue: &Queue,
+    posted: &mut Vec<NcclEntry>,
+    epoch: u64,
+    rank: usize,
+) -> (Vec<Box<dyn Send>>, Result<()>) {
+    let cuda = |during: &'static str| move |e| sucl_cuda::cuda_err(rank, during, e);
+    let (keeps, issued) = match side.queue.stream().wait(&side.fork) {
+        Ok(()) => issue_nccl(comm, &side.queue, posted.drain(..), epoch),
+        Err(e) => {
+            let e = cuda("ordering the side stream after the start")(e);
+            for (_, state, _) in posted.drain(..) {
+                state.complete(Err(e.clone()));
+            }
+            return (vec![], Err(e));
+        }
+    };
+    // Later work on the queue's stream runs after the groups (also after a failed issue: what
+    // was issued before the failure may still use the buffers).
+    let joined = side
+        .join
+        .record(side.queue.stream())
+        .and_then(|()| queue.stream().wait(&side.join))
+        .map_err(cuda("ordering the stream after the side stream"));
+    (keeps, issued.and(joined))
 }
 
 /// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
