@@ -372,7 +372,7 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
     if nccl {
         let (d_m, d_i) = (median(&mut direct), median(&mut direct_issue));
         println!(
-            "st-gpu: bench {t}: the same NCCL group called directly (same communicator: the queue's NCCL point-to-point one; same stream; same buffers; rounds alternated): {d_m:.2} us per batch, host issue {d_i:.2} us; queue - direct = {:.2} us per batch, host issue {:.2} us (rank {rank})",
+            "st-gpu: bench {t}: the same NCCL group called directly (same communicator: the queue's NCCL point-to-point one; called on the queue's stream, where the queue issues on its side stream and joins it; same buffers; rounds alternated): {d_m:.2} us per batch, host issue {d_i:.2} us; queue - direct = {:.2} us per batch, host issue {:.2} us (rank {rank})",
             st_m - d_m,
             st_i - d_i
         );
