@@ -772,3 +772,24 @@ pub unsafe extern "C" fn sucl_sendrecv_device(
         })
     })
 }
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::*;
+
+    fn at(name: &'static str, addr: usize, count: usize) -> Arg {
+        arg(name, addr as *const c_void, count)
+    }
+
+    #[test]
+    fn overlapping_device_buffers_are_refused_and_disjoint_ones_pass() {
+        let s = at("sendbuf", 0x1000, 4);
+        assert!(separate(s, at("recvbuf", 0x1010, 4), 4).is_ok(), "adjacent");
+        assert!(separate(s, at("recvbuf", 0x1000, 0), 4).is_ok(), "an empty buffer overlaps nothing");
+        assert!(separate(s, at("recvbuf", 0x100c, 4), 4).is_err(), "one element shared");
+        let Err(Fail::Arg { arg, why }) = separate(s, at("recvbuf", 0x0ff0, 8), 4) else { panic!("overlap accepted") };
+        assert_eq!(arg, "sendbuf");
+        assert!(why.contains("overlaps `recvbuf`"), "{why}");
+        assert!(separate(at("sendbuf", 0x1000, usize::MAX), s, 4).is_err(), "a size that overflows");
+    }
+}
