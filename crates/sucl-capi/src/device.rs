@@ -265,7 +265,7 @@ pub unsafe extern "C" fn sucl_all_reduce_device(
             with_dtype!(dt, T => {
                 // SAFETY: the caller's contract for the buffers (both calls below).
                 let mut rb = unsafe { g.buf::<T>(r)? };
-                if sendbuf == recvbuf as *const c_void && count > 0 {
+                if std::ptr::eq(sendbuf, recvbuf) && count > 0 {
                     g.c.all_reduce_in_place(&mut rb, op)?;
                 } else {
                     separate(s, r, std::mem::size_of::<T>())?;
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn sucl_reduce_device(
             with_dtype!(dt, T => {
                 // SAFETY: the caller's contract for the buffers (all calls below).
                 let mut rb = if is_root { unsafe { g.buf::<T>(r)? } } else { g.unused() };
-                if is_root && sendbuf == recvbuf as *const c_void && count > 0 {
+                if is_root && std::ptr::eq(sendbuf, recvbuf) && count > 0 {
                     g.c.reduce_in_place(&mut rb, op, root)?;
                 } else {
                     if is_root {

@@ -121,7 +121,7 @@ impl<T: DeviceElement> ForeignBuffer<T> {
             // SAFETY: an empty buffer is never read or written.
             return Ok(unsafe { Self::new_unchecked(queue, 0, 0) });
         }
-        if addr % std::mem::align_of::<T>() as u64 != 0 {
+        if !addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
             return Err(Error::invalid(rank, arg, format!("{addr:#x} is not aligned for {}", T::DTYPE)));
         }
         let on = pointer_device(rank, arg, addr, bytes)?;
