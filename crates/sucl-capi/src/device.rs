@@ -88,6 +88,16 @@ mod gpu {
             Ok(unsafe { ForeignBuffer::new(&self.queue, a.name, a.ptr as u64, a.count)? })
         }
 
+        /// A send and a receive buffer that share no byte, each checked as by [`Gpu::buf`].
+        ///
+        /// # Safety
+        /// As [`Gpu::buf`], for both.
+        pub(super) unsafe fn pair<T: DeviceElement>(&self, s: Arg, r: Arg) -> Result<(ForeignBuffer<T>, ForeignBuffer<T>), Fail> {
+            separate(s, r, std::mem::size_of::<T>())?;
+            // SAFETY: forwarded to the caller.
+            unsafe { Ok((self.buf(s)?, self.buf(r)?)) }
+        }
+
         /// A buffer this rank does not use (non-root buffers of rooted collectives).
         pub(super) fn unused<T: DeviceElement>(&self) -> ForeignBuffer<T> {
             // SAFETY: an empty buffer is never read or written.
@@ -455,9 +465,8 @@ pub unsafe extern "C" fn sucl_all_to_all_device(
             let n = times("count", count, g.c.size())?;
             let (s, r) = (arg("sendbuf", sendbuf, n), arg("recvbuf", recvbuf, n));
             with_dtype!(dt, T => {
-                separate(s, r, std::mem::size_of::<T>())?;
                 // SAFETY: the caller's contract for the buffers.
-                let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+                let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
                 g.c.all_to_all(&sb, &mut rb)?;
             });
             Ok(())
@@ -489,9 +498,8 @@ pub unsafe extern "C" fn sucl_reduce_scatter_device(
             let op = crate::types::op(op)?;
             let s = arg("sendbuf", sendbuf, times("recvcount", recvcount, g.c.size())?);
             with_dtype!(dt, T => {
-                separate(s, r, std::mem::size_of::<T>())?;
                 // SAFETY: the caller's contract for the buffers.
-                let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+                let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
                 g.c.reduce_scatter(&sb, &mut rb, op)?;
             });
             Ok(())
@@ -547,9 +555,8 @@ pub unsafe extern "C" fn sucl_gatherv_device(
         let s = arg("sendbuf", sendbuf, counts[me]);
         let r = arg("recvbuf", recvbuf, if me == root { extent("displs", counts.iter().copied(), displs)? } else { 0 });
         with_dtype!(dt, T => {
-            separate(s, r, std::mem::size_of::<T>())?;
             // SAFETY: the caller's contract for the buffers.
-            let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+            let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
             g.c.gatherv(&sb, &mut rb, counts, displs, root)?;
         });
         Ok(())
@@ -582,9 +589,8 @@ pub unsafe extern "C" fn sucl_scatterv_device(
         let s = arg("sendbuf", sendbuf, if me == root { extent("displs", counts.iter().copied(), displs)? } else { 0 });
         let r = arg("recvbuf", recvbuf, counts[me]);
         with_dtype!(dt, T => {
-            separate(s, r, std::mem::size_of::<T>())?;
             // SAFETY: the caller's contract for the buffers.
-            let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+            let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
             g.c.scatterv(&sb, &mut rb, counts, displs, root)?;
         });
         Ok(())
@@ -615,9 +621,8 @@ pub unsafe extern "C" fn sucl_all_gatherv_device(
         let s = arg("sendbuf", sendbuf, counts[g.c.rank()]);
         let r = arg("recvbuf", recvbuf, extent("displs", counts.iter().copied(), displs)?);
         with_dtype!(dt, T => {
-            separate(s, r, std::mem::size_of::<T>())?;
             // SAFETY: the caller's contract for the buffers.
-            let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+            let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
             g.c.all_gatherv(&sb, &mut rb, counts, displs)?;
         });
         Ok(())
@@ -650,9 +655,8 @@ pub unsafe extern "C" fn sucl_all_to_allv_device(
         let s = arg("sendbuf", sendbuf, extent("sdispls", counts[me * n..(me + 1) * n].iter().copied(), sd)?);
         let r = arg("recvbuf", recvbuf, extent("rdispls", (0..n).map(|i| counts[i * n + me]), rd)?);
         with_dtype!(dt, T => {
-            separate(s, r, std::mem::size_of::<T>())?;
             // SAFETY: the caller's contract for the buffers.
-            let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+            let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
             g.c.all_to_allv(&sb, sd, &mut rb, rd, counts)?;
         });
         Ok(())
@@ -760,9 +764,8 @@ pub unsafe extern "C" fn sucl_sendrecv_device(
             let (dest, src, tag) = (crate::types::rank("dest", dest)?, crate::types::rank("src", src)?, crate::types::tag(tag)?);
             let out = Out::optional("received", received)?;
             let n = with_dtype!(dt, T => {
-                separate(s, r, std::mem::size_of::<T>())?;
                 // SAFETY: the caller's contract for the buffers.
-                let (sb, mut rb) = unsafe { (g.buf::<T>(s)?, g.buf::<T>(r)?) };
+                let (sb, mut rb) = unsafe { g.pair::<T>(s, r)? };
                 g.c.sendrecv(&sb, dest, &mut rb, src, tag)?.count
             });
             if let Some(o) = out {
