@@ -37,7 +37,9 @@ pub(crate) fn judge(addr: u64, memory_type: u32, ordinal: i32) -> std::result::R
     match memory_type {
         MEMORY_DEVICE if ordinal >= 0 => Ok(ordinal as usize),
         MEMORY_DEVICE => Err(format!("{addr:#x} is device memory of no GPU the driver names (ordinal {ordinal})")),
-        MEMORY_HOST => Err(format!("{addr:#x} is page-locked host memory, not device memory: pass a device pointer")),
+        MEMORY_HOST => Err(format!(
+            "{addr:#x} is host memory known to CUDA (page-locked, registered or HMM), not device memory: pass a device pointer"
+        )),
         MEMORY_ARRAY => Err(format!("{addr:#x} is a CUDA array, not linear device memory")),
         MEMORY_UNIFIED => Err(format!("{addr:#x} is unified host memory, not device memory")),
         0 => Err(format!("{addr:#x} is not CUDA memory (host memory?): pass a device pointer")),
@@ -192,7 +194,7 @@ mod tests {
         let host = judge(0x7000, 0, -1).unwrap_err();
         assert!(host.contains("0x7000 is not CUDA memory (host memory?)"), "{host}");
         let pinned = judge(0x7000, MEMORY_HOST, 0).unwrap_err();
-        assert!(pinned.contains("page-locked host memory"), "{pinned}");
+        assert!(pinned.contains("is host memory known to CUDA"), "{pinned}");
         assert!(judge(1, MEMORY_ARRAY, 0).unwrap_err().contains("CUDA array"));
         assert!(judge(1, MEMORY_UNIFIED, 0).unwrap_err().contains("unified host memory"));
         assert!(judge(1, MEMORY_DEVICE, -1).is_err(), "device memory of no GPU");
