@@ -9,8 +9,9 @@
 //! anything moves: host memory, or memory of another GPU than the call's, is
 //! `SUCL_ERR_INVALID_ARGUMENT`. Without a CUDA driver or GPU — or in a library built without
 //! the `cuda` feature — every call here is `SUCL_ERR_BACKEND_UNAVAILABLE`. The GPU of a call is
-//! the one its first non-empty buffer lives on; the stream must belong to that GPU's primary
-//! context (the one the CUDA runtime uses).
+//! the one its first non-empty buffer lives on (v-collectives, barrier and synchronize: the
+//! communicator's); the stream must belong to that GPU's primary context (the one the CUDA
+//! runtime uses).
 //!
 //! Overlap: only the in-place forms may share memory (all_reduce and, on the root, reduce with
 //! `sendbuf == recvbuf`; all_gather with `sendbuf == recvbuf + rank × count`); any other
