@@ -51,6 +51,8 @@ cc_flags=(-std=c11 -Wall -Wextra -Werror)
 # Shared: pkg-config's flags, and an rpath to the prefix (not on the loader's path).
 gcc "${cc_flags[@]}" "$ex/c/collectives.c" -o "$work/collectives" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 gcc "${cc_flags[@]}" "$ex/c/bad_input.c" -o "$work/bad_input" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
+# Device pointers (run on GPUs by scripts/capi-gpu-check.sh; here it must build and answer --help).
+gcc "${cc_flags[@]}" "$ex/c/device.c" -o "$work/device" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 # Static: libsucl.a and the system libraries pkg-config --static lists.
 gcc "${cc_flags[@]}" "$ex/c/bad_input.c" -o "$work/bad_input_static" $(pkg-config --cflags sucl) "$libdir/libsucl.a" \
   $(pkg-config --static --libs-only-l sucl | sed 's/-lsucl//')
@@ -71,7 +73,7 @@ if [ "$declared" != "$exported" ]; then
 fi
 echo "libsucl.so exports the $(echo "$declared" | wc -l) functions sucl.h declares, nothing else"
 
-for bin in collectives bad_input bad_input_static cpp/collectives_cpp; do
+for bin in collectives bad_input bad_input_static device cpp/collectives_cpp; do
   "$work/$bin" --help | grep -q "example:" || { echo "$bin --help says no example" >&2; exit 1; }
 done
 

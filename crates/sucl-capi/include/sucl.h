@@ -403,6 +403,231 @@ sucl_result sucl_comm_split(sucl_comm comm, int32_t color, int32_t key, sucl_com
 sucl_result sucl_comm_free(sucl_comm comm);
 
 /**
+ * Sets up this communicator's device side on CUDA device `device` (`-1`: local rank modulo
+ * the number of GPUs): NCCL when every rank can load it, else the staged path. Collective.
+ * Device point-to-point and v-collectives need it (a device collective does it too, on the GPU
+ * of its buffers).
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: nothing changes hands.
+ */
+sucl_result sucl_comm_attach_device(sucl_comm comm, int32_t device);
+
+/**
+ * Waits (bounded by `SUCL_TIMEOUT`) until everything enqueued on `stream` ran, failing when
+ * NCCL reports an asynchronous error, a rank is lost or the wait times out (NCCL is then
+ * aborted: no kernel stays hung). Use it, rather than `cudaStreamSynchronize`, to see errors
+ * of the device calls enqueued before.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: nothing changes hands.
+ *
+ * # Safety
+ * `stream` must be a live stream of the communicator's GPU, or NULL.
+ */
+sucl_result sucl_synchronize_device(sucl_comm comm, void *stream);
+
+/**
+ * Orders every rank on `stream`: work enqueued on it after this call starts once every rank
+ * reached it. Over NCCL the calling thread does not wait. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: nothing changes hands.
+ *
+ * # Safety
+ * `stream` must be a live stream of the communicator's GPU, or NULL.
+ */
+sucl_result sucl_barrier_device(sucl_comm comm, void *stream);
+
+/**
+ * `sucl_broadcast` on device memory, enqueued on `stream`. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: `buf` must stay valid until `stream` ran the call.
+ *
+ * # Safety
+ * `buf` must be device memory of `count` elements on the GPU of `stream` (a live stream, or
+ * NULL), untouched by other work until the stream ran the call.
+ */
+sucl_result sucl_broadcast_device(sucl_comm comm, void *buf, size_t count, sucl_dtype dtype, int32_t root, void *stream);
+
+/**
+ * `sucl_all_reduce` on device memory, enqueued on `stream`; in place when
+ * `sendbuf == recvbuf`. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: the buffers must stay valid until `stream` ran
+ * the call.
+ *
+ * # Safety
+ * Both buffers must be device memory of `count` elements on the GPU of `stream` (a live
+ * stream, or NULL), untouched by other work until the stream ran the call.
+ */
+sucl_result sucl_all_reduce_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, sucl_op op, void *stream);
+
+/**
+ * `sucl_reduce` on device memory, enqueued on `stream`; `recvbuf` is used on the root only
+ * (others may pass NULL); in place on the root when `sendbuf == recvbuf`. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * `sendbuf` (and on the root `recvbuf`) must be device memory of `count` elements on the GPU
+ * of `stream` (a live stream, or NULL), untouched by other work until the stream ran the call.
+ */
+sucl_result sucl_reduce_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, sucl_op op, int32_t root, void *stream);
+
+/**
+ * `sucl_gather` on device memory, enqueued on `stream`: root's `recvbuf` holds
+ * `size × count` elements (others may pass NULL). Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * `sendbuf` must be device memory of `count` elements, and on the root `recvbuf` of
+ * `size × count`, on the GPU of `stream` (a live stream, or NULL), untouched by other work
+ * until the stream ran the call.
+ */
+sucl_result sucl_gather_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, int32_t root, void *stream);
+
+/**
+ * `sucl_all_gather` on device memory, enqueued on `stream`: `recvbuf` holds `size × count`
+ * elements; in place when `sendbuf == recvbuf + rank × count`. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * `sendbuf` must be device memory of `count` elements and `recvbuf` of `size × count` on the
+ * GPU of `stream` (a live stream, or NULL), untouched by other work until the stream ran the
+ * call.
+ */
+sucl_result sucl_all_gather_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, void *stream);
+
+/**
+ * `sucl_scatter` on device memory, enqueued on `stream`: root's `sendbuf` holds
+ * `size × count` elements (others may pass NULL). Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * `recvbuf` must be device memory of `count` elements, and on the root `sendbuf` of
+ * `size × count`, on the GPU of `stream` (a live stream, or NULL), untouched by other work
+ * until the stream ran the call.
+ */
+sucl_result sucl_scatter_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, int32_t root, void *stream);
+
+/**
+ * `sucl_all_to_all` on device memory, enqueued on `stream`: both buffers hold `size × count`
+ * elements and may not overlap. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * Both buffers must be device memory of `size × count` elements on the GPU of `stream` (a
+ * live stream, or NULL), untouched by other work until the stream ran the call.
+ */
+sucl_result sucl_all_to_all_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t count, sucl_dtype dtype, void *stream);
+
+/**
+ * `sucl_reduce_scatter` on device memory, enqueued on `stream`: `sendbuf` holds
+ * `size × recvcount` elements, `recvbuf` `recvcount`; they may not overlap. Collective.
+ *
+ * Thread safety: as `sucl_barrier`. Ownership: as `sucl_all_reduce_device`.
+ *
+ * # Safety
+ * The buffers must be device memory of those sizes on the GPU of `stream` (a live stream, or
+ * NULL), untouched by other work until the stream ran the call.
+ */
+sucl_result sucl_reduce_scatter_device(sucl_comm comm, const void *sendbuf, void *recvbuf, size_t recvcount, sucl_dtype dtype, sucl_op op, void *stream);
+
+/**
+ * `sucl_gatherv` on device memory (one NCCL group of sends and receives), enqueued on
+ * `stream`. Needs NCCL and the communicator's device set up (`sucl_comm_attach_device`);
+ * without NCCL it is `SUCL_ERR_BACKEND_UNAVAILABLE`. Collective.
+ *
+ * Thread safety: as `sucl_gatherv`. Ownership: the tables are only read during the call; the
+ * buffers must stay valid until `stream` ran it.
+ *
+ * # Safety
+ * As `sucl_gatherv`, with the buffers device memory of the communicator's GPU, untouched by
+ * other work until `stream` (a live stream, or NULL) ran the call.
+ */
+sucl_result sucl_gatherv_device(sucl_comm comm, const void *sendbuf, void *recvbuf, const size_t *counts, const size_t *displs, sucl_dtype dtype, int32_t root, void *stream);
+
+/**
+ * `sucl_scatterv` on device memory, enqueued on `stream` (as `sucl_gatherv_device`).
+ * Collective.
+ *
+ * Thread safety: as `sucl_gatherv`. Ownership: as `sucl_gatherv_device`.
+ *
+ * # Safety
+ * As `sucl_scatterv`, with the buffers device memory of the communicator's GPU, untouched by
+ * other work until `stream` (a live stream, or NULL) ran the call.
+ */
+sucl_result sucl_scatterv_device(sucl_comm comm, const void *sendbuf, const size_t *counts, const size_t *displs, void *recvbuf, sucl_dtype dtype, int32_t root, void *stream);
+
+/**
+ * `sucl_all_gatherv` on device memory, enqueued on `stream` (as `sucl_gatherv_device`).
+ * Collective.
+ *
+ * Thread safety: as `sucl_gatherv`. Ownership: as `sucl_gatherv_device`.
+ *
+ * # Safety
+ * As `sucl_all_gatherv`, with the buffers device memory of the communicator's GPU, untouched
+ * by other work until `stream` (a live stream, or NULL) ran the call.
+ */
+sucl_result sucl_all_gatherv_device(sucl_comm comm, const void *sendbuf, void *recvbuf, const size_t *counts, const size_t *displs, sucl_dtype dtype, void *stream);
+
+/**
+ * `sucl_all_to_allv` on device memory, enqueued on `stream` (as `sucl_gatherv_device`).
+ * Collective.
+ *
+ * Thread safety: as `sucl_gatherv`. Ownership: as `sucl_gatherv_device`.
+ *
+ * # Safety
+ * As `sucl_all_to_allv`, with the buffers device memory of the communicator's GPU, untouched
+ * by other work until `stream` (a live stream, or NULL) ran the call.
+ */
+sucl_result sucl_all_to_allv_device(sucl_comm comm, const void *sendbuf, const size_t *sdispls, void *recvbuf, const size_t *rdispls, const size_t *counts, sucl_dtype dtype, void *stream);
+
+/**
+ * Sends `count` elements of device memory at `buf` to `dest`, ordered on `stream`. Over NCCL
+ * it is enqueued (the thread does not wait; NCCL carries no tags: messages between two ranks
+ * match in call order, and the receive must have the sent length); staged (no NCCL) it returns
+ * once sent. Needs the communicator's device set up (`sucl_comm_attach_device`, or a device
+ * collective).
+ *
+ * Thread safety: as `sucl_send`. Ownership: `buf` must stay valid until `stream` ran the call.
+ *
+ * # Safety
+ * `buf` must be device memory of `count` elements on the communicator's GPU, not written by
+ * other work until `stream` (a live stream, or NULL) ran the call.
+ */
+sucl_result sucl_send_device(sucl_comm comm, const void *buf, size_t count, sucl_dtype dtype, int32_t dest, int32_t tag, void *stream);
+
+/**
+ * Receives into `count` elements of device memory at `buf` from `src`, ordered on `stream`
+ * (as `sucl_send_device`). `*received` (if not NULL) gets the number of elements received:
+ * over NCCL that is `count` (NCCL receives exactly the length posted).
+ *
+ * Thread safety: as `sucl_send`. Ownership: `buf` must stay valid until `stream` ran the call.
+ *
+ * # Safety
+ * `buf` must be device memory of `count` elements on the communicator's GPU, untouched by
+ * other work until `stream` (a live stream, or NULL) ran the call; `received` NULL or writable.
+ */
+sucl_result sucl_recv_device(sucl_comm comm, void *buf, size_t count, sucl_dtype dtype, int32_t src, int32_t tag, size_t *received, void *stream);
+
+/**
+ * Sends `sendcount` elements at `sendbuf` to `dest` while receiving `recvcount` into
+ * `recvbuf` from `src`, device memory ordered on `stream` (one NCCL group: a ring shift does
+ * not deadlock). The buffers may not overlap. `*received` as in `sucl_recv_device`.
+ *
+ * Thread safety: as `sucl_send`. Ownership: the buffers must stay valid until `stream` ran the
+ * call.
+ *
+ * # Safety
+ * The buffers must be device memory of those sizes on the communicator's GPU, untouched by
+ * other work until `stream` (a live stream, or NULL) ran the call; `received` NULL or writable.
+ */
+sucl_result sucl_sendrecv_device(sucl_comm comm, const void *sendbuf, size_t sendcount, int32_t dest, void *recvbuf, size_t recvcount, int32_t src, sucl_dtype dtype, int32_t tag, size_t *received, void *stream);
+
+/**
  * The message of the last failed sucl call on this thread ("" after a call that succeeded).
  *
  * Thread safety: per thread; any thread may call it. Ownership: the string belongs to sucl and

@@ -15,6 +15,7 @@
 
 mod coll;
 mod comm;
+mod device;
 mod error;
 mod handles;
 mod mem;
@@ -27,6 +28,7 @@ mod vcoll;
 
 pub use coll::*;
 pub use comm::*;
+pub use device::*;
 pub use error::*;
 pub use p2p::*;
 pub use request::*;

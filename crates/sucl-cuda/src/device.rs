@@ -102,6 +102,40 @@ impl Device {
         Ok(Queue { dev: self.clone(), stream })
     }
 
+    /// A queue over a CUDA stream sucl did not create (a C caller's `cudaStream_t`): work sucl
+    /// enqueues on it runs in the stream's order, and dropping the queue leaves the stream alone.
+    /// A null `stream` is the legacy default stream. A stream of another context (another GPU,
+    /// or a context other than the device's primary one, which the CUDA runtime uses) is refused.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or null) and stay alive while the queue, its clones and
+    /// the work enqueued on it through sucl live.
+    pub unsafe fn borrowed_queue(&self, stream: cudarc::driver::sys::CUstream) -> Result<Queue> {
+        use cudarc::driver::sys as cu;
+        // Null, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name the current context's
+        // default streams: no context to compare.
+        if stream as usize > 2 {
+            let mut ctx: cu::CUcontext = std::ptr::null_mut();
+            // SAFETY: `stream` is live (this function's contract) and `ctx` a local the call writes.
+            let rc = unsafe { cu::cuStreamGetCtx(stream, &mut ctx) };
+            if rc != cu::CUresult::CUDA_SUCCESS {
+                return Err(Error::invalid(self.rank(), "stream", format!("{stream:p} is not a usable CUDA stream: {rc:?}")));
+            }
+            if ctx != self.ctx.cu_ctx() {
+                return Err(Error::invalid(
+                    self.rank(),
+                    "stream",
+                    format!("{stream:p} belongs to another CUDA context than GPU {}'s primary context", self.ordinal()),
+                ));
+            }
+        }
+        // SAFETY: the stream is live for the queue's life (this function's contract) and belongs
+        // to this context (checked above, or a default stream of it); cudarc does not destroy
+        // a wrapped stream.
+        let stream = unsafe { self.ctx.wrap_borrowed_stream(stream) };
+        Ok(Queue { dev: self.clone(), stream })
+    }
+
     /// `len` elements of page-locked host memory, which device copies read and write
     /// asynchronously.
     pub fn alloc_pinned<T: DeviceElement>(&self, len: usize) -> Result<PinnedBuffer<T>> {

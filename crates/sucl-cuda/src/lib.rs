@@ -11,11 +11,13 @@
 #![warn(missing_docs)]
 
 mod device;
+mod foreign;
 pub mod ipc;
 mod nccl_api;
 mod raw;
 mod signal;
 pub use device::{Buffer, BufferView, BufferViewMut, Device, DeviceElement, DeviceMemory, DeviceMemoryMut, Event, PinnedBuffer, Queue};
+pub use foreign::{driver_available, pointer_device, ForeignBuffer};
 pub use ipc::{IpcBackend, IpcOptions};
 pub use raw::RawNccl;
 pub use signal::{StreamSignal, SIGNAL_FAILED};

@@ -1,11 +1,12 @@
 //! The buffers one set of [`Communicator`](crate::Communicator) calls accepts: host slices,
-//! vectors and arrays, and (feature `cuda`) device `Buffer`s ([`crate::cuda::Buffer`]). A call
+//! vectors and arrays, and (feature `cuda`) device `Buffer`s ([`crate::cuda::Buffer`]) and device
+//! memory sucl did not allocate ([`crate::cuda::ForeignBuffer`], on the caller's stream). A call
 //! looks at where its buffers live and sends host memory to the host backends and device memory
 //! to the device backends (NCCL or staged), so a program does not change with the memory kind.
 
 use crate::Element;
 #[cfg(feature = "cuda")]
-use sucl_cuda::{Buffer, BufferView, BufferViewMut, DeviceElement, DeviceMemory, DeviceMemoryMut};
+use sucl_cuda::{Buffer, BufferView, BufferViewMut, DeviceElement, DeviceMemory, DeviceMemoryMut, ForeignBuffer};
 
 /// Where a buffer's bytes are, for reading.
 pub enum Mem<'a> {
@@ -149,6 +150,26 @@ impl<T: DeviceElement> Buf for BufferViewMut<'_, T> {
 
 #[cfg(feature = "cuda")]
 impl<T: DeviceElement> BufMut for BufferViewMut<'_, T> {
+    fn mem_mut(&mut self) -> MemMut<'_> {
+        MemMut::Device(self)
+    }
+}
+
+/// Device memory sucl did not allocate: its work is enqueued on the buffer's queue (the
+/// caller's stream, for a C caller), as NCCL orders its calls.
+#[cfg(feature = "cuda")]
+impl<T: DeviceElement> Buf for ForeignBuffer<T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        ForeignBuffer::len(self)
+    }
+    fn mem(&self) -> Mem<'_> {
+        Mem::Device(self)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T: DeviceElement> BufMut for ForeignBuffer<T> {
     fn mem_mut(&mut self) -> MemMut<'_> {
         MemMut::Device(self)
     }

@@ -19,9 +19,11 @@ use sucl_core::backend::{CollDesc, CollOp};
 use sucl_cuda::cudarc::driver::sys as cu;
 use sucl_cuda::{DeviceBackend, DeviceMemory, DeviceMemoryMut, IpcBackend, IpcOptions, NcclBackend, StreamSignal};
 
+pub use sucl_cuda::cudarc::driver::sys::CUstream;
 pub use sucl_cuda::ipc::peer_access_report;
 pub use sucl_cuda::{
-    driver_version, nccl_version, probe, Buffer, BufferView, BufferViewMut, Device, DeviceElement, Event, Kernel, PinnedBuffer, Queue,
+    driver_available, driver_version, nccl_version, pointer_device, probe, Buffer, BufferView, BufferViewMut, Device, DeviceElement, Event,
+    ForeignBuffer, Kernel, PinnedBuffer, Queue,
 };
 
 /// Bytes of one stage (all rows of one chunk) on the staged path.
@@ -106,6 +108,22 @@ impl Communicator {
         let n = probe().map_err(|why| Error::BackendUnavailable { rank: wr, backend: "cuda".into(), why })?;
         let h = &self.ctx.cfg.host;
         Device::open_for(self.local_rank() % n, wr, h.timeout, h.backoff, self.ctx.abort.clone())
+    }
+
+    /// The GPU this communicator's device calls run on, once set up (by [`Communicator::attach_device`]
+    /// or a first device collective); `None` before.
+    pub fn attached_device(&self) -> Option<Device> {
+        self.device.borrow().as_ref().map(|d| d.dev.clone())
+    }
+
+    /// GPU `ordinal` with this job's timeout and lost-rank detection on every wait: the attached
+    /// GPU when it is that one (no driver call), else opened. Not collective.
+    pub fn cuda_device_at(&self, ordinal: usize) -> Result<Device> {
+        if let Some(d) = self.device.borrow().as_ref().filter(|d| d.dev.ordinal() == ordinal) {
+            return Ok(d.dev.clone());
+        }
+        let h = &self.ctx.cfg.host;
+        Device::open_for(ordinal, self.wr(), h.timeout, h.backoff, self.ctx.abort.clone())
     }
 
     /// Sets up device communication on `dev`: NCCL when every rank can load it, else the staged

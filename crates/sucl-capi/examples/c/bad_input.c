@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, nanosleep */
 #include "check.h"
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,6 +56,45 @@ static void busy_and_timeout(sucl_comm comm) {
     CHECK(sucl_comm_free(blocked_comm));
 }
 
+/* Device calls given host memory. Where no CUDA driver loads, every one is refused with
+ * SUCL_ERR_BACKEND_UNAVAILABLE naming the missing driver; where a driver and GPU exist, each
+ * buffer-taking call refuses the host pointer with SUCL_ERR_INVALID_ARGUMENT before anything
+ * moves. (A driver without GPUs may answer either way; the message must then say which.) */
+static void device_calls(sucl_comm comm, double *a, double *b) {
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    sucl_result first = sucl_all_reduce_device(comm, a, b, 4, SUCL_FLOAT64, SUCL_SUM, NULL);
+    int no_gpu = first == SUCL_ERR_BACKEND_UNAVAILABLE;
+    EXPECT(driver != NULL || no_gpu, "no libcuda.so.1 here, yet a device call returned %s (%s)", sucl_result_name(first),
+           sucl_last_error());
+    if (driver) dlclose(driver);
+    sucl_result code = no_gpu ? SUCL_ERR_BACKEND_UNAVAILABLE : SUCL_ERR_INVALID_ARGUMENT;
+    const char *word = no_gpu ? (driver ? "CUDA" : "CUDA driver") : "host memory";
+    size_t counts[1] = {4}, displs[1] = {0}, got;
+    REJECTS(sucl_all_reduce_device(comm, a, b, 4, SUCL_FLOAT64, SUCL_SUM, NULL), code, word);
+    REJECTS(sucl_broadcast_device(comm, a, 4, SUCL_FLOAT64, 0, NULL), code, word);
+    REJECTS(sucl_reduce_device(comm, a, b, 4, SUCL_FLOAT64, SUCL_SUM, 0, NULL), code, word);
+    REJECTS(sucl_gather_device(comm, a, b, 4, SUCL_FLOAT64, 0, NULL), code, word);
+    REJECTS(sucl_all_gather_device(comm, a, b, 4, SUCL_FLOAT64, NULL), code, word);
+    REJECTS(sucl_scatter_device(comm, a, b, 4, SUCL_FLOAT64, 0, NULL), code, word);
+    REJECTS(sucl_all_to_all_device(comm, a, b, 4, SUCL_FLOAT64, NULL), code, word);
+    REJECTS(sucl_reduce_scatter_device(comm, a, b, 4, SUCL_FLOAT64, SUCL_SUM, NULL), code, word);
+    REJECTS(sucl_gatherv_device(comm, a, b, counts, displs, SUCL_FLOAT64, 0, NULL), code, word);
+    REJECTS(sucl_scatterv_device(comm, a, counts, displs, b, SUCL_FLOAT64, 0, NULL), code, word);
+    REJECTS(sucl_all_gatherv_device(comm, a, b, counts, displs, SUCL_FLOAT64, NULL), code, word);
+    REJECTS(sucl_all_to_allv_device(comm, a, displs, b, displs, counts, SUCL_FLOAT64, NULL), code, word);
+    REJECTS(sucl_send_device(comm, a, 4, SUCL_FLOAT64, 0, 0, NULL), code, word);
+    REJECTS(sucl_recv_device(comm, b, 4, SUCL_FLOAT64, 0, 0, &got, NULL), code, word);
+    REJECTS(sucl_sendrecv_device(comm, a, 4, 0, b, 4, 0, SUCL_FLOAT64, 0, &got, NULL), code, word);
+    /* Arguments are checked before the device is looked at. */
+    REJECTS(sucl_all_reduce_device(comm, a, b, 4, 42, SUCL_SUM, NULL), SUCL_ERR_INVALID_ARGUMENT, "dtype");
+    REJECTS(sucl_all_reduce_device(SUCL_COMM_NULL, a, b, 4, SUCL_FLOAT64, SUCL_SUM, NULL), SUCL_ERR_INVALID_HANDLE, "null");
+    if (no_gpu) {
+        REJECTS(sucl_comm_attach_device(comm, -1), code, "CUDA");
+        REJECTS(sucl_barrier_device(comm, NULL), code, "CUDA");
+        REJECTS(sucl_synchronize_device(comm, NULL), code, "CUDA");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("bad_input: calls sucl's C API with null pointers, unknown dtypes and ops, counts\n"
@@ -85,6 +125,7 @@ int main(int argc, char **argv) {
     REJECTS(sucl_gatherv(comm, a, b, NULL, NULL, SUCL_FLOAT64, 0), SUCL_ERR_INVALID_ARGUMENT, "counts");
     size_t huge[2] = {SIZE_MAX, 0}, zero[1] = {0};
     REJECTS(sucl_all_gatherv(comm, a, b, huge, zero, SUCL_FLOAT64), SUCL_ERR_INVALID_ARGUMENT, "");
+    device_calls(comm, a, b);
     int rank;
     REJECTS(sucl_comm_rank(comm, NULL), SUCL_ERR_INVALID_ARGUMENT, "rank");
     REJECTS(sucl_comm_split(comm, -5, 0, &comm), SUCL_ERR_INVALID_ARGUMENT, "color");
