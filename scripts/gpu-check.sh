@@ -100,7 +100,7 @@ for t in ${GPU_TESTS:-}; do
 done
 # --- end harness ---
 # --- nccl lifecycle (life) ---
-# Bounded NCCL setup and teardown (issue 8, item 8). Two ranks started directly (torchrun's
+# Bounded NCCL setup and teardown. Two ranks started directly (torchrun's
 # variables, rank 0 hosting the store). SUCL_TEST_NCCL_INIT_FAULT=R:exit|stall makes rank R exit
 # or stop answering just before it joins NCCL. Each run appends "nccl lifecycle: ... PASS|FAIL".
 if [ "$NGPU" -ge 2 ]; then

@@ -47,7 +47,7 @@ run() {
   else pass "$name ($got matching lines)"; fi
 }
 
-# 1. The command: torchrun's default static rendezvous, the agent listening on MASTER_PORT.
+# 1. The plain command: torchrun's default static rendezvous, the agent listening on MASTER_PORT.
 run hello_2 "rank [01]/2 via .*: sum 1 " 2 -- --nproc_per_node 2 --master_port "$(port)" --no-python "$HELLO"
 run hello_4_tcp "rank [0-3]/4 via tcp: sum 6 " 4 -- --nproc_per_node 4 --master_port "$(port)" --no-python env SUCL_BACKEND=tcp "$HELLO"
 run ping_pong_2 " B  one-way .* via " 4 -- --nproc_per_node 2 --master_port "$(port)" --no-python "$PING"

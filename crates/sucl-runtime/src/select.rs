@@ -75,7 +75,7 @@ impl Policy {
 }
 
 /// Where peer memory serves device collectives when no tuning table says otherwise: the sizes
-/// where kernels reading peers' buffers beat NCCL's protocol on one NVLink node (issue 15's
+/// where kernels reading peers' buffers beat NCCL's protocol on one NVLink node (published
 /// measurements of the same design: 2× faster up to 256 KiB, 1.4× at 4 MiB for all_reduce).
 /// `sucl tune --device cuda` measures the real crossovers for a machine.
 pub fn default_ipc_rules() -> Vec<Rule> {
