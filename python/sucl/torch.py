@@ -167,7 +167,7 @@ def _cuda_device(tensors):
             d = _cuda_device(t)
             if d is not None:
                 return d
-        elif t is not None:
+        elif isinstance(t, torch.Tensor):
             return t.device if t.is_cuda else None
     return None
 
