@@ -4,7 +4,9 @@ from typing import Any, Optional, Sequence, Union
 
 Buffer = Any
 """A C-contiguous buffer-protocol object (NumPy array, bytearray, memoryview, array.array) or a
-torch CPU tensor; element types: u8, i8, i32, u32, i64, u64, f16, bf16 (tensors), f32, f64."""
+torch CPU or CUDA tensor, or an object with ``__cuda_array_interface__`` (v3, contiguous);
+element types: u8, i8, i32, u32, i64, u64, f16, bf16 (tensors), f32, f64. Calls on device memory
+are enqueued on its current stream and return without waiting for the GPU."""
 
 Op = Union["ReduceOp", str]
 """A :class:`ReduceOp` or its name: ``"sum"``, ``"prod"``, ``"min"``, ``"max"``, ``"avg"``."""
@@ -148,8 +150,12 @@ class Communicator:
         """Sends ``buf`` to rank ``dest`` with ``tag``."""
     def recv(self, buf: Buffer, source: int, tag: int = 0) -> int:
         """Receives from ``source`` with ``tag`` into ``buf``; returns the elements received."""
+    def synchronize(self, stream: int = 0) -> None:
+        """Waits (bounded by ``SUCL_TIMEOUT``) until the device calls enqueued on ``stream`` (a
+        ``CUstream`` as an int, e.g. ``torch.cuda.current_stream().cuda_stream``; 0: the legacy
+        default stream) ran; raises NCCL's asynchronous errors, a lost rank or a timeout."""
     def isend(self, buf: Buffer, dest: int, tag: int = 0) -> Request:
-        """Non-blocking :meth:`send`."""
+        """Non-blocking :meth:`send` (host memory only: device memory uses :meth:`send`)."""
     def irecv(self, buf: Buffer, source: int, tag: int = 0) -> Request:
         """Non-blocking :meth:`recv`; ``wait()`` returns the elements received."""
 

@@ -1,4 +1,4 @@
-"""The ``"sucl"`` backend of ``torch.distributed``, for CPU tensors.
+"""The ``"sucl"`` backend of ``torch.distributed``, for CPU and CUDA tensors.
 
     import sucl.torch                       # registers the backend
     import torch.distributed as dist
@@ -7,6 +7,10 @@
 Rendezvous goes through torch's own store: the group's rank 0 publishes the address of sucl's
 rendezvous store (and a random job secret) there, and every rank joins it. Collectives are
 sucl's; ``async_op=True`` returns a Work whose ``wait()`` waits for the sucl request.
+
+CUDA tensors, as with torch's NCCL backend: each call is enqueued on the tensors' current CUDA
+stream on the calling thread and returns without waiting for the GPU; ``Work.wait()`` makes the
+then-current stream wait for the call (an event, no host wait).
 """
 
 import logging
@@ -116,8 +120,61 @@ class _Work(dist._Work):
         return fut
 
 
+class _CudaWork(dist._Work):
+    """A call enqueued on a CUDA stream: done for the host once enqueued; ``wait()`` makes the
+    current stream wait for the event recorded after it."""
+
+    def __init__(self, result, device):
+        super().__init__()
+        self._result = result
+        self._device = device
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(device))
+
+    def wait(self, timeout=None):
+        """Orders the current stream after the call (the host does not wait); True."""
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+        return True
+
+    def is_completed(self):
+        """Whether the GPU ran the call."""
+        return self._event.query()
+
+    def is_success(self):
+        """Whether the GPU ran the call (errors raise from ``comm.synchronize``)."""
+        return self.is_completed()
+
+    def exception(self):
+        """None: failures raise when the call is made or from ``comm.synchronize``."""
+        return None
+
+    def result(self):
+        """The output tensors."""
+        return self._result
+
+    def get_future(self):
+        """A future completed with the output tensors (ordered on the current stream)."""
+        self.wait()
+        fut = torch.futures.Future(devices=[self._device])
+        fut.set_result(self._result)
+        return fut
+
+
+def _cuda_device(tensors):
+    """The CUDA device of the first tensor in ``tensors`` (nested lists allowed), or None."""
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            d = _cuda_device(t)
+            if d is not None:
+                return d
+        elif isinstance(t, torch.Tensor):
+            return t.device if t.is_cuda else None
+    return None
+
+
 class ProcessGroupSucl(dist.ProcessGroup):
-    """A torch ProcessGroup whose collectives run on a sucl communicator (CPU tensors)."""
+    """A torch ProcessGroup whose collectives run on a sucl communicator (CPU and CUDA
+    tensors)."""
 
     def __init__(self, comm, rank, size):
         super().__init__(rank, size)
@@ -132,12 +189,26 @@ class ProcessGroupSucl(dist.ProcessGroup):
         """The backend's name, ``"sucl"``."""
         return BACKEND_NAME
 
+    def _start(self, calls, result, then=None, tensors=None):
+        """Starts ``calls`` (``(method, args)`` pairs of the communicator's blocking names).
+        CPU tensors: as non-blocking requests on sucl's worker thread. CUDA tensors: enqueued
+        now on the current stream, as NCCL is; ``then`` (copies out of temporaries) follows on
+        the same stream."""
+        device = _cuda_device(tensors if tensors is not None else [a for _, args in calls for a in args if isinstance(a, (torch.Tensor, list))])
+        if device is None:
+            return _Work([getattr(self._comm, "i" + name)(*args) for name, args in calls], result, then)
+        for name, args in calls:
+            getattr(self._comm, name)(*args)
+        if then is not None:
+            then()
+        return _CudaWork(result, device)
+
     # --- collectives -------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
         """All-reduce each tensor in place (``opts.reduceOp``)."""
         op = _op(opts)
-        return _Work([self._comm.iall_reduce(t, None, op) for t in tensors], tensors)
+        return self._start([("all_reduce", (t, None, op)) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         """All-reduce each tensor in place, one request each."""
@@ -146,37 +217,36 @@ class ProcessGroupSucl(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         """Broadcast each tensor from ``opts.rootRank``."""
         root = opts.rootRank if opts is not None else 0
-        return _Work([self._comm.ibroadcast(t, root) for t in tensors], tensors)
+        return self._start([("broadcast", (t, root)) for t in tensors], tensors)
 
     def reduce(self, tensors, opts=None):
         """Reduce each tensor in place onto ``opts.rootRank``."""
         op, root = _op(opts), opts.rootRank
-        return _Work([self._comm.ireduce(t, None, op, root) for t in tensors], tensors)
+        return self._start([("reduce", (t, None, op, root)) for t in tensors], tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         """Gather every rank's input into each rank's list of outputs."""
-        reqs, thens = [], []
+        calls, thens = [], []
         for outs, inp in zip(output_lists, inputs):
             flat = inp.new_empty((self.size() * inp.numel(),))
-            reqs.append(self._comm.iall_gather(inp.contiguous(), flat))
+            calls.append(("all_gather", (inp.contiguous(), flat)))
             thens.append((flat, outs))
-        return _Work(reqs, output_lists, lambda: [_unflat(f, o) for f, o in thens])
+        return self._start(calls, output_lists, lambda: [_unflat(f, o) for f, o in thens], inputs)
 
     def _allgather_base(self, output, input, opts=None):
         """Gather every rank's input into one output tensor (``all_gather_into_tensor``)."""
-        return _Work([self._comm.iall_gather(input, output)], [output])
+        return self._start([("all_gather", (input, output))], [output])
 
     all_gather_single = _allgather_base
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         """Reduce the ranks' input lists; block r lands in rank r's output."""
         op = _op(opts)
-        reqs = [self._comm.ireduce_scatter(_flat(ins), out, op) for out, ins in zip(outputs, input_lists)]
-        return _Work(reqs, outputs)
+        return self._start([("reduce_scatter", (_flat(ins), out, op)) for out, ins in zip(outputs, input_lists)], outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         """Reduce the ranks' inputs; block r lands in rank r's output (``reduce_scatter_tensor``)."""
-        return _Work([self._comm.ireduce_scatter(input, output, _op(opts))], [output])
+        return self._start([("reduce_scatter", (input, output, _op(opts)))], [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -191,11 +261,11 @@ class ProcessGroupSucl(dist.ProcessGroup):
         """``all_to_all_single``: even blocks, or rows split by ``input_split_sizes`` per rank."""
         n = self.size()
         if not input_split_sizes and not output_split_sizes:
-            return _Work([self._comm.iall_to_all(input, output)], [output])
+            return self._start([("all_to_all", (input, output))], [output])
         row = max(input.numel() // max(input.shape[0], 1), 1) if input.dim() > 0 else 1
         ins = list(input_split_sizes) or [input.shape[0] // n] * n
         counts = [c * row for c in self._split_table(ins)]
-        return _Work([self._comm.iall_to_allv(input, output, counts)], [output])
+        return self._start([("all_to_allv", (input, output, counts))], [output])
 
     all_to_all_single = alltoall_base
 
@@ -205,8 +275,7 @@ class ProcessGroupSucl(dist.ProcessGroup):
         flat_in = _flat(inputs)
         n, me = self.size(), self.rank()
         flat_out = flat_in.new_empty((sum(counts[i * n + me] for i in range(n)),))
-        req = self._comm.iall_to_allv(flat_in, flat_out, counts)
-        return _Work([req], outputs, lambda: _unflat(flat_out, outputs))
+        return self._start([("all_to_allv", (flat_in, flat_out, counts))], outputs, lambda: _unflat(flat_out, outputs), inputs)
 
     def gather(self, output_lists, inputs, opts=None):
         """Gather every rank's input into the root's output list."""
@@ -214,15 +283,14 @@ class ProcessGroupSucl(dist.ProcessGroup):
         inp = inputs[0].contiguous()
         if self.rank() == root:
             flat = inp.new_empty((self.size() * inp.numel(),))
-            req = self._comm.igather(inp, flat, root)
-            return _Work([req], output_lists, lambda: _unflat(flat, output_lists[0]))
-        return _Work([self._comm.igather(inp, None, root)], output_lists)
+            return self._start([("gather", (inp, flat, root))], output_lists, lambda: _unflat(flat, output_lists[0]), inputs)
+        return self._start([("gather", (inp, None, root))], output_lists, tensors=inputs)
 
     def scatter(self, outputs, input_lists, opts=None):
         """Scatter the root's input list, one tensor per rank."""
         root = opts.rootRank
         send = _flat(input_lists[0]) if self.rank() == root else None
-        return _Work([self._comm.iscatter(send, outputs[0], root)], outputs)
+        return self._start([("scatter", (send, outputs[0], root))], outputs, tensors=outputs)
 
     def barrier(self, opts=None):
         """Wait for every rank."""
@@ -232,11 +300,11 @@ class ProcessGroupSucl(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag=0):
         """Send each tensor to group rank ``dst``."""
-        return _Work([self._comm.isend(t, dst, tag) for t in tensors], tensors)
+        return self._start([("send", (t, dst, tag)) for t in tensors], tensors)
 
     def recv(self, tensors, src, tag=0):
         """Receive each tensor from group rank ``src``."""
-        return _Work([self._comm.irecv(t, src, tag) for t in tensors], tensors)
+        return self._start([("recv", (t, src, tag)) for t in tensors], tensors)
 
 
 def _free_port(host):
@@ -265,7 +333,7 @@ def _create(store, rank, size, timeout):
 def _register():
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
 
 
 _register()

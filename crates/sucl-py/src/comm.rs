@@ -12,8 +12,9 @@ use pyo3::types::PyString;
 use sucl::ReduceOp;
 
 /// A group of ranks that communicate: the world from `sucl.init()`, or a part of it from
-/// `split()`. Buffers are NumPy arrays (or any C-contiguous buffer-protocol object) and torch
-/// CPU tensors, used in place (no copy). Collectives must be called by every rank in the same
+/// `split()`. Buffers are NumPy arrays (or any C-contiguous buffer-protocol object), torch CPU
+/// and CUDA tensors and `__cuda_array_interface__` objects, used in place (no copy); calls on
+/// device memory are enqueued on its current stream and return without waiting for the GPU. Collectives must be called by every rank in the same
 /// order; blocking calls release the GIL while they wait.
 #[pyclass(module = "sucl", weakref)]
 pub struct Communicator {
@@ -170,6 +171,9 @@ impl Communicator {
 
     /// Posts a send or receive in the backend (no worker thread: the backend progresses it).
     fn post_p2p(&self, py: Python<'_>, buf: Region, peer: usize, tag: u32, receive: bool) -> PyResult<Request> {
+        if buf.device.is_some() {
+            return Err(invalid("buf", "is device (CUDA) memory: use send/recv, which are enqueued on its stream and return"));
+        }
         self.drain(py)?;
         let (addr, bytes) = (buf.addr(), buf.bytes());
         let req = py
@@ -474,6 +478,18 @@ impl Communicator {
     fn recv(&self, py: Python<'_>, buf: &Obj<'_>, source: usize, tag: i64) -> PyResult<usize> {
         let call = Call::Recv { buf: region("buf", buf)?.writable("buf")?, src: source, tag: tag_of(tag)? };
         self.block(py, call)
+    }
+
+    /// Waits (bounded by `SUCL_TIMEOUT`) until the device calls enqueued on `stream` ran:
+    /// `stream` is a `CUstream` as an int (`torch.cuda.current_stream().cuda_stream`; 0, the
+    /// default, is the legacy default stream) of the communicator's GPU. Raises when NCCL
+    /// reported an asynchronous error, a rank was lost or the wait timed out. Device calls
+    /// return without waiting for the GPU; this (or torch's stream sync) waits for them.
+    #[pyo3(signature = (stream=0))]
+    fn synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
+        self.drain(py)?;
+        let r = py.detach(|| self.exec.with_comm(|c| c.synchronize(&crate::device::queue(c, None, stream)?)));
+        r.map_err(to_py)
     }
 
     /// Non-blocking `send`.

@@ -6,6 +6,7 @@
 
 mod call;
 mod comm;
+mod device;
 mod errors;
 mod exec;
 mod region;

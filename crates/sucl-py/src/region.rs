@@ -1,7 +1,10 @@
 //! A Python object's memory as sucl sees it: a pointer, an element count and an element type,
 //! plus a reference that keeps the memory alive. Accepted: anything with the buffer protocol
 //! (NumPy arrays, bytearray, memoryview, array.array), read in place, and torch CPU tensors,
-//! read at `data_ptr()` (torch tensors have no buffer protocol). Device memory is refused.
+//! read at `data_ptr()` (torch tensors have no buffer protocol). Device memory: torch CUDA
+//! tensors and objects with `__cuda_array_interface__` (v3), checked with the CUDA driver
+//! (device memory of one GPU) when the region is made, before anything moves; a region of
+//! device memory carries the CUDA stream its call is ordered on.
 
 use crate::errors::invalid;
 use pyo3::buffer::PyUntypedBuffer;
@@ -25,7 +28,18 @@ pub struct Region {
     /// Element type.
     pub dtype: DType,
     readonly: bool,
+    /// Device memory: where it lives and the stream its call is ordered on. `None`: host.
+    pub device: Option<OnDevice>,
     _keep: Keep,
+}
+
+/// Where a region of device memory lives and the stream that orders the calls using it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnDevice {
+    /// The GPU's ordinal, as the driver names it.
+    pub ordinal: usize,
+    /// A `CUstream` (0: the legacy default stream).
+    pub stream: u64,
 }
 
 /// Where an empty region points: its alignment (slices need a non-null aligned pointer).
@@ -48,8 +62,16 @@ impl Region {
             if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
                 return Self::of_tensor(arg, obj);
             }
-            if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
-                return Err(device_refused(arg));
+            if let Ok(cai) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
+                return Self::of_cuda_array(arg, obj, &cai);
+            }
+            if let Ok((kind, _)) = obj.call_method0(intern!(py, "__dlpack_device__")).and_then(|d| d.extract::<(i64, i64)>()) {
+                if kind != DLPACK_CPU {
+                    return Err(invalid(
+                        arg,
+                        format!("a DLPack object on device type {kind}: pass a torch tensor or an object with __cuda_array_interface__"),
+                    ));
+                }
             }
         }
         let buf = PyUntypedBuffer::get(obj).map_err(|e| invalid(arg, format!("not a buffer or a tensor ({e})")))?;
@@ -61,15 +83,14 @@ impl Region {
         Self::checked(arg, addr, len, dtype, readonly, Keep::Buffer(buf))
     }
 
-    /// A torch tensor: CPU, contiguous, at `data_ptr()`.
+    /// A torch tensor: CPU or CUDA, contiguous, at `data_ptr()`. A CUDA tensor's call is
+    /// ordered on torch's current stream of its device, as torch's NCCL backend orders it.
     fn of_tensor(arg: &str, t: &Bound<'_, PyAny>) -> PyResult<Region> {
         let py = t.py();
-        if t.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
-            return Err(device_refused(arg));
-        }
+        let is_cuda = t.getattr(intern!(py, "is_cuda"))?.is_truthy()?;
         let device: String = t.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?.extract()?;
-        if device != "cpu" {
-            return Err(invalid(arg, format!("a tensor on `{device}`: only CPU tensors are supported")));
+        if device != "cpu" && !is_cuda {
+            return Err(invalid(arg, format!("a tensor on `{device}`: only CPU and CUDA tensors are supported")));
         }
         if !t.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
             return Err(invalid(arg, "the tensor is not contiguous (pass tensor.contiguous())"));
@@ -78,7 +99,59 @@ impl Region {
         let dtype = dtype_of_torch(arg, &name)?;
         let addr: usize = t.call_method0(intern!(py, "data_ptr"))?.extract()?;
         let len: usize = t.call_method0(intern!(py, "numel"))?.extract()?;
-        Self::checked(arg, addr, len, dtype, false, Keep::Object(t.clone().unbind()))
+        let region = Self::checked(arg, addr, len, dtype, false, Keep::Object(t.clone().unbind()))?;
+        if !is_cuda {
+            return Ok(region);
+        }
+        let current = py
+            .import(intern!(py, "torch"))?
+            .getattr(intern!(py, "cuda"))?
+            .call_method1(intern!(py, "current_stream"), (t.getattr(intern!(py, "device"))?,))?;
+        let stream: u64 = current.getattr(intern!(py, "cuda_stream"))?.extract()?;
+        region.on_gpu(arg, stream)
+    }
+
+    /// An object with `__cuda_array_interface__` (v3): contiguous (`strides` None), its call
+    /// ordered on the interface's `stream` (absent or None: the legacy default stream).
+    fn of_cuda_array(arg: &str, obj: &Bound<'_, PyAny>, cai: &Bound<'_, PyAny>) -> PyResult<Region> {
+        let bad = |why: &str| invalid(arg, format!("__cuda_array_interface__ {why}"));
+        let cai = cai.cast::<pyo3::types::PyDict>().map_err(|_| bad("is not a dict"))?;
+        let get = |key: &str| cai.get_item(key).ok().flatten().filter(|v| !v.is_none());
+        if get("strides").is_some() {
+            return Err(invalid(arg, "the CUDA array is not C-contiguous (strides given): pass a contiguous copy"));
+        }
+        let (addr, _readonly): (usize, bool) =
+            get("data").ok_or_else(|| bad("has no `data`"))?.extract().map_err(|_| bad("`data` is not (ptr, readonly)"))?;
+        let shape: Vec<usize> =
+            get("shape").ok_or_else(|| bad("has no `shape`"))?.extract().map_err(|_| bad("`shape` is not a tuple of sizes"))?;
+        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| bad("`shape` overflows"))?;
+        let typestr: String =
+            get("typestr").ok_or_else(|| bad("has no `typestr`"))?.extract().map_err(|_| bad("`typestr` is not a string"))?;
+        let dtype = dtype_of_typestr(arg, &typestr)?;
+        // CAI v3: 1 is the legacy default stream, 2 the per-thread one; any other a CUstream.
+        let stream = match get("stream") {
+            None => 0,
+            Some(s) => match s.extract::<u64>().map_err(|_| bad("`stream` is not an integer"))? {
+                1 => 0,
+                2 => PER_THREAD_STREAM,
+                0 => return Err(bad("`stream` is 0, which version 3 forbids")),
+                other => other,
+            },
+        };
+        Self::checked(arg, addr, len, dtype, false, Keep::Object(obj.clone().unbind()))?.on_gpu(arg, stream)
+    }
+
+    /// This region as device memory, asked of the CUDA driver: one GPU's device memory from
+    /// the first byte to the last, else a clear error (host memory, no driver) before anything
+    /// moves. Empty regions are taken as they are (on GPU 0 unless the call's other buffer says).
+    fn on_gpu(mut self, arg: &str, stream: u64) -> PyResult<Region> {
+        let ordinal = if self.len == 0 {
+            0
+        } else {
+            sucl::cuda::pointer_device(0, static_name(arg), self.addr as u64, self.bytes()).map_err(crate::errors::to_py)?
+        };
+        self.device = Some(OnDevice { ordinal, stream });
+        Ok(self)
     }
 
     fn checked(arg: &str, addr: usize, len: usize, dtype: DType, readonly: bool, keep: Keep) -> PyResult<Region> {
@@ -86,7 +159,7 @@ impl Region {
         if !addr.is_multiple_of(dtype.size()) {
             return Err(invalid(arg, format!("its memory is not aligned to its {}-byte elements", dtype.size())));
         }
-        Ok(Region { addr, len, dtype, readonly, _keep: keep })
+        Ok(Region { addr, len, dtype, readonly, device: None, _keep: keep })
     }
 
     /// Fails unless the region may be written.
@@ -143,12 +216,43 @@ impl Region {
     }
 }
 
-fn device_refused(arg: &str) -> PyErr {
-    invalid(
-        arg,
-        "device (CUDA) memory: the Python binding moves host memory only, because sucl's CUDA layer \
-         cannot wrap a device pointer it did not allocate",
-    )
+/// DLPack's `kDLCPU` device type.
+const DLPACK_CPU: i64 = 1;
+
+/// `CU_STREAM_PER_THREAD`, the per-thread default stream's handle.
+const PER_THREAD_STREAM: u64 = 2;
+
+/// The argument names sucl's errors take (`&'static str`) for a Python argument name.
+pub fn static_name(arg: &str) -> &'static str {
+    match arg {
+        "send" => "send",
+        "recv" => "recv",
+        "buf" => "buf",
+        _ => "buffer",
+    }
+}
+
+/// The element type of a `__cuda_array_interface__` typestr (NumPy's array-interface syntax).
+fn dtype_of_typestr(arg: &str, typestr: &str) -> PyResult<DType> {
+    let b = typestr.as_bytes();
+    let (order, code, size) = match b {
+        [o, c, n @ ..] if !n.is_empty() => (*o, *c, std::str::from_utf8(n).ok().and_then(|n| n.parse::<usize>().ok())),
+        _ => (b'?', b'?', None),
+    };
+    let Some(size) = size.filter(|_| matches!(order, b'<' | b'|' | b'=')) else {
+        return Err(invalid(arg, format!("element typestr {typestr:?} has no sucl type")));
+    };
+    let format = match code {
+        b'i' => b'q',
+        b'u' | b'b' => b'Q',
+        b'f' => match size {
+            2 => b'e',
+            4 => b'f',
+            _ => b'd',
+        },
+        _ => return Err(invalid(arg, format!("element typestr {typestr:?} has no sucl type"))),
+    };
+    dtype_of_format(arg, &[b'=', format], size).map_err(|_| invalid(arg, format!("element typestr {typestr:?} has no sucl type")))
 }
 
 /// The element type of a buffer-protocol format string (struct module syntax).
@@ -284,5 +388,18 @@ mod tests {
         assert_eq!(dtype_of_torch("x", "torch.bfloat16").ok(), Some(DType::BF16));
         assert_eq!(dtype_of_torch("x", "torch.bool").ok(), Some(DType::U8));
         assert!(dtype_of_torch("x", "torch.complex64").is_err());
+    }
+
+    #[test]
+    fn cuda_array_typestrs_map_to_sucl_types() {
+        assert_eq!(dtype_of_typestr("x", "<f4").ok(), Some(DType::F32));
+        assert_eq!(dtype_of_typestr("x", "<f2").ok(), Some(DType::F16));
+        assert_eq!(dtype_of_typestr("x", "<i8").ok(), Some(DType::I64));
+        assert_eq!(dtype_of_typestr("x", "|u1").ok(), Some(DType::U8));
+        assert_eq!(dtype_of_typestr("x", "|b1").ok(), Some(DType::U8));
+        assert!(dtype_of_typestr("x", ">f4").is_err(), "big-endian");
+        assert!(dtype_of_typestr("x", "<c8").is_err(), "complex");
+        assert!(dtype_of_typestr("x", "<i2").is_err(), "int16");
+        assert!(dtype_of_typestr("x", "f").is_err(), "no size");
     }
 }

@@ -48,11 +48,28 @@ raises("counts", lambda: comm.all_to_allv(send, out, [1]))
 
 
 class FakeDevice:
-    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 2}
+    """Claims (`__cuda_array_interface__` v3) that host memory is a CUDA array."""
+
+    def __init__(self, host, **extra):
+        self.host = host
+        self.__cuda_array_interface__ = dict(
+            shape=host.shape, typestr=host.dtype.str, data=(host.ctypes.data, False), version=3, strides=None, stream=None
+        )
+        self.__cuda_array_interface__.update(extra)
 
 
-msg = raises("device memory", lambda: comm.all_reduce(FakeDevice()))
-assert "device" in msg, msg
+host = np.zeros(4, np.float32)
+# Host memory posing as device memory: refused, naming host memory (with a CUDA driver) or the
+# missing driver (without one), before anything moves.
+msg = raises("host memory as device memory", lambda: comm.all_reduce(FakeDevice(host)), (sucl.InvalidArgumentError, sucl.BackendUnavailableError))
+assert "host memory" in msg or "driver" in msg, msg
+msg = raises("host memory as device recv", lambda: comm.all_reduce(FakeDevice(host), FakeDevice(np.zeros(4, np.float32))), (sucl.InvalidArgumentError, sucl.BackendUnavailableError))
+assert "host memory" in msg or "driver" in msg, msg
+# Layouts and element types sucl cannot take are refused whatever the memory is.
+msg = raises("strided device array", lambda: comm.all_reduce(FakeDevice(host, strides=(8,))))
+assert "contiguous" in msg, msg
+msg = raises("device int16", lambda: comm.all_reduce(FakeDevice(np.zeros(4, np.int16))))
+assert "typestr" in msg, msg
 assert (out == -1.0).all(), f"rank {r}: out changed: {out}"
 
 # Nothing moved, nothing was left half-done: a good call agrees on every rank.
