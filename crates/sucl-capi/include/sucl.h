@@ -416,7 +416,7 @@ sucl_result sucl_comm_attach_device(sucl_comm comm, int32_t device);
  * Waits (bounded by `SUCL_TIMEOUT`) until everything enqueued on `stream` ran, failing when
  * NCCL reports an asynchronous error, a rank is lost or the wait times out (NCCL is then
  * aborted: no kernel stays hung). Use it, rather than `cudaStreamSynchronize`, to see errors
- * of the device calls enqueued before.
+ * of the calls on device memory enqueued before.
  *
  * Thread safety: as `sucl_barrier`. Ownership: nothing changes hands.
  *

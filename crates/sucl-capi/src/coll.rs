@@ -10,11 +10,11 @@ use crate::types::{self, sucl_comm, sucl_dtype, sucl_op, sucl_result, with_dtype
 use std::ffi::c_void;
 use sucl::{Communicator, DType, Element, ReduceOp};
 
-/// Runs a typed body on `comm` (leased for the call) with the checked dtype.
+/// Runs a typed body on `comm` (checked out for the call) with the checked dtype.
 fn on_comm(comm: sucl_comm, dtype: sucl_dtype, f: impl FnOnce(&Communicator, DType) -> Result<(), Fail>) -> sucl_result {
     entry(|| {
         let dt = types::dtype(dtype)?;
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         f(&c, dt)
     })
 }
@@ -38,7 +38,7 @@ pub(crate) fn root_of(c: &Communicator, root: i32) -> Result<usize, Fail> {
 /// every call on a `sucl_comm`. Ownership: nothing changes hands.
 #[no_mangle]
 pub extern "C" fn sucl_barrier(comm: sucl_comm) -> sucl_result {
-    entry(|| Ok(COMMS.lease(comm)?.barrier()?))
+    entry(|| Ok(COMMS.checkout(comm)?.barrier()?))
 }
 
 /// Copies root's `count` elements at `buf` into every rank's `buf`. Collective.

@@ -91,7 +91,7 @@ pub unsafe extern "C" fn sucl_init_explicit(
 pub unsafe extern "C" fn sucl_comm_rank(comm: sucl_comm, rank: *mut i32) -> sucl_result {
     entry(|| {
         let out = Out::new("rank", rank)?;
-        let r = COMMS.lease(comm)?.rank();
+        let r = COMMS.checkout(comm)?.rank();
         out.set(r as i32);
         Ok(())
     })
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn sucl_comm_rank(comm: sucl_comm, rank: *mut i32) -> sucl
 pub unsafe extern "C" fn sucl_comm_size(comm: sucl_comm, size: *mut i32) -> sucl_result {
     entry(|| {
         let out = Out::new("size", size)?;
-        let s = COMMS.lease(comm)?.size();
+        let s = COMMS.checkout(comm)?.size();
         out.set(s as i32);
         Ok(())
     })
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn sucl_comm_split(comm: sucl_comm, color: i32, key: i32, 
             SUCL_UNDEFINED => None,
             c => Some(u32::try_from(c).map_err(|_| Fail::arg("color", format!("{c} is negative and not SUCL_UNDEFINED")))?),
         };
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let sub = c.split(color, i64::from(key))?;
         drop(c);
         out.set(sub.map_or(SUCL_COMM_NULL, |s| COMMS.insert(Box::new(s))));

@@ -15,7 +15,7 @@
 //!
 //! Overlap: only the in-place forms may share memory (all_reduce and, on the root, reduce with
 //! `sendbuf == recvbuf`; all_gather with `sendbuf == recvbuf + rank × count`); any other
-//! overlap of a device call's buffers is refused (sucl does not copy device memory aside).
+//! overlap of a call on device memory's buffers is refused (sucl does not copy device memory aside).
 
 #![cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 
@@ -72,7 +72,7 @@ mod gpu {
         Arg { name, ptr, count }
     }
 
-    /// One device call: the communicator and the caller's stream as a queue on the call's GPU.
+    /// One call on device memory: the communicator and the caller's stream as a queue on the call's GPU.
     pub(super) struct Gpu<'c> {
         pub(super) c: &'c Communicator,
         pub(super) queue: Queue,
@@ -125,7 +125,7 @@ mod gpu {
         Ok(())
     }
 
-    /// Leases `comm`, checks `dtype`, and runs `f` with the caller's `stream` as a queue on the
+    /// Checks out `comm`, checks `dtype`, and runs `f` with the caller's `stream` as a queue on the
     /// GPU of the first non-empty buffer in `bufs` (else the communicator's GPU).
     pub(super) fn on_device(
         comm: sucl_comm,
@@ -136,7 +136,7 @@ mod gpu {
     ) -> sucl_result {
         entry(|| {
             let dt = types::dtype(dtype)?;
-            let c = COMMS.lease(comm)?;
+            let c = COMMS.checkout(comm)?;
             let gpu = open(&c, stream, bufs, dt.size())?;
             f(&gpu, dt)
         })
@@ -177,7 +177,7 @@ mod gpu {
 #[no_mangle]
 pub extern "C" fn sucl_comm_attach_device(comm: sucl_comm, device: i32) -> sucl_result {
     cuda!(entry(|| {
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let dev = match usize::try_from(device) {
             Ok(d) => c.cuda_device_at(d)?,
             Err(_) => c.cuda_device()?,
@@ -189,7 +189,7 @@ pub extern "C" fn sucl_comm_attach_device(comm: sucl_comm, device: i32) -> sucl_
 /// Waits (bounded by `SUCL_TIMEOUT`) until everything enqueued on `stream` ran, failing when
 /// NCCL reports an asynchronous error, a rank is lost or the wait times out (NCCL is then
 /// aborted: no kernel stays hung). Use it, rather than `cudaStreamSynchronize`, to see errors
-/// of the device calls enqueued before.
+/// of the calls on device memory enqueued before.
 ///
 /// Thread safety: as `sucl_barrier`. Ownership: nothing changes hands.
 ///
@@ -198,7 +198,7 @@ pub extern "C" fn sucl_comm_attach_device(comm: sucl_comm, device: i32) -> sucl_
 #[no_mangle]
 pub unsafe extern "C" fn sucl_synchronize_device(comm: sucl_comm, stream: *mut c_void) -> sucl_result {
     cuda!(entry(|| {
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let g = open(&c, stream, &[], 1)?;
         Ok(c.synchronize(&g.queue)?)
     }))
@@ -214,7 +214,7 @@ pub unsafe extern "C" fn sucl_synchronize_device(comm: sucl_comm, stream: *mut c
 #[no_mangle]
 pub unsafe extern "C" fn sucl_barrier_device(comm: sucl_comm, stream: *mut c_void) -> sucl_result {
     cuda!(entry(|| {
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let g = open(&c, stream, &[], 1)?;
         Ok(c.barrier_on(&g.queue)?)
     }))

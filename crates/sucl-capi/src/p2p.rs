@@ -26,7 +26,7 @@ pub unsafe extern "C" fn sucl_send(
 ) -> sucl_result {
     entry(|| {
         let (dt, dest, tag) = (types::dtype(dtype)?, types::rank("dest", dest)?, types::tag(tag)?);
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         with_dtype!(dt, T => {
             let b = Region::<T>::new("buf", buf, count)?;
             // SAFETY: the caller's contract for `buf`.
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn sucl_recv(
     entry(|| {
         let (dt, src, tag) = (types::dtype(dtype)?, types::rank("src", src)?, types::tag(tag)?);
         let out = Out::optional("received", received)?;
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let n = with_dtype!(dt, T => {
             let b = Region::<T>::new("buf", buf, count)?;
             // SAFETY: the caller's contract for `buf`; the only slice of it.
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn sucl_sendrecv(
     entry(|| {
         let (dt, dest, src, tag) = (types::dtype(dtype)?, types::rank("dest", dest)?, types::rank("src", src)?, types::tag(tag)?);
         let out = Out::optional("received", received)?;
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let n = with_dtype!(dt, T => {
             let (s, r) = (Region::<T>::new("sendbuf", sendbuf, sendcount)?, Region::<T>::new("recvbuf", recvbuf, recvcount)?);
             // SAFETY: the caller's contract; an overlapping send buffer is copied first.
@@ -181,7 +181,7 @@ unsafe fn post(
     entry(|| {
         let (dt, peer, tag) = (types::dtype(dtype)?, types::rank(peer_arg, peer)?, types::tag(tag)?);
         let out = Out::new("request", request)?;
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let elem = with_dtype!(dt, T => {
             Region::<T>::new("buf", buf, count)?;
             std::mem::size_of::<T>()

@@ -3,7 +3,7 @@
 //! 56-63), the slot's generation (bits 32-55, bumped when the slot is freed) and the slot index
 //! plus one (bits 0-31); 0 is the null handle of every kind.
 //!
-//! A call *leases* the object out of its slot for its duration ([`Registry::lease`]), so a
+//! A call *checks out* the object out of its slot for its duration ([`Registry::checkout`]), so a
 //! second thread using the same handle meanwhile gets `SUCL_ERR_BUSY` rather than a data race,
 //! and freeing a handle in use is refused the same way.
 
@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 enum State<T> {
     Free,
     Here(T),
-    /// Leased out; the text says to whom (for the BUSY message).
+    /// Checked out; the text says to whom (for the BUSY message).
     Out(&'static str),
 }
 
@@ -76,10 +76,10 @@ impl<T> Registry<T> {
         self.handle(i, slots[i].generation)
     }
 
-    /// Takes the object out for one call; the lease puts it back when dropped.
-    pub(crate) fn lease(&self, h: u64) -> Result<Lease<'_, T>, Fail> {
+    /// Takes the object out for one call; the checkout puts it back when dropped.
+    pub(crate) fn checkout(&self, h: u64) -> Result<Checkout<'_, T>, Fail> {
         let value = self.take_out(h, "a call on another thread")?;
-        Ok(Lease { reg: self, h, value: Some(value) })
+        Ok(Checkout { reg: self, h, value: Some(value) })
     }
 
     /// Takes the object out and leaves the slot marked as held by `holder` until
@@ -114,7 +114,7 @@ impl<T> Registry<T> {
         }
     }
 
-    /// Removes the object (its handle dies); refused while it is leased out.
+    /// Removes the object (its handle dies); refused while it is checked out.
     pub(crate) fn remove(&self, h: u64) -> Result<T, Fail> {
         let v = self.take_out(h, "being freed")?;
         self.retire(h);
@@ -152,27 +152,27 @@ impl<T> Registry<T> {
     }
 }
 
-/// An object leased out of its registry for one call.
-pub(crate) struct Lease<'r, T> {
+/// An object checked out of its registry for one call.
+pub(crate) struct Checkout<'r, T> {
     reg: &'r Registry<T>,
     h: u64,
     value: Option<T>,
 }
 
-impl<T> std::ops::Deref for Lease<'_, T> {
+impl<T> std::ops::Deref for Checkout<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        self.value.as_ref().expect("a lease holds its value until dropped")
+        self.value.as_ref().expect("a checkout holds its value until dropped")
     }
 }
 
-impl<T> std::ops::DerefMut for Lease<'_, T> {
+impl<T> std::ops::DerefMut for Checkout<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        self.value.as_mut().expect("a lease holds its value until dropped")
+        self.value.as_mut().expect("a checkout holds its value until dropped")
     }
 }
 
-impl<T> Drop for Lease<'_, T> {
+impl<T> Drop for Checkout<'_, T> {
     fn drop(&mut self) {
         if let Some(v) = self.value.take() {
             self.reg.put_back(self.h, v);
@@ -189,25 +189,25 @@ mod tests {
         let r: Registry<u32> = Registry::new("thing", 7);
         let other: Registry<u32> = Registry::new("other", 8);
         let h = r.insert(5);
-        assert_eq!(*r.lease(h).ok().unwrap(), 5);
-        assert!(matches!(r.lease(0), Err(Fail::Handle(_))));
+        assert_eq!(*r.checkout(h).ok().unwrap(), 5);
+        assert!(matches!(r.checkout(0), Err(Fail::Handle(_))));
         let foreign = other.insert(1);
-        assert!(matches!(r.lease(foreign), Err(Fail::Handle(_))));
+        assert!(matches!(r.checkout(foreign), Err(Fail::Handle(_))));
         assert_eq!(r.remove(h).ok(), Some(5));
-        assert!(matches!(r.lease(h), Err(Fail::Handle(_))));
+        assert!(matches!(r.checkout(h), Err(Fail::Handle(_))));
         // The slot is reused under a new generation: the old handle stays dead.
         let h2 = r.insert(6);
         assert_ne!(h, h2);
-        assert!(matches!(r.lease(h), Err(Fail::Handle(_))));
-        assert_eq!(*r.lease(h2).ok().unwrap(), 6);
+        assert!(matches!(r.checkout(h), Err(Fail::Handle(_))));
+        assert_eq!(*r.checkout(h2).ok().unwrap(), 6);
     }
 
     #[test]
-    fn a_leased_object_is_busy_until_returned() {
+    fn a_checked_out_object_is_busy_until_returned() {
         let r: Registry<u32> = Registry::new("thing", 7);
         let h = r.insert(5);
-        let l = r.lease(h).ok().unwrap();
-        assert!(matches!(r.lease(h), Err(Fail::Busy(_))));
+        let l = r.checkout(h).ok().unwrap();
+        assert!(matches!(r.checkout(h), Err(Fail::Busy(_))));
         assert!(matches!(r.remove(h), Err(Fail::Busy(_))));
         drop(l);
         assert_eq!(r.remove(h).ok(), Some(5));

@@ -31,7 +31,7 @@ pub unsafe extern "C" fn sucl_wait(request: sucl_request, count: *mut usize) -> 
         }
         let n = match REQUESTS.take_out(request, "a wait or test on another thread")? {
             AnyRequest::P2p { comm, req, elem } => {
-                let c = match COMMS.lease(comm) {
+                let c = match COMMS.checkout(comm) {
                     Ok(c) => c,
                     Err(e) => {
                         REQUESTS.put_back(request, AnyRequest::P2p { comm, req, elem });
@@ -68,7 +68,7 @@ pub unsafe extern "C" fn sucl_test(request: sucl_request, done: *mut i32, count:
         let out = Out::optional("count", count)?;
         let polled = match REQUESTS.take_out(request, "a wait or test on another thread")? {
             AnyRequest::P2p { comm, req, elem } => {
-                let polled = COMMS.lease(comm).and_then(|c| Ok(c.test_unscoped(&req)?));
+                let polled = COMMS.checkout(comm).and_then(|c| Ok(c.test_unscoped(&req)?));
                 match polled {
                     Ok(Some(bytes)) => {
                         REQUESTS.retire(request);
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn sucl_test(request: sucl_request, done: *mut i32, count:
 pub extern "C" fn sucl_request_free(request: sucl_request) -> sucl_result {
     entry(|| {
         match REQUESTS.take_out(request, "a wait or test on another thread")? {
-            AnyRequest::P2p { comm, req, elem } => match COMMS.lease(comm) {
+            AnyRequest::P2p { comm, req, elem } => match COMMS.checkout(comm) {
                 Ok(c) => {
                     REQUESTS.retire(request);
                     c.cancel_unscoped(req);

@@ -227,11 +227,11 @@ pub unsafe extern "C" fn sucl_stream_create(comm: sucl_comm, queue: sucl_host_qu
     })
 }
 
-/// Leases the queue, runs `f` and registers the request it returns.
+/// Checks out the queue, runs `f` and registers the request it returns.
 fn enqueue(stream: sucl_stream, request: *mut sucl_request, f: impl FnOnce(&mut CommQueue) -> Result<Request, Fail>) -> sucl_result {
     entry(|| {
         let out = Out::new("request", request)?;
-        let mut s = STREAMS.lease(stream)?;
+        let mut s = STREAMS.checkout(stream)?;
         let r = f(&mut s.queue)?;
         out.set(REQUESTS.insert(AnyRequest::Stream(r)));
         Ok(())
@@ -397,9 +397,9 @@ pub unsafe extern "C" fn sucl_stream_all_to_all(
     })
 }
 
-/// Runs `f` on the leased queue.
+/// Runs `f` on the checked-out queue.
 fn on_stream(stream: sucl_stream, f: impl FnOnce(&mut CommQueue) -> sucl::Result<()>) -> sucl_result {
-    entry(|| Ok(f(&mut STREAMS.lease(stream)?.queue)?))
+    entry(|| Ok(f(&mut STREAMS.checkout(stream)?.queue)?))
 }
 
 /// Puts one trigger on the host queue: every operation enqueued since the last start becomes

@@ -12,7 +12,7 @@ use crate::types::{self, sucl_comm, sucl_dtype, sucl_result, with_dtype};
 use std::ffi::c_void;
 use sucl::Communicator;
 
-/// Leases `comm` and reads its `counts` table (`size × rows` entries) for one call.
+/// Checks out `comm` and reads its `counts` table (`size × rows` entries) for one call.
 fn on_comm(
     comm: sucl_comm,
     dtype: sucl_dtype,
@@ -22,7 +22,7 @@ fn on_comm(
 ) -> sucl_result {
     entry(|| {
         let dt = types::dtype(dtype)?;
-        let c = COMMS.lease(comm)?;
+        let c = COMMS.checkout(comm)?;
         let n = c.size();
         let len = if square { times("counts", n, n)? } else { n };
         // SAFETY: the caller's contract: `counts` holds the whole table.

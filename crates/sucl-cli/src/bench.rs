@@ -8,7 +8,6 @@
 
 use crate::ops::run_op;
 use crate::pattern::{buffer_lens, count_wrong_vs, fill_input, Case};
-use crate::with_dtype;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
@@ -403,7 +402,7 @@ pub fn run(comm: &Communicator, a: &BenchArgs) -> Result<Vec<Row>> {
     let mut rows = vec![];
     for bytes in list {
         bar.set_message(format!("{bytes} B"));
-        let row = with_dtype!(a.dtype, T, { measure::<T>(comm, a, bytes)? });
+        let row = sucl::with_dtype!(a.dtype, T => measure::<T>(comm, a, bytes)?);
         if lead {
             if a.json {
                 bar.suspend(|| println!("{}", serde_json::to_string(&row).expect("row serializes")));
@@ -511,7 +510,7 @@ fn measure_choice(comm: &Communicator, a: &BenchArgs, bytes: u64, choice: &str) 
     comm.pin_backend(pin)?;
     #[cfg(feature = "mpi")]
     sucl_mpi::set_nonblocking_collectives(choice == MPI_NONBLOCKING);
-    let row = with_dtype!(a.dtype, T, { measure_with::<T>(comm, a, bytes, runner) });
+    let row = sucl::with_dtype!(a.dtype, T => measure_with::<T>(comm, a, bytes, runner));
     #[cfg(feature = "mpi")]
     sucl_mpi::set_nonblocking_collectives(false);
     let mut row = row?;

@@ -5,7 +5,6 @@
 
 use crate::ops::run_op;
 use crate::pattern::{buffer_lens, count_wrong, fill, fill_input, value, Case};
-use crate::with_dtype;
 use sucl::{CollOp, Communicator, DType, Element, ReduceOp, Result};
 
 /// What to check.
@@ -202,7 +201,7 @@ pub fn run(comm: &Communicator, args: &CheckArgs) -> Result<i32> {
                 for count in sizes_for(n, &args.sizes) {
                     seed += 1;
                     let root = (count + seed as usize) % n;
-                    with_dtype!(dt, T, { check_collective::<T>(&mut st, op, redop, count, root, seed)? });
+                    sucl::with_dtype!(dt, T => check_collective::<T>(&mut st, op, redop, count, root, seed)?);
                 }
             }
         }

@@ -4,7 +4,6 @@
 
 use crate::bench::{sizes, BenchArgs, BenchOp, Row};
 use crate::pattern::{buffer_lens, count_wrong, count_wrong_vs, fill_input, Case};
-use crate::with_dtype;
 use std::time::Instant;
 use sucl::cuda::{Buffer, Device, DeviceElement, Queue};
 use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
@@ -161,7 +160,7 @@ fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
     let mut short = q.alloc::<f32>(3)?;
     let e = comm.all_reduce(&dev, &mut short, ReduceOp::Sum);
     out.push((format!("short recv refused ({e:?})"), matches!(e, Err(sucl::Error::InvalidArgument { .. }))));
-    // A sub-communicator sets up its own device side at its first device call.
+    // A sub-communicator sets up its own device side at its first call on device memory.
     if let Some(sub) = comm.split(Some((r % 2) as u32), 0)? {
         let mut b = q.upload(&[r as f64; 33])?;
         sub.all_reduce_in_place(&mut b, ReduceOp::Sum)?;
@@ -169,10 +168,10 @@ fn api_checks(comm: &Communicator, q: &Queue) -> Result<Vec<(String, bool)>> {
         let want: usize = (0..n).filter(|j| j % 2 == r % 2).sum();
         out.push((format!("split all_reduce over {}", sub.device_backends().join(",")), b.to_vec()?.iter().all(|&v| v == want as f64)));
     }
-    // Host and device calls interleaved on one communicator still match up.
+    // Host and calls on device memory interleaved on one communicator still match up.
     let mut h = [r as u64 + 1];
     comm.all_reduce_in_place(&mut h, ReduceOp::Sum)?;
-    out.push(("host call between device calls".into(), h[0] == (n * (n + 1) / 2) as u64));
+    out.push(("host call between calls on device memory".into(), h[0] == (n * (n + 1) / 2) as u64));
     Ok(out)
 }
 
@@ -276,7 +275,7 @@ pub fn check(
                             std::process::exit(5);
                         }
                         let case = Case { op, count, n, rank: comm.rank(), root: (count + seed as usize) % n, seed, redop };
-                        let wrong = with_dtype!(dt, T, { check_case::<T>(comm, &q, &case)? });
+                        let wrong = sucl::with_dtype!(dt, T => check_case::<T>(comm, &q, &case)?);
                         checks += 1;
                         if wrong > 0 {
                             failures += 1;
@@ -604,7 +603,7 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
 }
 
 /// `sucl tune --device cuda`: per op and size, the faster of nccl and staged (best of `rounds`
-/// interleaved rounds), written as tuning rules that device calls under `--config` follow.
+/// interleaved rounds), written as tuning rules that calls on device memory under `--config` follow.
 pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
     let (dev, q) = open(comm)?;
     let names = comm.device_backends();

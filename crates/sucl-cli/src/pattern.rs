@@ -3,55 +3,6 @@
 
 use sucl::{CollOp, DType, Element, ReduceOp};
 
-/// Calls `$body` with `$t` bound to the Rust type of a runtime [`sucl::DType`].
-#[macro_export]
-macro_rules! with_dtype {
-    ($dt:expr, $t:ident, $body:block) => {
-        match $dt {
-            sucl::DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            sucl::DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            sucl::DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            sucl::DType::U32 => {
-                type $t = u32;
-                $body
-            }
-            sucl::DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            sucl::DType::U64 => {
-                type $t = u64;
-                $body
-            }
-            sucl::DType::F16 => {
-                type $t = sucl::f16;
-                $body
-            }
-            sucl::DType::BF16 => {
-                type $t = sucl::bf16;
-                $body
-            }
-            sucl::DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            sucl::DType::F64 => {
-                type $t = f64;
-                $body
-            }
-        }
-    };
-}
-
 /// The most ranks the generators are designed for: sums over this many ranks stay exact.
 #[cfg_attr(not(test), allow(dead_code))]
 pub const MAX_RANKS: usize = 64;

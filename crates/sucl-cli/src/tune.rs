@@ -2,7 +2,6 @@
 //! finds the crossovers, and writes them as a tuning table that `--backend auto` then follows.
 
 use crate::bench::{self, BenchArgs, BenchOp};
-use crate::with_dtype;
 use std::fmt::Write as _;
 use sucl::{CollOp, Communicator, DType, ReduceOp, Result};
 
@@ -96,7 +95,7 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
                         check: true,
                         graph: false,
                     };
-                    let row = with_dtype!(a.dtype, T, { bench::measure::<T>(comm, &args, bytes)? });
+                    let row = sucl::with_dtype!(a.dtype, T => bench::measure::<T>(comm, &args, bytes)?);
                     times[k] = times[k].min(row.time_us);
                     if let Some(w) = row.wrong.filter(|&w| w > 0) {
                         wrong.push(format!("{} {} B on {name}: {w} wrong elements", op.name(), bytes));

@@ -310,54 +310,7 @@ fn dtype_of_torch(arg: &str, name: &str) -> PyResult<DType> {
     })
 }
 
-/// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
-macro_rules! typed {
-    ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            sucl::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            sucl::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            sucl::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            sucl::DType::U32 => {
-                type $T = u32;
-                $body
-            }
-            sucl::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            sucl::DType::U64 => {
-                type $T = u64;
-                $body
-            }
-            sucl::DType::F16 => {
-                type $T = sucl::f16;
-                $body
-            }
-            sucl::DType::BF16 => {
-                type $T = sucl::bf16;
-                $body
-            }
-            sucl::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            sucl::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use typed;
+pub(crate) use sucl::with_dtype as typed;
 
 #[cfg(test)]
 mod tests {

@@ -35,6 +35,56 @@ pub mod vcoll;
 pub use buf::{Buf, BufMut, Mem, MemMut};
 pub use config::{BackendChoice, Config};
 pub use half::{bf16, f16};
+
+/// Runs `$body` with `$T` bound to the Rust element type of a runtime [`DType`] value, for code
+/// that receives its element type at run time (the C and Python bindings).
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = $crate::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = $crate::bf16;
+                $body
+            }
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+        }
+    };
+}
 pub use nonblocking::{Request, Scope};
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
 pub use sucl_core::store::{JobSecret, SecretSource};

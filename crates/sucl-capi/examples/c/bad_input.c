@@ -56,7 +56,7 @@ static void busy_and_timeout(sucl_comm comm) {
     CHECK(sucl_comm_free(blocked_comm));
 }
 
-/* Device calls given host memory. Where no CUDA driver loads, every one is refused with
+/* Calls on device memory given host memory. Where no CUDA driver loads, every one is refused with
  * SUCL_ERR_BACKEND_UNAVAILABLE naming the missing driver; where a driver and GPU exist, each
  * buffer-taking call refuses the host pointer with SUCL_ERR_INVALID_ARGUMENT before anything
  * moves. (A driver without GPUs may answer either way; the message must then say which.) */
@@ -64,7 +64,7 @@ static void device_calls(sucl_comm comm, double *a, double *b) {
     void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     sucl_result first = sucl_all_reduce_device(comm, a, b, 4, SUCL_FLOAT64, SUCL_SUM, NULL);
     int no_gpu = first == SUCL_ERR_BACKEND_UNAVAILABLE;
-    EXPECT(driver != NULL || no_gpu, "no libcuda.so.1 here, yet a device call returned %s (%s)", sucl_result_name(first),
+    EXPECT(driver != NULL || no_gpu, "no libcuda.so.1 here, yet a call on device memory returned %s (%s)", sucl_result_name(first),
            sucl_last_error());
     if (driver) dlclose(driver);
     sucl_result code = no_gpu ? SUCL_ERR_BACKEND_UNAVAILABLE : SUCL_ERR_INVALID_ARGUMENT;
