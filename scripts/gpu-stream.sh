@@ -7,7 +7,9 @@
 #     kernels on the stream, returning once enqueued, a lost peer releasing the stream with an
 #     error naming it), with SUCL_REQUIRE_GPU=1 so that nothing skips;
 #  3. the benchmarks: trigger round trip; 26 send/recv pairs through the queue against the same
-#     NCCL group called directly (same communicator, stream and buffers, alternated rounds);
+#     NCCL group called directly (same communicator, stream and buffers, alternated rounds), and
+#     issued on a side stream with the queue's fork and join events; the queue's host time split
+#     into enqueues, start and wait;
 #     Faces on the 2 GPUs (baseline over NCCL; stream-triggered over nccl and staged) and on 2,
 #     4 and 8 host ranks, each with the host time blocked per share;
 #  4. stream.jsonl (every JSON result line) and stream.svg (the plot) from them.

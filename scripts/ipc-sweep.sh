@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sweep of the peer-memory (ipc) kernels' settings on 2 GPUs, in one call on the device machine.
+# Sweep of the peer-memory (ipc) kernels' settings on RANKS GPUs (default 2), in one call on the device machine.
 # Builds nothing: takes the prebuilt `sucl` from BIN_DIR. For each combination of SUCL_IPC_BLOCKS
 # (grid cap), SUCL_IPC_UNROLL (slots per thread per loop iteration), SUCL_IPC_TWO_SHOT_BYTES and
 # SUCL_IPC_END_BARRIER (1: the kernels also meet at their end, as before the alternating halves;
@@ -18,14 +18,19 @@
 # run's nccl), and per size band (8 B–256 KiB, 512 KiB–4 MiB, 8 MiB) the combination with the
 # lowest geometric mean of ipc/nccl. Exits non-zero if any check or row was wrong or failed.
 #
-# usage: BIN_DIR=dir-holding-sucl [OUT=target/bench/gpu/ipc-sweep] [COMBOS="b:u:t ..."]
+# usage: BIN_DIR=dir-holding-sucl [RANKS=2] [OUT=target/bench/gpu/ipc-sweep] [COMBOS="b:u:t ..."]
 #        [ITERS=100] [ROUNDS=2] [MAX_BYTES=8M] scripts/ipc-sweep.sh
-# COMBOS: space-separated blocks:unroll:two_shot_bytes[:end_barrier] (two_shot_bytes "-": the
-#         default; end_barrier 0 unless given).
+# COMBOS: space-separated blocks:unroll:two_shot_bytes[:end_barrier[:push]] (two_shot_bytes "-":
+#         the default for RANKS; end_barrier 0 and push the default unless given). To see the
+#         one-/two-shot crossover, give two_shot_bytes 0 (two-shot at every size) and
+#         1099511627776 (one-shot at every size) for the same blocks and unroll, e.g. on 4 GPUs:
+#         RANKS=4 MAX_BYTES=16M COMBOS="128:2:1099511627776 128:2:0 64:2:1099511627776 64:2:0
+#         128:4:1099511627776 128:4:0 128:2:1099511627776:0:0"
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 SUCL_REQUIRE_GPU=1
 BIN=${BIN_DIR:-target/release}/sucl
 OUT=${OUT:-target/bench/gpu/ipc-sweep}
+RANKS=${RANKS:-2}
 ITERS=${ITERS:-100}
 ROUNDS=${ROUNDS:-2}
 MAX_BYTES=${MAX_BYTES:-8M}
@@ -35,14 +40,14 @@ mkdir -p "$OUT"
 fails=0
 checked_kernels=" "
 names=()
-BENCH=(bench all_reduce --device cuda --ranks 2 --min-bytes 8 --max-bytes "$MAX_BYTES" --factor 2
+BENCH=(bench all_reduce --device cuda --ranks "$RANKS" --min-bytes 8 --max-bytes "$MAX_BYTES" --factor 2
   --rounds "$ROUNDS" --iters "$ITERS" --warmup 20)
 
 # A bench table is clean when it has rows and every row's last column (#wrong) is 0.
 bench_clean() { awk '/^ *[0-9]+ / { n++; if ($NF != "0") bad++ } END { exit !(n > 0 && bad == 0) }' "$1"; }
 
 start=$SECONDS
-SUCL_IPC_TWO_SHOT_BYTES=16 SUCL_IPC_BUFFER_BYTES=65536 timeout 120 "$BIN" check --device cuda --ranks 2 \
+SUCL_IPC_TWO_SHOT_BYTES=16 SUCL_IPC_BUFFER_BYTES=65536 timeout 120 "$BIN" check --device cuda --ranks "$RANKS" \
   --device-backends ipc --ops all_reduce,all_gather,reduce_scatter,broadcast --dtypes f32,f16,bf16 --redops sum,max,avg \
   --big-mib 3 --graph >"$OUT/pieces-check.txt" 2>&1
 rc=$?
@@ -53,21 +58,22 @@ else
 fi
 
 for combo in $COMBOS; do
-  IFS=: read -r blocks unroll two_shot end_barrier <<<"$combo"
+  IFS=: read -r blocks unroll two_shot end_barrier push <<<"$combo"
   end_barrier=${end_barrier:-0}
   name="b${blocks}u${unroll}"
   envs=(SUCL_IPC_BLOCKS="$blocks" SUCL_IPC_UNROLL="$unroll" SUCL_IPC_END_BARRIER="$end_barrier")
   if [ "$two_shot" != "-" ]; then name="${name}t$((two_shot >> 10))K"; envs+=(SUCL_IPC_TWO_SHOT_BYTES="$two_shot"); fi
   [ "$end_barrier" = 1 ] && name="${name}e"
+  if [ -n "$push" ]; then name="${name}p$push"; envs+=(SUCL_IPC_PUSH="$push"); fi
   names+=("$name")
   start=$SECONDS
-  if [[ "$checked_kernels" != *" $unroll:$end_barrier "* ]]; then
+  if [[ "$checked_kernels" != *" $unroll:$end_barrier:$push "* ]]; then
     what=(--dtypes f32,f16,bf16 --redops sum,max,avg --graph)
-    checked_kernels+="$unroll:$end_barrier "
+    checked_kernels+="$unroll:$end_barrier:$push "
   else
     what=(--dtypes f32 --redops sum)
   fi
-  env "${envs[@]}" timeout 120 "$BIN" check --device cuda --ranks 2 --device-backends ipc \
+  env "${envs[@]}" timeout 120 "$BIN" check --device cuda --ranks "$RANKS" --device-backends ipc \
     --ops all_reduce,all_gather,reduce_scatter,broadcast "${what[@]}" --big-mib 8 >"$OUT/$name-check.txt" 2>&1
   rc=$?
   if [ $rc -eq 0 ] && grep -q ", 0 wrong" "$OUT/$name-check.txt" && ! grep -q "WRONG" "$OUT/$name-check.txt"; then

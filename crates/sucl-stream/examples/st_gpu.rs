@@ -14,7 +14,9 @@
 //! - killed: rank 1 exits while rank 0's stream waits for it; rank 0's stream is released and
 //!   the error names rank 1 (run without the launcher, which would end rank 0 first).
 //! - bench: the trigger round trip (empty start + wait, serialized on the stream) and a batch of
-//!   26 send/recv pairs through the queue vs the same NCCL group called directly.
+//!   26 send/recv pairs through the queue vs the same NCCL group called directly, and vs that
+//!   group issued as the queue issues it (on a side stream forked and joined with two events);
+//!   the queue's host time per batch split into its enqueues, its start and its wait.
 //!
 //! Prints `st-gpu: <check> <transport>: ok` on success; exits non-zero otherwise.
 
@@ -321,20 +323,38 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
     let r_list: Vec<(u64, usize, usize)> = recvs.iter().map(|b| (ptr(b, true), b.len() * 8, peer)).collect();
     let (rounds, warm, batches) = (5, 20, 200);
     let (mut st, mut st_issue, mut direct, mut direct_issue) = (vec![], vec![], vec![], vec![]);
+    // Where the queue's host time goes (per batch): the 52 enqueues, the start, the wait
+    // (which issues the group on the side stream between the fork and join events).
+    let (mut st_enq, mut st_start, mut st_wait) = (vec![], vec![], vec![]);
+    // The direct group issued as the queue issues it: on a side stream after a fork event
+    // recorded on the queue's stream, joined back with a second event.
+    let (mut forked, mut forked_issue) = (vec![], vec![]);
     let nccl = cq.transport() == Some(Transport::Nccl);
-    // Rounds alternate the queue and the direct group on the same communicator, stream and
+    let side = q.device().queue()?;
+    let ctx = q.device().context();
+    let ev_err = |e| sucl_cuda::cuda_err(rank, "an event of the forked direct group", e);
+    let (fork, join) = (ctx.new_event(None).map_err(ev_err)?, ctx.new_event(None).map_err(ev_err)?);
+    let us = |d: std::time::Duration, n: usize| d.as_secs_f64() * 1e6 / n as f64;
+    // Rounds alternate the queue and the direct groups on the same communicator, stream and
     // buffers, so drift of the machine hits both alike.
     for round in 0..=rounds {
         let n = if round == 0 { warm } else { batches };
+        let (mut enq, mut start, mut wait) = (std::time::Duration::ZERO, std::time::Duration::ZERO, std::time::Duration::ZERO);
         let (w, i) = timed(
             n,
             || {
+                let t = Instant::now();
                 for (i, (s, r)) in sends.iter().zip(&recvs).enumerate() {
                     cq.enqueue_send(s, peer, i as u32)?;
                     cq.enqueue_recv(r, peer, i as u32)?;
                 }
+                let t1 = Instant::now();
                 cq.start()?;
-                cq.wait()
+                let t2 = Instant::now();
+                cq.wait()?;
+                let t3 = Instant::now();
+                (enq, start, wait) = (enq + (t1 - t), start + (t2 - t1), wait + (t3 - t2));
+                Ok(())
             },
             || Ok(()),
         )?;
@@ -346,6 +366,9 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
         if round > 0 {
             st.push(w);
             st_issue.push(i);
+            st_enq.push(us(enq, n));
+            st_start.push(us(start, n));
+            st_wait.push(us(wait, n));
         }
         if nccl {
             let comm = cq.nccl_communicator().expect("nccl queue");
@@ -359,6 +382,23 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
             if round > 0 {
                 direct.push(w);
                 direct_issue.push(i);
+            }
+            let (w, i) = timed(
+                n,
+                || {
+                    fork.record(q.stream()).map_err(ev_err)?;
+                    side.stream().wait(&fork).map_err(ev_err)?;
+                    // SAFETY: as above; the side stream is joined back into the queue's stream,
+                    // which is synchronized right after.
+                    unsafe { comm.nccl_group_p2p(&s_list, &r_list, &side)? };
+                    join.record(side.stream()).map_err(ev_err)?;
+                    q.stream().wait(&join).map_err(ev_err)
+                },
+                || comm.synchronize(q),
+            )?;
+            if round > 0 {
+                forked.push(w);
+                forked_issue.push(i);
             }
         }
     }
@@ -377,6 +417,14 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
             st_i - d_i
         );
         json += &format!(",\"direct_us\":{d_m:.3},\"direct_issue_us\":{d_i:.3}");
+        let (f_m, f_i) = (median(&mut forked), median(&mut forked_issue));
+        let (e, s0, w0) = (median(&mut st_enq), median(&mut st_start), median(&mut st_wait));
+        println!(
+            "st-gpu: bench {t}: the same group on a side stream forked and joined with two events, as the queue issues it: {f_m:.2} us per batch, host issue {f_i:.2} us; queue host time per batch: enqueues {e:.2} us, start {s0:.2} us, wait (issues the group) {w0:.2} us (rank {rank})"
+        );
+        json += &format!(
+            ",\"forked_us\":{f_m:.3},\"forked_issue_us\":{f_i:.3},\"queue_enqueue_us\":{e:.3},\"queue_start_us\":{s0:.3},\"queue_wait_us\":{w0:.3}"
+        );
     }
     println!("{json}}}");
     cq.close()?;

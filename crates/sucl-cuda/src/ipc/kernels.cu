@@ -43,8 +43,8 @@
 #if NRANKS < 1 || NRANKS > MAX_RANKS || UNROLL < 1
 #error "bad NRANKS or UNROLL"
 #endif
-#if !defined(END_BARRIER)
-#error "the prelude must define END_BARRIER"
+#if !defined(END_BARRIER) || !defined(PUSH)
+#error "the prelude must define END_BARRIER and PUSH"
 #endif
 #define EPOCH_WORD (MAX_BLOCKS * MAX_RANKS)
 // This rank's blocks finished in the current launch, and the half the next launch uses (mirrored
@@ -317,26 +317,80 @@ __device__ __forceinline__ void reduce_store(const Args& a, const Pack (&v)[NRAN
     }
 }
 
-// Reduces slots [lo, hi) at byte offset `base` of every rank's data area into dst (slot j at
-// dst + 16j, its first slot_bytes(j, len) bytes). Each thread loads its RUNROLL slots from
-// every rank before it reduces any.
-__device__ __forceinline__ void reduce_slots(const Args& a, long long base, char* dst, long long lo, long long hi, long long len) {
+// Where rank r's row of a reduction lies: in rank r's data area at byte offset `base` (pull),
+// or row r of this rank's own data area, `row` bytes apart (push).
+struct PeerRows {
+    const Args* a;
+    long long base;
+    __device__ __forceinline__ const char* operator()(int r) const { return peer_data(*a, r, 0) + base; }
+};
+struct LocalRows {
+    const char* rows;
+    long long row;
+    __device__ __forceinline__ const char* operator()(int r) const { return rows + r * row; }
+};
+
+// Reduces slots [lo, hi) of every rank's row (src(r)) into dst (slot j at dst + 16j, its first
+// slot_bytes(j, len) bytes). Each thread loads its RUNROLL slots from every rank before it
+// reduces any.
+template <typename Rows>
+__device__ __forceinline__ void reduce_rows(const Args& a, Rows src, char* dst, long long lo, long long hi, long long len) {
     const long long stride = GRID_STRIDE;
     for (long long i = lo + THREAD_FIRST; i < hi; i += stride * RUNROLL) {
         Pack v[RUNROLL][NRANKS];
 #pragma unroll
         for (int r = 0; r < NRANKS; r++) {
-            const char* src = peer_data(a, r, 0) + base;
+            const char* from = src(r);
 #pragma unroll
             for (int u = 0; u < RUNROLL; u++) {
                 long long j = i + u * stride;
-                if (j < hi) v[u][r].u = *(const uint4*)(src + j * SLOT);
+                if (j < hi) v[u][r].u = *(const uint4*)(from + j * SLOT);
             }
         }
 #pragma unroll
         for (int u = 0; u < RUNROLL; u++) {
             long long j = i + u * stride;
             if (j < hi) reduce_store(a, v[u], dst + j * SLOT, slot_bytes(j, len));
+        }
+    }
+}
+
+// Reduces slots [lo, hi) at byte offset `base` of every rank's data area into dst.
+__device__ __forceinline__ void reduce_slots(const Args& a, long long base, char* dst, long long lo, long long hi, long long len) {
+    reduce_rows(a, PeerRows{&a, base}, dst, lo, hi, len);
+}
+
+// Slot j of a row of `len` bytes at src as a vector: whole and aligned slots in one load, else
+// byte-wise with the rest zero.
+__device__ __forceinline__ uint4 load_slot(const char* src, long long j, long long len, bool vec) {
+    const int n = slot_bytes(j, len);
+    if (vec && n == SLOT) return *(const uint4*)(src + j * SLOT);
+    uint4 t = make_uint4(0u, 0u, 0u, 0u);
+    copy_bytes((char*)&t, src + j * SLOT, n);
+    return t;
+}
+
+// One-shot push: slots [0, slots) of this rank's input row (`len` bytes) go to row `rank`
+// (`row` bytes apart) of every rank's data area half. Each thread loads its UNROLL slots once
+// and stores them to every rank.
+__device__ __forceinline__ void push_rows(const Args& a, const char* src, long long half_off, long long row, long long slots, long long len) {
+    const long long stride = GRID_STRIDE;
+    const bool vec = ((u64)src & 15u) == 0;
+    for (long long i = THREAD_FIRST; i < slots; i += stride * UNROLL) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            long long j = i + u * stride;
+            if (j < slots) v[u] = load_slot(src, j, len, vec);
+        }
+#pragma unroll
+        for (int k = 0; k < NRANKS; k++) {
+            char* dst = data_area(a.peers[k]) + half_off + a.rank * row;
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                long long j = i + u * stride;
+                if (j < slots) *(uint4*)(dst + j * SLOT) = v[u];
+            }
         }
     }
 }
@@ -392,9 +446,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) ipc_one_shot(Args a) {
     char* out = (char*)a.output;
     char* mine = data_area(a.peers[a.rank]) + half_off;
     const long long slots = SLOTS(a.count);
+#if PUSH
+    // Row r of this rank's data area (rows of whole slots) holds rank r's input.
+    const long long row = slots * SLOT;
+    push_rows(a, in, half_off, row, slots, a.count);
+    BARRIER
+    reduce_rows(a, LocalRows{mine, row}, out, 0, slots, a.count);
+#else
     copy_slots(mine, in, 0, slots, a.count);
     BARRIER
     reduce_slots(a, half_off, out, 0, slots, a.count);
+#endif
     EPILOGUE
 }
 

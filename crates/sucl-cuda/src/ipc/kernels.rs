@@ -61,19 +61,22 @@ pub struct Shape {
     /// Whether the kernels meet their peers at an end barrier as well (`END_BARRIER`; the
     /// alternating halves make it unnecessary).
     pub end_barrier: bool,
+    /// Whether one-shot all_reduce pushes each rank's input into its peers' data areas (`PUSH`).
+    pub push: bool,
 }
 
 /// The layout and shape constants, from plan.rs, so that the kernels cannot disagree with the
 /// host about the signal area.
 fn constants(shape: Shape) -> String {
     format!(
-        "#define MAX_RANKS {}\n#define MAX_BLOCKS {}\n#define DATA_OFFSET {}\n#define NRANKS {}\n#define UNROLL {}\n#define END_BARRIER {}\n",
+        "#define MAX_RANKS {}\n#define MAX_BLOCKS {}\n#define DATA_OFFSET {}\n#define NRANKS {}\n#define UNROLL {}\n#define END_BARRIER {}\n#define PUSH {}\n",
         plan::MAX_RANKS,
         plan::MAX_BLOCKS,
         plan::SIGNAL_BYTES,
         shape.nranks,
         shape.unroll,
-        shape.end_barrier as u8
+        shape.end_barrier as u8,
+        shape.push as u8
     )
 }
 
@@ -158,17 +161,17 @@ mod tests {
         if !nvrtc {
             assert!(std::env::var("SUCL_REQUIRE_GPU").as_deref() != Ok("1"), "SUCL_REQUIRE_GPU=1 but NVRTC cannot be loaded");
             for k in keys {
-                assert!(source(k, Shape { nranks: 2, unroll: 1, end_barrier: false }).contains("__global__"));
+                assert!(source(k, Shape { nranks: 2, unroll: 1, end_barrier: false, push: false }).contains("__global__"));
             }
             eprintln!("NVRTC not found: kernel sources not compiled");
             return;
         }
         // Every key at the default shape; the shapes' extremes for a sample of keys.
-        let default = Shape { nranks: 2, unroll: crate::ipc::DEFAULT_UNROLL, end_barrier: false };
+        let default = Shape { nranks: 2, unroll: crate::ipc::default_unroll(2), end_barrier: false, push: crate::ipc::DEFAULT_PUSH };
         let mut builds: Vec<(ModuleKey, Shape)> = keys.iter().map(|&k| (k, default)).collect();
-        for (nranks, unroll) in [(1, 1), (3, 2), (2, 8), (8, 8)] {
+        for (nranks, unroll, push) in [(1, 1, true), (3, 2, false), (2, 8, true), (8, 8, false), (4, 2, true), (8, 1, true)] {
             for k in [ModuleKey::Copy, ModuleKey::Reduce(DType::F16, ReduceOp::Avg), ModuleKey::Reduce(DType::F64, ReduceOp::Max)] {
-                builds.push((k, Shape { nranks, unroll, end_barrier: unroll == 2 }));
+                builds.push((k, Shape { nranks, unroll, end_barrier: unroll == 2, push }));
             }
         }
         for (k, shape) in builds {

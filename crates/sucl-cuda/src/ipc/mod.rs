@@ -40,16 +40,38 @@ use sucl_core::{AbortState, DType, Error, ReduceOp, Result};
 pub const DEFAULT_BUFFER_BYTES: usize = 32 << 20;
 /// Smallest data area: one slot per row of the largest reduce_scatter ([`MAX_RANKS`] rows).
 pub const MIN_BUFFER_BYTES: usize = 4096;
-/// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`). On 2 × H200
-/// one-shot with the full grid took 7.2–7.5 µs at 256 KiB, 8.1–8.3 at 512 KiB and 9.8–10.2 at
-/// 1 MiB against two-shot's 11–13 µs, and both 15.6–16.6 at 2 MiB
-/// (2 × H100, 2026-11-23; docs/results.md, "CUDA device buffers"; scripts/ipc-sweep.sh).
-pub const DEFAULT_TWO_SHOT_BYTES: usize = 2 << 20;
+/// Default size from which all_reduce runs two-shot (`SUCL_IPC_TWO_SHOT_BYTES`) on `n` ranks:
+/// 4 MiB / n. One-shot reads (n − 1) times the call from peers, two-shot 2(n − 1)/n times, so
+/// the crossover falls as n grows. On 2 × H200 (2026-11-23) one-shot took 9.8–10.2 µs at 1 MiB
+/// against two-shot's 11–13, both 15.6–16.6 at 2 MiB; on 4 × H100 (2026-11-27) one-shot
+/// 12.8–13.6 µs at 512 KiB against two-shot's 14.2–14.9, and 19.6–21.3 at 1 MiB against
+/// 16.9–17.3 (`scripts/ipc-sweep.sh`; docs/results.md, "CUDA device buffers").
+pub fn default_two_shot_bytes(n: usize) -> usize {
+    (4 << 20) / n.clamp(2, MAX_RANKS)
+}
 /// Default grid cap (`SUCL_IPC_BLOCKS`; the grid is also at most the GPUs' multiprocessors and
-/// [`plan::MAX_BLOCKS`]). 128 was best from 512 KiB up in the same sweep, level below.
+/// [`plan::MAX_BLOCKS`]). 128 was best from 512 KiB up on 2 GPUs, level below; on 4 GPUs 32, 64
+/// and 128 were within 3 % of each other at every size.
 pub const DEFAULT_BLOCKS: usize = 128;
-/// Default slots per thread per loop iteration (`SUCL_IPC_UNROLL`, one of [`plan::UNROLLS`]).
-pub const DEFAULT_UNROLL: usize = 4;
+/// Default slots per thread per loop iteration (`SUCL_IPC_UNROLL`, one of [`plan::UNROLLS`]) on
+/// `n` ranks: 4 on 2 ranks; 2 from 4 ranks on, where the reducing loops load n vectors per slot
+/// (on 4 × H100 unroll 2 was as fast as 4 and 8 for two-shot and 0.1–0.9 µs faster for
+/// one-shot from 8 B to 1 MiB).
+pub fn default_unroll(n: usize) -> usize {
+    if n >= 4 {
+        2
+    } else {
+        4
+    }
+}
+/// Default of `SUCL_IPC_PUSH`: one-shot all_reduce pushes (writes) each rank's input into its
+/// peers' data areas rather than each rank pulling (reading) the peers'. On 4 × H100
+/// (2026-11-27) pushing took 5.9–6.4 µs from 8 B to 4 KiB against pulling's 6.6–6.8, and
+/// 5.2–5.3 against 6.1–6.2 to 2 KiB captured in a CUDA graph; from 8 KiB to 512 KiB 0.1–1.3 µs
+/// less (not captured). A
+/// pushing two-shot was measured too and was 1.5–5 % slower than pulling from 2 MiB up, so
+/// two-shot pulls.
+pub const DEFAULT_PUSH: bool = true;
 
 /// Settings of a peer-memory communicator.
 #[derive(Clone, Copy, Debug)]
@@ -58,63 +80,91 @@ pub struct IpcOptions {
     pub allowed: bool,
     /// Bytes of each rank's data area (every rank must use the same).
     pub buffer_bytes: usize,
-    /// all_reduce runs two-shot from this many bytes on (every rank must use the same).
-    pub two_shot_bytes: usize,
+    /// all_reduce runs two-shot from this many bytes on (every rank must use the same); `None`:
+    /// [`default_two_shot_bytes`] of the communicator's ranks.
+    pub two_shot_bytes: Option<usize>,
     /// Most blocks a kernel launches, 1 to [`plan::MAX_BLOCKS`] (every rank must use the same).
     pub blocks: usize,
     /// Slots each thread moves per loop iteration, one of [`plan::UNROLLS`] (every rank must use
-    /// the same).
-    pub unroll: usize,
+    /// the same); `None`: [`default_unroll`] of the communicator's ranks.
+    pub unroll: Option<usize>,
     /// Whether the kernels also meet at an end barrier (every rank must use the same).
     pub end_barrier: bool,
+    /// Whether one-shot all_reduce pushes its input into the peers' data areas (remote writes)
+    /// rather than reading theirs (every rank must use the same).
+    pub push: bool,
 }
 
 impl IpcOptions {
     /// Defaults, overridden by `SUCL_IPC_BUFFER_BYTES` and `SUCL_IPC_TWO_SHOT_BYTES` (plain
-    /// byte counts), `SUCL_IPC_BLOCKS`, `SUCL_IPC_UNROLL` and `SUCL_IPC_END_BARRIER` (0 or 1);
-    /// `allowed` as given.
+    /// byte counts), `SUCL_IPC_BLOCKS`, `SUCL_IPC_UNROLL`, `SUCL_IPC_END_BARRIER` and
+    /// `SUCL_IPC_PUSH` (0 or 1); `allowed` as given.
     pub fn from_env(allowed: bool) -> std::result::Result<IpcOptions, String> {
         Self::from_lookup(allowed, &|k| std::env::var(k).ok())
     }
 
     /// As [`IpcOptions::from_env`], reading variables through `get`.
     pub fn from_lookup(allowed: bool, lookup: &dyn Fn(&str) -> Option<String>) -> std::result::Result<IpcOptions, String> {
-        let get = |k: &str, d: usize, min: usize| -> std::result::Result<usize, String> {
+        let number = |k: &str, min: usize| -> std::result::Result<Option<usize>, String> {
             match lookup(k) {
-                None => Ok(d),
+                None => Ok(None),
                 Some(v) => v
                     .trim()
                     .parse::<usize>()
                     .ok()
                     .filter(|&n| n >= min)
+                    .map(Some)
                     .ok_or_else(|| format!("{k}={v:?}: want a whole number of at least {min}")),
+            }
+        };
+        let flag = |k: &str, d: bool| -> std::result::Result<bool, String> {
+            match number(k, 0)? {
+                None => Ok(d),
+                Some(0) => Ok(false),
+                Some(1) => Ok(true),
+                Some(n) => Err(format!("{k}={n}: want 0 or 1")),
             }
         };
         Ok(IpcOptions {
             allowed,
-            buffer_bytes: get("SUCL_IPC_BUFFER_BYTES", DEFAULT_BUFFER_BYTES, MIN_BUFFER_BYTES)?.next_multiple_of(plan::SLOT),
-            two_shot_bytes: get("SUCL_IPC_TWO_SHOT_BYTES", DEFAULT_TWO_SHOT_BYTES, 0)?,
-            blocks: Some(get("SUCL_IPC_BLOCKS", DEFAULT_BLOCKS, 1)?).filter(|&b| b <= plan::MAX_BLOCKS).ok_or_else(|| {
+            buffer_bytes: number("SUCL_IPC_BUFFER_BYTES", MIN_BUFFER_BYTES)?.unwrap_or(DEFAULT_BUFFER_BYTES).next_multiple_of(plan::SLOT),
+            two_shot_bytes: number("SUCL_IPC_TWO_SHOT_BYTES", 0)?,
+            blocks: Some(number("SUCL_IPC_BLOCKS", 1)?.unwrap_or(DEFAULT_BLOCKS)).filter(|&b| b <= plan::MAX_BLOCKS).ok_or_else(|| {
                 format!("SUCL_IPC_BLOCKS={:?}: want 1 to {}", lookup("SUCL_IPC_BLOCKS").unwrap_or_default(), plan::MAX_BLOCKS)
             })?,
-            unroll: Some(get("SUCL_IPC_UNROLL", DEFAULT_UNROLL, 1)?).filter(|u| plan::UNROLLS.contains(u)).ok_or_else(|| {
-                format!("SUCL_IPC_UNROLL={:?}: want one of {:?}", lookup("SUCL_IPC_UNROLL").unwrap_or_default(), plan::UNROLLS)
-            })?,
-            end_barrier: match get("SUCL_IPC_END_BARRIER", 0, 0)? {
-                0 => false,
-                1 => true,
-                n => return Err(format!("SUCL_IPC_END_BARRIER={n}: want 0 or 1")),
+            unroll: match number("SUCL_IPC_UNROLL", 1)? {
+                Some(u) if !plan::UNROLLS.contains(&u) => {
+                    return Err(format!(
+                        "SUCL_IPC_UNROLL={:?}: want one of {:?}",
+                        lookup("SUCL_IPC_UNROLL").unwrap_or_default(),
+                        plan::UNROLLS
+                    ))
+                }
+                u => u,
             },
+            end_barrier: flag("SUCL_IPC_END_BARRIER", false)?,
+            push: flag("SUCL_IPC_PUSH", DEFAULT_PUSH)?,
         })
     }
 
-    /// The settings every rank must share, as published in the setup records.
-    fn kernel_settings(&self) -> KernelSettings {
+    /// The two-shot threshold on `n` ranks: the setting, else [`default_two_shot_bytes`].
+    pub fn two_shot_bytes_for(&self, n: usize) -> usize {
+        self.two_shot_bytes.unwrap_or_else(|| default_two_shot_bytes(n))
+    }
+
+    /// The unroll on `n` ranks: the setting, else [`default_unroll`].
+    pub fn unroll_for(&self, n: usize) -> usize {
+        self.unroll.unwrap_or_else(|| default_unroll(n))
+    }
+
+    /// The settings every rank of `n` must share, as published in the setup records.
+    fn kernel_settings(&self, n: usize) -> KernelSettings {
         KernelSettings {
-            two_shot_bytes: self.two_shot_bytes as u64,
+            two_shot_bytes: self.two_shot_bytes_for(n) as u64,
             blocks: self.blocks as u32,
-            unroll: self.unroll as u32,
+            unroll: self.unroll_for(n) as u32,
             end_barrier: self.end_barrier,
+            push: self.push,
         }
     }
 }
@@ -306,7 +356,7 @@ impl IpcBackend {
                 bus_id: String::new(),
                 capacity: 0,
                 handle: [0; HANDLE_LEN],
-                settings: opts.kernel_settings(),
+                settings: opts.kernel_settings(size),
                 sms: 0,
             },
         };
@@ -382,7 +432,7 @@ impl IpcBackend {
             bus_id,
             capacity: self.opts.buffer_bytes as u64,
             handle: handle.reserved.map(|c| c as u8),
-            settings: self.opts.kernel_settings(),
+            settings: self.opts.kernel_settings(self.size),
             sms: self.sms,
         })
     }
@@ -510,7 +560,12 @@ impl IpcBackend {
             Some(m) => m.clone(),
             None => {
                 let opts = cudarc::nvrtc::CompileOptions { arch: Some(self.arch), ..Default::default() };
-                let shape = Shape { nranks: self.size, unroll: self.opts.unroll, end_barrier: self.opts.end_barrier };
+                let shape = Shape {
+                    nranks: self.size,
+                    unroll: self.opts.unroll_for(self.size),
+                    end_barrier: self.opts.end_barrier,
+                    push: self.opts.push,
+                };
                 let ptx =
                     cudarc::nvrtc::compile_ptx_with_opts(kernels::source(mkey, shape), opts).map_err(|e| Error::BackendUnavailable {
                         rank,
@@ -570,7 +625,7 @@ impl DeviceBackend for IpcBackend {
     unsafe fn collective(&mut self, d: &CollDesc, send: Option<u64>, recv: u64, stream: &CudaStream) -> Result<()> {
         self.usable(d.op.name())?;
         let wr = self.world_rank();
-        let Some(kind) = plan::kind(d, self.size, self.opts.two_shot_bytes).filter(|_| plan::supports(d)) else {
+        let Some(kind) = plan::kind(d, self.size, self.opts.two_shot_bytes_for(self.size)).filter(|_| plan::supports(d)) else {
             return Err(Error::BackendUnavailable {
                 rank: wr,
                 backend: "ipc".into(),
@@ -603,7 +658,7 @@ impl DeviceBackend for IpcBackend {
             root: d.root as i32,
             ..Args::default()
         };
-        let rows = plan::rows_in_buffer(d.op, n);
+        let rows = plan::rows_in_buffer(kind, n, self.opts.push);
         // A rank that cannot compile must not leave its peers spinning until the timeout.
         let f = self.function(kind, d.dtype, d.redop).map_err(|e| self.fail(e))?;
         args.in_pitch = (c * es) as i64;
@@ -682,19 +737,30 @@ mod tests {
     #[test]
     fn kernel_settings_come_from_the_environment_and_are_checked() {
         let d = opts(&[]).unwrap();
-        assert_eq!((d.blocks, d.unroll, d.two_shot_bytes), (DEFAULT_BLOCKS, DEFAULT_UNROLL, DEFAULT_TWO_SHOT_BYTES));
-        assert!(plan::UNROLLS.contains(&DEFAULT_UNROLL) && (1..=plan::MAX_BLOCKS).contains(&DEFAULT_BLOCKS));
+        assert_eq!((d.blocks, d.unroll, d.two_shot_bytes, d.push), (DEFAULT_BLOCKS, None, None, DEFAULT_PUSH));
+        // Unset, the threshold and the unroll follow the communicator's ranks.
+        assert_eq!((d.two_shot_bytes_for(2), d.unroll_for(2)), (2 << 20, 4));
+        assert_eq!((d.two_shot_bytes_for(4), d.unroll_for(4)), (1 << 20, 2));
+        assert_eq!((d.two_shot_bytes_for(8), d.unroll_for(8)), (512 << 10, 2));
+        for n in 1..=plan::MAX_RANKS {
+            assert!(plan::UNROLLS.contains(&d.unroll_for(n)) && d.two_shot_bytes_for(n) > 0, "n={n}");
+            assert!(d.two_shot_bytes_for(n + 1) <= d.two_shot_bytes_for(n), "the crossover falls with the ranks");
+        }
+        assert!((1..=plan::MAX_BLOCKS).contains(&DEFAULT_BLOCKS));
         assert!(!d.end_barrier);
         let o = opts(&[
             ("SUCL_IPC_BLOCKS", "128"),
             ("SUCL_IPC_UNROLL", " 2 "),
             ("SUCL_IPC_TWO_SHOT_BYTES", "0"),
             ("SUCL_IPC_END_BARRIER", "1"),
+            ("SUCL_IPC_PUSH", "0"),
         ])
         .unwrap();
-        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes, o.end_barrier), (128, 2, 0, true));
-        let s = o.kernel_settings();
-        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes, s.end_barrier), (128, 2, 0, true));
+        assert_eq!((o.blocks, o.unroll, o.two_shot_bytes, o.end_barrier, o.push), (128, Some(2), Some(0), true, false));
+        let s = o.kernel_settings(4);
+        assert_eq!((s.blocks, s.unroll, s.two_shot_bytes, s.end_barrier, s.push), (128, 2, 0, true, false));
+        let s = opts(&[("SUCL_IPC_UNROLL", "8")]).unwrap().kernel_settings(4);
+        assert_eq!((s.unroll, s.two_shot_bytes, s.push), (8, 1 << 20, DEFAULT_PUSH), "a set unroll wins at any size");
         for (k, v, says) in [
             ("SUCL_IPC_BLOCKS", "0", "at least 1"),
             ("SUCL_IPC_BLOCKS", "129", "1 to 128"),
@@ -703,6 +769,8 @@ mod tests {
             ("SUCL_IPC_UNROLL", "16", "one of"),
             ("SUCL_IPC_UNROLL", "0", "at least 1"),
             ("SUCL_IPC_END_BARRIER", "2", "0 or 1"),
+            ("SUCL_IPC_PUSH", "yes", "SUCL_IPC_PUSH=\"yes\""),
+            ("SUCL_IPC_PUSH", "2", "0 or 1"),
         ] {
             let e = opts(&[(k, v)]).unwrap_err();
             assert!(e.contains(k) && e.contains(says), "{k}={v}: {e}");

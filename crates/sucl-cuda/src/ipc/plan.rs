@@ -167,13 +167,14 @@ pub fn pieces(count: usize, elem: usize, rows_in_buffer: usize, capacity: usize)
     (0..count).step_by(max).map(move |start| Piece { start, len: max.min(count - start) })
 }
 
-/// Rows of the call's data each rank keeps in its peer buffer per column: n for
-/// reduce_scatter (its whole input), else one.
-pub fn rows_in_buffer(op: CollOp, n: usize) -> usize {
-    if op == CollOp::ReduceScatter {
-        n
-    } else {
-        1
+/// Rows of the call's data each rank's data area holds per column for a launch of `kind` on
+/// `n` ranks: n for reduce_scatter (its whole input) and for a pushing one-shot all_reduce
+/// (every rank's input, pushed by its owner), else one.
+pub fn rows_in_buffer(kind: Kind, n: usize, push: bool) -> usize {
+    match kind {
+        Kind::ReduceScatter => n,
+        Kind::OneShot if push => n,
+        _ => 1,
     }
 }
 
@@ -349,6 +350,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn pushed_rows_fit_the_half_they_are_planned_for() {
+        // A pushing one-shot piece keeps n rows of its padded row in every rank's data-area
+        // half; they must fit it.
+        for half in [4096usize, 65_536, 16 << 20] {
+            for n in 1..=MAX_RANKS {
+                for elem in [2usize, 4, 8] {
+                    for count in [1usize, 7, 1000, 1 << 20, 5 << 20] {
+                        for p in pieces(count, elem, rows_in_buffer(Kind::OneShot, n, true), half) {
+                            let used = n * slots(p.len * elem) * SLOT;
+                            assert!(used <= half, "n={n} elem={elem} count={count} half={half}: {used}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(rows_in_buffer(Kind::OneShot, 4, true), 4);
+        assert_eq!(rows_in_buffer(Kind::OneShot, 4, false), 1, "pulling one-shot keeps only its own row");
+        assert_eq!(rows_in_buffer(Kind::ReduceScatter, 4, false), 4);
+        assert_eq!(rows_in_buffer(Kind::TwoShot, 4, true), 1, "two-shot never pushes");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 /// Bytes of an encoded [`PeerRecord`].
 pub const RECORD_LEN: usize = 152;
 const MAGIC: u32 = 0x5355_4950; // "SUIP"
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 /// Bytes of a CUDA IPC memory handle.
 pub const HANDLE_LEN: usize = 64;
 /// Bytes kept of a PCI bus id ("0000:18:00.0" and NUL padding).
@@ -26,16 +26,19 @@ pub struct KernelSettings {
     pub unroll: u32,
     /// Whether the kernels end with a barrier (`SUCL_IPC_END_BARRIER`).
     pub end_barrier: bool,
+    /// Whether one-shot all_reduce pushes its input into the peers' data areas (`SUCL_IPC_PUSH`).
+    pub push: bool,
 }
 
 impl KernelSettings {
     /// The settings' fields with their variables, for error messages.
-    fn named(&self) -> [(&'static str, u64); 4] {
+    fn named(&self) -> [(&'static str, u64); 5] {
         [
             ("SUCL_IPC_TWO_SHOT_BYTES", self.two_shot_bytes),
             ("SUCL_IPC_BLOCKS", self.blocks as u64),
             ("SUCL_IPC_UNROLL", self.unroll as u64),
             ("SUCL_IPC_END_BARRIER", self.end_barrier as u64),
+            ("SUCL_IPC_PUSH", self.push as u64),
         ]
     }
 }
@@ -67,7 +70,7 @@ impl PeerRecord {
     /// The fixed-layout bytes: magic u32, version u16, flags u16 (bit 0: ready), rank u32,
     /// size u32, node u64, bus id (32 bytes, NUL padded), capacity u64, handle (64 bytes),
     /// two-shot bytes u64, blocks u32, unroll u32, multiprocessors u32, kernel flags u32 (bit 0:
-    /// end barrier).
+    /// end barrier, bit 1: push).
     pub fn encode(&self) -> [u8; RECORD_LEN] {
         let mut b = [0u8; RECORD_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -85,7 +88,8 @@ impl PeerRecord {
         b[136..140].copy_from_slice(&self.settings.blocks.to_le_bytes());
         b[140..144].copy_from_slice(&self.settings.unroll.to_le_bytes());
         b[144..148].copy_from_slice(&self.sms.to_le_bytes());
-        b[148..152].copy_from_slice(&(self.settings.end_barrier as u32).to_le_bytes());
+        let kernel_flags = self.settings.end_barrier as u32 | (self.settings.push as u32) << 1;
+        b[148..152].copy_from_slice(&kernel_flags.to_le_bytes());
         b
     }
 
@@ -133,7 +137,7 @@ impl PeerRecord {
         }
         let settings = settings_at(b);
         let sms = u32_at(144);
-        if u32_at(148) > 1 {
+        if u32_at(148) > 3 {
             return Err(format!("rank {rank}'s peer-memory record has unknown kernel flags {:#x}", u32_at(148)));
         }
         if ready && (sms == 0 || settings.blocks == 0 || !super::plan::UNROLLS.contains(&(settings.unroll as usize))) {
@@ -154,6 +158,7 @@ fn settings_at(b: &[u8]) -> KernelSettings {
         blocks: u32_at(136),
         unroll: u32_at(140),
         end_barrier: u32_at(148) & 1 == 1,
+        push: u32_at(148) & 2 == 2,
     }
 }
 
@@ -205,7 +210,7 @@ mod tests {
         for (i, h) in handle.iter_mut().enumerate() {
             *h = (i * 7 + 1) as u8;
         }
-        let settings = KernelSettings { two_shot_bytes: 256 << 10, blocks: 64, unroll: 4, end_barrier: false };
+        let settings = KernelSettings { two_shot_bytes: 256 << 10, blocks: 64, unroll: 4, end_barrier: false, push: true };
         PeerRecord {
             ready: true,
             rank: 1,
@@ -265,8 +270,13 @@ mod tests {
         let mut b = good;
         b[150] = 1;
         assert!(err(&b, 1, 2, 42, 1 << 20).contains("unknown kernel flags"));
-        let with_end_barrier = PeerRecord { settings: KernelSettings { end_barrier: true, ..sample().settings }, ..sample() };
-        assert_eq!(PeerRecord::decode(&with_end_barrier.encode(), 1, 2, 42, 1 << 20), Ok(with_end_barrier));
+        let mut b = good;
+        b[148] = 4;
+        assert!(err(&b, 1, 2, 42, 1 << 20).contains("unknown kernel flags"), "bit 2 means nothing");
+        for (end_barrier, push) in [(true, false), (false, false), (true, true), (false, true)] {
+            let rec = PeerRecord { settings: KernelSettings { end_barrier, push, ..sample().settings }, ..sample() };
+            assert_eq!(PeerRecord::decode(&rec.encode(), 1, 2, 42, 1 << 20), Ok(rec));
+        }
     }
 
     #[test]
@@ -284,6 +294,8 @@ mod tests {
         assert!(m.contains("SUCL_IPC_UNROLL"), "{m}");
         let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { end_barrier: true, ..s })]).expect("a mismatch");
         assert!(m.contains("SUCL_IPC_END_BARRIER") && m.contains("rank 1 has 1"), "{m}");
+        let m = settings_mismatch(&[rec(0, true, s), rec(1, true, KernelSettings { push: !s.push, ..s })]).expect("a mismatch");
+        assert!(m.contains("SUCL_IPC_PUSH"), "{m}");
         // A rank that does not serve (not ready) cannot disagree: it is compared with no one.
         assert_eq!(settings_mismatch(&[rec(0, false, two_shot), rec(1, true, s), rec(2, true, s)]), None);
         // Malformed records are left to decode.
