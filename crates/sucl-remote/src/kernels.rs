@@ -290,6 +290,23 @@ extern "C" __global__ void jacobi3d_f64(double* out, const double* in, unsigned 
 }
 "#;
 
+    /// `jacobi3d_f32(out, in, nx, ny, nz)`: [`JACOBI3D_F64`] in single precision.
+    pub const JACOBI3D_F32: &str = r#"
+extern "C" __global__ void jacobi3d_f32(float* out, const float* in, unsigned long long nx,
+                                        unsigned long long ny, unsigned long long nz) {
+    unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long plane = nx * ny;
+    if (t >= plane * nz) return;
+    unsigned long long i = t + plane;
+    unsigned long long x = i % nx, y = (i / nx) % ny;
+    if (x == 0 || y == 0 || x + 1 == nx || y + 1 == ny) {
+        out[i] = in[i];
+    } else {
+        out[i] = (in[i - 1] + in[i + 1] + in[i - nx] + in[i + nx] + in[i - plane] + in[i + plane]) / 6.0f;
+    }
+}
+"#;
+
     /// `gemm_f64(c, a, b, m, n, k, ldc, col0)` over `256 · ⌈m/16⌉ · ⌈n/16⌉` threads: the
     /// product of [`super::gemm`] in 16×16 tiles through shared memory, each element an `fma`
     /// chain over `k` in order.

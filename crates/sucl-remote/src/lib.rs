@@ -30,7 +30,7 @@ pub mod wire;
 
 pub use auth::Token;
 pub use client::{ClientOptions, Mesh, Remote, RemoteBuffer, RemoteDevice, RemoteError, RemoteEvent, RemoteQueue};
-pub use daemon::{Daemon, DaemonConfig, Limits};
+pub use daemon::{Daemon, DaemonConfig, Limits, PeerPath};
 pub use kernels::{KernelCall, KernelRegistry};
 pub use transport::{Tls, TlsIdentity};
 pub use wire::{Arg, DeviceKind};
