@@ -65,7 +65,7 @@ for path in network auto; do
   md=$OUT/$([ "$path" = auto ] && echo peer || echo network).md
   : >"$md"
   export SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=$PINS
-  timeout 90 "$BENCH" --only jacobi --cuda --servers "$SERVERS" --jacobi-weak --jacobi-f32 --jacobi-n "$JACOBI_N" \
+  timeout 100 "$BENCH" --only jacobi --cuda --servers "$SERVERS" --jacobi-weak --jacobi-f32 --jacobi-n "$JACOBI_N" \
     --jacobi-nz "$JACOBI_NZ" --jacobi-steps "$JACOBI_STEPS" --out "$TMP/j.md" >/dev/null || { echo "remote-scale: jacobi ($path) failed" >&2; status=1; }
   cat "$TMP/j.md" >>"$md" 2>/dev/null
   for m in $MATMUL_NS; do
@@ -76,6 +76,19 @@ for path in network auto; do
   stop_daemons
   every_right "$md"
 done
+# The reference: a Jacobi stencil written with sucl's device send/recv, one GPU per rank
+# (graph_gpu_step_bench's hand-written version, 2D 5-point f32, rows split), sized for about
+# JACOBI_N²·JACOBI_NZ cells per rank (weak scaling); SUCL_BIN and STEP name the binaries.
+if [ -n "${STEP:-}" ] && [ -x "$STEP" ] && [ -x "${SUCL_BIN:-}" ]; then
+  cells=$((JACOBI_N * JACOBI_N * JACOBI_NZ))
+  : >"$OUT/reference.jsonl"
+  for r in 1 2 4; do
+    [ "$r" -le "$n" ] || continue
+    side=$(python3 -c "import math; s=int(math.isqrt($cells*$r)); print(s - s % ($r*2))")
+    SUCL_TIMEOUT=60 timeout 90 "$SUCL_BIN" run -n "$r" -- "$STEP" jacobi --size "$side" --steps "$JACOBI_STEPS" --rounds 2 \
+      >>"$OUT/reference.jsonl" 2>>"$OUT/reference.err" || echo "remote-scale: reference on $r ranks failed (not counted)" >&2
+  done
+fi
 grep -q "| peer memory |" "$OUT/peer.md" || { echo "remote-scale: no migration took peer memory" >&2; status=1; }
 if grep -q "| peer memory |" "$OUT/network.md"; then echo "remote-scale: --peer-path network still took peer memory" >&2; status=1; fi
 # One CSV: app, size, daemons, path, time, efficiency, #wrong.
@@ -84,5 +97,5 @@ awk -F'|' '
   /^\| [0-9]+ \| [0-9]+ GPU/ { gsub(/ /, "", $2); gsub(/^ +| +$/, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $(NF-1));
     print app "," size "," $2 "," $4 "," $5 "," $(NF-1) }
 ' "$OUT/network.md" "$OUT/peer.md" | sed '1i app,size,daemons,path,time_ms,wrong' >"$OUT/remote-scale.csv"
-cat "$OUT/network.md" "$OUT/peer.md"
+cat "$OUT/network.md" "$OUT/peer.md" "$OUT/reference.jsonl" 2>/dev/null
 exit $status

@@ -132,6 +132,7 @@ pub(super) struct Offered {
 
 /// A peer-memory offer as it arrived ([`crate::wire::Frame::PeerMemOffer`]).
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // without CUDA every offer is refused unread
 pub(super) struct MemOffer {
     pub(super) node: u64,
     pub(super) pid: u32,

@@ -73,6 +73,8 @@ pub(super) fn offer(
 pub(super) enum Join {
     /// Every one (the command may touch any buffer or queue work on any GPU).
     All,
+    /// None (the command touches no buffer and queues no GPU work).
+    Nothing,
     /// Those to this member (a migration to it: its ready event is reused).
     To(u32),
     /// Those from this buffer whose bytes overlap this range (a migration into it).
@@ -85,7 +87,7 @@ impl Join {
         match cmd {
             Command::MigrateOut { peer, .. } => Join::To(*peer),
             Command::MigrateIn { buffer, offset, len, .. } => Join::Overlapping(*buffer, *offset..offset.saturating_add(*len)),
-            Command::Nop | Command::Devices | Command::Stats => Join::To(u32::MAX),
+            Command::Nop | Command::Devices | Command::Stats => Join::Nothing,
             _ => Join::All,
         }
     }
@@ -93,6 +95,7 @@ impl Join {
     fn takes(&self, o: &Offered) -> bool {
         match self {
             Join::All => true,
+            Join::Nothing => false,
             Join::To(p) => o.peer == *p,
             Join::Overlapping(b, r) => o.buffer == *b && (o.range.start as u64) < r.end && r.start < o.range.end as u64,
         }
@@ -194,7 +197,16 @@ mod cuda {
     use super::super::objects::*;
     use super::super::state::*;
     use crate::wire::{Frame, Outcome};
+    use std::collections::hash_map::{Entry, HashMap};
     use tracing::debug;
+
+    /// The value under `key`, made by `open` the first time.
+    fn cached<K: std::hash::Hash + Eq, V, E>(map: &mut HashMap<K, V>, key: K, open: impl FnOnce() -> Result<V, E>) -> Result<&mut V, E> {
+        Ok(match map.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(open()?),
+        })
+    }
 
     fn text(o: Outcome) -> String {
         match o {
@@ -234,15 +246,12 @@ mod cuda {
                 return Ok(None);
             }
         };
-        let ev = match o.peer_mem.ready.entry((peer, device)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => match c.ipc_event() {
-                Ok(e) => v.insert(e),
-                Err(e) => {
-                    debug!("no interprocess event, migrations go over the link: {}", text(e));
-                    return Ok(None);
-                }
-            },
+        let ev = match cached(&mut o.peer_mem.ready, (peer, device), || c.ipc_event()) {
+            Ok(e) => e,
+            Err(e) => {
+                debug!("no interprocess event, migrations go over the link: {}", text(e));
+                return Ok(None);
+            }
         };
         c.record_ipc(ev)?;
         let event = ev.handle;
@@ -267,12 +276,8 @@ mod cuda {
     pub(super) fn order_after(shared: &Shared, s: &Session, peer: u32, device: u32, event: &[u8; 64]) -> Result<(), Outcome> {
         let c = gpu(shared, device).expect("offers are made from GPU buffers only");
         let mut o = lock(&s.objects);
-        let key = (peer, device, *event);
-        if !o.peer_mem.opened_events.contains_key(&key) {
-            let e = c.open_event(event)?;
-            o.peer_mem.opened_events.insert(key, e);
-        }
-        c.wait_opened(&o.peer_mem.opened_events[&key])
+        let e = cached(&mut o.peer_mem.opened_events, (peer, device, *event), || c.open_event(event))?;
+        c.wait_opened(e)
     }
 
     /// Destination: queues the copy of `offer` into buffer `id` at `offset` (at most `len`
@@ -299,21 +304,13 @@ mod cuda {
         let dst = m.device_ptr() + span("migration destination", offset, offer.len, m.len()).map_err(|e| (false, text(e)))?.start as u64;
         let c = gpu(shared, device).ok_or((false, "the destination buffer's device is not a GPU".to_string()))?;
         let pm = &mut o.peer_mem;
-        let mk = (peer, device, offer.handle);
-        if !pm.opened_mem.contains_key(&mk) {
-            pm.opened_mem.insert(mk, c.open_mem(&offer.handle).map_err(|e| (true, text(e)))?);
-        }
-        let ek = (peer, device, offer.event);
-        if !pm.opened_events.contains_key(&ek) {
-            pm.opened_events.insert(ek, c.open_event(&offer.event).map_err(|e| (true, text(e)))?);
-        }
-        let src = pm.opened_mem[&mk].ptr.checked_add(offer.offset).ok_or((false, "the offer's offset overflows".to_string()))?;
-        c.wait_opened(&pm.opened_events[&ek]).map_err(|e| (false, text(e)))?;
+        let base = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?.ptr;
+        let src = base.checked_add(offer.offset).ok_or((false, "the offer's offset overflows".to_string()))?;
+        let ready =
+            cached(&mut pm.opened_events, (peer, device, offer.event), || c.open_event(&offer.event)).map_err(|e| (true, text(e)))?;
+        c.wait_opened(ready).map_err(|e| (false, text(e)))?;
         c.copy_peer(dst, src, offer.len as usize).map_err(|e| (false, text(e)))?;
-        let done = match pm.done.entry((peer, device)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(c.ipc_event().map_err(|e| (true, text(e)))?),
-        };
+        let done = cached(&mut pm.done, (peer, device), || c.ipc_event()).map_err(|e| (true, text(e)))?;
         c.record_ipc(done).map_err(|e| (false, text(e)))?;
         Ok(done.handle)
     }
