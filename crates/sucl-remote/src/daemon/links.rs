@@ -194,22 +194,23 @@ impl RemoteState {
     }
     /// Remembers how the peer-memory offer of incoming transfer `key` was answered.
     pub(super) fn mem_finish(&mut self, key: (u32, u64), answer: MemAnswer) {
-        if self.mem_finished.insert(key, answer).is_none() {
-            self.mem_finished_order.push_back(key);
-            if self.mem_finished_order.len() > FINISHED_KEPT {
-                let old = self.mem_finished_order.pop_front().expect("non-empty");
-                self.mem_finished.remove(&old);
-            }
-        }
+        remember(&mut self.mem_finished, &mut self.mem_finished_order, key, answer);
     }
 
     pub(super) fn finish(&mut self, key: (u32, u64), total: u64) {
-        if self.finished.insert(key, total).is_none() {
-            self.finished_order.push_back(key);
-            if self.finished_order.len() > FINISHED_KEPT {
-                let old = self.finished_order.pop_front().expect("non-empty");
-                self.finished.remove(&old);
-            }
+        remember(&mut self.finished, &mut self.finished_order, key, total);
+    }
+}
+
+/// Inserts `key` into `map`, forgetting the oldest entry (by `order`) beyond
+/// [`FINISHED_KEPT`]; a key already there keeps its place and first value.
+fn remember<V>(map: &mut HashMap<(u32, u64), V>, order: &mut VecDeque<(u32, u64)>, key: (u32, u64), value: V) {
+    if let std::collections::hash_map::Entry::Vacant(v) = map.entry(key) {
+        v.insert(value);
+        order.push_back(key);
+        if order.len() > FINISHED_KEPT {
+            let old = order.pop_front().expect("non-empty");
+            map.remove(&old);
         }
     }
 }

@@ -364,6 +364,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_command_joins_exactly_the_offers_whose_copy_it_could_race() {
+        let offered = |peer, buffer, range| Offered { peer, transfer: 1, device: 0, buffer, range, frame: Vec::new() };
+        let (a, b) = (offered(1, 10, 0..100), offered(2, 11, 100..200));
+        let joins = |cmd: Command| [&a, &b].map(|o| Join::before(&cmd).takes(o));
+        // Anything that may write a buffer or queue GPU work joins every offer.
+        assert_eq!(joins(Command::Launch { queue: 1, kernel: "k".into(), args: vec![], range: 1 }), [true, true]);
+        assert_eq!(joins(Command::Free { buffer: 12 }), [true, true]);
+        assert_eq!(joins(Command::Finish { queue: 1 }), [true, true]);
+        // Another migration to a member joins the offers to that member only.
+        assert_eq!(joins(Command::MigrateOut { buffer: 10, offset: 0, len: 8, peer: 2, transfer: 5 }), [false, true]);
+        // A migration into a buffer joins the offers of bytes it overwrites only.
+        let into = |buffer, offset, len| Command::MigrateIn { buffer, offset, len, peer: 3, transfer: 6 };
+        assert_eq!(joins(into(10, 50, 10)), [true, false]);
+        assert_eq!(joins(into(10, 100, 8)), [false, false], "bytes 100.. do not overlap 0..100");
+        assert_eq!(joins(into(11, 96, 8)), [false, true]);
+        // Commands that touch nothing join nothing.
+        assert_eq!(joins(Command::Stats), [false, false]);
+    }
+
+    #[test]
     fn only_daemons_of_one_host_in_two_processes_with_peer_memory_on_take_offers() {
         assert_eq!(refusal(PeerPath::Auto, 7, 100, 7, 200), None);
         let network = refusal(PeerPath::Network, 7, 100, 7, 200).expect("forced to the network");
