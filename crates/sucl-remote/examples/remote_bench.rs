@@ -4,7 +4,7 @@
 //! ```sh
 //! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi,matmul]
 //!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--jacobi-n 96 --jacobi-nz 96 --jacobi-steps 30]
-//!     [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
+//!     [--jacobi-weak] [--jacobi-f32] [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
 //! ```
 //!
 //! `--servers A,B,...` runs the migration, the stencil and the matmul on running `sucld`s
