@@ -92,8 +92,8 @@ fi
 grep -q "| peer memory |" "$OUT/peer.md" || { echo "remote-scale: no migration took peer memory" >&2; status=1; }
 if grep -q "| peer memory |" "$OUT/network.md"; then echo "remote-scale: --peer-path network still took peer memory" >&2; status=1; fi
 # One CSV: app, size, daemons, path, time, efficiency, #wrong.
-awk -F'|' '
-  /^## Jacobi/ { app = "jacobi3d_f32_weak" } /^## Blocked matmul/ { app = "matmul"; split($0, w, "[ ×,]+"); size = w[5] }
+awk -F'|' -v jsize="${JACOBI_N}x${JACOBI_N}x${JACOBI_NZ} per daemon" '
+  /^## Jacobi/ { app = "jacobi3d_f32_weak"; size = jsize } /^## Blocked matmul/ { app = "matmul"; split($0, w, "[ ×,]+"); size = w[5] }
   /^\| [0-9]+ \| [0-9]+ GPU/ { gsub(/ /, "", $2); gsub(/^ +| +$/, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $(NF-1));
     print app "," size "," $2 "," $4 "," $5 "," $(NF-1) }
 ' "$OUT/network.md" "$OUT/peer.md" | sed '1i app,size,daemons,path,time_ms,wrong' >"$OUT/remote-scale.csv"
