@@ -4,7 +4,7 @@
 //! ```sh
 //! cargo run --release -p sucl-remote --example remote_bench -- [--only latency,reconnect,migrate,chain,jacobi,matmul]
 //!     [--iters 20000] [--reconnects 100] [--migrate-mib 64] [--jacobi-n 96 --jacobi-nz 96 --jacobi-steps 30]
-//!     [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
+//!     [--jacobi-weak] [--jacobi-f32] [--matmul-n 480] [--servers A,B,...] [--cuda] [--out FILE.md]
 //! ```
 //!
 //! `--servers A,B,...` runs the migration, the stencil and the matmul on running `sucld`s
@@ -30,9 +30,11 @@
 //! - **chain**: kernel on A → migrate to B → kernel on B → read, with 5 ms added to the
 //!   client's round trip by a delay proxy: submitted at once with the servers ordering it
 //!   among themselves, vs the client waiting for each step.
-//! - **jacobi**: a 7-point Jacobi 3D stencil split in z over 1–4 daemons, halo planes migrated
-//!   S2S every step, the whole run submitted at once; checked cell by cell, bit for bit,
-//!   against the same kernel run locally (`#wrong`).
+//! - **jacobi**: a 7-point Jacobi 3D stencil split in z over 1–4 daemons (or, with
+//!   `--jacobi-weak`, `--jacobi-nz` planes on every daemon), halo planes migrated S2S every
+//!   step, the whole run submitted at once; checked cell by cell, bit for bit, against the same
+//!   kernel run locally on the whole domain (`#wrong`); which path the migrations took, and a
+//!   breakdown of one step from the servers' counters.
 //! - **matmul**: a blocked `C = A·B` over 1–4 daemons, rows of A and C split, B's column blocks
 //!   passed round a ring S2S; checked bit for bit against the same kernel run locally.
 
@@ -524,7 +526,13 @@ fn hello(addr: &str, tls: &Tls, t: Duration, greet: bool) -> sucl_remote::transp
     let mut l = sucl_remote::transport::connect(addr, tls, t).unwrap();
     if greet {
         use sucl_remote::wire::{read_frame, Frame};
-        let f = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: [1; 16] };
+        let f = Frame::Hello {
+            min_version: sucl_remote::wire::VERSION,
+            max_version: sucl_remote::wire::VERSION,
+            features: 0,
+            max_frame: 1 << 20,
+            nonce: [1; 16],
+        };
         l.write_all(&f.encode()).unwrap();
         assert!(matches!(read_frame(&mut l, &mut Vec::new(), 1024).unwrap(), Frame::Welcome { .. }));
     }
@@ -691,11 +699,11 @@ impl Cluster {
         let remotes: Vec<Remote> = match external {
             Some(list) => {
                 let o = ClientOptions::from_env(None).expect("SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN for --servers");
-                list[..d].iter().map(|a| Remote::connect(a, o.clone()).expect("connecting")).collect()
+                list[..d].iter().map(|a| Remote::connect(a, o.clone()).unwrap_or_else(|e| fail(&e.to_string()))).collect()
             }
             None => served.iter().map(|s| s.connect(None)).collect(),
         };
-        let mesh = (d > 1).then(|| Mesh::new(&remotes).unwrap());
+        let mesh = (d > 1).then(|| Mesh::new(&remotes).unwrap_or_else(|e| fail(&e.to_string())));
         let queues: Vec<_> = remotes
             .iter()
             .map(|r| {
@@ -714,7 +722,7 @@ impl Cluster {
         Cluster { _served: served, remotes, queues, cuda, _mesh: mesh }
     }
     fn sync(&self) {
-        self.queues.iter().for_each(|q| q.synchronize().unwrap());
+        self.queues.iter().for_each(|q| q.synchronize().unwrap_or_else(|e| fail(&e.to_string())));
     }
     fn device(&self) -> String {
         if self.cuda {
@@ -748,7 +756,7 @@ mod local_gpu {
         Ok(Gpu { dev, q })
     }
 
-    fn ptr(b: &Buffer<f64>) -> u64 {
+    fn ptr<T: sucl_cuda::DeviceElement>(b: &Buffer<T>) -> u64 {
         let s = b.cuda_slice().expect("a non-empty buffer");
         let (p, _sync) = s.device_ptr(b.queue().stream());
         p
@@ -768,8 +776,18 @@ mod local_gpu {
 
         /// `steps` Jacobi steps on the whole domain (`nz` interior planes); the result and the
         /// seconds the kernels took.
-        pub fn jacobi(&self, init: &[f64], nx: usize, ny: usize, nz: usize, steps: usize) -> Result<(Vec<f64>, f64), String> {
-            let k = Kernel::compile(&self.dev, sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64").map_err(e)?;
+        #[allow(clippy::too_many_arguments)]
+        pub fn jacobi<T: sucl_cuda::DeviceElement>(
+            &self,
+            src: &str,
+            name: &str,
+            init: &[T],
+            nx: usize,
+            ny: usize,
+            nz: usize,
+            steps: usize,
+        ) -> Result<(Vec<T>, f64), String> {
+            let k = Kernel::compile(&self.dev, src, name).map_err(e)?;
             let (mut a, mut b) = (self.q.upload(init).map_err(e)?, self.q.upload(init).map_err(e)?);
             self.q.synchronize().map_err(e)?;
             let t = std::time::Instant::now();
@@ -798,8 +816,8 @@ mod local_gpu {
 }
 
 /// The local reference of an application on GPU (`None` without one).
-fn local_gpu_run(f: impl FnOnce() -> Result<(Vec<f64>, f64), String>) -> (Vec<f64>, f64) {
-    f().unwrap_or_else(|e| panic!("the local GPU reference run failed: {e}"))
+fn local_gpu_run<T>(f: impl FnOnce() -> Result<(Vec<T>, f64), String>) -> (Vec<T>, f64) {
+    f().unwrap_or_else(|e| fail(&format!("the local GPU reference run failed: {e}")))
 }
 
 fn daemon_counts(max: usize, external: Option<&[String]>) -> Vec<usize> {
@@ -807,92 +825,277 @@ fn daemon_counts(max: usize, external: Option<&[String]>) -> Vec<usize> {
     (1..=max).collect()
 }
 
-fn jacobi(md: &mut String, nx: usize, nz: usize, steps: usize, external: Option<&[String]>, cuda: bool) {
+/// What the local GPU reference needs of a cell type (nothing without CUDA).
+#[cfg(feature = "cuda")]
+trait OnGpu: sucl_cuda::DeviceElement {}
+#[cfg(feature = "cuda")]
+impl<T: sucl_cuda::DeviceElement> OnGpu for T {}
+#[cfg(not(feature = "cuda"))]
+trait OnGpu {}
+#[cfg(not(feature = "cuda"))]
+impl<T> OnGpu for T {}
+
+/// A cell type of the stencil: its CUDA kernel and how a value is made.
+trait Cell: bytemuck::Pod + PartialEq + Send + Sync + std::fmt::Debug + OnGpu {
+    const NAME: &'static str;
+    const CUDA_SRC: &'static str;
+    const CUDA_KERNEL: &'static str;
+    fn of(x: f64) -> Self;
+    fn same_bits(self, other: Self) -> bool;
+}
+
+impl Cell for f64 {
+    const NAME: &'static str = "f64";
+    const CUDA_SRC: &'static str = sucl_remote::kernels::cuda_src::JACOBI3D_F64;
+    const CUDA_KERNEL: &'static str = "jacobi3d_f64";
+    fn of(x: f64) -> f64 {
+        x
+    }
+    fn same_bits(self, other: f64) -> bool {
+        self.to_bits() == other.to_bits()
+    }
+}
+
+impl Cell for f32 {
+    const NAME: &'static str = "f32";
+    const CUDA_SRC: &'static str = sucl_remote::kernels::cuda_src::JACOBI3D_F32;
+    const CUDA_KERNEL: &'static str = "jacobi3d_f32";
+    fn of(x: f64) -> f32 {
+        x as f32
+    }
+    fn same_bits(self, other: f32) -> bool {
+        self.to_bits() == other.to_bits()
+    }
+}
+
+/// How the servers of a run moved data and waited: the sums of their counters' changes.
+#[derive(Default, Clone, Copy)]
+struct Moves {
+    peer_memory: u64,
+    network: u64,
+    bytes: u64,
+    wait_ns: u64,
+    migration_commands: u64,
+    round_trips: u64,
+    servers: u64,
+}
+
+impl Moves {
+    fn of(c: &Cluster) -> Moves {
+        let mut m = Moves::default();
+        for r in &c.remotes {
+            m.servers += 1;
+            m.round_trips += r.round_trips(); // before this snapshot's own call
+            let s = r.stats().unwrap_or_else(|e| fail(&e.to_string()));
+            m.peer_memory += s.migrations_peer_memory;
+            m.network += s.migrations_network;
+            m.bytes += s.migrated_bytes;
+            m.wait_ns += s.peer_wait_ns;
+        }
+        m.migration_commands = 2 * (m.peer_memory + m.network);
+        m
+    }
+    fn since(self, before: Moves) -> Moves {
+        Moves {
+            peer_memory: self.peer_memory - before.peer_memory,
+            network: self.network - before.network,
+            bytes: self.bytes - before.bytes,
+            wait_ns: self.wait_ns - before.wait_ns,
+            migration_commands: self.migration_commands - before.migration_commands,
+            // less the earlier snapshot's own stats call, one per server
+            round_trips: (self.round_trips - before.round_trips).saturating_sub(before.servers),
+            servers: self.servers,
+        }
+    }
+    /// Which path the run's migrations took.
+    fn path(&self) -> String {
+        match (self.peer_memory, self.network) {
+            (0, 0) => "—".into(),
+            (_, 0) => "peer memory".into(),
+            (0, _) => "network".into(),
+            (p, n) => format!("mixed ({p} peer memory, {n} network)"),
+        }
+    }
+    /// A breakdown row per step: migrations, bytes, host wait per migration command, client
+    /// round trips.
+    fn row(&self, steps: usize) -> String {
+        let per = |x: u64| x as f64 / steps as f64;
+        let wait = if self.migration_commands == 0 { 0.0 } else { self.wait_ns as f64 / self.migration_commands as f64 / 1e3 };
+        format!("{:.1} | {:.0} | {wait:.0} | {:.2}", per(self.peer_memory + self.network), per(self.bytes) / 1024.0, per(self.round_trips))
+    }
+}
+
+fn jacobi(md: &mut String, a: &JacobiArgs, external: Option<&[String]>, cuda: bool) {
+    if a.f32 {
+        if !cuda {
+            fail("--jacobi-f32 runs the CUDA kernel: add --cuda");
+        }
+        jacobi_run::<f32>(md, a, external, cuda)
+    } else {
+        jacobi_run::<f64>(md, a, external, cuda)
+    }
+}
+
+/// What the stencil runs.
+struct JacobiArgs {
+    nx: usize,
+    nz: usize,
+    steps: usize,
+    /// Every daemon holds `nz` planes (weak scaling) instead of `nz / d` (strong scaling).
+    weak: bool,
+    f32: bool,
+}
+
+/// The stencil's reference: `steps` steps on the whole domain of `planes` interior planes, on
+/// this process's GPU 0 (with `cuda`) or one thread; the result and its time.
+fn jacobi_local<T: Cell + JacobiHost>(whole: &[T], nx: usize, planes: usize, steps: usize, cuda: bool) -> (Vec<T>, f64) {
+    if cuda {
+        #[cfg(feature = "cuda")]
+        return local_gpu_run(|| local_gpu::open()?.jacobi(T::CUDA_SRC, T::CUDA_KERNEL, whole, nx, nx, planes, steps));
+        #[cfg(not(feature = "cuda"))]
+        panic!("built without the `cuda` feature");
+    }
+    let (mut a, mut b) = (whole.to_vec(), whole.to_vec());
+    let t = Instant::now();
+    for _ in 0..steps {
+        T::host_step(&mut b, &a, nx);
+        std::mem::swap(&mut a, &mut b);
+    }
+    (a, t.elapsed().as_secs_f64())
+}
+
+/// The host kernel of a cell type (f64 only: the registry's `jacobi3d_f64`).
+trait JacobiHost: Sized {
+    fn host_step(out: &mut [Self], input: &[Self], nx: usize);
+}
+impl JacobiHost for f64 {
+    fn host_step(out: &mut [f64], input: &[f64], nx: usize) {
+        jacobi3d(out, input, nx, nx).unwrap();
+    }
+}
+impl JacobiHost for f32 {
+    fn host_step(_: &mut [f32], _: &[f32], _: usize) {
+        unreachable!("f32 runs on CUDA only")
+    }
+}
+
+fn jacobi_run<T: Cell + JacobiHost>(md: &mut String, ja: &JacobiArgs, external: Option<&[String]>, cuda: bool) {
+    let (nx, nz, steps) = (ja.nx, ja.nz, ja.steps);
     let ny = nx;
     let plane = nx * ny;
-    let init = |g: usize| ((g % plane % nx) * 7 + (g % plane / nx) * 13 + (g / plane) * 31) as f64 % 97.0;
-    // The local reference: the whole domain, NZ interior planes plus two fixed boundary planes.
-    let whole: Vec<f64> = (0..(nz + 2) * plane).map(init).collect();
-    let (a, local, local_where) = if cuda {
-        #[cfg(feature = "cuda")]
-        let (r, t) = local_gpu_run(|| local_gpu::open()?.jacobi(&whole, nx, ny, nz, steps));
-        #[cfg(not(feature = "cuda"))]
-        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
-        (r, t, "this process's GPU 0, same CUDA kernel")
-    } else {
-        let (mut a, mut b) = (whole.clone(), whole.clone());
-        let t = Instant::now();
-        for _ in 0..steps {
-            jacobi3d(&mut b, &a, nx, ny).unwrap();
-            std::mem::swap(&mut a, &mut b);
+    // Cell (x, y, z) starts at (7x + 13y + 31z) mod 97: planes made from one base plane, fast
+    // enough for domains of billions of cells.
+    let base: Vec<usize> = (0..plane).map(|i| (i % nx) * 7 + (i / nx) * 13).collect();
+    let planes_from = |z: std::ops::Range<usize>| -> Vec<T> {
+        let mut v = Vec::with_capacity(z.len() * plane);
+        for z in z {
+            v.extend(base.iter().map(|b| T::of(((b + z * 31) % 97) as f64)));
         }
-        (a, t.elapsed().as_secs_f64(), "one thread, same kernel")
+        v
     };
-    let cells = (nx * ny * nz * steps) as f64;
+    let local_where = if cuda { "this process's GPU 0, same CUDA kernel" } else { "one thread, same kernel" };
+    let scaling = if ja.weak { format!("weak scaling: {nz} planes per daemon") } else { format!("strong scaling: {nz} planes split in z") };
     md.push_str(&format!(
-        "\n## Jacobi 3D (7-point, f64), {nx}×{ny}×{nz}, {steps} steps, split in z over 1–4 daemons; halos migrated S2S every step\n\n"
+        "\n## Jacobi 3D (7-point, {}), {nx}×{ny} planes, {steps} steps, {scaling}, over 1–4 daemons; halos migrated S2S every step\n\n",
+        T::NAME
     ));
     md.push_str(&format!(
-        "Local run ({local_where}): {:.1} ms, {:.0} MLUP/s. This machine has {} CPU cores. Times: first step to every queue synchronized (uploads and the final read not counted).\n\n",
-        local * 1e3,
-        cells / local / 1e6,
+        "Local runs ({local_where}) of each whole domain are the reference (bit for bit) and the time base. This machine has {} CPU cores. Times: first step to every queue synchronized (uploads and the final read not counted); the whole run is submitted at once.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
-    md.push_str("| daemons | device | time ms | MLUP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    let mut rows = String::from("| daemons | device | path | time ms | MLUP/s | speedup vs 1 daemon | efficiency vs 1 daemon | local ms | efficiency vs local | #wrong |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    let mut breakdown = String::from("| daemons | path | step ms | local step ms (one GPU, whole domain) | migrations / step | halo KiB / step | host wait per migration command µs | client round trips / step |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
     let mut one = 0.0;
     for d in daemon_counts(4, external) {
-        if !nz.is_multiple_of(d) {
+        // Weak scaling: 1, 2 and 4 daemons (3 adds a run, not a point of the figure).
+        if (!ja.weak && !nz.is_multiple_of(d)) || (ja.weak && d == 3) {
             continue;
         }
-        let nzl = nz / d;
-        let c = Cluster::new(d, external, cuda, &[(sucl_remote::kernels::cuda_src::JACOBI3D_F64, "jacobi3d_f64")]);
+        let nzl = if ja.weak { nz } else { nz / d };
+        let planes = nzl * d;
+        // The local reference: the whole domain, its interior planes plus two fixed boundary planes.
+        let whole: Vec<T> = planes_from(0..planes + 2);
+        let (want, local) = jacobi_local(&whole, nx, planes, steps, cuda);
+        drop(whole);
+        let kernels: &[(&str, &str)] = &[(T::CUDA_SRC, T::CUDA_KERNEL)];
+        let c = Cluster::new(d, external, cuda, kernels);
         let qs = &c.queues;
         // Block k holds global planes k·nzl ..= (k+1)·nzl + 1 (its interior and two halos).
-        let block = |k: usize| -> Vec<f64> { (k * nzl * plane..((k + 1) * nzl + 2) * plane).map(init).collect() };
-        let mut ins: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&block(k)))).collect();
-        let mut outs: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&block(k)))).collect();
+        let block = |k: usize| -> Vec<T> { planes_from(k * nzl..(k + 1) * nzl + 2) };
+        let mut ins: Vec<RemoteBuffer<T>> = (0..d).map(|k| placed(qs[k].upload(&block(k)))).collect();
+        let mut outs: Vec<RemoteBuffer<T>> = (0..d).map(|k| placed(qs[k].alloc::<T>((nzl + 2) * plane))).collect();
+        for (o, i) in outs.iter_mut().zip(&ins) {
+            o.copy_from(i).unwrap_or_else(|e| fail(&e.to_string()));
+        }
+        // Warm-up, untimed: every halo migration of both buffer sets once (the halos already
+        // hold their neighbours' planes, so nothing changes), which opens the peer links and,
+        // on the peer-memory path, each buffer's mapping in its neighbour (kept for later runs).
+        for set in [&mut ins, &mut outs] {
+            for k in 0..d.saturating_sub(1) {
+                let (lo, hi) = set.split_at_mut(k + 1);
+                hi[0].migrate_range_from(0, &lo[k], nzl * plane, plane).unwrap_or_else(|e| fail(&e.to_string()));
+                lo[k].migrate_range_from((nzl + 1) * plane, &hi[0], plane, plane).unwrap_or_else(|e| fail(&e.to_string()));
+            }
+        }
         c.sync();
+        let before = Moves::of(&c);
         let t = Instant::now();
         for _ in 0..steps {
             for k in 0..d {
-                if cuda {
+                let result = if cuda {
                     let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64), Arg::U64(nzl as u64)];
-                    qs[k].launch("jacobi3d_f64", &args, (plane * nzl) as u64).unwrap();
+                    qs[k].launch(T::CUDA_KERNEL, &args, (plane * nzl) as u64)
                 } else {
                     let args = [outs[k].arg(), ins[k].arg(), Arg::U64(nx as u64), Arg::U64(ny as u64)];
-                    qs[k].launch("jacobi3d_f64", &args, 0).unwrap();
-                }
+                    qs[k].launch("jacobi3d_f64", &args, 0)
+                };
+                result.unwrap_or_else(|e| fail(&e.to_string()));
             }
             for k in 0..d.saturating_sub(1) {
                 let (lo, hi) = outs.split_at_mut(k + 1);
                 // k's top interior plane → k+1's bottom halo; k+1's bottom interior → k's top halo.
-                hi[0].migrate_range_from(0, &lo[k], nzl * plane, plane).unwrap();
-                lo[k].migrate_range_from((nzl + 1) * plane, &hi[0], plane, plane).unwrap();
+                hi[0].migrate_range_from(0, &lo[k], nzl * plane, plane).unwrap_or_else(|e| fail(&e.to_string()));
+                lo[k].migrate_range_from((nzl + 1) * plane, &hi[0], plane, plane).unwrap_or_else(|e| fail(&e.to_string()));
             }
             std::mem::swap(&mut ins, &mut outs);
         }
         c.sync();
         let dt = t.elapsed().as_secs_f64();
-        let result: Vec<Vec<f64>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap()).collect();
+        let moves = Moves::of(&c).since(before);
+        let result: Vec<Vec<T>> = ins.iter().map(|b| b.read(plane, nzl * plane).unwrap_or_else(|e| fail(&e.to_string()))).collect();
         let wrong = result
             .iter()
             .enumerate()
-            .map(|(k, r)| r.iter().zip(&a[(1 + k * nzl) * plane..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
+            .map(|(k, r)| r.iter().zip(&want[(1 + k * nzl) * plane..]).filter(|(x, y)| !x.same_bits(**y)).count())
             .sum::<usize>();
         if d == 1 {
             one = dt;
         }
-        md.push_str(&format!(
-            "| {d} | {} | {:.1} | {:.0} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+        let cells = (nx * ny * planes * steps) as f64;
+        // Weak scaling: one daemon's time is the ideal; strong: a d-th of it.
+        let ideal = if ja.weak { one } else { one / d as f64 };
+        rows.push_str(&format!(
+            "| {d} | {} | {} | {:.1} | {:.0} | {:.2}× | {:.0}% | {:.1} | {:.0}% | {wrong} |\n",
             c.device(),
+            moves.path(),
             dt * 1e3,
             cells / dt / 1e6,
             one / dt,
-            local / dt,
+            100.0 * ideal / dt,
+            local * 1e3,
             100.0 * local / dt / d as f64
         ));
-        drop(c.remotes);
+        breakdown.push_str(&format!(
+            "| {d} | {} | {:.3} | {:.3} | {} |\n",
+            moves.path(),
+            dt * 1e3 / steps as f64,
+            local * 1e3 / steps as f64,
+            moves.row(steps)
+        ));
     }
+    md.push_str(&rows);
+    md.push_str("\nOne step, where the time goes (counters of the servers over the timed run; a migration is two commands, one per server; host wait: the time those commands spent waiting for their peer — an offer, the bytes or the confirmation — which the GPUs overlap when the run is submitted ahead):\n\n");
+    md.push_str(&breakdown);
 }
 
 /// A blocked matrix product `C = A·B` (n×n, f64) over `d` daemons: daemon k holds rows
@@ -924,7 +1127,8 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
         local * 1e3,
         flops / local / 1e9
     ));
-    md.push_str("| daemons | device | time ms | GFLOP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    md.push_str("| daemons | device | path | time ms | GFLOP/s | speedup vs 1 daemon | vs local | efficiency vs local | #wrong |\n|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
+    let mut breakdown = String::from("| daemons | path | step ms | migrations / step | block KiB / step | host wait per migration command µs | client round trips / step |\n|---:|---|---:|---:|---:|---:|---:|\n");
     let mut one = 0.0;
     for d in daemon_counts(4, external) {
         if !n.is_multiple_of(d) {
@@ -939,14 +1143,28 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
         let ck: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].alloc::<f64>(w * n))).collect();
         let mut cur: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].upload(&b_cols(k)))).collect();
         let mut next: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].alloc::<f64>(n * w))).collect();
+        // Warm-up, untimed: each B buffer migrates once to its ring neighbour (`next` is scratch
+        // until the first step fills it; `next` itself goes to a spare block), which opens the
+        // peer links and, on the peer-memory path, each buffer's mapping there.
+        if d > 1 {
+            let mut spare: Vec<RemoteBuffer<f64>> = (0..d).map(|k| placed(qs[k].alloc::<f64>(n * w))).collect();
+            for k in 0..d {
+                next[(k + d - 1) % d].migrate_from(&cur[k]).unwrap_or_else(|e| fail(&e.to_string()));
+            }
+            for k in 0..d {
+                spare[(k + d - 1) % d].migrate_from(&next[k]).unwrap_or_else(|e| fail(&e.to_string()));
+            }
+            c.sync();
+        }
         c.sync();
+        let before = Moves::of(&c);
         let t = Instant::now();
         for s in 0..d {
             // Pass each block on to the previous daemon, then multiply by it (the commands of a
             // session run in order, so on each daemon the transfer and the multiply take turns).
             if s + 1 < d {
                 for (k, block) in cur.iter().enumerate() {
-                    next[(k + d - 1) % d].migrate_from(block).unwrap();
+                    next[(k + d - 1) % d].migrate_from(block).unwrap_or_else(|e| fail(&e.to_string()));
                 }
             }
             for k in 0..d {
@@ -963,28 +1181,41 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
                     Arg::U64((j * w) as u64),
                 ];
                 let range = if cuda { cuda_src::gemm_range(m64, w64) } else { 0 };
-                qs[k].launch("gemm_f64", &args, range).unwrap();
+                qs[k].launch("gemm_f64", &args, range).unwrap_or_else(|e| fail(&e.to_string()));
             }
             std::mem::swap(&mut cur, &mut next);
         }
         c.sync();
         let dt = t.elapsed().as_secs_f64();
+        let moves = Moves::of(&c).since(before);
         let wrong: usize = (0..d)
-            .map(|k| ck[k].to_vec().unwrap().iter().zip(&want[k * w * n..]).filter(|(x, y)| x.to_bits() != y.to_bits()).count())
+            .map(|k| {
+                ck[k]
+                    .to_vec()
+                    .unwrap_or_else(|e| fail(&e.to_string()))
+                    .iter()
+                    .zip(&want[k * w * n..])
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            })
             .sum();
         if d == 1 {
             one = dt;
         }
         md.push_str(&format!(
-            "| {d} | {} | {:.1} | {:.2} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
+            "| {d} | {} | {} | {:.1} | {:.2} | {:.2}× | {:.2}× | {:.0}% | {wrong} |\n",
             c.device(),
+            moves.path(),
             dt * 1e3,
             flops / dt / 1e9,
             one / dt,
             local / dt,
             100.0 * local / dt / d as f64
         ));
+        breakdown.push_str(&format!("| {d} | {} | {:.2} | {} |\n", moves.path(), dt * 1e3 / d as f64, moves.row(d)));
     }
+    md.push_str("\nOne ring step (of d), where the time goes (as for Jacobi 3D):\n\n");
+    md.push_str(&breakdown);
 }
 
 /// The usage text (`--help`).
@@ -993,7 +1224,8 @@ remote_bench: remote devices on loopback, each figure beside its baseline from t
 
 Usage: remote_bench [--only latency,reconnect,migrate,chain,jacobi,matmul] [--iters N]
                     [--reconnects N] [--migrate-mib N] [--migrate-reps N] [--chain-reps N]
-                    [--jacobi-n N --jacobi-nz N --jacobi-steps N] [--matmul-n N]
+                    [--jacobi-n N --jacobi-nz N --jacobi-steps N] [--jacobi-weak] [--jacobi-f32]
+                    [--matmul-n N]
                     [--servers HOST:PORT,...] [--cuda] [--out FILE.md]
 
 Without --servers the daemons run in this process (every byte still crosses loopback TCP).
@@ -1001,6 +1233,10 @@ Without --servers the daemons run in this process (every byte still crosses loop
 SUCL_REMOTE_TOKEN(_FILE) and SUCL_REMOTE_TLS_PIN); --cuda runs them on the servers' GPUs,
 checked against the same kernels on this machine's GPU 0. A server's per-session memory
 limit (sucld --max-session-bytes) must hold each daemon's share of the problem.
+--jacobi-weak gives every daemon --jacobi-nz planes (weak scaling) instead of splitting them;
+--jacobi-f32 runs the stencil in single precision (CUDA only). Each application's table says
+which path its migrations took (peer memory or network: sucld --peer-path) and breaks one step
+down (migrations, bytes, host wait per migration command, client round trips).
 
 Example:
   cargo run --release -p sucl-remote --example remote_bench -- --only latency,jacobi --iters 2000";
@@ -1056,7 +1292,14 @@ fn main() {
     let external: Option<Vec<String>> = opt("--servers").map(|s| s.split(',').map(String::from).collect());
     let cuda = args.iter().any(|a| a == "--cuda");
     if on("jacobi") {
-        jacobi(&mut md, num("--jacobi-n", 96), num("--jacobi-nz", 96), num("--jacobi-steps", 30), external.as_deref(), cuda);
+        let ja = JacobiArgs {
+            nx: num("--jacobi-n", 96),
+            nz: num("--jacobi-nz", 96),
+            steps: num("--jacobi-steps", 30),
+            weak: args.iter().any(|a| a == "--jacobi-weak"),
+            f32: args.iter().any(|a| a == "--jacobi-f32"),
+        };
+        jacobi(&mut md, &ja, external.as_deref(), cuda);
     }
     if on("matmul") {
         matmul(&mut md, num("--matmul-n", 480), external.as_deref(), cuda);

@@ -285,6 +285,8 @@ struct Conn {
     /// stood still finds the connection stalled).
     received: AtomicU64,
     next_id: AtomicU64,
+    /// Calls that waited for their answer (client round trips).
+    round_trips: AtomicU64,
 }
 
 /// One server's session. Clones share it; when the last clone (buffers and meshes hold
@@ -459,6 +461,7 @@ impl Remote {
             changed: Condvar::new(),
             wake_writer: Condvar::new(),
             received: AtomicU64::new(0),
+            round_trips: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
         });
         {
@@ -481,6 +484,12 @@ impl Remote {
     /// How many commands this client has sent (sequence numbers used).
     pub fn commands_sent(&self) -> u64 {
         self.conn.lock().next_seq - 1
+    }
+
+    /// How many calls waited for their answer (client round trips: reads, synchronizes,
+    /// allocations, …; posted commands are not counted).
+    pub fn round_trips(&self) -> u64 {
+        self.conn.round_trips.load(Ordering::Relaxed)
     }
 
     /// How many times the connection was re-established.
@@ -565,6 +574,7 @@ impl Remote {
     /// Sends `cmd` and waits for its answer; a failure of an earlier command nobody waited on
     /// is reported first.
     fn call(&self, cmd: Command, what: &str) -> Result<Outcome> {
+        self.conn.round_trips.fetch_add(1, Ordering::Relaxed);
         let seq = self.conn.submit(cmd, true)?;
         let o = self.conn.wait(seq, what)?;
         if let Some(e) = self.conn.lock().deferred.take() {

@@ -272,10 +272,17 @@ pub fn jacobi3d(out: &mut [f64], inp: &[f64], nx: usize, ny: usize) -> Result<()
 /// or locally for a reference run). Each thread computes one element with the same arithmetic
 /// in the same order wherever it runs, so a split run equals a whole one bit for bit.
 pub mod cuda_src {
-    /// `jacobi3d_f64(out, in, nx, ny, nz)` over `nx·ny·nz` threads: [`super::jacobi3d`] on a block
-    /// of `nz` planes with one halo plane below and above.
-    pub const JACOBI3D_F64: &str = r#"
-extern "C" __global__ void jacobi3d_f64(double* out, const double* in, unsigned long long nx,
+    /// The CUDA C of a Jacobi 3D kernel named `$name` on cells of type `$t` (`$six`: 6 in it).
+    macro_rules! jacobi3d_src {
+        ($name:literal, $t:literal, $six:literal) => {
+            concat!(
+                "\nextern \"C\" __global__ void ",
+                $name,
+                "(",
+                $t,
+                "* out, const ",
+                $t,
+                "* in, unsigned long long nx,
                                         unsigned long long ny, unsigned long long nz) {
     unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long plane = nx * ny;
@@ -285,10 +292,22 @@ extern "C" __global__ void jacobi3d_f64(double* out, const double* in, unsigned 
     if (x == 0 || y == 0 || x + 1 == nx || y + 1 == ny) {
         out[i] = in[i];
     } else {
-        out[i] = (in[i - 1] + in[i + 1] + in[i - nx] + in[i + nx] + in[i - plane] + in[i + plane]) / 6.0;
+        out[i] = (in[i - 1] + in[i + 1] + in[i - nx] + in[i + nx] + in[i - plane] + in[i + plane]) / ",
+                $six,
+                ";
     }
 }
-"#;
+"
+            )
+        };
+    }
+
+    /// `jacobi3d_f64(out, in, nx, ny, nz)` over `nx·ny·nz` threads: [`super::jacobi3d`] on a block
+    /// of `nz` planes with one halo plane below and above.
+    pub const JACOBI3D_F64: &str = jacobi3d_src!("jacobi3d_f64", "double", "6.0");
+
+    /// `jacobi3d_f32(out, in, nx, ny, nz)`: [`JACOBI3D_F64`] in single precision.
+    pub const JACOBI3D_F32: &str = jacobi3d_src!("jacobi3d_f32", "float", "6.0f");
 
     /// `gemm_f64(c, a, b, m, n, k, ldc, col0)` over `256 · ⌈m/16⌉ · ⌈n/16⌉` threads: the
     /// product of [`super::gemm`] in 16×16 tiles through shared memory, each element an `fma`

@@ -10,7 +10,8 @@
 //!   session in the handshake; peer links prove they hold the key the client handed the mesh.
 //! - [`daemon`]: the daemon as a library (sessions with buffers, queues, events; host kernels
 //!   from a [`KernelRegistry`]; CUDA kernels compiled by NVRTC; per-session limits;
-//!   exactly-once execution across reconnects; peer meshes: server-to-server migration and
+//!   exactly-once execution across reconnects; peer meshes: server-to-server migration —
+//!   GPU to GPU through peer memory between daemons of one host, over the link otherwise — and
 //!   completion notices between servers; content size).
 //! - [`client`]: [`Remote`] servers and their devices, queues, buffers and events; a [`Mesh`]
 //!   of servers that migrate buffers and wait for each other's events directly.
@@ -30,7 +31,7 @@ pub mod wire;
 
 pub use auth::Token;
 pub use client::{ClientOptions, Mesh, Remote, RemoteBuffer, RemoteDevice, RemoteError, RemoteEvent, RemoteQueue};
-pub use daemon::{Daemon, DaemonConfig, Limits};
+pub use daemon::{Daemon, DaemonConfig, Limits, PeerPath};
 pub use kernels::{KernelCall, KernelRegistry};
 pub use transport::{Tls, TlsIdentity};
 pub use wire::{Arg, DeviceKind};

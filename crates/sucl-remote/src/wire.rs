@@ -21,8 +21,10 @@ use std::io::{self, Read, Write};
 
 /// `b"SUCL"` read as a little-endian `u32`: the first field of every [`Frame::Hello`].
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
-/// The protocol version this build speaks (it speaks exactly one so far).
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks (it speaks exactly one). Version 2 added the
+/// peer-memory migration frames ([`Frame::PeerMemOffer`] and its answers) and the migration
+/// counters of [`SessionStats`].
+pub const VERSION: u16 = 2;
 /// The largest frame either side accepts before the handshake has negotiated a limit.
 pub const HANDSHAKE_MAX_FRAME: u32 = 1024;
 /// The smallest frame limit a peer may ask for (every fixed-size command must fit).
@@ -156,6 +158,15 @@ pub struct SessionStats {
     pub buffers: u32,
     /// Frames this session received over peer links (notices, subscriptions, data pieces).
     pub peer_frames: u64,
+    /// Migrations into this session's buffers copied GPU to GPU through peer memory.
+    pub migrations_peer_memory: u64,
+    /// Migrations into this session's buffers whose bytes came over the peer link.
+    pub migrations_network: u64,
+    /// Bytes migrated into this session's buffers (either way).
+    pub migrated_bytes: u64,
+    /// Nanoseconds this session's commands spent waiting for peers (a migration's offer,
+    /// bytes or confirmation; a remote event): the host side of notice latency.
+    pub peer_wait_ns: u64,
 }
 
 /// A command from a client, executed in sequence-number order on the client's session.
@@ -533,6 +544,52 @@ pub enum Frame {
         /// The transfer.
         transfer: u64,
     },
+    /// Source → destination: transfer `transfer` may be copied GPU to GPU — bytes
+    /// `offset..offset+len` of the GPU buffer that `handle` (`cuIpcGetMemHandle`) exports, once
+    /// the source's event `event` (`cuIpcGetEventHandle`), recorded after the work that
+    /// produces them, completed. `node` and `pid` say where the source runs. Answered by
+    /// [`Frame::PeerMemDone`] or [`Frame::PeerMemRefused`] (then the bytes come as
+    /// [`Frame::PeerData`]); sent again after a link was made again.
+    PeerMemOffer {
+        /// The transfer.
+        transfer: u64,
+        /// The source's machine (a hash of its boot id, else its host name).
+        node: u64,
+        /// The source daemon's process id.
+        pid: u32,
+        /// The source buffer's IPC memory handle.
+        handle: [u8; 64],
+        /// Where the bytes start in that buffer.
+        offset: u64,
+        /// How many.
+        len: u64,
+        /// The IPC handle of the event to wait for.
+        event: [u8; 64],
+    },
+    /// Destination → source: the copy of transfer `transfer` is queued on the destination's
+    /// GPU, before its event `event`; the source orders later work on its buffer after it.
+    PeerMemDone {
+        /// The transfer.
+        transfer: u64,
+        /// The IPC handle of the destination's event.
+        event: [u8; 64],
+    },
+    /// Destination → source: transfer `transfer` cannot go through peer memory (why): send it
+    /// over the link.
+    PeerMemRefused {
+        /// The transfer.
+        transfer: u64,
+        /// Whether no later transfer between the two can either (other hosts, a handle that
+        /// does not open): the source stops offering.
+        permanent: bool,
+        /// Why.
+        reason: String,
+    },
+    /// Source → destination: the buffer `handle` exported is freed; close its mapping.
+    PeerMemClose {
+        /// The buffer's IPC memory handle.
+        handle: [u8; 64],
+    },
 }
 
 /// The bytes a [`Frame::PeerData`] needs besides its data.
@@ -728,6 +785,10 @@ impl Outcome {
                 e.u64(s.bytes_in_use);
                 e.u32(s.buffers);
                 e.u64(s.peer_frames);
+                e.u64(s.migrations_peer_memory);
+                e.u64(s.migrations_network);
+                e.u64(s.migrated_bytes);
+                e.u64(s.peer_wait_ns);
             }
             Outcome::Failed { code, message } => {
                 e.u8(4);
@@ -840,6 +901,31 @@ impl Frame {
             Frame::PeerResume { transfer } => {
                 e.u8(24);
                 e.u64(*transfer);
+            }
+            Frame::PeerMemOffer { transfer, node, pid, handle, offset, len, event } => {
+                e.u8(25);
+                e.u64(*transfer);
+                e.u64(*node);
+                e.u32(*pid);
+                e.raw(handle);
+                e.u64(*offset);
+                e.u64(*len);
+                e.raw(event);
+            }
+            Frame::PeerMemDone { transfer, event } => {
+                e.u8(26);
+                e.u64(*transfer);
+                e.raw(event);
+            }
+            Frame::PeerMemRefused { transfer, permanent, reason } => {
+                e.u8(27);
+                e.u64(*transfer);
+                e.u8(*permanent as u8);
+                e.str(reason);
+            }
+            Frame::PeerMemClose { handle } => {
+                e.u8(28);
+                e.raw(handle);
             }
         }
         let body = (out.len() - start - 4) as u32;
@@ -1025,6 +1111,10 @@ fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
             bytes_in_use: d.u64("bytes in use")?,
             buffers: d.u32("buffers")?,
             peer_frames: d.u64("peer frames")?,
+            migrations_peer_memory: d.u64("peer-memory migrations")?,
+            migrations_network: d.u64("network migrations")?,
+            migrated_bytes: d.u64("migrated bytes")?,
+            peer_wait_ns: d.u64("peer wait")?,
         }),
         4 => Outcome::Failed { code: d.u16("error code")?, message: d.str("error message", 4096)? },
         t => return Err(WireError::UnknownTag { what: "outcome", tag: t }),
@@ -1086,6 +1176,26 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
         },
         23 => Frame::PeerReceived { transfer: d.u64("transfer")?, received: d.u64("received")? },
         24 => Frame::PeerResume { transfer: d.u64("transfer")? },
+        25 => Frame::PeerMemOffer {
+            transfer: d.u64("transfer")?,
+            node: d.u64("node")?,
+            pid: d.u32("pid")?,
+            handle: d.array("memory handle")?,
+            offset: d.u64("offset")?,
+            len: d.u64("length")?,
+            event: d.array("event handle")?,
+        },
+        26 => Frame::PeerMemDone { transfer: d.u64("transfer")?, event: d.array("event handle")? },
+        27 => Frame::PeerMemRefused {
+            transfer: d.u64("transfer")?,
+            permanent: match d.u8("permanent")? {
+                0 => false,
+                1 => true,
+                t => return Err(WireError::UnknownTag { what: "refusal kind", tag: t }),
+            },
+            reason: d.str("reason", 4096)?,
+        },
+        28 => Frame::PeerMemClose { handle: d.array("memory handle")? },
         t => return Err(WireError::UnknownTag { what: "frame", tag: t }),
     };
     if d.left() != 0 {
@@ -1116,6 +1226,10 @@ impl Frame {
             Frame::PeerData { .. } => "peer data",
             Frame::PeerReceived { .. } => "peer received",
             Frame::PeerResume { .. } => "peer resume",
+            Frame::PeerMemOffer { .. } => "peer-memory offer",
+            Frame::PeerMemDone { .. } => "peer-memory done",
+            Frame::PeerMemRefused { .. } => "peer-memory refused",
+            Frame::PeerMemClose { .. } => "peer-memory close",
         }
     }
 }

@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 use sucl_remote::auth::random;
 use sucl_remote::transport::Tls;
-use sucl_remote::wire::{Command, Frame, Outcome};
+use sucl_remote::wire::{self, Command, Frame, Outcome};
 use sucl_remote::{ClientOptions, Daemon, DaemonConfig, Remote, RemoteError, Token};
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -76,7 +76,8 @@ fn a_handshake_that_trickles_in_is_cut_at_its_deadline() {
     let (d, o) = plain_daemon(|c| c.handshake_timeout = Duration::from_millis(800));
     let addr = d.local_addr().to_string();
     // A hello one byte at a time, each well within the deadline of a single read.
-    let hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: random() }.encode();
+    let hello =
+        Frame::Hello { min_version: wire::VERSION, max_version: wire::VERSION, features: 0, max_frame: 1 << 20, nonce: random() }.encode();
     let mut s = TcpStream::connect(&addr).unwrap();
     let mut sent = 0;
     for b in &hello {
@@ -107,7 +108,11 @@ fn frames_announced_large_and_never_sent_hold_only_what_arrived() {
     for _ in 0..32 {
         let mut s = raw_connect(&d.addr, &d.tls());
         let client: [u8; 16] = random();
-        s.write_all(&Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 16 << 20, nonce: client }.encode()).unwrap();
+        s.write_all(
+            &Frame::Hello { min_version: wire::VERSION, max_version: wire::VERSION, features: 0, max_frame: 16 << 20, nonce: client }
+                .encode(),
+        )
+        .unwrap();
         let Some(Frame::Welcome { nonce, max_frame, .. }) = read(&mut s) else { panic!("no welcome") };
         assert_eq!(max_frame, 16 << 20);
         let n = sucl_remote::auth::Nonces { client, server: nonce };

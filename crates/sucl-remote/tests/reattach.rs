@@ -9,11 +9,11 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use sucl_remote::auth::{random, Nonces, SessionSecret};
 use sucl_remote::transport::{Link, Tls};
-use sucl_remote::wire::{feature, Command, Frame, Outcome};
+use sucl_remote::wire::{self, feature, Command, Frame, Outcome};
 use sucl_remote::{ClientOptions, Daemon, DaemonConfig, Remote, Token};
 
 fn hello(features: u64, nonce: [u8; 16]) -> Frame {
-    Frame::Hello { min_version: 1, max_version: 1, features, max_frame: 1 << 20, nonce }
+    Frame::Hello { min_version: wire::VERSION, max_version: wire::VERSION, features, max_frame: 1 << 20, nonce }
 }
 
 fn nop(seq: u64) -> Frame {

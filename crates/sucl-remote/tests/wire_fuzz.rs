@@ -77,7 +77,17 @@ fn outcome() -> impl Strategy<Value = Outcome> {
                 .collect()
         )),
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(executed, launches, bytes_in_use, buffers)| Outcome::Stats(
-            SessionStats { executed, launches, bytes_in_use, buffers, peer_frames: executed ^ launches }
+            SessionStats {
+                executed,
+                launches,
+                bytes_in_use,
+                buffers,
+                peer_frames: executed ^ launches,
+                migrations_peer_memory: launches / 3,
+                migrations_network: executed / 5,
+                migrated_bytes: bytes_in_use ^ 7,
+                peer_wait_ns: executed.wrapping_mul(3),
+            }
         )),
         (any::<u16>(), text(12)).prop_map(|(code, message)| Outcome::Failed { code, message }),
     ]
@@ -124,6 +134,30 @@ fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(transfer, total, offset, data)| Frame::PeerData { transfer, total, offset, data }),
         (any::<u64>(), any::<u64>()).prop_map(|(transfer, received)| Frame::PeerReceived { transfer, received }),
         any::<u64>().prop_map(|transfer| Frame::PeerResume { transfer }),
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<[u8; 32]>(), any::<u64>(), any::<u64>()).prop_map(
+            |(transfer, node, pid, half, offset, len)| {
+                let mut handle = [0u8; 64];
+                handle[..32].copy_from_slice(&half);
+                let mut event = [0u8; 64];
+                event[32..].copy_from_slice(&half);
+                Frame::PeerMemOffer { transfer, node, pid, handle, offset, len, event }
+            }
+        ),
+        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(transfer, half)| {
+            let mut event = [9u8; 64];
+            event[..32].copy_from_slice(&half);
+            Frame::PeerMemDone { transfer, event }
+        }),
+        (any::<u64>(), any::<bool>(), text(12)).prop_map(|(transfer, permanent, reason)| Frame::PeerMemRefused {
+            transfer,
+            permanent,
+            reason
+        }),
+        any::<[u8; 32]>().prop_map(|half| {
+            let mut handle = [1u8; 64];
+            handle[32..].copy_from_slice(&half);
+            Frame::PeerMemClose { handle }
+        }),
     ]
 }
 

@@ -5,7 +5,7 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, TlsIdentity, Token};
+use sucl_remote::{Daemon, DaemonConfig, KernelRegistry, Limits, PeerPath, TlsIdentity, Token};
 
 /// Serves this machine's devices to sucl clients (remote devices).
 ///
@@ -90,6 +90,12 @@ struct Args {
     /// Milliseconds a command waits for a peer server (a migration's bytes, a remote event).
     #[arg(long, default_value_t = 30_000)]
     peer_timeout_ms: u64,
+    /// How migrations between GPU daemons of one host go: `auto` (GPU to GPU through peer
+    /// memory, CUDA IPC, when both daemons run on one host and can open each other's buffers;
+    /// over the peer link otherwise) or `network` (always over the peer link). Default: the
+    /// SUCL_REMOTE_PEER_PATH environment variable, else `auto`.
+    #[arg(long, value_name = "auto|network")]
+    peer_path: Option<String>,
     /// Log filter (tracing's EnvFilter syntax, e.g. `info` or `sucl_remote=debug`); the
     /// SUCLD_LOG environment variable overrides it.
     #[arg(long, default_value = "info")]
@@ -132,6 +138,10 @@ fn run(args: Args) -> Result<(), String> {
     };
     cfg.kernels = KernelRegistry::with_builtins();
     cfg.peer_timeout = Duration::from_millis(args.peer_timeout_ms);
+    cfg.peer_path = match &args.peer_path {
+        Some(p) => PeerPath::parse(p).map_err(|e| format!("--peer-path: {e}"))?,
+        None => PeerPath::from_env()?,
+    };
     cfg.max_sessions = args.max_sessions.max(1);
     cfg.max_handshakes = args.max_handshakes.max(1);
     cfg.handshake_timeout = Duration::from_millis(args.handshake_timeout_ms.max(1));

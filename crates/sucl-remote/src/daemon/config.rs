@@ -28,6 +28,38 @@ impl Default for Limits {
     }
 }
 
+/// How migrations between two GPU daemons of one host go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerPath {
+    /// GPU to GPU through peer memory (CUDA IPC) when both daemons run on one host and can
+    /// open each other's buffers; over the peer link otherwise.
+    Auto,
+    /// Always over the peer link (TLS or TCP), through host memory.
+    Network,
+}
+
+impl PeerPath {
+    /// The environment variable that sets it (`auto` or `network`).
+    pub const ENV: &'static str = "SUCL_REMOTE_PEER_PATH";
+
+    /// `auto` or `network`.
+    pub fn parse(s: &str) -> Result<PeerPath, String> {
+        match s.trim() {
+            "auto" => Ok(PeerPath::Auto),
+            "network" => Ok(PeerPath::Network),
+            other => Err(format!("peer path {other:?}: want `auto` or `network`")),
+        }
+    }
+
+    /// [`PeerPath::ENV`] if set, else [`PeerPath::Auto`].
+    pub fn from_env() -> Result<PeerPath, String> {
+        match std::env::var(Self::ENV) {
+            Ok(v) => Self::parse(&v).map_err(|e| format!("{}: {e}", Self::ENV)),
+            Err(_) => Ok(PeerPath::Auto),
+        }
+    }
+}
+
 /// How a daemon runs.
 #[derive(Clone)]
 pub struct DaemonConfig {
@@ -63,11 +95,15 @@ pub struct DaemonConfig {
     pub tls: Option<TlsIdentity>,
     /// How long a command waits for a peer (a migration's bytes, a remote event, a link).
     pub peer_timeout: Duration,
+    /// How migrations between GPU daemons of one host go.
+    pub peer_path: PeerPath,
 }
 
 impl DaemonConfig {
     /// Loopback, any free port, one host device, the built-in kernels, default limits, a 60 s
-    /// reconnect window, TLS with a fresh self-signed certificate, a 30 s peer timeout.
+    /// reconnect window, TLS with a fresh self-signed certificate, a 30 s peer timeout, the
+    /// peer path from [`PeerPath::ENV`] (`auto` when unset or not understood; `sucld` refuses a
+    /// value it does not understand).
     pub fn new(token: Token) -> DaemonConfig {
         DaemonConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -84,6 +120,7 @@ impl DaemonConfig {
             max_sessions: 256,
             tls: Some(TlsIdentity::generate().expect("generating a TLS certificate")),
             peer_timeout: Duration::from_secs(30),
+            peer_path: PeerPath::from_env().unwrap_or(PeerPath::Auto),
         }
     }
 }

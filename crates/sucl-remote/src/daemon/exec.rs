@@ -2,17 +2,22 @@
 
 use super::mesh::*;
 use super::objects::*;
+use super::peer_mem;
 use super::state::*;
 use crate::wire::{code, failed, Command, Frame, Outcome, SessionStats};
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Whether `cmd` would have to wait for a peer (then the executor thread runs it).
 pub(super) fn would_block(s: &Session, cmd: &Command) -> bool {
     let r = lock(&s.remote);
     match cmd {
-        Command::MigrateIn { peer, transfer, .. } => r.inbox.get(&(*peer, *transfer)).is_none_or(|i| i.received != i.total),
+        Command::MigrateIn { peer, transfer, .. } => {
+            let key = (*peer, *transfer);
+            !r.mem_offers.contains_key(&key) && r.inbox.get(&key).is_none_or(|i| i.received != i.total)
+        }
         Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
         _ => false,
     }
@@ -102,8 +107,18 @@ pub(super) fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> O
     }
 }
 
-/// Commands that involve peers; the rest run on the session's objects.
+/// Commands that involve peers; the rest run on the session's objects. Peer-memory offers the
+/// command could depend on are joined first.
 pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome, Outcome> {
+    let waited = peer_mem::join(shared, s, peer_mem::Join::before(&cmd));
+    match waited {
+        Ok(0) => {}
+        Ok(ns) => lock(&s.objects).stats.peer_wait_ns += ns,
+        Err(e) => {
+            lock(&s.objects).stats.executed += 1;
+            return Err(e);
+        }
+    }
     match cmd {
         Command::JoinMesh { mesh, key, index, peers } => {
             lock(&s.objects).stats.executed += 1;
@@ -112,6 +127,7 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
         Command::WaitRemote { peer, event } => {
             lock(&s.objects).stats.executed += 1;
             check_peer(s, peer)?;
+            let started = Instant::now();
             let what = format!("waiting for event {event} of mesh member {peer}");
             wait_remote(
                 shared,
@@ -129,6 +145,7 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
                 },
                 || peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode()),
             )?;
+            lock(&s.objects).stats.peer_wait_ns += started.elapsed().as_nanos() as u64;
             Ok(Outcome::Done)
         }
         Command::MigrateIn { buffer: id, offset, len, peer, transfer } => {
@@ -137,21 +154,39 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             // A link to the source, though nothing goes out on it: if the source dies, its
             // re-connection is refused and this wait fails at once.
             peer_out(shared, s, &mut lock(&s.remote), peer).map_err(|e| failed(code::PEER, e))?;
-            let total = receive_transfer(shared, s, (peer, transfer), id, offset, len)?;
+            let started = Instant::now();
+            let (total, through_memory) = match peer_mem::receive_offer(shared, s, (peer, transfer), id, offset, len)? {
+                Some(n) => (n, true),
+                None => (receive_transfer(shared, s, (peer, transfer), id, offset, len)?, false),
+            };
             let mut o = lock(&s.objects);
+            let st = &mut o.stats;
+            st.peer_wait_ns += started.elapsed().as_nanos() as u64;
+            st.migrated_bytes += total;
+            if through_memory {
+                st.migrations_peer_memory += 1;
+            } else {
+                st.migrations_network += 1;
+            }
             if let Some(sb) = buffer(&mut o, id)?.content {
                 set_content_len(&mut o, sb, offset + total)?;
             }
             Ok(Outcome::Done)
         }
         Command::MigrateOut { buffer: id, offset, len, peer, transfer } => {
-            let mut o = lock(&s.objects);
-            o.stats.executed += 1;
-            check_peer(s, peer)?;
-            let len = trimmed(&mut o, id, offset, len)?;
-            let b = buffer(&mut o, id)?;
-            let r = span("migration source", offset, len, b.mem.len())?;
-            send_transfer(shared, s, &b.mem, r, peer, transfer)?;
+            let started = Instant::now();
+            let r = {
+                let mut o = lock(&s.objects);
+                o.stats.executed += 1;
+                check_peer(s, peer)?;
+                let len = trimmed(&mut o, id, offset, len)?;
+                span("migration source", offset, len, buffer(&mut o, id)?.mem.len())?
+            };
+            if !peer_mem::offer(shared, s, id, r.clone(), peer, transfer)? {
+                let mut o = lock(&s.objects);
+                send_transfer(shared, s, &buffer(&mut o, id)?.mem, r, peer, transfer)?;
+            }
+            lock(&s.objects).stats.peer_wait_ns += started.elapsed().as_nanos() as u64;
             Ok(Outcome::Done)
         }
         Command::Stats => {
@@ -164,13 +199,21 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
                 Command::Record { event, .. } => Some(event),
                 _ => None,
             };
+            let freed = match other {
+                Command::Free { buffer } => Some(buffer),
+                _ => None,
+            };
             let in_mesh = lock(&s.remote).mesh.is_some();
             let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
             let mut o = lock(&s.objects);
             o.stats.executed += 1;
             let outcome = run(&ctx, &mut o, other)?;
+            drop(o);
             if let Some(event) = record {
                 event_done(shared, s, event);
+            }
+            if let Some(id) = freed {
+                peer_mem::freed(shared, s, id);
             }
             Ok(outcome)
         }

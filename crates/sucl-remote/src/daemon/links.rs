@@ -100,6 +100,81 @@ pub(super) struct RemoteState {
     /// Staging chunks for reuse.
     pub(super) pool: Vec<Vec<u8>>,
     pub(super) lost: HashMap<u32, String>,
+    /// Peer-memory offers received for transfers whose receiving command has not taken them.
+    pub(super) mem_offers: HashMap<(u32, u64), MemOffer>,
+    /// Answers to this session's peer-memory offers, by (member, transfer).
+    pub(super) mem_answers: HashMap<(u32, u64), MemAnswer>,
+    /// How incoming transfers offered through peer memory were answered (to answer an offer
+    /// sent again after a cut alike), oldest first (bounded).
+    pub(super) mem_finished: HashMap<(u32, u64), MemAnswer>,
+    pub(super) mem_finished_order: VecDeque<(u32, u64)>,
+    /// Members that refused peer memory for good (why): migrations to them go over the link.
+    pub(super) mem_refused_by: HashMap<u32, String>,
+    /// Peers' buffers freed (member, memory handle): their mappings here are closed by the
+    /// next command that migrates (not by the link's reader, which must not wait for one).
+    pub(super) mem_closing: Vec<(u32, [u8; 64])>,
+    /// Peer-memory offers this session made whose answers no command has joined yet, oldest
+    /// first.
+    pub(super) offered: Vec<Offered>,
+}
+
+/// A peer-memory offer made and not yet joined.
+pub(super) struct Offered {
+    pub(super) peer: u32,
+    pub(super) transfer: u64,
+    /// The source buffer's device (its stream waits for the copy).
+    pub(super) device: u32,
+    pub(super) buffer: u64,
+    pub(super) range: std::ops::Range<usize>,
+    /// The encoded offer (sent again after a link was made again).
+    pub(super) frame: Vec<u8>,
+}
+
+/// A peer-memory offer as it arrived ([`crate::wire::Frame::PeerMemOffer`]).
+#[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // without CUDA every offer is refused unread
+pub(super) struct MemOffer {
+    pub(super) node: u64,
+    pub(super) pid: u32,
+    pub(super) handle: [u8; 64],
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) event: [u8; 64],
+}
+
+/// How a destination answered a peer-memory offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum MemAnswer {
+    /// Copied; its completion event's handle.
+    Copied([u8; 64]),
+    /// Refused (for good or for this transfer alone), and why.
+    Refused { permanent: bool, reason: String },
+}
+
+impl MemAnswer {
+    /// The frame that says it for `transfer`.
+    pub(super) fn frame(&self, transfer: u64) -> crate::wire::Frame {
+        match self {
+            MemAnswer::Copied(event) => crate::wire::Frame::PeerMemDone { transfer, event: *event },
+            MemAnswer::Refused { permanent, reason } => {
+                crate::wire::Frame::PeerMemRefused { transfer, permanent: *permanent, reason: reason.clone() }
+            }
+        }
+    }
+}
+
+/// Peer-memory offers and answers a session keeps at most (beyond, a member is misbehaving:
+/// it sends offers nobody migrates, and more are dropped).
+pub(super) const MEM_PENDING_KEPT: usize = 4096;
+
+/// This machine's identity in peer-memory offers: a hash of the kernel's boot id (one per boot
+/// of one machine; daemons in containers or network namespaces of one host share it), else of
+/// the host name. Not a secret, and not trusted alone: opening the handle decides.
+pub(super) fn this_node() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    let id = read("/proc/sys/kernel/random/boot_id");
+    let id = if id.is_empty() { read("/proc/sys/kernel/hostname") } else { id };
+    id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 impl RemoteState {
@@ -117,13 +192,25 @@ impl RemoteState {
             self.pool.push(c);
         }
     }
+    /// Remembers how the peer-memory offer of incoming transfer `key` was answered.
+    pub(super) fn mem_finish(&mut self, key: (u32, u64), answer: MemAnswer) {
+        remember(&mut self.mem_finished, &mut self.mem_finished_order, key, answer);
+    }
+
     pub(super) fn finish(&mut self, key: (u32, u64), total: u64) {
-        if self.finished.insert(key, total).is_none() {
-            self.finished_order.push_back(key);
-            if self.finished_order.len() > FINISHED_KEPT {
-                let old = self.finished_order.pop_front().expect("non-empty");
-                self.finished.remove(&old);
-            }
+        remember(&mut self.finished, &mut self.finished_order, key, total);
+    }
+}
+
+/// Inserts `key` into `map`, forgetting the oldest entry (by `order`) beyond
+/// [`FINISHED_KEPT`]; a key already there keeps its place and first value.
+fn remember<V>(map: &mut HashMap<(u32, u64), V>, order: &mut VecDeque<(u32, u64)>, key: (u32, u64), value: V) {
+    if let std::collections::hash_map::Entry::Vacant(v) = map.entry(key) {
+        v.insert(value);
+        order.push_back(key);
+        if order.len() > FINISHED_KEPT {
+            let old = order.pop_front().expect("non-empty");
+            map.remove(&old);
         }
     }
 }

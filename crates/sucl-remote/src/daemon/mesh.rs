@@ -332,6 +332,46 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                 let _ = peer_send(shared, s, from, Frame::PeerReceived { transfer, received: held }.encode());
                 continue;
             }
+            wire::PeerRead::Frame(Frame::PeerMemOffer { transfer, node, pid, handle, offset, len, event }) => {
+                let key = (from, transfer);
+                let mut r = lock(&s.remote);
+                if let Some(a) = r.mem_finished.get(&key) {
+                    // Answered before (the answer was lost with a link): answer alike.
+                    let again = a.frame(transfer).encode();
+                    drop(r);
+                    let _ = peer_send(shared, s, from, again);
+                    continue;
+                }
+                if r.mem_offers.len() < MEM_PENDING_KEPT || r.mem_offers.contains_key(&key) {
+                    r.mem_offers.insert(key, MemOffer { node, pid, handle, offset, len, event });
+                } else {
+                    warn!("mesh member {from}: more than {MEM_PENDING_KEPT} peer-memory offers pending; transfer {transfer}'s dropped");
+                }
+                drop(r);
+                s.remote_cv.notify_all();
+                continue;
+            }
+            wire::PeerRead::Frame(f @ (Frame::PeerMemDone { .. } | Frame::PeerMemRefused { .. })) => {
+                let (transfer, answer) = match f {
+                    Frame::PeerMemDone { transfer, event } => (transfer, MemAnswer::Copied(event)),
+                    Frame::PeerMemRefused { transfer, permanent, reason } => (transfer, MemAnswer::Refused { permanent, reason }),
+                    _ => unreachable!("matched above"),
+                };
+                let mut r = lock(&s.remote);
+                if r.mem_answers.len() < MEM_PENDING_KEPT {
+                    r.mem_answers.insert((from, transfer), answer);
+                }
+                drop(r);
+                s.remote_cv.notify_all();
+                continue;
+            }
+            wire::PeerRead::Frame(Frame::PeerMemClose { handle }) => {
+                let mut r = lock(&s.remote);
+                if r.mem_closing.len() < MEM_PENDING_KEPT {
+                    r.mem_closing.push((from, handle));
+                }
+                continue;
+            }
             wire::PeerRead::Frame(other) => break Err(io::Error::other(format!("unexpected {} on a peer link", other.name()))),
         };
         let key = (from, h.transfer);

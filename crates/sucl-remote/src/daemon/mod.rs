@@ -21,9 +21,10 @@
 //! **Files.** `accept`: the accept pool and the handshake; `session`: opening, re-attaching
 //! and receiving a session's commands; `exec`: running them in order and answering;
 //! `objects`: buffers, queues, events and the commands on them alone; `mesh` and `links`: the
-//! peer mesh (its threads and transfers; its state); `state`: what the threads share;
-//! `config`: the settings; `sync`: locking. Each imports only files listed after it, in the
-//! order accept, session, exec, mesh, state, links, objects, config, sync.
+//! peer mesh (its threads and transfers; its state); `peer_mem`: migrations GPU to GPU through
+//! peer memory; `state`: what the threads share; `config`: the settings; `sync`: locking. Each
+//! imports only files listed after it, in the order accept, session, exec, peer_mem, mesh,
+//! state, links, objects, config, sync.
 //!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
@@ -34,11 +35,13 @@
 //! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
 //! it — when the event completes, without the client.
 //!
-//! **Data path.** A migration's source writes each piece straight from the buffer (header and
-//! slice in one write) on the migrating command's thread; the destination's link reads the
-//! piece off the socket into a pooled staging chunk, and the receiving command copies chunks
-//! into the buffer as they come. The source's command completes when the destination confirms
-//! it holds every byte ([`Frame::PeerReceived`]).
+//! **Data path.** Between GPU daemons of one host a migration goes GPU to GPU through peer
+//! memory (`peer_mem`: IPC handles and interprocess events over the peer link, the copy on the
+//! destination's stream; [`PeerPath`] turns it off). Otherwise a migration's source writes each
+//! piece straight from the buffer (header and slice in one write) on the migrating command's
+//! thread; the destination's link reads the piece off the socket into a pooled staging chunk,
+//! and the receiving command copies chunks into the buffer as they come. The source's command
+//! completes when the destination confirms it holds every byte ([`Frame::PeerReceived`]).
 //!
 //! **Broken links.** The sending side makes a broken link again (authenticated as the first
 //! time). Peer frames are idempotent and waits re-send what they wait for whenever a link with
@@ -52,13 +55,14 @@ mod exec;
 mod links;
 mod mesh;
 mod objects;
+mod peer_mem;
 mod session;
 mod state;
 mod sync;
 
 use crate::transport::{Pin, TlsIdentity};
 use crate::wire::MIN_MAX_FRAME;
-pub use config::{DaemonConfig, Limits};
+pub use config::{DaemonConfig, Limits, PeerPath};
 use objects::*;
 use state::*;
 use std::collections::HashMap;
@@ -102,7 +106,7 @@ impl Daemon {
         if !addr.ip().is_loopback() && cfg.tls.is_none() {
             warn!(%addr, "listening beyond loopback without TLS: traffic after the handshake is not encrypted");
         }
-        info!(%addr, devices = devices.len(), tls = cfg.tls.is_some(), kernels = ?cfg.kernels.names(), "sucld listening");
+        info!(%addr, devices = devices.len(), tls = cfg.tls.is_some(), kernels = ?cfg.kernels.names(), peer_path = ?cfg.peer_path, "sucld listening");
         let shared = Arc::new(Shared {
             cfg,
             devices,

@@ -60,6 +60,27 @@ pub(super) struct Objects {
     #[cfg(feature = "cuda")]
     pub(super) cuda_kernels: HashMap<(u32, String), sucl_cuda::Kernel>,
     pub(super) stats: SessionStats,
+    /// Interprocess events and peers' mappings of the peer-memory path.
+    #[cfg(feature = "cuda")]
+    pub(super) peer_mem: PeerMemHandles,
+}
+
+/// What the peer-memory path keeps open for a session (all closed when the session goes).
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+pub(super) struct PeerMemHandles {
+    /// Source side: the event recorded before each offer to a member, per (member, device).
+    /// One suffices: the next offer to that member is made only once the last was answered.
+    pub(super) ready: HashMap<(u32, u32), crate::cuda::IpcEvent>,
+    /// Destination side: the event recorded after each copy from a member, per (member,
+    /// device); reused likewise.
+    pub(super) done: HashMap<(u32, u32), crate::cuda::IpcEvent>,
+    /// Members' events opened here, per (member, device, handle).
+    pub(super) opened_events: HashMap<(u32, u32, [u8; 64]), crate::cuda::OpenedEvent>,
+    /// Members' buffers mapped here, per (member, device, handle).
+    pub(super) opened_mem: HashMap<(u32, u32, [u8; 64]), crate::cuda::OpenedMem>,
+    /// This session's buffers exported to members: buffer → (handle, members told).
+    pub(super) shared: HashMap<u64, ([u8; 64], Vec<u32>)>,
 }
 
 pub(super) enum Ev {
@@ -116,6 +137,7 @@ pub(super) struct Ctx<'a> {
     pub(super) max_frame: u32,
     /// Whether the session is in a peer mesh (a recorded CUDA event is then waited for at once,
     /// so that peers can be told it completed).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // host events complete when recorded
     pub(super) in_mesh: bool,
 }
 

@@ -240,7 +240,7 @@ pub fn raw_connect(addr: &str, tls: &Tls) -> Link {
 pub fn raw_greet(addr: &str, tls: &Tls) -> (Link, Nonces) {
     let mut s = raw_connect(addr, tls);
     let client: [u8; 16] = random();
-    let hello = Frame::Hello { min_version: 1, max_version: 1, features: 0, max_frame: 1 << 20, nonce: client };
+    let hello = Frame::Hello { min_version: wire::VERSION, max_version: wire::VERSION, features: 0, max_frame: 1 << 20, nonce: client };
     s.write_all(&hello.encode()).unwrap();
     match read(&mut s) {
         Some(Frame::Welcome { nonce, .. }) => (s, Nonces { client, server: nonce }),

@@ -1,0 +1,394 @@
+//! The peer-memory path of a migration between two GPU daemons of one host: the bytes go GPU to
+//! GPU, never through the peer link.
+//!
+//! The source records an interprocess event on its stream (after the work that produces the
+//! bytes) and offers the transfer ([`Frame::PeerMemOffer`]: the buffer's IPC memory handle, the
+//! range, the event's handle, its host and process); its migrating command completes at once,
+//! and the answer is joined by the first later command that could touch what the copy reads
+//! ([`Join`]), so that migrations to several members and the next step's work go out without
+//! waiting a round trip each. The destination, when its receiving
+//! command runs, opens the buffer and the event once (kept per member until the buffer is
+//! freed, or the session ends), makes its stream wait for the event, queues the copy, records
+//! its own interprocess event after it and answers [`Frame::PeerMemDone`]; the source makes its
+//! stream wait for that event, so later work on its buffer comes after the copy. Neither CPU
+//! waits for a GPU. A destination that cannot take the offer (another host, the same process,
+//! a host buffer, a handle that does not open, `--peer-path network`) answers
+//! [`Frame::PeerMemRefused`], and the source sends the bytes over the link as before; a refusal
+//! for good makes the source stop offering to that member.
+//!
+//! **After a cut.** Offers and answers are idempotent: the source offers again whenever the link
+//! was made again while it waits; a destination that already answered a transfer answers it
+//! again alike (it never copies a transfer twice), and one that has not yet run the receiving
+//! command keeps the latest offer.
+
+use super::config::PeerPath;
+use super::links::*;
+use super::mesh::*;
+use super::state::*;
+use crate::wire::{code, failed, Command, Frame, Outcome};
+use std::sync::Arc;
+use tracing::{debug, info};
+
+/// Why a destination with peer path `path` on machine `my_node`, process `my_pid`, refuses
+/// an offer from machine `node`, process `pid` whatever its buffers (`None`: it may take it).
+pub(super) fn refusal(path: PeerPath, node: u64, pid: u32, my_node: u64, my_pid: u32) -> Option<String> {
+    if path == PeerPath::Network {
+        return Some(format!(
+            "the destination daemon takes migrations over the peer link ({}=network or --peer-path network)",
+            PeerPath::ENV
+        ));
+    }
+    if node != my_node {
+        return Some("the daemons run on different hosts".into());
+    }
+    if pid == my_pid {
+        return Some("both daemons run in one process (an IPC handle opens only in another process)".into());
+    }
+    None
+}
+
+/// Source: offers transfer `transfer` (bytes `range` of buffer `id`) to member `peer` through
+/// peer memory, without waiting for the answer: `true` when offered (the answer is joined by a
+/// later command, see [`join`]); `false` when the bytes must go over the link now.
+pub(super) fn offer(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    id: u64,
+    range: std::ops::Range<usize>,
+    peer: u32,
+    transfer: u64,
+) -> Result<bool, Outcome> {
+    if shared.cfg.peer_path == PeerPath::Network || lock(&s.remote).mem_refused_by.contains_key(&peer) {
+        return Ok(false);
+    }
+    let Some((frame, device)) = cuda::prepare_offer(shared, s, id, range.clone(), peer, transfer)? else {
+        return Ok(false);
+    };
+    peer_send(shared, s, peer, frame.clone()).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
+    lock(&s.remote).offered.push(Offered { peer, transfer, device, buffer: id, range, frame });
+    Ok(true)
+}
+
+/// Which answered offers a command must join before it runs.
+pub(super) enum Join {
+    /// Every one (the command may touch any buffer or queue work on any GPU).
+    All,
+    /// None (the command touches no buffer and queues no GPU work).
+    Nothing,
+    /// Those to this member (a migration to it: its ready event is reused).
+    To(u32),
+    /// Those from this buffer whose bytes overlap this range (a migration into it).
+    Overlapping(u64, std::ops::Range<u64>),
+}
+
+impl Join {
+    /// What command `cmd` must join.
+    pub(super) fn before(cmd: &Command) -> Join {
+        match cmd {
+            Command::MigrateOut { peer, .. } => Join::To(*peer),
+            Command::MigrateIn { buffer, offset, len, .. } => Join::Overlapping(*buffer, *offset..offset.saturating_add(*len)),
+            Command::Nop | Command::Devices | Command::Stats => Join::Nothing,
+            _ => Join::All,
+        }
+    }
+
+    fn takes(&self, o: &Offered) -> bool {
+        match self {
+            Join::All => true,
+            Join::Nothing => false,
+            Join::To(p) => o.peer == *p,
+            Join::Overlapping(b, r) => o.buffer == *b && (o.range.start as u64) < r.end && r.start < o.range.end as u64,
+        }
+    }
+}
+
+/// Joins the offers `which` selects, oldest first: waits for each answer; a copy orders later
+/// work on the source's GPU after it; a refusal sends the bytes over the link now (the buffer
+/// is as it was: every command that could change it joins first). Returns the nanoseconds
+/// spent waiting.
+pub(super) fn join(shared: &Arc<Shared>, s: &Arc<Session>, which: Join) -> Result<u64, Outcome> {
+    let due: Vec<Offered> = {
+        let mut r = lock(&s.remote);
+        if r.offered.is_empty() {
+            return Ok(0);
+        }
+        let (due, keep) = std::mem::take(&mut r.offered).into_iter().partition(|o| which.takes(o));
+        r.offered = keep;
+        due
+    };
+    let started = std::time::Instant::now();
+    for o in due {
+        let (peer, transfer) = (o.peer, o.transfer);
+        let what = format!("migrating to mesh member {peer} through peer memory");
+        let key = (peer, transfer);
+        let answer =
+            wait_remote(shared, s, peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, peer, o.frame.clone()))?;
+        match answer {
+            MemAnswer::Copied(event) => cuda::order_after(shared, s, peer, o.device, &event)?,
+            MemAnswer::Refused { permanent, reason } => {
+                if !permanent {
+                    debug!("transfer {transfer} to mesh member {peer} goes over the peer link: {reason}");
+                } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
+                    info!("migrations to mesh member {peer} go over the peer link: {reason}");
+                }
+                let mut ob = lock(&s.objects);
+                send_transfer(shared, s, &super::objects::buffer(&mut ob, o.buffer)?.mem, o.range, peer, transfer)?;
+            }
+        }
+    }
+    Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// Destination: waits until transfer `key` arrives, as a peer-memory offer or as bytes over the
+/// link. An offer is copied GPU to GPU into buffer `id` at `offset` (at most `len` bytes) and
+/// answered: `Some(bytes)`. `None`: the bytes come over the link (an offer that could not be
+/// taken was refused first, saying why).
+pub(super) fn receive_offer(
+    shared: &Arc<Shared>,
+    s: &Arc<Session>,
+    key: (u32, u64),
+    id: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Option<u64>, Outcome> {
+    let (peer, transfer) = key;
+    let what = format!("receiving transfer {transfer} from mesh member {peer}");
+    let offer = wait_remote(
+        shared,
+        s,
+        peer,
+        &what,
+        |r| match r.mem_offers.remove(&key) {
+            Some(o) => Some(Ok(Some(o))),
+            None => (r.inbox.contains_key(&key) || r.finished.contains_key(&key)).then_some(Ok(None)),
+        },
+        || Ok(()),
+    )?;
+    let Some(offer) = offer else { return Ok(None) };
+    let answer = match refusal(shared.cfg.peer_path, offer.node, offer.pid, this_node(), std::process::id()) {
+        Some(reason) => MemAnswer::Refused { permanent: true, reason },
+        None => match cuda::take_offer(shared, s, peer, id, offset, len, &offer) {
+            Ok(event) => MemAnswer::Copied(event),
+            Err((permanent, reason)) => MemAnswer::Refused { permanent, reason },
+        },
+    };
+    if let MemAnswer::Refused { reason, .. } = &answer {
+        debug!("transfer {transfer} from mesh member {peer} refused peer memory: {reason}");
+    }
+    let frame = answer.frame(transfer).encode();
+    lock(&s.remote).mem_finish(key, answer.clone());
+    peer_send(shared, s, peer, frame).map_err(|e| failed(code::PEER, format!("{what}: {e}")))?;
+    Ok(matches!(answer, MemAnswer::Copied(_)).then_some(offer.len))
+}
+
+/// After buffer `id` was freed: tells the members it was exported to, so that they close their
+/// mappings of it.
+pub(super) fn freed(shared: &Arc<Shared>, s: &Arc<Session>, id: u64) {
+    if let Some((handle, peers)) = cuda::forget_export(s, id) {
+        for p in peers {
+            let _ = peer_send(shared, s, p, Frame::PeerMemClose { handle }.encode());
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::super::links::*;
+    use super::super::objects::*;
+    use super::super::state::*;
+    use crate::wire::{Frame, Outcome};
+    use std::collections::hash_map::{Entry, HashMap};
+    use tracing::debug;
+
+    /// The value under `key`, made by `open` the first time.
+    fn cached<K: std::hash::Hash + Eq, V, E>(map: &mut HashMap<K, V>, key: K, open: impl FnOnce() -> Result<V, E>) -> Result<&mut V, E> {
+        Ok(match map.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(open()?),
+        })
+    }
+
+    fn text(o: Outcome) -> String {
+        match o {
+            Outcome::Failed { message, .. } => message,
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// The CUDA device `device` of this daemon.
+    fn gpu(shared: &Shared, device: u32) -> Option<&crate::cuda::CudaServed> {
+        match shared.devices.get(device as usize) {
+            Some(Served::Cuda(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Records the ready event after the work queued so far and makes the offer frame; `None`
+    /// when buffer `id` is not GPU memory or cannot be exported (then the link carries it).
+    pub(super) fn prepare_offer(
+        shared: &Shared,
+        s: &Session,
+        id: u64,
+        range: std::ops::Range<usize>,
+        peer: u32,
+        transfer: u64,
+    ) -> Result<Option<(Vec<u8>, u32)>, Outcome> {
+        let mut guard = lock(&s.objects);
+        let o = &mut *guard;
+        let b = buffer(o, id)?;
+        let device = b.device;
+        let Mem::Cuda(m) = &mut b.mem else { return Ok(None) };
+        let Some(c) = gpu(shared, device) else { return Ok(None) };
+        let handle = match m.ipc_handle() {
+            Ok(h) => h,
+            Err(e) => {
+                debug!("buffer {id} cannot be exported, it migrates over the link: {}", text(e));
+                return Ok(None);
+            }
+        };
+        let ev = match cached(&mut o.peer_mem.ready, (peer, device), || c.ipc_event()) {
+            Ok(e) => e,
+            Err(e) => {
+                debug!("no interprocess event, migrations go over the link: {}", text(e));
+                return Ok(None);
+            }
+        };
+        c.record_ipc(ev)?;
+        let event = ev.handle;
+        let told = &mut o.peer_mem.shared.entry(id).or_insert_with(|| (handle, Vec::new())).1;
+        if !told.contains(&peer) {
+            told.push(peer);
+        }
+        let frame = Frame::PeerMemOffer {
+            transfer,
+            node: this_node(),
+            pid: std::process::id(),
+            handle,
+            offset: range.start as u64,
+            len: range.len() as u64,
+            event,
+        };
+        Ok(Some((frame.encode(), device)))
+    }
+
+    /// Source, once the copy is queued: later work on `device` waits for the destination's
+    /// event `event`.
+    pub(super) fn order_after(shared: &Shared, s: &Session, peer: u32, device: u32, event: &[u8; 64]) -> Result<(), Outcome> {
+        let c = gpu(shared, device).expect("offers are made from GPU buffers only");
+        let mut o = lock(&s.objects);
+        let e = cached(&mut o.peer_mem.opened_events, (peer, device, *event), || c.open_event(event))?;
+        c.wait_opened(e)
+    }
+
+    /// Destination: queues the copy of `offer` into buffer `id` at `offset` (at most `len`
+    /// bytes) after the source's event, then its own event; that event's handle, or whether
+    /// the refusal is for good and why.
+    pub(super) fn take_offer(
+        shared: &Shared,
+        s: &Session,
+        peer: u32,
+        id: u64,
+        offset: u64,
+        len: u64,
+        offer: &MemOffer,
+    ) -> Result<[u8; 64], (bool, String)> {
+        close_freed(s);
+        let mut guard = lock(&s.objects);
+        let o = &mut *guard;
+        let b = buffer(o, id).map_err(|e| (false, text(e)))?;
+        let device = b.device;
+        let Mem::Cuda(m) = &b.mem else { return Err((false, "the destination buffer is host memory".into())) };
+        if offer.len > len {
+            return Err((false, format!("the offer brings {} bytes, more than the {len} expected", offer.len)));
+        }
+        let dst = m.device_ptr() + span("migration destination", offset, offer.len, m.len()).map_err(|e| (false, text(e)))?.start as u64;
+        let c = gpu(shared, device).ok_or((false, "the destination buffer's device is not a GPU".to_string()))?;
+        let pm = &mut o.peer_mem;
+        let base = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?.ptr;
+        let src = base.checked_add(offer.offset).ok_or((false, "the offer's offset overflows".to_string()))?;
+        let ready =
+            cached(&mut pm.opened_events, (peer, device, offer.event), || c.open_event(&offer.event)).map_err(|e| (true, text(e)))?;
+        c.wait_opened(ready).map_err(|e| (false, text(e)))?;
+        c.copy_peer(dst, src, offer.len as usize).map_err(|e| (false, text(e)))?;
+        let done = cached(&mut pm.done, (peer, device), || c.ipc_event()).map_err(|e| (true, text(e)))?;
+        c.record_ipc(done).map_err(|e| (false, text(e)))?;
+        Ok(done.handle)
+    }
+
+    /// Closes the mappings of members' buffers that were freed.
+    fn close_freed(s: &Session) {
+        let closing = std::mem::take(&mut lock(&s.remote).mem_closing);
+        if closing.is_empty() {
+            return;
+        }
+        let mut o = lock(&s.objects);
+        o.peer_mem.opened_mem.retain(|(p, _, h), _| !closing.contains(&(*p, *h)));
+    }
+
+    /// Forgets that buffer `id` was exported: its handle and the members told of it.
+    pub(super) fn forget_export(s: &Session, id: u64) -> Option<([u8; 64], Vec<u32>)> {
+        lock(&s.objects).peer_mem.shared.remove(&id)
+    }
+}
+
+/// Without CUDA there is no GPU memory to offer or take.
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::super::links::MemOffer;
+    use super::super::state::*;
+    use crate::wire::Outcome;
+
+    pub(super) fn prepare_offer(
+        _: &Shared,
+        _: &Session,
+        _: u64,
+        _: std::ops::Range<usize>,
+        _: u32,
+        _: u64,
+    ) -> Result<Option<(Vec<u8>, u32)>, Outcome> {
+        Ok(None)
+    }
+    pub(super) fn order_after(_: &Shared, _: &Session, _: u32, _: u32, _: &[u8; 64]) -> Result<(), Outcome> {
+        Ok(())
+    }
+    pub(super) fn take_offer(_: &Shared, _: &Session, _: u32, _: u64, _: u64, _: u64, _: &MemOffer) -> Result<[u8; 64], (bool, String)> {
+        Err((true, "the destination daemon was built without CUDA".into()))
+    }
+    pub(super) fn forget_export(_: &Session, _: u64) -> Option<([u8; 64], Vec<u32>)> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_joins_exactly_the_offers_whose_copy_it_could_race() {
+        let offered = |peer, buffer, range| Offered { peer, transfer: 1, device: 0, buffer, range, frame: Vec::new() };
+        let (a, b) = (offered(1, 10, 0..100), offered(2, 11, 100..200));
+        let joins = |cmd: Command| [&a, &b].map(|o| Join::before(&cmd).takes(o));
+        // Anything that may write a buffer or queue GPU work joins every offer.
+        assert_eq!(joins(Command::Launch { queue: 1, kernel: "k".into(), args: vec![], range: 1 }), [true, true]);
+        assert_eq!(joins(Command::Free { buffer: 12 }), [true, true]);
+        assert_eq!(joins(Command::Finish { queue: 1 }), [true, true]);
+        // Another migration to a member joins the offers to that member only.
+        assert_eq!(joins(Command::MigrateOut { buffer: 10, offset: 0, len: 8, peer: 2, transfer: 5 }), [false, true]);
+        // A migration into a buffer joins the offers of bytes it overwrites only.
+        let into = |buffer, offset, len| Command::MigrateIn { buffer, offset, len, peer: 3, transfer: 6 };
+        assert_eq!(joins(into(10, 50, 10)), [true, false]);
+        assert_eq!(joins(into(10, 100, 8)), [false, false], "bytes 100.. do not overlap 0..100");
+        assert_eq!(joins(into(11, 96, 8)), [false, true]);
+        // Commands that touch nothing join nothing.
+        assert_eq!(joins(Command::Stats), [false, false]);
+    }
+
+    #[test]
+    fn only_daemons_of_one_host_in_two_processes_with_peer_memory_on_take_offers() {
+        assert_eq!(refusal(PeerPath::Auto, 7, 100, 7, 200), None);
+        let network = refusal(PeerPath::Network, 7, 100, 7, 200).expect("forced to the network");
+        assert!(network.contains(PeerPath::ENV), "the refusal names the setting: {network}");
+        assert!(refusal(PeerPath::Auto, 7, 100, 8, 200).expect("two hosts").contains("different hosts"));
+        assert!(refusal(PeerPath::Auto, 7, 100, 7, 100).expect("one process").contains("one process"));
+    }
+}
