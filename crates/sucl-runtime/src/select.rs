@@ -97,6 +97,20 @@ pub fn default_ipc_rules() -> Vec<Rule> {
     ]
 }
 
+/// The device backend the built-in rules alone (no tuning table, nothing pinned, the default
+/// `cuda` threshold) give a collective `op` of `bytes` bytes on `ranks` ranks whose loaded device
+/// backends are `names`: what `sucl tune --device cuda` leans to where its measurements cannot
+/// tell backends apart. `None` if `names` lacks the staged fallback every device job loads.
+pub fn default_device_choice(names: &[&'static str], ranks: usize, op: CollOp, bytes: u64) -> Option<&'static str> {
+    if !names.contains(&"staged") {
+        return None;
+    }
+    let builtin =
+        Policy { forced: None, default: "staged".into(), preferred: "nccl".into(), threshold: 0, rules: vec![], device_threshold: 0 };
+    let s = Selector::new(&builtin.for_devices(), names, ranks);
+    Some(names[s.pick(op, bytes)])
+}
+
 /// The size a call is selected by: the largest buffer of one rank, as `sucl bench` counts it.
 pub fn selection_bytes(d: &CollDesc, n: usize) -> u64 {
     let per = (d.count * d.dtype.size()) as u64;
@@ -324,6 +338,16 @@ mod tests {
         }
         let nine = Selector::new(&policy(0, vec![]).for_devices(), &names, 9);
         assert_eq!(names[nine.pick(CollOp::AllReduce, 8)], "nccl", "beyond 8 ranks: not measured, NCCL");
+    }
+
+    #[test]
+    fn the_built_in_device_choice_ignores_tuning_tables() {
+        let names = ["nccl", "ipc", "staged"];
+        assert_eq!(default_device_choice(&names, 4, CollOp::AllReduce, 8 << 20), Some("ipc"));
+        assert_eq!(default_device_choice(&names, 4, CollOp::AllReduce, 16 << 20), Some("nccl"));
+        assert_eq!(default_device_choice(&names, 4, CollOp::Broadcast, 1 << 20), Some("nccl"));
+        assert_eq!(default_device_choice(&["nccl", "staged"], 4, CollOp::AllReduce, 8), Some("nccl"));
+        assert_eq!(default_device_choice(&["nccl"], 4, CollOp::AllReduce, 8), None);
     }
 
     #[test]
