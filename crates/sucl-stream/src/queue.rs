@@ -7,6 +7,7 @@ use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
 use crate::request::{OpState, Request, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -124,7 +125,7 @@ pub struct CommQueue {
     blocked: Duration,
     /// The buffers lent to operations enqueued since the last start, each with the first
     /// operation that writes it (else the first that reads it): see [`CommQueue::check_lent`].
-    lent: HashMap<usize, Use>,
+    lent: HashMap<usize, Use, BuildHasherDefault<AddrHasher>>,
     /// The buffers of the operation being enqueued (checked, recorded with its request).
     lending: [Option<(usize, bool)>; 2],
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
@@ -142,6 +143,32 @@ pub struct CommQueue {
 struct Use {
     what: What,
     writes: bool,
+}
+
+/// Hashes the buffer keys of [`CommQueue::check_lent`] (addresses: distinct, aligned) with one
+/// folded multiply, where the default SipHash costs tens of nanoseconds per lookup and insert —
+/// twice per enqueued operation. Not for keys a peer chooses (no flooding resistance needed).
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // The high and low halves of the 128-bit product folded: every input bit reaches the
+        // low bits (the bucket index) and the high ones (the control tag).
+        let p = u128::from(n ^ self.0) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 /// Slack added to the communicator's timeout for host-side waits, so that the engine (which
@@ -185,7 +212,7 @@ impl CommQueue {
             outstanding: vec![],
             unstarted: vec![],
             nulls: [None, None],
-            lent: HashMap::new(),
+            lent: HashMap::default(),
             lending: [None, None],
             prune_at: PRUNE_MIN,
             blocked: Duration::ZERO,
@@ -672,11 +699,11 @@ impl CommQueue {
     }
 
     /// Drops the requests of completed operations from the front of `outstanding` (start
-    /// order), stopping at the first one in flight: asking a device-completed operation costs
-    /// an event query, and operations complete about in start order, so one query per prune is
-    /// enough where polling every request would cost one each.
+    /// order), stopping at the first one in flight. It only reads what is known already (no
+    /// event is recorded or queried, no request's lock taken for a device-completed one): the
+    /// device path learns completions at its waits, so a start makes no CUDA call here.
     fn prune(&mut self) {
-        let live = self.outstanding.iter().position(|r| !r.state.is_done()).unwrap_or(self.outstanding.len());
+        let live = self.outstanding.iter().position(|r| !r.state.known_done()).unwrap_or(self.outstanding.len());
         self.outstanding.drain(..live);
     }
 
@@ -823,5 +850,26 @@ impl<T: Element> Lend for HostLease<T> {
     fn give_back(&mut self) {
         self.read = None;
         self.write = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AddrHasher;
+    use std::hash::Hasher;
+
+    fn hash(n: usize) -> u64 {
+        let mut h = AddrHasher::default();
+        h.write_usize(n);
+        h.finish()
+    }
+
+    #[test]
+    fn aligned_addresses_spread_over_the_low_bits() {
+        // 64 buffers 16 bytes apart: their low bits pick the bucket, their top 7 the tag.
+        let low: std::collections::HashSet<u64> = (0..64).map(|i| hash(0x7f00_0000_1000 + 16 * i) & 63).collect();
+        let top: std::collections::HashSet<u64> = (0..64).map(|i| hash(0x7f00_0000_1000 + 16 * i) >> 57).collect();
+        assert!(low.len() >= 32, "only {} of 64 low-bit buckets used", low.len());
+        assert!(top.len() >= 24, "only {} of 64 tags used", top.len());
     }
 }

@@ -9,6 +9,8 @@ use sucl_runtime::{Error, Result};
 pub(crate) trait DevicePoll: Send + Sync {
     /// Whether the work is done; an error if the device failed.
     fn poll(&self) -> Result<bool>;
+    /// Whether the work is known to be done without asking the device (no CUDA call, no lock).
+    fn known_done(&self) -> bool;
 }
 
 /// What an operation is, formatted only when an error or a debug print needs it (no string is
@@ -117,6 +119,15 @@ impl OpState {
         self.poll_device();
         let g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(Error::clone))
+    }
+
+    /// Whether the operation is known to be complete without asking the device: the device's
+    /// completion already seen (one atomic load), else the recorded outcome.
+    pub(crate) fn known_done(&self) -> bool {
+        if self.device.get().is_some_and(|(p, _)| p.known_done()) {
+            return true;
+        }
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     pub(crate) fn is_done(&self) -> bool {
