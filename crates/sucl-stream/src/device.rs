@@ -443,7 +443,7 @@ enum Mode {
         /// The length of `held` at which the next wait asks the tracker what completed (one
         /// event query per [`HELD_CHECK`] waits at most, not one per wait).
         check_at: usize,
-        scratch: IssueScratch,
+        scratch: Box<IssueScratch>,
         tracker: Arc<Tracker>,
         /// The completion of the next start, shared by the requests of its operations (made at
         /// its first enqueue).
@@ -498,7 +498,7 @@ impl DevicePath {
                 side,
                 held: vec![],
                 check_at: HELD_CHECK,
-                scratch: IssueScratch::default(),
+                scratch: Box::default(),
                 tracker,
                 mark: None,
                 failed: None,
