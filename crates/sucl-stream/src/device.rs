@@ -25,8 +25,8 @@
 //! A lost peer or a timeout stores the completion counter anyway (a value above every epoch),
 //! so no stream waits forever; the error is kept and reported by every request.
 
-use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{DevicePoll, OpState, What};
+use crate::engine::{Batch, Channel, Lend, Mem, Op, Signal, Work};
+use crate::request::{DevicePoll, OpState, StatePool, What};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -705,10 +705,10 @@ const HELD_CHECK: usize = 64;
 impl DevicePath {
     /// On the NCCL path, the state of a new operation of the start `epoch` (the next one):
     /// complete (with `bytes`) once the stream ran that start's group. `None` on the staged path.
-    fn nccl_state(&mut self, elem: usize, what: What, bytes: usize, epoch: u64) -> Option<Arc<OpState>> {
+    fn nccl_state(&mut self, elem: usize, what: What, bytes: usize, epoch: u64, states: &mut StatePool) -> Option<Arc<OpState>> {
         let Mode::Nccl { tracker, mark, .. } = &mut self.mode else { return None };
         let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
-        Some(OpState::on_device(elem, what, self.rank, poll, bytes))
+        Some(states.make(elem, what, self.rank, Some((poll, bytes))))
     }
 
     /// Enqueues a send or receive of a device buffer (not to `PROC_NULL`) for start `epoch`
@@ -720,13 +720,14 @@ impl DevicePath {
         tag: u32,
         send: bool,
         epoch: u64,
+        states: &mut StatePool,
     ) -> Result<Arc<OpState>> {
         self.check_buffer(b)?;
         let es = std::mem::size_of::<T>();
         let bytes = b.len() * es;
         let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
         let keep = b.keep(None);
-        if let Some(state) = self.nccl_state(es, what, bytes, epoch) {
+        if let Some(state) = self.nccl_state(es, what, bytes, epoch, states) {
             let addr = b.inner.address();
             let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
             if let Mode::Nccl { pending, .. } = &mut self.mode {
@@ -734,10 +735,10 @@ impl DevicePath {
             }
             return Ok(state);
         }
-        let state = OpState::new(es, what, self.rank);
+        let state = states.make(es, what, self.rank, None);
         let slot = self.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
-        let mem = Box::new(SlotLend(slot, bytes));
+        let mem = Mem::Other(Box::new(SlotLend(slot, bytes)));
         let staged = if send {
             StagedOp { downloads: vec![copy], uploads: vec![], op: Op::new(Work::Send { peer, tag, mem }, state.clone(), None), hold: keep }
         } else {
@@ -764,6 +765,7 @@ impl DevicePath {
         send: &DeviceBuf<T>,
         recv: &DeviceBuf<T>,
         epoch: u64,
+        states: &mut StatePool,
     ) -> Result<Arc<OpState>> {
         self.check_buffer(send)?;
         self.check_buffer(recv)?;
@@ -774,7 +776,7 @@ impl DevicePath {
         let es = std::mem::size_of::<T>();
         let (sb, rb) = (send.len() * es, recv.len() * es);
         let keep = recv.keep((!send.same(recv)).then_some(send));
-        if let Some(state) = self.nccl_state(es, What::Coll(c.name()), 0, epoch) {
+        if let Some(state) = self.nccl_state(es, What::Coll(c.name()), 0, epoch, states) {
             let (s, r) = (send.clone(), recv.clone());
             let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
             if let Mode::Nccl { pending, .. } = &mut self.mode {
@@ -782,7 +784,7 @@ impl DevicePath {
             }
             return Ok(state);
         }
-        let state = OpState::new(es, What::Coll(c.name()), self.rank);
+        let state = states.make(es, What::Coll(c.name()), self.rank, None);
         let rslot = self.slot(rb)?;
         let sslot = if in_place { None } else { Some(self.slot(sb)?) };
         let download = match &sslot {

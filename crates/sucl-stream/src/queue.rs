@@ -3,8 +3,8 @@
 use crate::buffer::{Lent, QueueBuffer};
 #[cfg(feature = "cuda")]
 use crate::device::{Coll, DeviceBuf, DevicePath};
-use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{OpState, Request, What};
+use crate::engine::{Batch, Channel, Lease, Mem, Op, Signal, Work};
+use crate::request::{OpState, Request, StatePool, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -126,6 +126,8 @@ pub struct CommQueue {
     /// The buffers lent to operations enqueued since the last start, each with the first
     /// operation that writes it (else the first that reads it): see [`CommQueue::check_lent`].
     lent: HashMap<usize, Use, BuildHasherDefault<AddrHasher>>,
+    /// States of completed operations, reused by later enqueues.
+    pub(crate) states: StatePool,
     /// The buffers of the operation being enqueued (checked, recorded with its request).
     lending: [Option<(usize, bool)>; 2],
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
@@ -213,6 +215,7 @@ impl CommQueue {
             unstarted: vec![],
             nulls: [None, None],
             lent: HashMap::default(),
+            states: StatePool::default(),
             lending: [None, None],
             prune_at: PRUNE_MIN,
             blocked: Duration::ZERO,
@@ -337,7 +340,7 @@ impl CommQueue {
     }
 
     pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
-        let state = OpState::new(elem, what, self.world_rank);
+        let state = self.states.make(elem, what, self.world_rank, None);
         let req = self.push_request(state.clone());
         (state, req)
     }
@@ -411,13 +414,13 @@ impl CommQueue {
         self.check_lent(what, [Some((buf.key(), !send)), None])?;
         match (&mut self.path, buf) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let mem = Box::new(HostLease::new(b, !send));
+                let mem = Mem::Host(Lease::new(b.lendable(), !send));
                 let work = if send { Work::Send { peer, tag, mem } } else { Work::Recv { peer, tag, mem } };
                 Ok(self.push_host(work, elem, what))
             }
             #[cfg(feature = "cuda")]
             (Path::Device(d), Lent::Device(b)) => {
-                let state = d.enqueue_p2p(b, peer, tag, send, self.started + 1)?;
+                let state = d.enqueue_p2p(b, peer, tag, send, self.started + 1, &mut self.states)?;
                 Ok(self.push_request(state))
             }
             #[cfg(feature = "cuda")]
@@ -430,7 +433,7 @@ impl CommQueue {
     fn device_coll<T: Element>(&mut self, c: Coll, send: &DeviceBuf<T>, recv: &DeviceBuf<T>) -> Result<Request> {
         let epoch = self.started + 1;
         let Path::Device(d) = &mut self.path else { unreachable!("device collectives are dispatched only on device queues") };
-        let state = d.enqueue_coll(c, send, recv, epoch)?;
+        let state = d.enqueue_coll(c, send, recv, epoch, &mut self.states)?;
         Ok(self.push_request(state))
     }
 
@@ -704,12 +707,23 @@ impl CommQueue {
     /// device path learns completions at its waits, so a start makes no CUDA call here.
     fn prune(&mut self) {
         let live = self.outstanding.iter().position(|r| !r.state.known_done()).unwrap_or(self.outstanding.len());
-        self.outstanding.drain(..live);
+        for r in self.outstanding.drain(..live) {
+            self.states.give(r.state);
+        }
     }
 
     /// Drops every completed request from `outstanding` (before counting what is in flight).
     fn prune_all(&mut self) {
-        self.outstanding.retain(|r| !r.state.is_done());
+        let mut live = 0;
+        for i in 0..self.outstanding.len() {
+            if !self.outstanding[i].state.is_done() {
+                self.outstanding.swap(live, i);
+                live += 1;
+            }
+        }
+        for r in self.outstanding.drain(live..) {
+            self.states.give(r.state);
+        }
     }
 
     /// Waits on the host (bounded) until the queue ran everything submitted to it and every
@@ -735,13 +749,16 @@ impl CommQueue {
             // Every started operation completed without an error of its own (the device path
             // says so after synchronizing its stream): nothing to ask the requests, which
             // learn their completion when asked.
-            self.outstanding.clear();
+            for r in self.outstanding.drain(..) {
+                self.states.give(r.state);
+            }
         }
         let mut first = None;
         for r in self.outstanding.drain(..) {
             if let Err(e) = r.wait() {
                 first.get_or_insert(e);
             }
+            self.states.give(r.state);
         }
         if let Some(e) = self.failure() {
             first.get_or_insert(e);
@@ -813,43 +830,6 @@ fn at_rank(e: Error, rank: usize) -> Error {
     match e {
         Error::Timeout { op, after, .. } => Error::Timeout { rank, op, after },
         other => other,
-    }
-}
-
-/// A host buffer lent to the backend: the handle keeps it alive from enqueue, the lease (taken
-/// at the trigger) keeps tasks off it until the operation completed.
-struct HostLease<T: Element> {
-    buf: SharedBuf<T>,
-    exclusive: bool,
-    read: Option<crate::ReadGuard<T>>,
-    write: Option<crate::WriteGuard<T>>,
-}
-
-impl<T: Element> HostLease<T> {
-    fn new(buf: &SharedBuf<T>, exclusive: bool) -> Self {
-        HostLease { buf: buf.clone(), exclusive, read: None, write: None }
-    }
-}
-
-impl<T: Element> Lend for HostLease<T> {
-    fn try_lend(&mut self) -> Option<(*mut u8, usize)> {
-        let bytes = self.buf.len() * std::mem::size_of::<T>();
-        if self.exclusive {
-            let mut g = self.buf.write_now()?;
-            let p = g.as_mut_ptr() as *mut u8;
-            self.write = Some(g);
-            Some((p, bytes))
-        } else {
-            let g = self.buf.read_now()?;
-            let p = g.as_ptr() as *mut u8;
-            self.read = Some(g);
-            Some((p, bytes))
-        }
-    }
-
-    fn give_back(&mut self) {
-        self.read = None;
-        self.write = None;
     }
 }
 
