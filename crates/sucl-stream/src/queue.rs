@@ -621,13 +621,14 @@ impl CommQueue {
             self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
         }
         let epoch = self.started + 1;
-        // Queues whose batches the progress thread runs hold the cap on operations in flight.
+        // Queues whose batches the progress thread runs hold the cap on operations in flight
+        // (the channel's handle is cloned only when the start must wait for it).
         let ch = match &self.path {
-            Path::Host { ch, .. } => Some(ch.clone()),
+            Path::Host { ch, .. } => Some(ch),
             #[cfg(feature = "cuda")]
-            Path::Device(d) => d.channel().cloned(),
+            Path::Device(d) => d.channel(),
         };
-        if let Some(ch) = ch {
+        if let Some(ch) = ch.filter(|ch| ch.in_flight.load(Ordering::Acquire) > MAX_IN_FLIGHT).cloned() {
             self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
         }
         self.lent.clear();
