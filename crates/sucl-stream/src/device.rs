@@ -845,7 +845,13 @@ impl DevicePath {
                     failed.get_or_insert(e.clone());
                     return Err(e);
                 }
-                posted.append(pending);
+                if posted.is_empty() {
+                    // The usual case (one start per wait): hand the list over, keeping both
+                    // lists' capacities, instead of copying the batch.
+                    std::mem::swap(posted, pending);
+                } else {
+                    posted.append(pending);
+                }
                 *posted_epoch = epoch;
                 Ok(())
             }
