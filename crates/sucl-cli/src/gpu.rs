@@ -602,31 +602,38 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     Ok(rows)
 }
 
-/// `sucl tune --device cuda`: per op and size, the faster of nccl and staged (best of `rounds`
-/// interleaved rounds), written as tuning rules that calls on device memory under `--config` follow.
+/// `sucl tune --device cuda`: per op and size, the device backend to use (nccl, ipc, staged),
+/// from the median of `rounds` interleaved rounds (three times as many up to 1 MiB, where a
+/// call's noise is as large as the differences), with near-ties going to the built-in rules'
+/// choice (see [`crate::tune::choose`]); written as tuning rules that device calls under
+/// `--config` follow.
 pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
     let (dev, q) = open(comm)?;
     let names = comm.device_backends();
     let lead = comm.rank() == 0;
     let mut file = format!(
-        "# Device tuning table written by `sucl tune --device cuda` for {} ranks on {} ({}).\n",
+        "# Device tuning table written by `sucl tune --device cuda` for {} ranks on {} ({}).\n# Per op and size range, the backend chosen from the median of {rounds} interleaved rounds ({}x as many up to {SMALL_BYTES} B); near-ties (within {:.0} %) go to the built-in rules' choice.\n",
         comm.size(),
         dev.name(),
-        names.join(", ")
+        names.join(", "),
+        SMALL_ROUNDS_FACTOR,
+        crate::tune::TIE_MARGIN * 100.0
     );
     // Every measurement is checked; a backend that computes wrong results wins nothing.
     let mut wrong = 0;
     for &op in ops {
         let args = BenchArgs { op: BenchOp::Coll(op), ..*a };
-        let mut points: Vec<(u64, Vec<f64>)> = vec![];
+        let mut points = vec![];
+        let mut builtin = vec![];
         for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
-            let mut best = vec![f64::INFINITY; names.len()];
+            let mut times = vec![vec![]; names.len()];
+            let rounds = if bytes <= SMALL_BYTES { rounds * SMALL_ROUNDS_FACTOR } else { rounds };
             for round in 0..rounds.max(1) {
                 for k in crate::bench::round_order(names.len(), round) {
                     let name = names[k];
                     comm.pin_backend(Some(name))?;
                     let row = measure_any(comm, &q, None, &args, bytes, name)?;
-                    best[k] = best[k].min(row.time_us);
+                    times[k].push(row.time_us);
                     if let Some(w) = row.wrong.filter(|&w| w > 0) {
                         wrong += w;
                         if lead {
@@ -635,21 +642,14 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
                     }
                 }
             }
-            points.push((bytes, best));
+            let default = sucl::select::default_device_choice(&names, comm.size(), op, bytes);
+            builtin.push(default.and_then(|d| names.iter().position(|n| *n == d)));
+            points.push(crate::tune::Measured { bytes, times });
         }
         comm.pin_backend(None)?;
-        if !lead {
-            continue;
+        if lead {
+            file += &crate::tune::report(op, comm.size(), &names, &points, &builtin);
         }
-        println!("# {} on {} GPUs: best time (µs)", op.name(), comm.size());
-        let winner = |t: &Vec<f64>| (0..t.len()).min_by(|&x, &y| t[x].total_cmp(&t[y])).unwrap_or(0);
-        for (b, t) in &points {
-            let w = winner(t);
-            let cells: Vec<String> = t.iter().map(|x| format!("{x:>10.2}")).collect();
-            println!("{b:>12} {} {:>8}", cells.join(" "), names[w]);
-        }
-        let winners: Vec<(u64, &str)> = points.iter().map(|(b, t)| (*b, names[winner(t)])).collect();
-        file += &crate::tune::rules(op, comm.size(), &winners);
     }
     if wrong > 0 {
         if lead {

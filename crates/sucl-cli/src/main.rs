@@ -108,8 +108,10 @@ struct TuneCli {
     /// Warm-up iterations per measurement.
     #[arg(long, default_value_t = 20)]
     warmup: usize,
-    /// Measurements per backend and size (the best counts).
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved rounds per backend and size (the median counts; with --device, three times
+    /// as many up to 1 MiB). Backends within 5 % of each other count as tied: the built-in
+    /// choice (devices) or the neighbouring sizes' winner takes the size.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Element type.
     #[arg(long, default_value = "f32")]
@@ -117,7 +119,7 @@ struct TuneCli {
     /// Where to write the tuning table (TOML, usable as --config).
     #[arg(long)]
     out: String,
-    /// `cuda`: choose between the device backends (nccl, staged) instead.
+    /// `cuda`: choose between the device backends (nccl, ipc, staged) instead.
     #[arg(long)]
     device: Option<String>,
 }

@@ -75,12 +75,40 @@ impl Policy {
 }
 
 /// Where peer memory serves device collectives when no tuning table says otherwise: the sizes
-/// where kernels reading peers' buffers beat NCCL's protocol on one NVLink node (published
-/// measurements of the same design: 2× faster up to 256 KiB, 1.4× at 4 MiB for all_reduce).
-/// `sucl tune --device cuda` measures the real crossovers for a machine.
+/// where kernels on peers' buffers beat NCCL on one NVLink node. all_reduce by rank count, as
+/// measured side by side with NCCL (`bench/data/gpu-ipc-vs-nccl.csv`, `gpu-ipc-4gpu.csv`):
+/// - 2 ranks: below 32 MiB (2 × H200: ipc 0.77× NCCL's time at 8 MiB, 0.86× at 16 MiB, a tie
+///   at 32 MiB — 0.98× — and 1.08× at 64 MiB);
+/// - 3 and 4 ranks: below 16 MiB (4 × H100: 0.86× at 4 MiB, 0.91× at 8 MiB, a tie at 16 MiB);
+/// - 5 to 8 ranks: below 4 MiB (not measured beyond 4 ranks: the bound the kernels were first
+///   given, from published measurements of the same design).
+///
+/// broadcast, all_gather and reduce_scatter below 1 MiB at any rank count. `sucl tune --device
+/// cuda` measures the real crossovers of a machine.
 pub fn default_ipc_rules() -> Vec<Rule> {
-    let rule = |op: &str, hi: u64| Rule { op: Some(op.into()), ranks: (2, 8), bytes: (0, hi), backend: "ipc".into() };
-    vec![rule("all_reduce", 4 << 20), rule("broadcast", 1 << 20), rule("all_gather", 1 << 20), rule("reduce_scatter", 1 << 20)]
+    let rule = |op: &str, ranks: (usize, usize), hi: u64| Rule { op: Some(op.into()), ranks, bytes: (0, hi), backend: "ipc".into() };
+    vec![
+        rule("all_reduce", (2, 2), 32 << 20),
+        rule("all_reduce", (3, 4), 16 << 20),
+        rule("all_reduce", (5, 8), 4 << 20),
+        rule("broadcast", (2, 8), 1 << 20),
+        rule("all_gather", (2, 8), 1 << 20),
+        rule("reduce_scatter", (2, 8), 1 << 20),
+    ]
+}
+
+/// The device backend the built-in rules alone (no tuning table, nothing pinned, the default
+/// `cuda` threshold) give a collective `op` of `bytes` bytes on `ranks` ranks whose loaded device
+/// backends are `names`: what `sucl tune --device cuda` leans to where its measurements cannot
+/// tell backends apart. `None` if `names` lacks the staged fallback every device job loads.
+pub fn default_device_choice(names: &[&'static str], ranks: usize, op: CollOp, bytes: u64) -> Option<&'static str> {
+    if !names.contains(&"staged") {
+        return None;
+    }
+    let builtin =
+        Policy { forced: None, default: "staged".into(), preferred: "nccl".into(), threshold: 0, rules: vec![], device_threshold: 0 };
+    let s = Selector::new(&builtin.for_devices(), names, ranks);
+    Some(names[s.pick(op, bytes)])
 }
 
 /// The size a call is selected by: the largest buffer of one rank, as `sucl bench` counts it.
@@ -275,8 +303,8 @@ mod tests {
         let names = ["nccl", "ipc", "staged"];
         let s = Selector::new(&policy(0, vec![]).for_devices(), &names, 2);
         assert_eq!(names[s.pick(CollOp::AllReduce, 8)], "ipc");
-        assert_eq!(names[s.pick(CollOp::AllReduce, (4 << 20) - 1)], "ipc");
-        assert_eq!(names[s.pick(CollOp::AllReduce, 4 << 20)], "nccl", "large all_reduce stays on NCCL by default");
+        assert_eq!(names[s.pick(CollOp::AllReduce, (32 << 20) - 1)], "ipc");
+        assert_eq!(names[s.pick(CollOp::AllReduce, 32 << 20)], "nccl", "large all_reduce stays on NCCL by default");
         assert_eq!(names[s.pick(CollOp::AllGather, 1 << 20)], "nccl");
         assert_eq!(names[s.pick(CollOp::AllToAll, 8)], "nccl", "no peer-memory all_to_all");
         let one = Selector::new(&policy(0, vec![]).for_devices(), &names, 1);
@@ -290,6 +318,36 @@ mod tests {
         let two = ["nccl", "staged"];
         let s = Selector::new(&policy(0, vec![]).for_devices(), &two, 2);
         assert_eq!(two[s.pick(CollOp::AllReduce, 8)], "nccl");
+    }
+
+    #[test]
+    fn the_default_all_reduce_bound_follows_the_rank_count() {
+        let names = ["nccl", "ipc", "staged"];
+        // (ranks, the first size NCCL serves): where the measurements put the crossover.
+        for (ranks, nccl_from) in [(2, 32u64 << 20), (3, 16 << 20), (4, 16 << 20), (5, 4 << 20), (8, 4 << 20)] {
+            let s = Selector::new(&policy(0, vec![]).for_devices(), &names, ranks);
+            for bytes in [8, nccl_from / 2, nccl_from - 1] {
+                assert_eq!(names[s.pick(CollOp::AllReduce, bytes)], "ipc", "{ranks} ranks, {bytes} B");
+            }
+            for bytes in [nccl_from, 64 << 20] {
+                assert_eq!(names[s.pick(CollOp::AllReduce, bytes)], "nccl", "{ranks} ranks, {bytes} B");
+            }
+            // The other collectives keep their 1 MiB bound at every rank count.
+            assert_eq!(names[s.pick(CollOp::Broadcast, (1 << 20) - 1)], "ipc", "{ranks} ranks");
+            assert_eq!(names[s.pick(CollOp::Broadcast, 1 << 20)], "nccl", "{ranks} ranks");
+        }
+        let nine = Selector::new(&policy(0, vec![]).for_devices(), &names, 9);
+        assert_eq!(names[nine.pick(CollOp::AllReduce, 8)], "nccl", "beyond 8 ranks: not measured, NCCL");
+    }
+
+    #[test]
+    fn the_built_in_device_choice_ignores_tuning_tables() {
+        let names = ["nccl", "ipc", "staged"];
+        assert_eq!(default_device_choice(&names, 4, CollOp::AllReduce, 8 << 20), Some("ipc"));
+        assert_eq!(default_device_choice(&names, 4, CollOp::AllReduce, 16 << 20), Some("nccl"));
+        assert_eq!(default_device_choice(&names, 4, CollOp::Broadcast, 1 << 20), Some("nccl"));
+        assert_eq!(default_device_choice(&["nccl", "staged"], 4, CollOp::AllReduce, 8), Some("nccl"));
+        assert_eq!(default_device_choice(&["nccl"], 4, CollOp::AllReduce, 8), None);
     }
 
     #[test]

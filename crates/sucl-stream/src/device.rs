@@ -25,8 +25,8 @@
 //! A lost peer or a timeout stores the completion counter anyway (a value above every epoch),
 //! so no stream waits forever; the error is kept and reported by every request.
 
-use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{DevicePoll, OpState, What};
+use crate::engine::{Batch, Channel, Lend, Mem, Op, Signal, Work};
+use crate::request::{DevicePoll, OpState, StatePool, What};
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -118,6 +118,8 @@ trait Holder<T: Element>: Send + Sync {
     fn address(&self) -> u64;
     /// A collective over NCCL into this buffer (`send` None: in place).
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()>;
+    /// This handle with its element type erased, to keep the buffer alive (no allocation).
+    fn keep(self: Arc<Self>) -> Handle;
 }
 
 struct Held<T: DeviceElement> {
@@ -141,6 +143,10 @@ impl<T: DeviceElement> Holder<T> for Held<T> {
 
     fn address(&self) -> u64 {
         self.addr
+    }
+
+    fn keep(self: Arc<Self>) -> Handle {
+        self
     }
 
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
@@ -218,6 +224,21 @@ fn check(rc: cu::CUresult, rank: usize, during: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::BackendUnavailable { rank, backend: "cuda".into(), why: format!("{during}: {rc:?}") })
+    }
+}
+
+/// A device buffer's handle with its element type erased: what keeps the memory alive until the
+/// stream ran every use of it (a reference count, not an allocation per operation).
+type Handle = Arc<dyn Send + Sync>;
+
+/// The handles one operation keeps: its result buffer and, for a collective with a distinct
+/// input, that one.
+type Keep = (Handle, Option<Handle>);
+
+impl<T: Element> DeviceBuf<T> {
+    /// The handles an operation on this buffer (and `also`, if another buffer) keeps.
+    fn keep(&self, also: Option<&DeviceBuf<T>>) -> Keep {
+        (self.inner.clone().keep(), also.map(|a| a.inner.clone().keep()))
     }
 }
 
@@ -321,31 +342,66 @@ struct StagedOp {
     /// Keeps the device buffers alive until the stream ran every copy of them. Released on the
     /// program's thread (after the event recorded at the covering wait), never by the progress
     /// thread, which must not free CUDA memory.
-    hold: Box<dyn Send>,
+    hold: Keep,
 }
 
 /// Uploads that wait for a stream wait, with the handles that keep their buffers alive.
 struct AwaitingUpload {
     epoch: u64,
     copies: Vec<Copy>,
-    keep: Vec<Box<dyn Send>>,
+    keep: Vec<Keep>,
 }
 
 /// A collective issued on the stream over NCCL.
 type NcclColl = Box<dyn FnOnce(&Communicator) -> Result<()> + Send>;
 
 /// Device buffer handles kept until the event after their last stream use completed.
-type HeldHandles = Vec<(Arc<Event>, Vec<Box<dyn Send>>)>;
+type HeldHandles = Vec<(Arc<Event>, Vec<Keep>)>;
 
 /// An NCCL-path operation between enqueue and start.
 enum NcclOp {
-    Send { addr: u64, bytes: usize, peer: usize },
-    Recv { addr: u64, bytes: usize, peer: usize },
+    Send {
+        addr: u64,
+        bytes: usize,
+        peer: usize,
+    },
+    Recv {
+        addr: u64,
+        bytes: usize,
+        peer: usize,
+    },
     Coll(NcclColl),
+    /// A collective already issued (its closure consumed).
+    Spent,
 }
 
 /// An NCCL-path operation with its request's state and the handles that keep its buffers.
-type NcclEntry = (NcclOp, Arc<OpState>, Box<dyn Send>);
+type NcclEntry = (NcclOp, Arc<OpState>, Keep);
+
+/// Lists the NCCL path reuses from one wait to the next, so that issuing a batch allocates
+/// nothing once they have grown: the group's sends and receives, and emptied lists of held
+/// handles.
+#[derive(Default)]
+struct IssueScratch {
+    sends: Vec<(u64, usize, usize)>,
+    recvs: Vec<(u64, usize, usize)>,
+    spare_keeps: Vec<Vec<Keep>>,
+}
+
+impl IssueScratch {
+    /// Most emptied handle lists kept.
+    const SPARE: usize = 8;
+
+    /// Takes back the handle lists of released starts (their handles dropped here).
+    fn recycle(&mut self, released: impl Iterator<Item = Vec<Keep>>) {
+        for mut k in released {
+            k.clear();
+            if self.spare_keeps.len() < Self::SPARE {
+                self.spare_keeps.push(k);
+            }
+        }
+    }
+}
 
 /// Where the NCCL path issues its groups: a stream of its own, forked from the queue's stream
 /// at the last start that had operations and joined back into it at the wait. Both events are
@@ -383,7 +439,11 @@ enum Mode {
         side: SideStream,
         /// Handles of started operations by start epoch, released once the tracker saw it
         /// complete.
-        held: Vec<(u64, Vec<Box<dyn Send>>)>,
+        held: Vec<(u64, Vec<Keep>)>,
+        /// The length of `held` at which the next wait asks the tracker what completed (one
+        /// event query per [`HELD_CHECK`] waits at most, not one per wait).
+        check_at: usize,
+        scratch: Box<IssueScratch>,
         tracker: Arc<Tracker>,
         /// The completion of the next start, shared by the requests of its operations (made at
         /// its first enqueue).
@@ -394,6 +454,8 @@ enum Mode {
         ch: Arc<Channel>,
         signal: &'static StreamSignal,
         pending: Vec<StagedOp>,
+        /// An emptied operation list (handed back by the engine) for the next start's batch.
+        spare_ops: Vec<Op>,
         awaiting: Vec<AwaitingUpload>,
         /// Slots not in use, with the event after their last upload.
         pool: SlotPool,
@@ -435,6 +497,8 @@ impl DevicePath {
                 posted_epoch: 0,
                 side,
                 held: vec![],
+                check_at: HELD_CHECK,
+                scratch: Box::default(),
                 tracker,
                 mark: None,
                 failed: None,
@@ -442,7 +506,16 @@ impl DevicePath {
         } else {
             let signal = StreamSignal::leak(queue.device())?;
             let ch = Channel::new(comm, Box::new(signal))?;
-            Mode::Staged { ch, signal, pending: vec![], awaiting: vec![], pool: SlotPool::default(), waited: 0, held: vec![] }
+            Mode::Staged {
+                ch,
+                signal,
+                pending: vec![],
+                spare_ops: vec![],
+                awaiting: vec![],
+                pool: SlotPool::default(),
+                waited: 0,
+                held: vec![],
+            }
         };
         Ok(DevicePath { queue: queue.clone(), mode, rank })
     }
@@ -524,7 +597,7 @@ impl DevicePath {
             Mode::Nccl { .. } => {
                 // Starts not waited for are issued now (the host waits for them below).
                 let issued = self.issue_posted();
-                let Mode::Nccl { comm, held, failed, tracker, .. } = &mut self.mode else { unreachable!("nccl") };
+                let Mode::Nccl { comm, held, failed, tracker, scratch, check_at, .. } = &mut self.mode else { unreachable!("nccl") };
                 let r = comm.synchronize(&self.queue).and(issued);
                 match &r {
                     Err(e) => {
@@ -532,7 +605,8 @@ impl DevicePath {
                     }
                     Ok(()) => tracker.synchronized(),
                 }
-                held.clear();
+                scratch.recycle(held.drain(..).map(|(_, k)| k));
+                *check_at = HELD_CHECK;
                 r.map(|()| failed.is_none())
             }
             Mode::Staged { held, .. } => {
@@ -620,6 +694,9 @@ impl DevicePoll for Mark {
     fn poll(&self) -> Result<bool> {
         self.tracker.done_up_to(self.epoch)
     }
+    fn known_done(&self) -> bool {
+        self.tracker.completed.load(Ordering::Acquire) >= self.epoch
+    }
 }
 
 /// Held handles beyond which a start releases those of completed starts.
@@ -628,10 +705,10 @@ const HELD_CHECK: usize = 64;
 impl DevicePath {
     /// On the NCCL path, the state of a new operation of the start `epoch` (the next one):
     /// complete (with `bytes`) once the stream ran that start's group. `None` on the staged path.
-    fn nccl_state(&mut self, elem: usize, what: What, bytes: usize, epoch: u64) -> Option<Arc<OpState>> {
+    fn nccl_state(&mut self, elem: usize, what: What, bytes: usize, epoch: u64, states: &mut StatePool) -> Option<Arc<OpState>> {
         let Mode::Nccl { tracker, mark, .. } = &mut self.mode else { return None };
         let poll = mark.get_or_insert_with(|| Arc::new(Mark { tracker: tracker.clone(), epoch })).clone();
-        Some(OpState::on_device(elem, what, self.rank, poll, bytes))
+        Some(states.make(elem, what, self.rank, Some((poll, bytes))))
     }
 
     /// Enqueues a send or receive of a device buffer (not to `PROC_NULL`) for start `epoch`
@@ -643,13 +720,14 @@ impl DevicePath {
         tag: u32,
         send: bool,
         epoch: u64,
+        states: &mut StatePool,
     ) -> Result<Arc<OpState>> {
         self.check_buffer(b)?;
         let es = std::mem::size_of::<T>();
         let bytes = b.len() * es;
         let what = if send { What::Send { peer, tag } } else { What::Recv { peer, tag } };
-        let keep: Box<dyn Send> = Box::new(b.clone());
-        if let Some(state) = self.nccl_state(es, what, bytes, epoch) {
+        let keep = b.keep(None);
+        if let Some(state) = self.nccl_state(es, what, bytes, epoch, states) {
             let addr = b.inner.address();
             let op = if send { NcclOp::Send { addr, bytes, peer } } else { NcclOp::Recv { addr, bytes, peer } };
             if let Mode::Nccl { pending, .. } = &mut self.mode {
@@ -657,10 +735,10 @@ impl DevicePath {
             }
             return Ok(state);
         }
-        let state = OpState::new(es, what, self.rank);
+        let state = states.make(es, what, self.rank, None);
         let slot = self.slot(bytes)?;
         let copy = Copy { dev: b.inner.address(), slot: slot.clone(), bytes };
-        let mem = Box::new(SlotLend(slot, bytes));
+        let mem = Mem::Other(Box::new(SlotLend(slot, bytes)));
         let staged = if send {
             StagedOp { downloads: vec![copy], uploads: vec![], op: Op::new(Work::Send { peer, tag, mem }, state.clone(), None), hold: keep }
         } else {
@@ -687,6 +765,7 @@ impl DevicePath {
         send: &DeviceBuf<T>,
         recv: &DeviceBuf<T>,
         epoch: u64,
+        states: &mut StatePool,
     ) -> Result<Arc<OpState>> {
         self.check_buffer(send)?;
         self.check_buffer(recv)?;
@@ -696,8 +775,8 @@ impl DevicePath {
         }
         let es = std::mem::size_of::<T>();
         let (sb, rb) = (send.len() * es, recv.len() * es);
-        let keep: Box<dyn Send> = Box::new((send.clone(), recv.clone()));
-        if let Some(state) = self.nccl_state(es, What::Coll(c.name()), 0, epoch) {
+        let keep = recv.keep((!send.same(recv)).then_some(send));
+        if let Some(state) = self.nccl_state(es, What::Coll(c.name()), 0, epoch, states) {
             let (s, r) = (send.clone(), recv.clone());
             let f = move |comm: &Communicator| r.inner.nccl_coll(comm, if in_place { None } else { Some(&*s.inner) }, c);
             if let Mode::Nccl { pending, .. } = &mut self.mode {
@@ -705,7 +784,7 @@ impl DevicePath {
             }
             return Ok(state);
         }
-        let state = OpState::new(es, What::Coll(c.name()), self.rank);
+        let state = states.make(es, What::Coll(c.name()), self.rank, None);
         let rslot = self.slot(rb)?;
         let sslot = if in_place { None } else { Some(self.slot(sb)?) };
         let download = match &sslot {
@@ -766,18 +845,23 @@ impl DevicePath {
                     failed.get_or_insert(e.clone());
                     return Err(e);
                 }
-                posted.append(pending);
+                if posted.is_empty() {
+                    // The usual case (one start per wait): hand the list over, keeping both
+                    // lists' capacities, instead of copying the batch.
+                    std::mem::swap(posted, pending);
+                } else {
+                    posted.append(pending);
+                }
                 *posted_epoch = epoch;
                 Ok(())
             }
-            Mode::Staged { ch, signal, pending, awaiting, pool, .. } => {
+            Mode::Staged { ch, signal, pending, spare_ops, awaiting, pool, .. } => {
                 d.queue.device().context().bind_to_thread().map_err(|e| sucl_cuda::cuda_err(rank, "binding the context", e))?;
-                let ops = std::mem::take(pending);
                 let mut uploads = vec![];
                 let mut holds = vec![];
                 let mut sent_slots = vec![];
-                let mut batch = Vec::with_capacity(ops.len());
-                for so in ops {
+                let mut batch = std::mem::take(spare_ops);
+                for so in pending.drain(..) {
                     for c in &so.downloads {
                         // SAFETY: the device buffer and the slot are kept alive by the operation
                         // until the stream ran the copy (the slot returns to the pool only after
@@ -800,7 +884,7 @@ impl DevicePath {
                 for s in sent_slots {
                     pool.put(s, None);
                 }
-                let _ = ch.submit(Batch { epoch, ops: batch });
+                *spare_ops = ch.submit(Batch { epoch, ops: batch });
                 awaiting.push(AwaitingUpload { epoch, copies: uploads, keep: holds });
                 signal.trigger_on(&stream, epoch)
             }
@@ -818,7 +902,9 @@ impl DevicePath {
     /// the queue's stream instead, in enqueue order.
     fn issue_posted(&mut self) -> Result<()> {
         let rank = self.rank;
-        let Mode::Nccl { comm, posted, posted_epoch, side, held, tracker, failed, .. } = &mut self.mode else { return Ok(()) };
+        let Mode::Nccl { comm, posted, posted_epoch, side, held, check_at, scratch, tracker, failed, .. } = &mut self.mode else {
+            return Ok(());
+        };
         if posted.is_empty() {
             return Ok(());
         }
@@ -827,9 +913,9 @@ impl DevicePath {
             // Collectives run on the buffers' stream (this one), and on another NCCL
             // communicator than the groups: kept in enqueue order with them on this stream, so
             // a collective and a send or receive of two starts never race on a buffer.
-            issue_nccl(comm, &self.queue, posted.drain(..), epoch)
+            issue_nccl(comm, &self.queue, posted, epoch, scratch)
         } else {
-            issue_on_side(comm, side, &self.queue, posted, epoch, rank)
+            issue_on_side(comm, side, &self.queue, posted, epoch, rank, scratch)
         };
         // Whatever was issued of these starts precedes any event recorded on the queue's
         // stream from now on.
@@ -841,11 +927,14 @@ impl DevicePath {
             failed.get_or_insert(e.clone());
             return Err(e);
         }
-        if held.len() >= HELD_CHECK {
+        if held.len() >= *check_at {
             // The oldest start's event is usually recorded already (one query).
             tracker.done_up_to(held[0].0)?;
             let done = tracker.completed.load(Ordering::Acquire);
-            held.retain(|(e, _)| *e > done);
+            // `held` is in start order.
+            let released = held.iter().take_while(|(e, _)| *e <= done).count();
+            scratch.recycle(held.drain(..released).map(|(_, k)| k));
+            *check_at = held.len() + HELD_CHECK;
         }
         Ok(())
     }
@@ -860,10 +949,11 @@ fn issue_on_side(
     posted: &mut Vec<NcclEntry>,
     epoch: u64,
     rank: usize,
-) -> (Vec<Box<dyn Send>>, Result<()>) {
+    scratch: &mut IssueScratch,
+) -> (Vec<Keep>, Result<()>) {
     let cuda = |during: &'static str| move |e| sucl_cuda::cuda_err(rank, during, e);
     let (keeps, issued) = match side.queue.stream().wait(&side.fork) {
-        Ok(()) => issue_nccl(comm, &side.queue, posted.drain(..), epoch),
+        Ok(()) => issue_nccl(comm, &side.queue, posted, epoch, scratch),
         Err(e) => {
             let e = cuda("ordering the side stream after the start")(e);
             for (_, state, _) in posted.drain(..) {
@@ -882,37 +972,40 @@ fn issue_on_side(
     (keeps, issued.and(joined))
 }
 
-/// Issues a batch over NCCL: runs of sends and receives as one group each (a batch of
-/// point-to-point operations is exactly one group), collectives where they stand. If an issue
-/// fails, every operation of the batch fails with its error (none is left to time out).
-/// Returns the handles that keep the batch's buffers alive — also on failure, since groups
-/// issued before the failing call may still use them.
+/// Issues a batch over NCCL (emptying `posted`): runs of sends and receives as one group each
+/// (a batch of point-to-point operations is exactly one group), collectives where they stand.
+/// If an issue fails, every operation of the batch fails with its error (none is left to time
+/// out). Returns the handles that keep the batch's buffers alive — also on failure, since
+/// groups issued before the failing call may still use them. Allocates nothing once
+/// `scratch`'s lists have grown.
 fn issue_nccl(
     comm: &Communicator,
     queue: &Queue,
-    ops: impl ExactSizeIterator<Item = NcclEntry>,
+    posted: &mut Vec<NcclEntry>,
     epoch: u64,
-) -> (Vec<Box<dyn Send>>, Result<()>) {
-    let mut states = Vec::with_capacity(ops.len());
-    let mut keeps = Vec::with_capacity(ops.len());
-    let mut work = Vec::with_capacity(ops.len());
-    for (op, state, keep) in ops {
-        states.push(state);
-        keeps.push(keep);
-        work.push(op);
-    }
-    let r = issue_runs(comm, queue, work);
+    scratch: &mut IssueScratch,
+) -> (Vec<Keep>, Result<()>) {
+    let r = issue_runs(comm, queue, posted, &mut scratch.sends, &mut scratch.recvs);
     if let Err(e) = &r {
         tracing::error!(rank = comm.rank(), epoch, error = %e, "issuing a stream-triggered NCCL batch failed");
-        for s in &states {
-            s.complete(Err(e.clone()));
+        for (_, state, _) in posted.iter() {
+            state.complete(Err(e.clone()));
         }
     }
+    let mut keeps = scratch.spare_keeps.pop().unwrap_or_default();
+    keeps.extend(posted.drain(..).map(|(_, _, keep)| keep));
     (keeps, r)
 }
 
-fn issue_runs(comm: &Communicator, queue: &Queue, work: Vec<NcclOp>) -> Result<()> {
-    let (mut sends, mut recvs) = (Vec::with_capacity(work.len()), Vec::with_capacity(work.len()));
+fn issue_runs(
+    comm: &Communicator,
+    queue: &Queue,
+    posted: &mut [NcclEntry],
+    sends: &mut Vec<(u64, usize, usize)>,
+    recvs: &mut Vec<(u64, usize, usize)>,
+) -> Result<()> {
+    sends.clear();
+    recvs.clear();
     let flush = |sends: &mut Vec<(u64, usize, usize)>, recvs: &mut Vec<(u64, usize, usize)>| -> Result<()> {
         if sends.is_empty() && recvs.is_empty() {
             return Ok(());
@@ -924,17 +1017,20 @@ fn issue_runs(comm: &Communicator, queue: &Queue, work: Vec<NcclOp>) -> Result<(
         recvs.clear();
         r
     };
-    for op in work {
+    for (op, ..) in posted.iter_mut() {
         match op {
-            NcclOp::Send { addr, bytes, peer } => sends.push((addr, bytes, peer)),
-            NcclOp::Recv { addr, bytes, peer } => recvs.push((addr, bytes, peer)),
-            NcclOp::Coll(f) => {
-                flush(&mut sends, &mut recvs)?;
-                f(comm)?;
+            NcclOp::Send { addr, bytes, peer } => sends.push((*addr, *bytes, *peer)),
+            NcclOp::Recv { addr, bytes, peer } => recvs.push((*addr, *bytes, *peer)),
+            NcclOp::Coll(_) => {
+                flush(sends, recvs)?;
+                if let NcclOp::Coll(f) = std::mem::replace(op, NcclOp::Spent) {
+                    f(comm)?;
+                }
             }
+            NcclOp::Spent => {}
         }
     }
-    flush(&mut sends, &mut recvs)
+    flush(sends, recvs)
 }
 
 impl DevicePath {
@@ -958,13 +1054,11 @@ impl DevicePath {
         signal.wait_on(d.queue.stream(), epoch, bound)?;
         *waited = epoch;
         let mut slots = vec![];
-        let mut keeps: Vec<Box<dyn Send>> = vec![];
-        let mut rest = vec![];
-        for a in awaiting.drain(..) {
-            if a.epoch > epoch {
-                rest.push(a);
-                continue;
-            }
+        let mut keeps: Vec<Keep> = vec![];
+        // In start order: those up to `epoch` leave the list (which keeps its capacity, so an
+        // empty start + wait allocates nothing).
+        let ready = awaiting.iter().take_while(|a| a.epoch <= epoch).count();
+        for a in awaiting.drain(..ready) {
             for c in a.copies {
                 // SAFETY: the slot and the device buffer stay alive until the event recorded below
                 // completed (slot pool, `held`); the stream runs this copy after the wait above.
@@ -974,7 +1068,6 @@ impl DevicePath {
             }
             keeps.extend(a.keep);
         }
-        *awaiting = rest;
         if slots.is_empty() && keeps.is_empty() {
             // Nothing was uploaded and no buffer handle waits for its release (empty batches): no
             // event to record, so an empty start + wait is one stream write and one stream wait.

@@ -49,6 +49,67 @@ pub(crate) trait Lend: Send {
     fn give_back(&mut self);
 }
 
+/// Host memory that operations can lend to the backend (a `SharedBuf`'s, its element type
+/// erased).
+pub(crate) trait Lendable: Send + Sync {
+    /// Takes shared (`exclusive` false) or exclusive access if nothing else holds the memory in
+    /// a conflicting way now; its address and length in bytes. Never blocks.
+    fn try_take(&self, exclusive: bool) -> Option<(*mut u8, usize)>;
+    /// Gives back access taken by `try_take`.
+    fn release(&self, exclusive: bool);
+}
+
+/// One operation's lease on host memory: the handle keeps the memory alive from enqueue, the
+/// access (taken when the operation is posted) keeps tasks off it until the operation
+/// completed. Costs no allocation: the handle is the buffer's own reference count.
+pub(crate) struct Lease {
+    mem: Arc<dyn Lendable>,
+    exclusive: bool,
+    taken: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(mem: Arc<dyn Lendable>, exclusive: bool) -> Lease {
+        Lease { mem, exclusive, taken: false }
+    }
+}
+
+impl Lend for Lease {
+    fn try_lend(&mut self) -> Option<(*mut u8, usize)> {
+        let got = self.mem.try_take(self.exclusive)?;
+        self.taken = true;
+        Some(got)
+    }
+
+    fn give_back(&mut self) {
+        if std::mem::take(&mut self.taken) {
+            self.mem.release(self.exclusive);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// The memory of one point-to-point operation: a host buffer's lease (no allocation), or other
+/// memory behind its own [`Lend`].
+pub(crate) enum Mem {
+    Host(Lease),
+    Other(Box<dyn Lend>),
+}
+
+impl Mem {
+    fn lend(&mut self) -> &mut dyn Lend {
+        match self {
+            Mem::Host(l) => l,
+            Mem::Other(b) => &mut **b,
+        }
+    }
+}
+
 /// A collective run to completion on the progress thread (by the deadline); returns the bytes it
 /// produced, or `None` (having done nothing) while one of its buffers is in use — it is then
 /// called again later.
@@ -59,9 +120,9 @@ pub(crate) enum Work {
     /// Nothing: a `PROC_NULL` peer, or a collective already run.
     Null,
     /// A send of the lent memory.
-    Send { peer: usize, tag: u32, mem: Box<dyn Lend> },
+    Send { peer: usize, tag: u32, mem: Mem },
     /// A receive into the lent memory.
-    Recv { peer: usize, tag: u32, mem: Box<dyn Lend> },
+    Recv { peer: usize, tag: u32, mem: Mem },
     /// A collective, run to completion on the progress thread; returns the bytes it produced.
     Coll(CollFn),
 }
@@ -513,13 +574,13 @@ fn post(comm: &Communicator, op: &mut Op, collectives: bool, deadline: Instant) 
             op.state.complete(Ok(0));
             Ok(Posted::Complete)
         }
-        Work::Send { peer, tag, mem } => match mem.try_lend() {
+        Work::Send { peer, tag, mem } => match mem.lend().try_lend() {
             // SAFETY: the lease keeps the memory valid and unmodified until `give_back`, which
             // runs only after the request completed or was cancelled.
             Some((p, len)) => unsafe { comm.post_send_unscoped(p, len, *peer, *tag) }.map(Posted::Request),
             None => Ok(Posted::NotYet),
         },
-        Work::Recv { peer, tag, mem } => match mem.try_lend() {
+        Work::Recv { peer, tag, mem } => match mem.lend().try_lend() {
             // SAFETY: as for the send; the lease is exclusive.
             Some((p, len)) => unsafe { comm.post_recv_unscoped(p, len, *peer, *tag) }.map(Posted::Request),
             None => Ok(Posted::NotYet),
@@ -576,7 +637,7 @@ fn check_length(op: &Op, bytes: usize) -> Result<usize> {
 
 fn give_back(w: &mut Work) {
     if let Work::Send { mem, .. } | Work::Recv { mem, .. } = w {
-        mem.give_back();
+        mem.lend().give_back();
     }
 }
 

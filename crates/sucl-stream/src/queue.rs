@@ -3,10 +3,11 @@
 use crate::buffer::{Lent, QueueBuffer};
 #[cfg(feature = "cuda")]
 use crate::device::{Coll, DeviceBuf, DevicePath};
-use crate::engine::{Batch, Channel, Lend, Op, Signal, Work};
-use crate::request::{OpState, Request, What};
+use crate::engine::{Batch, Channel, Lease, Mem, Op, Signal, Work};
+use crate::request::{OpState, Request, StatePool, What};
 use crate::{HostQueue, SharedBuf, ANY_SOURCE, ANY_TAG, MAX_IN_FLIGHT, PROC_NULL};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -124,7 +125,9 @@ pub struct CommQueue {
     blocked: Duration,
     /// The buffers lent to operations enqueued since the last start, each with the first
     /// operation that writes it (else the first that reads it): see [`CommQueue::check_lent`].
-    lent: HashMap<usize, Use>,
+    lent: HashMap<usize, Use, BuildHasherDefault<AddrHasher>>,
+    /// States of completed operations, reused by later enqueues.
+    pub(crate) states: StatePool,
     /// The buffers of the operation being enqueued (checked, recorded with its request).
     lending: [Option<(usize, bool)>; 2],
     /// `outstanding` is pruned when it reaches this length (then set to twice what is left), so
@@ -142,6 +145,32 @@ pub struct CommQueue {
 struct Use {
     what: What,
     writes: bool,
+}
+
+/// Hashes the buffer keys of [`CommQueue::check_lent`] (addresses: distinct, aligned) with one
+/// folded multiply, where the default SipHash costs tens of nanoseconds per lookup and insert —
+/// twice per enqueued operation. Not for keys a peer chooses (no flooding resistance needed).
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b) ^ self.0.rotate_left(8));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // The high and low halves of the 128-bit product folded: every input bit reaches the
+        // low bits (the bucket index) and the high ones (the control tag).
+        let p = u128::from(n ^ self.0) * 0x9e37_79b9_7f4a_7c15;
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 /// Slack added to the communicator's timeout for host-side waits, so that the engine (which
@@ -185,7 +214,8 @@ impl CommQueue {
             outstanding: vec![],
             unstarted: vec![],
             nulls: [None, None],
-            lent: HashMap::new(),
+            lent: HashMap::default(),
+            states: StatePool::default(),
             lending: [None, None],
             prune_at: PRUNE_MIN,
             blocked: Duration::ZERO,
@@ -310,7 +340,7 @@ impl CommQueue {
     }
 
     pub(crate) fn new_request(&mut self, elem: usize, what: What) -> (Arc<OpState>, Request) {
-        let state = OpState::new(elem, what, self.world_rank);
+        let state = self.states.make(elem, what, self.world_rank, None);
         let req = self.push_request(state.clone());
         (state, req)
     }
@@ -384,13 +414,13 @@ impl CommQueue {
         self.check_lent(what, [Some((buf.key(), !send)), None])?;
         match (&mut self.path, buf) {
             (Path::Host { .. }, Lent::Host(b)) => {
-                let mem = Box::new(HostLease::new(b, !send));
+                let mem = Mem::Host(Lease::new(b.lendable(), !send));
                 let work = if send { Work::Send { peer, tag, mem } } else { Work::Recv { peer, tag, mem } };
                 Ok(self.push_host(work, elem, what))
             }
             #[cfg(feature = "cuda")]
             (Path::Device(d), Lent::Device(b)) => {
-                let state = d.enqueue_p2p(b, peer, tag, send, self.started + 1)?;
+                let state = d.enqueue_p2p(b, peer, tag, send, self.started + 1, &mut self.states)?;
                 Ok(self.push_request(state))
             }
             #[cfg(feature = "cuda")]
@@ -403,7 +433,7 @@ impl CommQueue {
     fn device_coll<T: Element>(&mut self, c: Coll, send: &DeviceBuf<T>, recv: &DeviceBuf<T>) -> Result<Request> {
         let epoch = self.started + 1;
         let Path::Device(d) = &mut self.path else { unreachable!("device collectives are dispatched only on device queues") };
-        let state = d.enqueue_coll(c, send, recv, epoch)?;
+        let state = d.enqueue_coll(c, send, recv, epoch, &mut self.states)?;
         Ok(self.push_request(state))
     }
 
@@ -591,13 +621,14 @@ impl CommQueue {
             self.prune_at = (2 * self.outstanding.len()).max(PRUNE_MIN);
         }
         let epoch = self.started + 1;
-        // Queues whose batches the progress thread runs hold the cap on operations in flight.
+        // Queues whose batches the progress thread runs hold the cap on operations in flight
+        // (the channel's handle is cloned only when the start must wait for it).
         let ch = match &self.path {
-            Path::Host { ch, .. } => Some(ch.clone()),
+            Path::Host { ch, .. } => Some(ch),
             #[cfg(feature = "cuda")]
-            Path::Device(d) => d.channel().cloned(),
+            Path::Device(d) => d.channel(),
         };
-        if let Some(ch) = ch {
+        if let Some(ch) = ch.filter(|ch| ch.in_flight.load(Ordering::Acquire) > MAX_IN_FLIGHT).cloned() {
             self.throttle(&|| ch.in_flight.load(Ordering::Acquire))?;
         }
         self.lent.clear();
@@ -672,17 +703,28 @@ impl CommQueue {
     }
 
     /// Drops the requests of completed operations from the front of `outstanding` (start
-    /// order), stopping at the first one in flight: asking a device-completed operation costs
-    /// an event query, and operations complete about in start order, so one query per prune is
-    /// enough where polling every request would cost one each.
+    /// order), stopping at the first one in flight. It only reads what is known already (no
+    /// event is recorded or queried, no request's lock taken for a device-completed one): the
+    /// device path learns completions at its waits, so a start makes no CUDA call here.
     fn prune(&mut self) {
-        let live = self.outstanding.iter().position(|r| !r.state.is_done()).unwrap_or(self.outstanding.len());
-        self.outstanding.drain(..live);
+        let live = self.outstanding.iter().position(|r| !r.state.known_done()).unwrap_or(self.outstanding.len());
+        for r in self.outstanding.drain(..live) {
+            self.states.give(r.state);
+        }
     }
 
     /// Drops every completed request from `outstanding` (before counting what is in flight).
     fn prune_all(&mut self) {
-        self.outstanding.retain(|r| !r.state.is_done());
+        let mut live = 0;
+        for i in 0..self.outstanding.len() {
+            if !self.outstanding[i].state.is_done() {
+                self.outstanding.swap(live, i);
+                live += 1;
+            }
+        }
+        for r in self.outstanding.drain(live..) {
+            self.states.give(r.state);
+        }
     }
 
     /// Waits on the host (bounded) until the queue ran everything submitted to it and every
@@ -708,13 +750,16 @@ impl CommQueue {
             // Every started operation completed without an error of its own (the device path
             // says so after synchronizing its stream): nothing to ask the requests, which
             // learn their completion when asked.
-            self.outstanding.clear();
+            for r in self.outstanding.drain(..) {
+                self.states.give(r.state);
+            }
         }
         let mut first = None;
         for r in self.outstanding.drain(..) {
             if let Err(e) = r.wait() {
                 first.get_or_insert(e);
             }
+            self.states.give(r.state);
         }
         if let Some(e) = self.failure() {
             first.get_or_insert(e);
@@ -789,39 +834,23 @@ fn at_rank(e: Error, rank: usize) -> Error {
     }
 }
 
-/// A host buffer lent to the backend: the handle keeps it alive from enqueue, the lease (taken
-/// at the trigger) keeps tasks off it until the operation completed.
-struct HostLease<T: Element> {
-    buf: SharedBuf<T>,
-    exclusive: bool,
-    read: Option<crate::ReadGuard<T>>,
-    write: Option<crate::WriteGuard<T>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::AddrHasher;
+    use std::hash::Hasher;
 
-impl<T: Element> HostLease<T> {
-    fn new(buf: &SharedBuf<T>, exclusive: bool) -> Self {
-        HostLease { buf: buf.clone(), exclusive, read: None, write: None }
-    }
-}
-
-impl<T: Element> Lend for HostLease<T> {
-    fn try_lend(&mut self) -> Option<(*mut u8, usize)> {
-        let bytes = self.buf.len() * std::mem::size_of::<T>();
-        if self.exclusive {
-            let mut g = self.buf.write_now()?;
-            let p = g.as_mut_ptr() as *mut u8;
-            self.write = Some(g);
-            Some((p, bytes))
-        } else {
-            let g = self.buf.read_now()?;
-            let p = g.as_ptr() as *mut u8;
-            self.read = Some(g);
-            Some((p, bytes))
-        }
+    fn hash(n: usize) -> u64 {
+        let mut h = AddrHasher::default();
+        h.write_usize(n);
+        h.finish()
     }
 
-    fn give_back(&mut self) {
-        self.read = None;
-        self.write = None;
+    #[test]
+    fn aligned_addresses_spread_over_the_low_bits() {
+        // 64 buffers 16 bytes apart: their low bits pick the bucket, their top 7 the tag.
+        let low: std::collections::HashSet<u64> = (0..64).map(|i| hash(0x7f00_0000_1000 + 16 * i) & 63).collect();
+        let top: std::collections::HashSet<u64> = (0..64).map(|i| hash(0x7f00_0000_1000 + 16 * i) >> 57).collect();
+        assert!(low.len() >= 32, "only {} of 64 low-bit buckets used", low.len());
+        assert!(top.len() >= 24, "only {} of 64 tags used", top.len());
     }
 }

@@ -9,6 +9,8 @@ use sucl_runtime::{Error, Result};
 pub(crate) trait DevicePoll: Send + Sync {
     /// Whether the work is done; an error if the device failed.
     fn poll(&self) -> Result<bool>;
+    /// Whether the work is known to be done without asking the device (no CUDA call, no lock).
+    fn known_done(&self) -> bool;
 }
 
 /// What an operation is, formatted only when an error or a debug print needs it (no string is
@@ -119,6 +121,15 @@ impl OpState {
         g.as_ref().map(|r| r.as_ref().map(|&b| b / self.elem).map_err(Error::clone))
     }
 
+    /// Whether the operation is known to be complete without asking the device: the device's
+    /// completion already seen (one atomic load), else the recorded outcome.
+    pub(crate) fn known_done(&self) -> bool {
+        if self.device.get().is_some_and(|(p, _)| p.known_done()) {
+            return true;
+        }
+        self.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
     pub(crate) fn is_done(&self) -> bool {
         self.poll_device();
         self.result.lock().unwrap_or_else(|p| p.into_inner()).is_some()
@@ -162,6 +173,48 @@ impl OpState {
     }
 }
 
+/// States of completed operations kept for reuse, so that an enqueue allocates none once a
+/// queue runs: the queue hands a state back when it drops its request of a completed operation,
+/// and reuses it once nothing else holds it (not the program's `Request`, not the engine).
+#[derive(Default)]
+pub(crate) struct StatePool {
+    free: Vec<Arc<OpState>>,
+}
+
+impl StatePool {
+    /// Most states kept.
+    const MAX: usize = 4096;
+
+    /// A state for a new operation: a free one reset, else a new one. `device`: the poll and
+    /// the bytes of an operation the device completes (see [`OpState::on_device`]).
+    pub(crate) fn make(&mut self, elem: usize, what: What, rank: usize, device: Option<(Arc<dyn DevicePoll>, usize)>) -> Arc<OpState> {
+        while let Some(mut s) = self.free.pop() {
+            // Only this pool holds it (no weak references exist): nothing can observe the reset.
+            if let Some(st) = Arc::get_mut(&mut s) {
+                *st.result.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+                *st.waiters.get_mut() = 0;
+                st.elem = elem.max(1);
+                st.what = what;
+                st.rank = rank;
+                st.device = device.map_or_else(OnceLock::new, OnceLock::from);
+                return s;
+            }
+            // Still held elsewhere (a request the program keeps): its last holder frees it.
+        }
+        match device {
+            Some((poll, bytes)) => OpState::on_device(elem, what, rank, poll, bytes),
+            None => OpState::new(elem, what, rank),
+        }
+    }
+
+    /// Takes back the state of an operation that completed (or failed).
+    pub(crate) fn give(&mut self, s: Arc<OpState>) {
+        if self.free.len() < Self::MAX {
+            self.free.push(s);
+        }
+    }
+}
+
 /// One enqueued operation, for host-side completion. It does not own the buffers: the queue
 /// does, until the operation completed.
 #[derive(Clone)]
@@ -191,5 +244,34 @@ impl Request {
     /// What the operation is, e.g. `receive from rank 1 (tag 5)`.
     pub fn describe(&self) -> String {
         self.state.what.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_reuses_a_state_only_once_no_one_else_holds_it_and_resets_it() {
+        let mut pool = StatePool::default();
+        let a = pool.make(8, What::Send { peer: 1, tag: 3 }, 0, None);
+        a.complete(Ok(64));
+        let held = Request { state: a.clone(), bound: Duration::from_secs(1) };
+        pool.give(a);
+        // The program still holds the request: a new state, and the old one keeps its outcome.
+        let b = pool.make(4, What::Recv { peer: 2, tag: 5 }, 0, None);
+        assert!(!Arc::ptr_eq(&b, &held.state));
+        assert_eq!(held.wait().unwrap(), 8);
+        assert!(b.outcome().is_none(), "a fresh state has no outcome");
+        // Given back and held by no one else: the same allocation, reset.
+        let addr = Arc::as_ptr(&b);
+        b.complete(Err(Error::Config("failed".into())));
+        pool.give(b);
+        let c = pool.make(2, What::Coll("all_reduce"), 3, None);
+        assert_eq!(Arc::as_ptr(&c), addr, "reused");
+        assert!(c.outcome().is_none(), "the old outcome is gone");
+        assert_eq!((c.elem(), c.what, c.rank), (2, What::Coll("all_reduce"), 3));
+        c.complete(Ok(6));
+        assert_eq!(c.outcome().unwrap().unwrap(), 3);
     }
 }

@@ -4,6 +4,7 @@
 //! completion) it holds a lease, and a task that touches the buffer in that window waits for the
 //! lease to end instead of racing the transfer.
 
+use crate::engine::Lendable;
 use std::cell::UnsafeCell;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -136,17 +137,12 @@ impl<T: Element> SharedBuf<T> {
     }
 
     fn release(&self, exclusive: bool) {
-        let mut a = self.inner.access.lock().unwrap_or_else(|p| p.into_inner());
-        if exclusive {
-            a.writer = false;
-        } else {
-            a.readers -= 1;
-        }
-        let wake = a.waiting > 0;
-        drop(a);
-        if wake {
-            self.inner.freed.notify_all();
-        }
+        self.inner.release(exclusive);
+    }
+
+    /// This buffer as memory an operation lends to the backend (a handle, no allocation).
+    pub(crate) fn lendable(&self) -> std::sync::Arc<dyn Lendable> {
+        self.inner.clone()
     }
 
     /// Shared access if no one writes the buffer now (never waits).
@@ -159,6 +155,46 @@ impl<T: Element> SharedBuf<T> {
     pub(crate) fn write_now(&self) -> Option<WriteGuard<T>> {
         let mut a = self.inner.access.lock().unwrap_or_else(|p| p.into_inner());
         Self::take(&mut a, true).then(|| WriteGuard { buf: self.clone() })
+    }
+}
+
+impl<T: Element> Lendable for Inner<T> {
+    fn try_take(&self, exclusive: bool) -> Option<(*mut u8, usize)> {
+        let mut a = self.access.lock().unwrap_or_else(|p| p.into_inner());
+        if !SharedBuf::<T>::take(&mut a, exclusive) {
+            return None;
+        }
+        drop(a);
+        let bytes = self.len * std::mem::size_of::<T>();
+        let p = if exclusive {
+            // SAFETY: the access just taken is exclusive (no reader, no other writer) until
+            // `release`.
+            unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 }
+        } else {
+            // SAFETY: shared access: no writer until `release`; the memory is only read.
+            unsafe { (*self.data.get()).as_ptr() as *mut u8 }
+        };
+        Some((p, bytes))
+    }
+
+    fn release(&self, exclusive: bool) {
+        Inner::release(self, exclusive);
+    }
+}
+
+impl<T: Element> Inner<T> {
+    fn release(&self, exclusive: bool) {
+        let mut a = self.access.lock().unwrap_or_else(|p| p.into_inner());
+        if exclusive {
+            a.writer = false;
+        } else {
+            a.readers -= 1;
+        }
+        let wake = a.waiting > 0;
+        drop(a);
+        if wake {
+            self.freed.notify_all();
+        }
     }
 }
 
