@@ -635,6 +635,24 @@ impl Communicator {
         &self.ctx.cfg
     }
 
+    /// Runs `f` (calls of this job made on this thread) so that a wait longer than
+    /// [`sucl_core::wait::INTERRUPT_CHECK_PERIOD`] asks `interrupted` once per period whether to
+    /// stop. When it says yes, this rank aborts the job, as a failed rank does: the waiting call
+    /// returns [`Error::Aborted`] ("rank R was interrupted"), every later call of this process
+    /// fails the same way, and the other ranks' waits end with that error instead of hanging
+    /// until their timeout. A binding uses it to turn Ctrl-C into an exception. Short waits and
+    /// calls that do not wait never ask; `interrupted` runs on this thread and must not call
+    /// sucl.
+    pub fn interruptible<R>(&self, interrupted: &dyn Fn() -> bool, f: impl FnOnce() -> R) -> R {
+        let (abort, rank) = (&self.ctx.abort, self.wr());
+        let check = || {
+            if !abort.is_set() && interrupted() {
+                abort.raise(sucl_core::AbortInfo { lost_rank: None, reason: format!("rank {rank} was interrupted") });
+            }
+        };
+        sucl_core::wait::with_interrupt_check(&check, f)
+    }
+
     pub(crate) fn wr(&self) -> usize {
         self.world_ranks[self.rank]
     }
