@@ -5,6 +5,7 @@
 use crate::call::{pair, Call};
 use crate::errors::{invalid, to_py};
 use crate::exec::{Executor, SLICE};
+use crate::interrupt;
 use crate::region::Region;
 use crate::request::{P2p, Request};
 use pyo3::prelude::*;
@@ -54,26 +55,32 @@ impl Communicator {
         Communicator { exec: Executor::new(c), rank, size, local_rank }
     }
 
-    /// Waits (interruptibly) for queued non-blocking calls, so that this call comes after them.
+    /// Waits for queued non-blocking calls, so that this call comes after them. Ctrl-C
+    /// interrupts the wait and aborts the job (the queued call cannot be left half done).
     fn drain(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(done) = self.exec.unfinished() {
             while py.detach(|| done.wait_slice(SLICE)).is_none() {
-                py.check_signals()?;
+                py.check_signals().inspect_err(|_| self.exec.interrupter.interrupt())?;
             }
         }
         Ok(())
     }
 
-    /// Runs `call` now, on this thread, with the GIL released.
+    /// Runs `call` now, on this thread, with the GIL released (Ctrl-C interrupts its waits).
     fn block(&self, py: Python<'_>, call: Call) -> PyResult<usize> {
+        self.run(py, |c| call.run(c))
+    }
+
+    /// Runs `f` on the communicator after the queued calls, on this thread, with the GIL
+    /// released; Ctrl-C interrupts its waits (and aborts the job).
+    fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&sucl::Communicator) -> sucl::Result<R> + Send) -> PyResult<R> {
         self.drain(py)?;
-        let r = py.detach(|| self.exec.with_comm(|c| call.run(c)));
-        r.map_err(to_py)
+        interrupt::result(py.detach(|| self.exec.with_comm(|c| interrupt::run(c, || f(c)))))
     }
 
     /// Queues `call` on the worker thread.
     fn post(&self, call: Call) -> PyResult<Request> {
-        self.exec.submit(call).map(Request::queued).map_err(to_py)
+        self.exec.submit(call).map(|done| Request::queued(done, self.exec.interrupter.clone())).map_err(to_py)
     }
 
     fn all_reduce_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Call> {
@@ -232,7 +239,7 @@ impl Communicator {
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Communicator>> {
         self.drain(py)?;
-        let c = py.detach(|| self.exec.with_comm(|c| c.split(color, key))).map_err(to_py)?;
+        let c = self.run(py, |c| c.split(color, key))?;
         Ok(c.map(Communicator::wrap))
     }
 
@@ -487,9 +494,7 @@ impl Communicator {
     /// return without waiting for the GPU; this (or torch's stream sync) waits for them.
     #[pyo3(signature = (stream=0))]
     fn synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
-        self.drain(py)?;
-        let r = py.detach(|| self.exec.with_comm(|c| c.synchronize(&crate::device::queue(c, None, stream)?)));
-        r.map_err(to_py)
+        self.run(py, |c| c.synchronize(&crate::device::queue(c, None, stream)?))
     }
 
     /// Non-blocking `send`.

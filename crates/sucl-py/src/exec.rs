@@ -57,12 +57,21 @@ pub struct Executor {
     queue: Mutex<Option<(Sender<Job>, JoinHandle<()>)>>,
     last: Mutex<Option<Arc<Completion>>>,
     rank: usize,
+    /// Aborts the job from the thread that waits for a queued call (Ctrl-C).
+    pub interrupter: sucl::Interrupter,
 }
 
 impl Executor {
     pub fn new(comm: Communicator) -> Executor {
-        let rank = comm.rank();
-        Executor { comm: Arc::new(Mutex::new(Some(comm))), pending: Arc::default(), queue: Mutex::new(None), last: Mutex::new(None), rank }
+        let (rank, interrupter) = (comm.rank(), comm.interrupter());
+        Executor {
+            comm: Arc::new(Mutex::new(Some(comm))),
+            pending: Arc::default(),
+            queue: Mutex::new(None),
+            last: Mutex::new(None),
+            rank,
+            interrupter,
+        }
     }
 
     /// The error for a call on a closed communicator.

@@ -9,6 +9,7 @@ mod comm;
 mod device;
 mod errors;
 mod exec;
+mod interrupt;
 mod region;
 mod request;
 

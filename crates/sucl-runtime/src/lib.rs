@@ -25,6 +25,7 @@ pub mod cuda;
 #[cfg(feature = "fault-hook")]
 mod fault;
 mod hier;
+mod interrupt;
 mod nonblocking;
 pub mod select;
 #[cfg(feature = "cuda")]
@@ -85,6 +86,7 @@ macro_rules! with_dtype {
         }
     };
 }
+pub use interrupt::Interrupter;
 pub use nonblocking::{Request, Scope};
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
 pub use sucl_core::store::{JobSecret, SecretSource};
@@ -633,24 +635,6 @@ impl Communicator {
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.ctx.cfg
-    }
-
-    /// Runs `f` (calls of this job made on this thread) so that a wait longer than
-    /// [`sucl_core::wait::INTERRUPT_CHECK_PERIOD`] asks `interrupted` once per period whether to
-    /// stop. When it says yes, this rank aborts the job, as a failed rank does: the waiting call
-    /// returns [`Error::Aborted`] ("rank R was interrupted"), every later call of this process
-    /// fails the same way, and the other ranks' waits end with that error instead of hanging
-    /// until their timeout. A binding uses it to turn Ctrl-C into an exception. Short waits and
-    /// calls that do not wait never ask; `interrupted` runs on this thread and must not call
-    /// sucl.
-    pub fn interruptible<R>(&self, interrupted: &dyn Fn() -> bool, f: impl FnOnce() -> R) -> R {
-        let (abort, rank) = (&self.ctx.abort, self.wr());
-        let check = || {
-            if !abort.is_set() && interrupted() {
-                abort.raise(sucl_core::AbortInfo { lost_rank: None, reason: format!("rank {rank} was interrupted") });
-            }
-        };
-        sucl_core::wait::with_interrupt_check(&check, f)
     }
 
     pub(crate) fn wr(&self) -> usize {
