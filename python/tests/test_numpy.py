@@ -91,8 +91,12 @@ def test_every_collective_under_mpirun():
 
 @pytest.mark.parametrize("mode", ["recv", "all_reduce", "iall_reduce"])
 def test_ctrl_c_interrupts_a_blocked_call_and_aborts_the_job(mode):
-    # Rank 0 blocks in a call rank 1 never joins; SIGINT must end it with KeyboardInterrupt
-    # long before SUCL_TIMEOUT, make later calls raise, and end rank 1's wait with the news.
+    interrupt_blocked_rank(mode)
+
+
+def interrupt_blocked_rank(mode):
+    """Rank 0 blocks in a call rank 1 never joins; SIGINT must end it with KeyboardInterrupt
+    long before SUCL_TIMEOUT, make later calls raise, and end rank 1's wait with the news."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
