@@ -117,3 +117,9 @@ def interrupt_blocked_rank(mode):
     assert "LATER AbortedError: rank 0: communicator aborted: rank 0 was interrupted" in outs[0], outs
     assert "PEER AbortedError: rank 1: communicator aborted: rank 0 was interrupted" in outs[1], outs
     assert [p.returncode for p in ranks] == [0, 0], outs
+
+
+def test_dlpack_only_objects_are_buffers():
+    rc, out = sucl_run(2, "dlpack.py")
+    assert rc == 0, out
+    assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out

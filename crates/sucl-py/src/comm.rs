@@ -14,9 +14,11 @@ use sucl::ReduceOp;
 
 /// A group of ranks that communicate: the world from `sucl.init()`, or a part of it from
 /// `split()`. Buffers are NumPy arrays (or any C-contiguous buffer-protocol object), torch CPU
-/// and CUDA tensors and `__cuda_array_interface__` objects, used in place (no copy); calls on
-/// device memory are enqueued on its current stream and return without waiting for the GPU. Collectives must be called by every rank in the same
-/// order; blocking calls release the GIL while they wait.
+/// and CUDA tensors, `__cuda_array_interface__` objects and objects whose `__dlpack__` exports
+/// host memory, used in place (no copy); calls on device memory are enqueued on its current
+/// stream and return without waiting for the GPU. Collectives must be called by every rank in
+/// the same order; blocking calls release the GIL while they wait, and Ctrl-C interrupts them
+/// (KeyboardInterrupt; the job is aborted, later calls raise `AbortedError`).
 #[pyclass(module = "sucl", weakref)]
 pub struct Communicator {
     exec: Executor,

@@ -7,6 +7,7 @@
 mod call;
 mod comm;
 mod device;
+mod dlpack;
 mod errors;
 mod exec;
 mod interrupt;

@@ -1,7 +1,8 @@
 //! A Python object's memory as sucl sees it: a pointer, an element count and an element type,
 //! plus a reference that keeps the memory alive. Accepted: anything with the buffer protocol
-//! (NumPy arrays, bytearray, memoryview, array.array), read in place, and torch CPU tensors,
-//! read at `data_ptr()` (torch tensors have no buffer protocol). Device memory: torch CUDA
+//! (NumPy arrays, bytearray, memoryview, array.array), read in place, torch CPU tensors,
+//! read at `data_ptr()` (torch tensors have no buffer protocol), and other objects whose
+//! `__dlpack__` exports host memory. Device memory: torch CUDA
 //! tensors and objects with `__cuda_array_interface__` (v3), checked with the CUDA driver
 //! (device memory of one GPU) when the region is made, before anything moves; a region of
 //! device memory carries the CUDA stream its call is ordered on.
@@ -66,12 +67,14 @@ impl Region {
                 return Self::of_cuda_array(arg, obj, &cai);
             }
             if let Ok((kind, _)) = obj.call_method0(intern!(py, "__dlpack_device__")).and_then(|d| d.extract::<(i64, i64)>()) {
-                if kind != DLPACK_CPU {
+                if !crate::dlpack::HOST_DEVICE_TYPES.contains(&kind) {
                     return Err(invalid(
                         arg,
                         format!("a DLPack object on device type {kind}: pass a torch tensor or an object with __cuda_array_interface__"),
                     ));
                 }
+                let e = crate::dlpack::host_memory(arg, obj)?;
+                return Self::checked(arg, e.addr, e.len, e.dtype, false, Keep::Object(e.capsule));
             }
         }
         let buf = PyUntypedBuffer::get(obj).map_err(|e| invalid(arg, format!("not a buffer or a tensor ({e})")))?;
@@ -215,9 +218,6 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut T, self.len) }
     }
 }
-
-/// DLPack's `kDLCPU` device type.
-const DLPACK_CPU: i64 = 1;
 
 /// `CU_STREAM_PER_THREAD`, the per-thread default stream's handle.
 const PER_THREAD_STREAM: u64 = 2;
