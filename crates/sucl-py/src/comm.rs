@@ -25,6 +25,8 @@ pub struct Communicator {
     rank: usize,
     size: usize,
     local_rank: usize,
+    /// This process's rank in the world (sucl's errors name it).
+    world_rank: usize,
 }
 
 type Obj<'py> = Bound<'py, PyAny>;
@@ -39,14 +41,6 @@ fn reduce_op(op: Option<&Obj<'_>>) -> PyResult<ReduceOp> {
     ReduceOp::ALL.into_iter().find(|o| o.name() == name).ok_or_else(|| invalid("op", format!("unknown reduce operation {name:?}")))
 }
 
-fn region(arg: &str, obj: &Obj<'_>) -> PyResult<Region> {
-    Region::of(arg, obj)
-}
-
-fn opt_region(arg: &str, obj: Option<&Obj<'_>>) -> PyResult<Option<Region>> {
-    obj.filter(|o| !o.is_none()).map(|o| region(arg, o)).transpose()
-}
-
 fn tag_of(tag: i64) -> PyResult<u32> {
     u32::try_from(tag).map_err(|_| invalid("tag", format!("{tag} is not in 0..={}", sucl::MAX_TAG)))
 }
@@ -54,7 +48,18 @@ fn tag_of(tag: i64) -> PyResult<u32> {
 impl Communicator {
     pub fn wrap(c: sucl::Communicator) -> Communicator {
         let (rank, size, local_rank) = (c.rank(), c.size(), c.local_rank());
-        Communicator { exec: Executor::new(c), rank, size, local_rank }
+        let world_rank = c.world_rank_of(rank).unwrap_or(rank);
+        Communicator { exec: Executor::new(c), rank, size, local_rank, world_rank }
+    }
+
+    /// The memory of `obj` (`arg` names it in errors).
+    fn region(&self, arg: &str, obj: &Obj<'_>) -> PyResult<Region> {
+        Region::of(arg, obj, self.world_rank)
+    }
+
+    /// As [`Communicator::region`]; None for an absent argument or None.
+    fn opt_region(&self, arg: &str, obj: Option<&Obj<'_>>) -> PyResult<Option<Region>> {
+        obj.filter(|o| !o.is_none()).map(|o| self.region(arg, o)).transpose()
     }
 
     /// Waits for queued non-blocking calls, so that this call comes after them. Ctrl-C
@@ -85,76 +90,84 @@ impl Communicator {
         self.exec.submit(call).map(|done| Request::queued(done, self.exec.interrupter.clone())).map_err(to_py)
     }
 
-    fn all_reduce_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Call> {
-        let send = region("send", send)?;
+    fn all_reduce_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Call> {
+        let send = self.region("send", send)?;
         let op = reduce_op(op)?;
-        Ok(match opt_region("recv", recv)? {
+        Ok(match self.opt_region("recv", recv)? {
             Some(r) => Call::AllReduce { recv: Some(pair(&send, r, true)?), send, op },
             None => Call::AllReduce { send: send.writable("send")?, recv: None, op },
         })
     }
 
-    fn reduce_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
+    fn reduce_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
+        let send = self.region("send", send)?;
         let op = reduce_op(op)?;
-        Ok(match opt_region("recv", recv)? {
+        Ok(match self.opt_region("recv", recv)? {
             Some(r) => Call::Reduce { recv: Some(pair(&send, r, true)?), send, op, root },
             None => Call::Reduce { send: send.writable("send")?, recv: None, op, root },
         })
     }
 
-    fn gather_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
-        let recv = opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
+    fn gather_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
+        let send = self.region("send", send)?;
+        let recv = self.opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
         Ok(Call::Gather { send, recv, root })
     }
 
-    fn all_gather_call(send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
-        Ok(match opt_region("send", send)? {
+    fn all_gather_call(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Call> {
+        let recv = self.region("recv", recv)?;
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::AllGather { recv: pair(&s, recv, false)?, send: Some(s) },
             None => Call::AllGather { send: None, recv: recv.writable("recv")? },
         })
     }
 
-    fn scatter_call(send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
-        Ok(match opt_region("send", send)? {
+    fn scatter_call(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Call> {
+        let recv = self.region("recv", recv)?;
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::Scatter { recv: pair(&s, recv, false)?, send: Some(s), root },
             None => Call::Scatter { send: None, recv: recv.writable("recv")?, root },
         })
     }
 
-    fn two(send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<(Region, Region)> {
-        let s = region("send", send)?;
-        let r = pair(&s, region("recv", recv)?, false)?;
+    fn two(&self, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<(Region, Region)> {
+        let s = self.region("send", send)?;
+        let r = pair(&s, self.region("recv", recv)?, false)?;
         Ok((s, r))
     }
 
-    fn gatherv_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, counts: Vec<usize>, displs: Option<Vec<usize>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
-        let recv = opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
+    fn gatherv_call(
+        &self,
+        send: &Obj<'_>,
+        recv: Option<&Obj<'_>>,
+        counts: Vec<usize>,
+        displs: Option<Vec<usize>>,
+        root: usize,
+    ) -> PyResult<Call> {
+        let send = self.region("send", send)?;
+        let recv = self.opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
         Ok(Call::Gatherv { send, recv, counts, displs, root })
     }
 
     fn scatterv_call(
+        &self,
         send: Option<&Obj<'_>>,
         recv: &Obj<'_>,
         counts: Vec<usize>,
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
+        let recv = self.region("recv", recv)?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
-        Ok(match opt_region("send", send)? {
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::Scatterv { recv: pair(&s, recv, false)?, send: Some(s), counts, displs, root },
             None => Call::Scatterv { send: None, recv: recv.writable("recv")?, counts, displs, root },
         })
     }
 
-    fn all_gatherv_call(send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Call> {
-        let (send, recv) = Self::two(send, recv)?;
+    fn all_gatherv_call(&self, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Call> {
+        let (send, recv) = self.two(send, recv)?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
         Ok(Call::AllGatherv { send, recv, counts, displs })
     }
@@ -167,7 +180,7 @@ impl Communicator {
         sdispls: Option<Vec<usize>>,
         rdispls: Option<Vec<usize>>,
     ) -> PyResult<Call> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         let n = self.size;
         if counts.len() != n * n {
             return Err(invalid("counts", format!("has {} entries but needs size × size = {}", counts.len(), n * n)));
@@ -201,7 +214,7 @@ impl Communicator {
                 })
             })
             .map_err(to_py)?;
-        Ok(Request::p2p(P2p::new(self.exec.comm.clone(), req, buf), receive))
+        Ok(Request::p2p(P2p::new(self.exec.comm.clone(), req, buf, self.world_rank), receive))
     }
 }
 
@@ -277,101 +290,101 @@ impl Communicator {
     /// Copies root's `buf` into every rank's `buf`.
     #[pyo3(signature = (buf, root=0))]
     fn broadcast(&self, py: Python<'_>, buf: &Obj<'_>, root: usize) -> PyResult<()> {
-        let buf = region("buf", buf)?.writable("buf")?;
+        let buf = self.region("buf", buf)?.writable("buf")?;
         self.block(py, Call::Broadcast { buf, root }).map(drop)
     }
 
     /// Non-blocking `broadcast`.
     #[pyo3(signature = (buf, root=0))]
     fn ibroadcast(&self, buf: &Obj<'_>, root: usize) -> PyResult<Request> {
-        let buf = region("buf", buf)?.writable("buf")?;
+        let buf = self.region("buf", buf)?.writable("buf")?;
         self.post(Call::Broadcast { buf, root })
     }
 
     /// `recv = op(every rank's send)` on every rank; in place in `send` when `recv` is None.
     #[pyo3(signature = (send, recv=None, op=None))]
     fn all_reduce(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<()> {
-        self.block(py, Self::all_reduce_call(send, recv, op)?).map(drop)
+        self.block(py, self.all_reduce_call(send, recv, op)?).map(drop)
     }
 
     /// Non-blocking `all_reduce`.
     #[pyo3(signature = (send, recv=None, op=None))]
     fn iall_reduce(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Request> {
-        self.post(Self::all_reduce_call(send, recv, op)?)
+        self.post(self.all_reduce_call(send, recv, op)?)
     }
 
     /// `recv = op(every rank's send)` on the root; in place in `send` when `recv` is None.
     #[pyo3(signature = (send, recv=None, op=None, root=0))]
     fn reduce(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<()> {
-        self.block(py, Self::reduce_call(send, recv, op, root)?).map(drop)
+        self.block(py, self.reduce_call(send, recv, op, root)?).map(drop)
     }
 
     /// Non-blocking `reduce`.
     #[pyo3(signature = (send, recv=None, op=None, root=0))]
     fn ireduce(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Request> {
-        self.post(Self::reduce_call(send, recv, op, root)?)
+        self.post(self.reduce_call(send, recv, op, root)?)
     }
 
     /// Root's `recv` gets every rank's `send`, in rank order (`recv` is needed on the root only).
     #[pyo3(signature = (send, recv=None, root=0))]
     fn gather(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<()> {
-        self.block(py, Self::gather_call(send, recv, root)?).map(drop)
+        self.block(py, self.gather_call(send, recv, root)?).map(drop)
     }
 
     /// Non-blocking `gather`.
     #[pyo3(signature = (send, recv=None, root=0))]
     fn igather(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Request> {
-        self.post(Self::gather_call(send, recv, root)?)
+        self.post(self.gather_call(send, recv, root)?)
     }
 
     /// Every rank's `recv` gets every rank's `send`, in rank order. With `send=None`, in place:
     /// each rank's block of `recv` is its contribution.
     #[pyo3(signature = (send, recv))]
     fn all_gather(&self, py: Python<'_>, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<()> {
-        self.block(py, Self::all_gather_call(send, recv)?).map(drop)
+        self.block(py, self.all_gather_call(send, recv)?).map(drop)
     }
 
     /// Non-blocking `all_gather`.
     #[pyo3(signature = (send, recv))]
     fn iall_gather(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Request> {
-        self.post(Self::all_gather_call(send, recv)?)
+        self.post(self.all_gather_call(send, recv)?)
     }
 
     /// Rank r's `recv` gets block r of root's `send` (`send` is needed on the root only).
     #[pyo3(signature = (send, recv, root=0))]
     fn scatter(&self, py: Python<'_>, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<()> {
-        self.block(py, Self::scatter_call(send, recv, root)?).map(drop)
+        self.block(py, self.scatter_call(send, recv, root)?).map(drop)
     }
 
     /// Non-blocking `scatter`.
     #[pyo3(signature = (send, recv, root=0))]
     fn iscatter(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Request> {
-        self.post(Self::scatter_call(send, recv, root)?)
+        self.post(self.scatter_call(send, recv, root)?)
     }
 
     /// Block j of rank i's `send` goes to block i of rank j's `recv`.
     fn all_to_all(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<()> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.block(py, Call::AllToAll { send, recv }).map(drop)
     }
 
     /// Non-blocking `all_to_all`.
     fn iall_to_all(&self, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<Request> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.post(Call::AllToAll { send, recv })
     }
 
     /// Reduces every rank's `send` and leaves block r of the result in rank r's `recv`.
     #[pyo3(signature = (send, recv, op=None))]
     fn reduce_scatter(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>, op: Option<&Obj<'_>>) -> PyResult<()> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.block(py, Call::ReduceScatter { send, recv, op: reduce_op(op)? }).map(drop)
     }
 
     /// Non-blocking `reduce_scatter`.
     #[pyo3(signature = (send, recv, op=None))]
     fn ireduce_scatter(&self, send: &Obj<'_>, recv: &Obj<'_>, op: Option<&Obj<'_>>) -> PyResult<Request> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.post(Call::ReduceScatter { send, recv, op: reduce_op(op)? })
     }
 
@@ -387,7 +400,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<()> {
-        self.block(py, Self::gatherv_call(send, recv, counts, displs, root)?).map(drop)
+        self.block(py, self.gatherv_call(send, recv, counts, displs, root)?).map(drop)
     }
 
     /// Non-blocking `gatherv`.
@@ -400,7 +413,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Request> {
-        self.post(Self::gatherv_call(send, recv, counts, displs, root)?)
+        self.post(self.gatherv_call(send, recv, counts, displs, root)?)
     }
 
     /// Rank r's `recv` gets `counts[r]` elements of root's `send` from `displs[r]` (default:
@@ -415,7 +428,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<()> {
-        self.block(py, Self::scatterv_call(send, recv, counts, displs, root)?).map(drop)
+        self.block(py, self.scatterv_call(send, recv, counts, displs, root)?).map(drop)
     }
 
     /// Non-blocking `scatterv`.
@@ -428,20 +441,20 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Request> {
-        self.post(Self::scatterv_call(send, recv, counts, displs, root)?)
+        self.post(self.scatterv_call(send, recv, counts, displs, root)?)
     }
 
     /// Every rank's `recv` gets `counts[r]` elements from each rank r at `displs[r]` (default:
     /// packed).
     #[pyo3(signature = (send, recv, counts, displs=None))]
     fn all_gatherv(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<()> {
-        self.block(py, Self::all_gatherv_call(send, recv, counts, displs)?).map(drop)
+        self.block(py, self.all_gatherv_call(send, recv, counts, displs)?).map(drop)
     }
 
     /// Non-blocking `all_gatherv`.
     #[pyo3(signature = (send, recv, counts, displs=None))]
     fn iall_gatherv(&self, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Request> {
-        self.post(Self::all_gatherv_call(send, recv, counts, displs)?)
+        self.post(self.all_gatherv_call(send, recv, counts, displs)?)
     }
 
     /// All-to-all with per-pair counts: `counts` is the size × size table, row-major
@@ -477,7 +490,7 @@ impl Communicator {
     /// Sends `buf` to rank `dest` with `tag`.
     #[pyo3(signature = (buf, dest, tag=0))]
     fn send(&self, py: Python<'_>, buf: &Obj<'_>, dest: usize, tag: i64) -> PyResult<()> {
-        let call = Call::Send { buf: region("buf", buf)?, dest, tag: tag_of(tag)? };
+        let call = Call::Send { buf: self.region("buf", buf)?, dest, tag: tag_of(tag)? };
         self.block(py, call).map(drop)
     }
 
@@ -485,7 +498,7 @@ impl Communicator {
     /// received (a longer message is an error).
     #[pyo3(signature = (buf, source, tag=0))]
     fn recv(&self, py: Python<'_>, buf: &Obj<'_>, source: usize, tag: i64) -> PyResult<usize> {
-        let call = Call::Recv { buf: region("buf", buf)?.writable("buf")?, src: source, tag: tag_of(tag)? };
+        let call = Call::Recv { buf: self.region("buf", buf)?.writable("buf")?, src: source, tag: tag_of(tag)? };
         self.block(py, call)
     }
 
@@ -502,13 +515,13 @@ impl Communicator {
     /// Non-blocking `send`.
     #[pyo3(signature = (buf, dest, tag=0))]
     fn isend(&self, py: Python<'_>, buf: &Obj<'_>, dest: usize, tag: i64) -> PyResult<Request> {
-        self.post_p2p(py, region("buf", buf)?, dest, tag_of(tag)?, false)
+        self.post_p2p(py, self.region("buf", buf)?, dest, tag_of(tag)?, false)
     }
 
     /// Non-blocking `recv`; the request's `wait()` returns the number of elements received.
     #[pyo3(signature = (buf, source, tag=0))]
     fn irecv(&self, py: Python<'_>, buf: &Obj<'_>, source: usize, tag: i64) -> PyResult<Request> {
-        self.post_p2p(py, region("buf", buf)?.writable("buf")?, source, tag_of(tag)?, true)
+        self.post_p2p(py, self.region("buf", buf)?.writable("buf")?, source, tag_of(tag)?, true)
     }
 }
 

@@ -40,6 +40,11 @@ impl Completion {
     }
 }
 
+/// The error for a call on a closed communicator, naming `rank`.
+pub fn closed(rank: usize) -> sucl::Error {
+    sucl::Error::invalid(rank, "communicator", "is closed")
+}
+
 /// Locks `m`, ignoring poisoning (every critical section leaves its data consistent).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -63,7 +68,8 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(comm: Communicator) -> Executor {
-        let (rank, interrupter) = (comm.rank(), comm.interrupter());
+        // Errors name the world rank, as sucl's own do.
+        let (rank, interrupter) = (comm.world_rank_of(comm.rank()).unwrap_or(comm.rank()), comm.interrupter());
         Executor {
             comm: Arc::new(Mutex::new(Some(comm))),
             pending: Arc::default(),
@@ -76,7 +82,7 @@ impl Executor {
 
     /// The error for a call on a closed communicator.
     pub fn closed(&self) -> sucl::Error {
-        sucl::Error::invalid(self.rank, "communicator", "is closed")
+        closed(self.rank)
     }
 
     /// Runs `f` on the communicator on this thread (call without the GIL).
@@ -119,7 +125,7 @@ impl Executor {
                 while let Ok(Job { call, done }) = rx.recv() {
                     let r = match lock(&comm).as_ref() {
                         Some(c) => call.run(c),
-                        None => Err(sucl::Error::invalid(rank, "communicator", "is closed")),
+                        None => Err(closed(rank)),
                     };
                     // Release the buffers (this takes the GIL briefly) before reporting.
                     drop(call);

@@ -14,12 +14,13 @@ pub struct P2p {
     req: Option<UnscopedRequest>,
     _buf: Region,
     elem_size: usize,
+    world_rank: usize,
 }
 
 impl P2p {
-    pub fn new(comm: Arc<Mutex<Option<Communicator>>>, req: UnscopedRequest, buf: Region) -> P2p {
+    pub fn new(comm: Arc<Mutex<Option<Communicator>>>, req: UnscopedRequest, buf: Region, world_rank: usize) -> P2p {
         let elem_size = buf.dtype.size();
-        P2p { comm, req: Some(req), _buf: buf, elem_size }
+        P2p { comm, req: Some(req), _buf: buf, elem_size, world_rank }
     }
 
     /// Tests (making progress) until done or `slice` passed. `Some` once complete.
@@ -30,7 +31,7 @@ impl P2p {
             let Some(c) = g.as_ref() else {
                 // Closing the communicator withdrew the message.
                 self.req = None;
-                return Some(Err(sucl::Error::invalid(0, "request", "its communicator was closed")));
+                return Some(Err(sucl::Error::invalid(self.world_rank, "request", "its communicator was closed")));
             };
             let req = self.req.as_ref()?;
             match c.test_unscoped(req) {
