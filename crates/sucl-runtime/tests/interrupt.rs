@@ -7,11 +7,9 @@
 //! rank, otherwise it is the parent that starts both and checks their outcome.
 
 mod common;
-use common::{free_port, Reaped};
+use common::run_ranks;
 use std::cell::Cell;
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use sucl_runtime::{Communicator, Error};
 
 const TEST_NAME: &str = "an_interrupted_wait_aborts_the_job_on_every_rank";
@@ -58,46 +56,9 @@ fn an_interrupted_wait_aborts_the_job_on_every_rank() {
         std::thread::sleep(Duration::from_millis(500));
         return;
     }
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut ranks: Vec<Reaped> = (0..2)
-        .map(|r| {
-            let child = Command::new(&exe)
-                .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
-                .env("SUCL_INT_TEST_RANK", r.to_string())
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("LOCAL_RANK", r.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("TORCHELASTIC_RUN_ID", format!("int{port}"))
-                .env("SUCL_BACKENDS", "shm,tcp")
-                // Long enough that a wait the check failed to end shows as a timeout.
-                .env("SUCL_TIMEOUT", "30")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawning a rank");
-            Reaped(child)
-        })
-        .collect();
-    let start = Instant::now();
-    let mut done = [None, None];
-    while done.iter().any(Option::is_none) {
-        for (r, c) in ranks.iter_mut().enumerate() {
-            if done[r].is_none() {
-                done[r] = c.0.try_wait().expect("try_wait");
-            }
-        }
-        assert!(start.elapsed() < Duration::from_secs(90), "the ranks hang");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for (r, c) in ranks.iter_mut().enumerate() {
-        let mut out = String::new();
-        let _ = c.0.stdout.take().unwrap().read_to_string(&mut out);
-        let _ = c.0.stderr.take().unwrap().read_to_string(&mut out);
-        let status = done[r].unwrap();
+    // SUCL_TIMEOUT: long enough that a wait the check failed to end shows as a timeout.
+    let env = [("SUCL_BACKENDS", "shm,tcp"), ("SUCL_TIMEOUT", "30")];
+    for (r, (status, out)) in run_ranks(TEST_NAME, "SUCL_INT_TEST_RANK", 2, &env, Duration::from_secs(90)).into_iter().enumerate() {
         assert!(status.success() && out.contains(&format!("RANK {r} OK")), "rank {r} failed ({status}):\n{out}");
     }
 }
