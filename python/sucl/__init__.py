@@ -7,7 +7,9 @@
     comm.close()
 
 Buffers are used in place (no copy): NumPy arrays or any C-contiguous buffer-protocol object,
-and torch CPU tensors. Blocking calls release the GIL; the ``i``-prefixed calls return a
+torch CPU and CUDA tensors, ``__cuda_array_interface__`` objects, and objects whose
+``__dlpack__`` exports host memory. Blocking calls release the GIL, and Ctrl-C interrupts them
+(raising KeyboardInterrupt and aborting the job); the ``i``-prefixed calls return a
 :class:`Request`. sucl's errors are raised as :class:`SuclError` subclasses.
 ``import sucl.torch`` registers the ``"sucl"`` backend of ``torch.distributed``.
 """

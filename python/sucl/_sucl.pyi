@@ -4,8 +4,8 @@ from typing import Any, Optional, Sequence, Union
 
 Buffer = Any
 """A C-contiguous buffer-protocol object (NumPy array, bytearray, memoryview, array.array) or a
-torch CPU or CUDA tensor, or an object with ``__cuda_array_interface__`` (v3, contiguous);
-element types: u8, i8, i32, u32, i64, u64, f16, bf16 (tensors), f32, f64. Calls on device memory
+torch CPU or CUDA tensor, an object with ``__cuda_array_interface__`` (v3, contiguous), or an
+object whose ``__dlpack__`` exports contiguous host memory; element types: u8, i8, i32, u32, i64, u64, f16, bf16 (tensors), f32, f64. Calls on device memory
 are enqueued on its current stream and return without waiting for the GPU."""
 
 Op = Union["ReduceOp", str]
@@ -64,13 +64,18 @@ class Request:
     dropping it does not cancel a collective, but withdraws an unfinished send or receive."""
 
     def wait(self) -> Optional[int]:
-        """Blocks until the call completes (GIL released, Ctrl-C interrupts the wait); raises
-        the call's error. Returns the element count for a receive, else None."""
+        """Blocks until the call completes (GIL released); raises the call's error. Returns the
+        element count for a receive, else None. Ctrl-C raises KeyboardInterrupt: a send or
+        receive stays posted; for a collective the job is aborted (later calls raise
+        :class:`AbortedError`)."""
     def test(self) -> bool:
         """Whether the call completed; raises its error."""
 
 class Communicator:
-    """A group of ranks that communicate (see ``sucl.init`` and :meth:`split`)."""
+    """A group of ranks that communicate (see ``sucl.init`` and :meth:`split`). Blocking calls
+    release the GIL; Ctrl-C while one waits raises KeyboardInterrupt and aborts the job: later
+    calls on this process raise :class:`AbortedError` ("rank R was interrupted"), and so do
+    the other ranks' waits."""
 
     @property
     def rank(self) -> int:

@@ -160,6 +160,19 @@ class _CudaWork(dist._Work):
         return fut
 
 
+def _is_block_of(block, whole, index):
+    """Whether ``block`` is exactly block ``index`` of ``whole`` (same memory, contiguous)."""
+    n = block.numel()
+    return (
+        block.dtype == whole.dtype
+        and block.device == whole.device
+        and block.is_contiguous()
+        and whole.is_contiguous()
+        and whole.numel() >= (index + 1) * n
+        and block.data_ptr() == whole.data_ptr() + index * n * block.element_size()
+    )
+
+
 def _cuda_device(tensors):
     """The CUDA device of the first tensor in ``tensors`` (nested lists allowed), or None."""
     for t in tensors:
@@ -184,6 +197,20 @@ class ProcessGroupSucl(dist.ProcessGroup):
     def comm(self):
         """The sucl :class:`~sucl.Communicator` under this group."""
         return self._comm
+
+    def _set_group_name(self, name):
+        """Remembers the name torch gives the group (a Python group has no C++ backend that
+        would keep it; DeviceMesh and FSDP2 look groups up by it)."""
+        self._group_name = name
+        super()._set_group_name(name)
+
+    @property
+    def group_name(self):
+        """The name torch gave the group when it made it."""
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
 
     def getBackendName(self):
         """The backend's name, ``"sucl"``."""
@@ -234,7 +261,10 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return self._start(calls, output_lists, lambda: [_unflat(f, o) for f, o in thens], inputs)
 
     def _allgather_base(self, output, input, opts=None):
-        """Gather every rank's input into one output tensor (``all_gather_into_tensor``)."""
+        """Gather every rank's input into one output tensor (``all_gather_into_tensor``); in
+        place when ``input`` is this rank's block of ``output`` (as FSDP2 passes it)."""
+        if _is_block_of(input, output, self.rank()):
+            return self._start([("all_gather", (None, output))], [output])
         return self._start([("all_gather", (input, output))], [output])
 
     all_gather_single = _allgather_base

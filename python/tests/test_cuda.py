@@ -9,6 +9,7 @@ import os
 import pytest
 
 from conftest import sucl_run, torchrun
+from test_numpy import interrupt_blocked_rank
 
 REQUIRE_GPU = os.environ.get("SUCL_REQUIRE_GPU") == "1"
 
@@ -42,3 +43,9 @@ def test_torch_backend_on_cuda_tensors_under_torchrun():
     rc, out = torchrun(2, "torch_cuda.py", timeout=300)
     assert rc == 0, out
     assert "OK rank 0" in out and "OK rank 1" in out, out
+
+
+def test_ctrl_c_interrupts_a_synchronize_on_a_stream_that_waits_for_a_receive():
+    # The GPU waits on a receive that is never sent; the host waits in synchronize. SIGINT ends
+    # it with KeyboardInterrupt (NCCL aborted), later calls raise, the peer gets the error.
+    interrupt_blocked_rank("cuda")

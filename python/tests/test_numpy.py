@@ -87,3 +87,39 @@ def test_every_collective_under_mpirun():
     rc, out = run_job(argv, timeout=300, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     assert rc == 0, out
     assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out
+
+
+@pytest.mark.parametrize("mode", ["recv", "all_reduce", "iall_reduce"])
+def test_ctrl_c_interrupts_a_blocked_call_and_aborts_the_job(mode):
+    interrupt_blocked_rank(mode)
+
+
+def interrupt_blocked_rank(mode):
+    """Rank 0 blocks in a call rank 1 never joins; SIGINT must end it with KeyboardInterrupt
+    long before SUCL_TIMEOUT, make later calls raise, and end rank 1's wait with the news."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = dict(os.environ, SUCL_TIMEOUT="300", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, str(RANKS / "blocked.py")]
+    ranks = [subprocess.Popen(argv + [str(r), address, mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in range(2)]
+    try:
+        assert ranks[0].stdout.readline().strip() == "BLOCKING"
+        time.sleep(0.5)
+        ranks[0].send_signal(signal.SIGINT)
+        outs = [p.communicate(timeout=60)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert "KEYBOARDINTERRUPT" in outs[0], outs
+    assert "LATER AbortedError: rank 0: communicator aborted: rank 0 was interrupted" in outs[0], outs
+    assert "PEER AbortedError: rank 1: communicator aborted: rank 0 was interrupted" in outs[1], outs
+    assert [p.returncode for p in ranks] == [0, 0], outs
+
+
+def test_dlpack_only_objects_are_buffers():
+    rc, out = sucl_run(2, "dlpack.py")
+    assert rc == 0, out
+    assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import torchrun
+from conftest import REPO, torchrun
 
 torch = pytest.importorskip("torch")
 
@@ -37,3 +37,13 @@ def test_sucl_init_under_torchrun_meets_at_torchruns_store():
     rc, out = torchrun(2, "collectives.py", timeout=300)
     assert rc == 0, out
     assert "OK rank 0 of 2" in out and "OK rank 1 of 2" in out, out
+
+
+def test_fsdp2_over_sucl_equals_fsdp2_over_gloo():
+    # FSDP2 (fully_shard) uses all_gather_into_tensor in place and reduce_scatter_tensor; the
+    # script trains on both backends and exits 1 unless every rank holds the same parameters
+    # and sucl's equal gloo's.
+    bench = REPO / "python/bench/ddp_gpu.py"
+    rc, out = torchrun(2, str(bench), "--device", "cpu", "--model", "tiny", "--wrap", "fsdp", "--steps", "3", "--warmup", "1", "--rounds", "1")
+    assert rc == 0, out
+    assert "RESULT OK" in out, out

@@ -1,8 +1,60 @@
 //! Bounded waiting: spin, then yield, then sleep or block, never past the timeout, and never
 //! past an abort raised by another rank.
+//!
+//! A thread may also install an interrupt check ([`with_interrupt_check`]): every wait on that
+//! thread that has lasted [`INTERRUPT_CHECK_PERIOD`] runs it once per period, then looks at the
+//! abort flag again. A language binding uses it to notice Ctrl-C while its caller is blocked in
+//! sucl (the check raises the job's abort); short waits never run it.
 
 use crate::error::{AbortState, Error, Result};
+use std::cell::Cell;
 use std::time::{Duration, Instant};
+
+/// How often a long wait runs its thread's interrupt check (the first time after one period).
+pub const INTERRUPT_CHECK_PERIOD: Duration = Duration::from_millis(50);
+
+/// The erased-lifetime pointer to the check installed on a thread.
+type CheckPtr = *const (dyn Fn() + 'static);
+
+thread_local! {
+    static INTERRUPT_CHECK: Cell<Option<CheckPtr>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `check` installed as this thread's interrupt check: each wait inside `f` that
+/// lasts longer than [`INTERRUPT_CHECK_PERIOD`] calls `check` once per period, then ends with
+/// the abort error if the abort flag it watches is raised (a check interrupts a wait by raising
+/// that abort). The previous check (if any) is restored when `f` returns or unwinds. While
+/// `check` runs it is uninstalled, so a wait inside it does not run it again.
+pub fn with_interrupt_check<R>(check: &dyn Fn(), f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<CheckPtr>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            INTERRUPT_CHECK.set(self.0);
+        }
+    }
+    let ptr: *const (dyn Fn() + '_) = check;
+    // SAFETY: only the lifetime is erased (same layout). The pointer is dereferenced only by
+    // `run_interrupt_check` on this thread while it is installed, i.e. within this call, where
+    // `check` is borrowed; `Restore` uninstalls it before this frame ends, also on unwinding.
+    let ptr: CheckPtr = unsafe { std::mem::transmute::<*const (dyn Fn() + '_), CheckPtr>(ptr) };
+    let _restore = Restore(INTERRUPT_CHECK.replace(Some(ptr)));
+    f()
+}
+
+/// Runs this thread's interrupt check, if one is installed.
+fn run_interrupt_check() {
+    let Some(ptr) = INTERRUPT_CHECK.take() else { return };
+    struct Reinstall(CheckPtr);
+    impl Drop for Reinstall {
+        fn drop(&mut self) {
+            INTERRUPT_CHECK.set(Some(self.0));
+        }
+    }
+    let _reinstall = Reinstall(ptr);
+    // SAFETY: `ptr` was installed by `with_interrupt_check`, whose frame (and the borrow of the
+    // check) is live below this one on this thread: it uninstalls the pointer before returning.
+    unsafe { (*ptr)() }
+}
 
 /// How long a wait busy-polls and then yields before it blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +111,8 @@ pub struct Waiter {
     elapsed: Duration,
     timeout: Duration,
     backoff: Backoff,
+    /// When (in elapsed time) the thread's interrupt check runs next.
+    next_check: Duration,
 }
 
 impl Waiter {
@@ -66,7 +120,7 @@ impl Waiter {
     /// pause).
     #[inline]
     pub fn new(timeout: Duration, backoff: Backoff) -> Self {
-        Waiter { rounds: 0, start: None, elapsed: Duration::ZERO, timeout, backoff }
+        Waiter { rounds: 0, start: None, elapsed: Duration::ZERO, timeout, backoff, next_check: INTERRUPT_CHECK_PERIOD }
     }
 
     /// The current backoff phase.
@@ -106,6 +160,14 @@ impl Waiter {
         self.elapsed = start.elapsed();
         if self.elapsed >= self.timeout {
             return Err(Error::Timeout { rank, op: what(), after: self.elapsed });
+        }
+        if self.elapsed >= self.next_check {
+            // Only long waits get here (once per period), so the fast path pays nothing.
+            self.next_check = self.elapsed + INTERRUPT_CHECK_PERIOD;
+            run_interrupt_check();
+            if abort.is_set() {
+                abort.check(rank, &what())?;
+            }
         }
         match self.phase() {
             Phase::Spin => std::hint::spin_loop(),
@@ -161,5 +223,46 @@ mod tests {
         let (pauses, e) = pause_until_error(&mut w, &abort);
         assert_eq!(pauses, 1);
         assert!(!matches!(e, Error::Timeout { .. }), "{e:?}");
+    }
+
+    /// Pauses (sleeping in the block phase) until the waiter gives up; the error.
+    fn sleep_until_error(w: &mut Waiter, abort: &AbortState) -> Error {
+        loop {
+            if let Err(e) = w.pause(abort, 3, &|| "a test wait".into(), false) {
+                return e;
+            }
+        }
+    }
+
+    #[test]
+    fn an_interrupt_check_runs_in_long_waits_and_its_abort_ends_them() {
+        let abort = AbortState::new();
+        let calls = Cell::new(0u32);
+        let check = || {
+            calls.set(calls.get() + 1);
+            if calls.get() == 2 {
+                abort.raise(AbortInfo { lost_rank: None, reason: "rank 3 was interrupted".into() });
+            }
+        };
+        let e =
+            with_interrupt_check(&check, || sleep_until_error(&mut Waiter::new(Duration::from_secs(5), Backoff::OVERSUBSCRIBED), &abort));
+        assert_eq!(calls.get(), 2, "the check ran once per period until it raised the abort");
+        assert!(matches!(&e, Error::Aborted { rank: 3, reason } if reason.contains("interrupted")), "{e:?}");
+        // Uninstalled on return: a later long wait on this thread never runs it.
+        let e = sleep_until_error(&mut Waiter::new(INTERRUPT_CHECK_PERIOD * 3, Backoff::OVERSUBSCRIBED), &AbortState::new());
+        assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        assert_eq!(calls.get(), 2);
+    }
+
+    #[test]
+    fn a_short_wait_never_runs_the_interrupt_check() {
+        let abort = AbortState::new();
+        let calls = Cell::new(0u32);
+        let check = || calls.set(calls.get() + 1);
+        with_interrupt_check(&check, || {
+            let e = sleep_until_error(&mut Waiter::new(INTERRUPT_CHECK_PERIOD / 2, Backoff::OVERSUBSCRIBED), &abort);
+            assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+        });
+        assert_eq!(calls.get(), 0);
     }
 }

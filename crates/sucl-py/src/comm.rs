@@ -5,6 +5,7 @@
 use crate::call::{pair, Call};
 use crate::errors::{invalid, to_py};
 use crate::exec::{Executor, SLICE};
+use crate::interrupt;
 use crate::region::Region;
 use crate::request::{P2p, Request};
 use pyo3::prelude::*;
@@ -13,15 +14,19 @@ use sucl::ReduceOp;
 
 /// A group of ranks that communicate: the world from `sucl.init()`, or a part of it from
 /// `split()`. Buffers are NumPy arrays (or any C-contiguous buffer-protocol object), torch CPU
-/// and CUDA tensors and `__cuda_array_interface__` objects, used in place (no copy); calls on
-/// device memory are enqueued on its current stream and return without waiting for the GPU. Collectives must be called by every rank in the same
-/// order; blocking calls release the GIL while they wait.
+/// and CUDA tensors, `__cuda_array_interface__` objects and objects whose `__dlpack__` exports
+/// host memory, used in place (no copy); calls on device memory are enqueued on its current
+/// stream and return without waiting for the GPU. Collectives must be called by every rank in
+/// the same order; blocking calls release the GIL while they wait, and Ctrl-C interrupts them
+/// (KeyboardInterrupt; the job is aborted, later calls raise `AbortedError`).
 #[pyclass(module = "sucl", weakref)]
 pub struct Communicator {
     exec: Executor,
     rank: usize,
     size: usize,
     local_rank: usize,
+    /// This process's rank in the world (sucl's errors name it).
+    world_rank: usize,
 }
 
 type Obj<'py> = Bound<'py, PyAny>;
@@ -36,14 +41,6 @@ fn reduce_op(op: Option<&Obj<'_>>) -> PyResult<ReduceOp> {
     ReduceOp::ALL.into_iter().find(|o| o.name() == name).ok_or_else(|| invalid("op", format!("unknown reduce operation {name:?}")))
 }
 
-fn region(arg: &str, obj: &Obj<'_>) -> PyResult<Region> {
-    Region::of(arg, obj)
-}
-
-fn opt_region(arg: &str, obj: Option<&Obj<'_>>) -> PyResult<Option<Region>> {
-    obj.filter(|o| !o.is_none()).map(|o| region(arg, o)).transpose()
-}
-
 fn tag_of(tag: i64) -> PyResult<u32> {
     u32::try_from(tag).map_err(|_| invalid("tag", format!("{tag} is not in 0..={}", sucl::MAX_TAG)))
 }
@@ -51,101 +48,126 @@ fn tag_of(tag: i64) -> PyResult<u32> {
 impl Communicator {
     pub fn wrap(c: sucl::Communicator) -> Communicator {
         let (rank, size, local_rank) = (c.rank(), c.size(), c.local_rank());
-        Communicator { exec: Executor::new(c), rank, size, local_rank }
+        let world_rank = c.world_rank_of(rank).unwrap_or(rank);
+        Communicator { exec: Executor::new(c), rank, size, local_rank, world_rank }
     }
 
-    /// Waits (interruptibly) for queued non-blocking calls, so that this call comes after them.
+    /// The memory of `obj` (`arg` names it in errors).
+    fn region(&self, arg: &str, obj: &Obj<'_>) -> PyResult<Region> {
+        Region::of(arg, obj, self.world_rank)
+    }
+
+    /// As [`Communicator::region`]; None for an absent argument or None.
+    fn opt_region(&self, arg: &str, obj: Option<&Obj<'_>>) -> PyResult<Option<Region>> {
+        obj.filter(|o| !o.is_none()).map(|o| self.region(arg, o)).transpose()
+    }
+
+    /// Waits for queued non-blocking calls, so that this call comes after them. Ctrl-C
+    /// interrupts the wait and aborts the job (the queued call cannot be left half done).
     fn drain(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(done) = self.exec.unfinished() {
             while py.detach(|| done.wait_slice(SLICE)).is_none() {
-                py.check_signals()?;
+                py.check_signals().inspect_err(|_| self.exec.interrupter.interrupt())?;
             }
         }
         Ok(())
     }
 
-    /// Runs `call` now, on this thread, with the GIL released.
+    /// Runs `call` now, on this thread, with the GIL released (Ctrl-C interrupts its waits).
     fn block(&self, py: Python<'_>, call: Call) -> PyResult<usize> {
+        self.run(py, |c| call.run(c))
+    }
+
+    /// Runs `f` on the communicator after the queued calls, on this thread, with the GIL
+    /// released; Ctrl-C interrupts its waits (and aborts the job).
+    fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&sucl::Communicator) -> sucl::Result<R> + Send) -> PyResult<R> {
         self.drain(py)?;
-        let r = py.detach(|| self.exec.with_comm(|c| call.run(c)));
-        r.map_err(to_py)
+        interrupt::result(py.detach(|| self.exec.with_comm(|c| interrupt::run(c, || f(c)))))
     }
 
     /// Queues `call` on the worker thread.
     fn post(&self, call: Call) -> PyResult<Request> {
-        self.exec.submit(call).map(Request::queued).map_err(to_py)
+        self.exec.submit(call).map(|done| Request::queued(done, self.exec.interrupter.clone())).map_err(to_py)
     }
 
-    fn all_reduce_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Call> {
-        let send = region("send", send)?;
+    fn all_reduce_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Call> {
+        let send = self.region("send", send)?;
         let op = reduce_op(op)?;
-        Ok(match opt_region("recv", recv)? {
+        Ok(match self.opt_region("recv", recv)? {
             Some(r) => Call::AllReduce { recv: Some(pair(&send, r, true)?), send, op },
             None => Call::AllReduce { send: send.writable("send")?, recv: None, op },
         })
     }
 
-    fn reduce_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
+    fn reduce_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
+        let send = self.region("send", send)?;
         let op = reduce_op(op)?;
-        Ok(match opt_region("recv", recv)? {
+        Ok(match self.opt_region("recv", recv)? {
             Some(r) => Call::Reduce { recv: Some(pair(&send, r, true)?), send, op, root },
             None => Call::Reduce { send: send.writable("send")?, recv: None, op, root },
         })
     }
 
-    fn gather_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
-        let recv = opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
+    fn gather_call(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Call> {
+        let send = self.region("send", send)?;
+        let recv = self.opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
         Ok(Call::Gather { send, recv, root })
     }
 
-    fn all_gather_call(send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
-        Ok(match opt_region("send", send)? {
+    fn all_gather_call(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Call> {
+        let recv = self.region("recv", recv)?;
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::AllGather { recv: pair(&s, recv, false)?, send: Some(s) },
             None => Call::AllGather { send: None, recv: recv.writable("recv")? },
         })
     }
 
-    fn scatter_call(send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
-        Ok(match opt_region("send", send)? {
+    fn scatter_call(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Call> {
+        let recv = self.region("recv", recv)?;
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::Scatter { recv: pair(&s, recv, false)?, send: Some(s), root },
             None => Call::Scatter { send: None, recv: recv.writable("recv")?, root },
         })
     }
 
-    fn two(send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<(Region, Region)> {
-        let s = region("send", send)?;
-        let r = pair(&s, region("recv", recv)?, false)?;
+    fn two(&self, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<(Region, Region)> {
+        let s = self.region("send", send)?;
+        let r = pair(&s, self.region("recv", recv)?, false)?;
         Ok((s, r))
     }
 
-    fn gatherv_call(send: &Obj<'_>, recv: Option<&Obj<'_>>, counts: Vec<usize>, displs: Option<Vec<usize>>, root: usize) -> PyResult<Call> {
-        let send = region("send", send)?;
-        let recv = opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
+    fn gatherv_call(
+        &self,
+        send: &Obj<'_>,
+        recv: Option<&Obj<'_>>,
+        counts: Vec<usize>,
+        displs: Option<Vec<usize>>,
+        root: usize,
+    ) -> PyResult<Call> {
+        let send = self.region("send", send)?;
+        let recv = self.opt_region("recv", recv)?.map(|r| pair(&send, r, false)).transpose()?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
         Ok(Call::Gatherv { send, recv, counts, displs, root })
     }
 
     fn scatterv_call(
+        &self,
         send: Option<&Obj<'_>>,
         recv: &Obj<'_>,
         counts: Vec<usize>,
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Call> {
-        let recv = region("recv", recv)?;
+        let recv = self.region("recv", recv)?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
-        Ok(match opt_region("send", send)? {
+        Ok(match self.opt_region("send", send)? {
             Some(s) => Call::Scatterv { recv: pair(&s, recv, false)?, send: Some(s), counts, displs, root },
             None => Call::Scatterv { send: None, recv: recv.writable("recv")?, counts, displs, root },
         })
     }
 
-    fn all_gatherv_call(send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Call> {
-        let (send, recv) = Self::two(send, recv)?;
+    fn all_gatherv_call(&self, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Call> {
+        let (send, recv) = self.two(send, recv)?;
         let displs = displs.unwrap_or_else(|| packed(&counts));
         Ok(Call::AllGatherv { send, recv, counts, displs })
     }
@@ -158,7 +180,7 @@ impl Communicator {
         sdispls: Option<Vec<usize>>,
         rdispls: Option<Vec<usize>>,
     ) -> PyResult<Call> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         let n = self.size;
         if counts.len() != n * n {
             return Err(invalid("counts", format!("has {} entries but needs size × size = {}", counts.len(), n * n)));
@@ -192,7 +214,7 @@ impl Communicator {
                 })
             })
             .map_err(to_py)?;
-        Ok(Request::p2p(P2p::new(self.exec.comm.clone(), req, buf), receive))
+        Ok(Request::p2p(P2p::new(self.exec.comm.clone(), req, buf, self.world_rank), receive))
     }
 }
 
@@ -232,7 +254,7 @@ impl Communicator {
     #[pyo3(signature = (color, key=0))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Communicator>> {
         self.drain(py)?;
-        let c = py.detach(|| self.exec.with_comm(|c| c.split(color, key))).map_err(to_py)?;
+        let c = self.run(py, |c| c.split(color, key))?;
         Ok(c.map(Communicator::wrap))
     }
 
@@ -268,101 +290,101 @@ impl Communicator {
     /// Copies root's `buf` into every rank's `buf`.
     #[pyo3(signature = (buf, root=0))]
     fn broadcast(&self, py: Python<'_>, buf: &Obj<'_>, root: usize) -> PyResult<()> {
-        let buf = region("buf", buf)?.writable("buf")?;
+        let buf = self.region("buf", buf)?.writable("buf")?;
         self.block(py, Call::Broadcast { buf, root }).map(drop)
     }
 
     /// Non-blocking `broadcast`.
     #[pyo3(signature = (buf, root=0))]
     fn ibroadcast(&self, buf: &Obj<'_>, root: usize) -> PyResult<Request> {
-        let buf = region("buf", buf)?.writable("buf")?;
+        let buf = self.region("buf", buf)?.writable("buf")?;
         self.post(Call::Broadcast { buf, root })
     }
 
     /// `recv = op(every rank's send)` on every rank; in place in `send` when `recv` is None.
     #[pyo3(signature = (send, recv=None, op=None))]
     fn all_reduce(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<()> {
-        self.block(py, Self::all_reduce_call(send, recv, op)?).map(drop)
+        self.block(py, self.all_reduce_call(send, recv, op)?).map(drop)
     }
 
     /// Non-blocking `all_reduce`.
     #[pyo3(signature = (send, recv=None, op=None))]
     fn iall_reduce(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>) -> PyResult<Request> {
-        self.post(Self::all_reduce_call(send, recv, op)?)
+        self.post(self.all_reduce_call(send, recv, op)?)
     }
 
     /// `recv = op(every rank's send)` on the root; in place in `send` when `recv` is None.
     #[pyo3(signature = (send, recv=None, op=None, root=0))]
     fn reduce(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<()> {
-        self.block(py, Self::reduce_call(send, recv, op, root)?).map(drop)
+        self.block(py, self.reduce_call(send, recv, op, root)?).map(drop)
     }
 
     /// Non-blocking `reduce`.
     #[pyo3(signature = (send, recv=None, op=None, root=0))]
     fn ireduce(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, op: Option<&Obj<'_>>, root: usize) -> PyResult<Request> {
-        self.post(Self::reduce_call(send, recv, op, root)?)
+        self.post(self.reduce_call(send, recv, op, root)?)
     }
 
     /// Root's `recv` gets every rank's `send`, in rank order (`recv` is needed on the root only).
     #[pyo3(signature = (send, recv=None, root=0))]
     fn gather(&self, py: Python<'_>, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<()> {
-        self.block(py, Self::gather_call(send, recv, root)?).map(drop)
+        self.block(py, self.gather_call(send, recv, root)?).map(drop)
     }
 
     /// Non-blocking `gather`.
     #[pyo3(signature = (send, recv=None, root=0))]
     fn igather(&self, send: &Obj<'_>, recv: Option<&Obj<'_>>, root: usize) -> PyResult<Request> {
-        self.post(Self::gather_call(send, recv, root)?)
+        self.post(self.gather_call(send, recv, root)?)
     }
 
     /// Every rank's `recv` gets every rank's `send`, in rank order. With `send=None`, in place:
     /// each rank's block of `recv` is its contribution.
     #[pyo3(signature = (send, recv))]
     fn all_gather(&self, py: Python<'_>, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<()> {
-        self.block(py, Self::all_gather_call(send, recv)?).map(drop)
+        self.block(py, self.all_gather_call(send, recv)?).map(drop)
     }
 
     /// Non-blocking `all_gather`.
     #[pyo3(signature = (send, recv))]
     fn iall_gather(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>) -> PyResult<Request> {
-        self.post(Self::all_gather_call(send, recv)?)
+        self.post(self.all_gather_call(send, recv)?)
     }
 
     /// Rank r's `recv` gets block r of root's `send` (`send` is needed on the root only).
     #[pyo3(signature = (send, recv, root=0))]
     fn scatter(&self, py: Python<'_>, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<()> {
-        self.block(py, Self::scatter_call(send, recv, root)?).map(drop)
+        self.block(py, self.scatter_call(send, recv, root)?).map(drop)
     }
 
     /// Non-blocking `scatter`.
     #[pyo3(signature = (send, recv, root=0))]
     fn iscatter(&self, send: Option<&Obj<'_>>, recv: &Obj<'_>, root: usize) -> PyResult<Request> {
-        self.post(Self::scatter_call(send, recv, root)?)
+        self.post(self.scatter_call(send, recv, root)?)
     }
 
     /// Block j of rank i's `send` goes to block i of rank j's `recv`.
     fn all_to_all(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<()> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.block(py, Call::AllToAll { send, recv }).map(drop)
     }
 
     /// Non-blocking `all_to_all`.
     fn iall_to_all(&self, send: &Obj<'_>, recv: &Obj<'_>) -> PyResult<Request> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.post(Call::AllToAll { send, recv })
     }
 
     /// Reduces every rank's `send` and leaves block r of the result in rank r's `recv`.
     #[pyo3(signature = (send, recv, op=None))]
     fn reduce_scatter(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>, op: Option<&Obj<'_>>) -> PyResult<()> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.block(py, Call::ReduceScatter { send, recv, op: reduce_op(op)? }).map(drop)
     }
 
     /// Non-blocking `reduce_scatter`.
     #[pyo3(signature = (send, recv, op=None))]
     fn ireduce_scatter(&self, send: &Obj<'_>, recv: &Obj<'_>, op: Option<&Obj<'_>>) -> PyResult<Request> {
-        let (send, recv) = Self::two(send, recv)?;
+        let (send, recv) = self.two(send, recv)?;
         self.post(Call::ReduceScatter { send, recv, op: reduce_op(op)? })
     }
 
@@ -378,7 +400,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<()> {
-        self.block(py, Self::gatherv_call(send, recv, counts, displs, root)?).map(drop)
+        self.block(py, self.gatherv_call(send, recv, counts, displs, root)?).map(drop)
     }
 
     /// Non-blocking `gatherv`.
@@ -391,7 +413,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Request> {
-        self.post(Self::gatherv_call(send, recv, counts, displs, root)?)
+        self.post(self.gatherv_call(send, recv, counts, displs, root)?)
     }
 
     /// Rank r's `recv` gets `counts[r]` elements of root's `send` from `displs[r]` (default:
@@ -406,7 +428,7 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<()> {
-        self.block(py, Self::scatterv_call(send, recv, counts, displs, root)?).map(drop)
+        self.block(py, self.scatterv_call(send, recv, counts, displs, root)?).map(drop)
     }
 
     /// Non-blocking `scatterv`.
@@ -419,20 +441,20 @@ impl Communicator {
         displs: Option<Vec<usize>>,
         root: usize,
     ) -> PyResult<Request> {
-        self.post(Self::scatterv_call(send, recv, counts, displs, root)?)
+        self.post(self.scatterv_call(send, recv, counts, displs, root)?)
     }
 
     /// Every rank's `recv` gets `counts[r]` elements from each rank r at `displs[r]` (default:
     /// packed).
     #[pyo3(signature = (send, recv, counts, displs=None))]
     fn all_gatherv(&self, py: Python<'_>, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<()> {
-        self.block(py, Self::all_gatherv_call(send, recv, counts, displs)?).map(drop)
+        self.block(py, self.all_gatherv_call(send, recv, counts, displs)?).map(drop)
     }
 
     /// Non-blocking `all_gatherv`.
     #[pyo3(signature = (send, recv, counts, displs=None))]
     fn iall_gatherv(&self, send: &Obj<'_>, recv: &Obj<'_>, counts: Vec<usize>, displs: Option<Vec<usize>>) -> PyResult<Request> {
-        self.post(Self::all_gatherv_call(send, recv, counts, displs)?)
+        self.post(self.all_gatherv_call(send, recv, counts, displs)?)
     }
 
     /// All-to-all with per-pair counts: `counts` is the size × size table, row-major
@@ -468,7 +490,7 @@ impl Communicator {
     /// Sends `buf` to rank `dest` with `tag`.
     #[pyo3(signature = (buf, dest, tag=0))]
     fn send(&self, py: Python<'_>, buf: &Obj<'_>, dest: usize, tag: i64) -> PyResult<()> {
-        let call = Call::Send { buf: region("buf", buf)?, dest, tag: tag_of(tag)? };
+        let call = Call::Send { buf: self.region("buf", buf)?, dest, tag: tag_of(tag)? };
         self.block(py, call).map(drop)
     }
 
@@ -476,7 +498,7 @@ impl Communicator {
     /// received (a longer message is an error).
     #[pyo3(signature = (buf, source, tag=0))]
     fn recv(&self, py: Python<'_>, buf: &Obj<'_>, source: usize, tag: i64) -> PyResult<usize> {
-        let call = Call::Recv { buf: region("buf", buf)?.writable("buf")?, src: source, tag: tag_of(tag)? };
+        let call = Call::Recv { buf: self.region("buf", buf)?.writable("buf")?, src: source, tag: tag_of(tag)? };
         self.block(py, call)
     }
 
@@ -487,21 +509,19 @@ impl Communicator {
     /// return without waiting for the GPU; this (or torch's stream sync) waits for them.
     #[pyo3(signature = (stream=0))]
     fn synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
-        self.drain(py)?;
-        let r = py.detach(|| self.exec.with_comm(|c| c.synchronize(&crate::device::queue(c, None, stream)?)));
-        r.map_err(to_py)
+        self.run(py, |c| c.synchronize(&crate::device::queue(c, None, stream)?))
     }
 
     /// Non-blocking `send`.
     #[pyo3(signature = (buf, dest, tag=0))]
     fn isend(&self, py: Python<'_>, buf: &Obj<'_>, dest: usize, tag: i64) -> PyResult<Request> {
-        self.post_p2p(py, region("buf", buf)?, dest, tag_of(tag)?, false)
+        self.post_p2p(py, self.region("buf", buf)?, dest, tag_of(tag)?, false)
     }
 
     /// Non-blocking `recv`; the request's `wait()` returns the number of elements received.
     #[pyo3(signature = (buf, source, tag=0))]
     fn irecv(&self, py: Python<'_>, buf: &Obj<'_>, source: usize, tag: i64) -> PyResult<Request> {
-        self.post_p2p(py, region("buf", buf)?.writable("buf")?, source, tag_of(tag)?, true)
+        self.post_p2p(py, self.region("buf", buf)?.writable("buf")?, source, tag_of(tag)?, true)
     }
 }
 

@@ -40,6 +40,11 @@ impl Completion {
     }
 }
 
+/// The error for a call on a closed communicator, naming `rank`.
+pub fn closed(rank: usize) -> sucl::Error {
+    sucl::Error::invalid(rank, "communicator", "is closed")
+}
+
 /// Locks `m`, ignoring poisoning (every critical section leaves its data consistent).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -57,17 +62,27 @@ pub struct Executor {
     queue: Mutex<Option<(Sender<Job>, JoinHandle<()>)>>,
     last: Mutex<Option<Arc<Completion>>>,
     rank: usize,
+    /// Aborts the job from the thread that waits for a queued call (Ctrl-C).
+    pub interrupter: sucl::Interrupter,
 }
 
 impl Executor {
     pub fn new(comm: Communicator) -> Executor {
-        let rank = comm.rank();
-        Executor { comm: Arc::new(Mutex::new(Some(comm))), pending: Arc::default(), queue: Mutex::new(None), last: Mutex::new(None), rank }
+        // Errors name the world rank, as sucl's own do.
+        let (rank, interrupter) = (comm.world_rank_of(comm.rank()).unwrap_or(comm.rank()), comm.interrupter());
+        Executor {
+            comm: Arc::new(Mutex::new(Some(comm))),
+            pending: Arc::default(),
+            queue: Mutex::new(None),
+            last: Mutex::new(None),
+            rank,
+            interrupter,
+        }
     }
 
     /// The error for a call on a closed communicator.
     pub fn closed(&self) -> sucl::Error {
-        sucl::Error::invalid(self.rank, "communicator", "is closed")
+        closed(self.rank)
     }
 
     /// Runs `f` on the communicator on this thread (call without the GIL).
@@ -110,7 +125,7 @@ impl Executor {
                 while let Ok(Job { call, done }) = rx.recv() {
                     let r = match lock(&comm).as_ref() {
                         Some(c) => call.run(c),
-                        None => Err(sucl::Error::invalid(rank, "communicator", "is closed")),
+                        None => Err(closed(rank)),
                     };
                     // Release the buffers (this takes the GIL briefly) before reporting.
                     drop(call);

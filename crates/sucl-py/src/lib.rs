@@ -7,8 +7,10 @@
 mod call;
 mod comm;
 mod device;
+mod dlpack;
 mod errors;
 mod exec;
+mod interrupt;
 mod region;
 mod request;
 

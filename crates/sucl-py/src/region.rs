@@ -1,7 +1,8 @@
 //! A Python object's memory as sucl sees it: a pointer, an element count and an element type,
 //! plus a reference that keeps the memory alive. Accepted: anything with the buffer protocol
-//! (NumPy arrays, bytearray, memoryview, array.array), read in place, and torch CPU tensors,
-//! read at `data_ptr()` (torch tensors have no buffer protocol). Device memory: torch CUDA
+//! (NumPy arrays, bytearray, memoryview, array.array), read in place, torch CPU tensors,
+//! read at `data_ptr()` (torch tensors have no buffer protocol), and other objects whose
+//! `__dlpack__` exports host memory. Device memory: torch CUDA
 //! tensors and objects with `__cuda_array_interface__` (v3), checked with the CUDA driver
 //! (device memory of one GPU) when the region is made, before anything moves; a region of
 //! device memory carries the CUDA stream its call is ordered on.
@@ -54,24 +55,27 @@ fn dangling_if_empty(addr: usize, len: usize, align: usize) -> usize {
 impl Region {
     /// The memory of `obj`; `arg` names it in errors. Fails on non-contiguous, misaligned or
     /// device memory and element types sucl does not have.
-    pub fn of(arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<Region> {
+    /// `rank` (this process's world rank) names the rank in errors about device memory.
+    pub fn of(arg: &str, obj: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
         let py = obj.py();
         // SAFETY: `obj` is a live object and we are attached to the interpreter.
         let has_buffer = unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1;
         if !has_buffer {
             if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
-                return Self::of_tensor(arg, obj);
+                return Self::of_tensor(arg, obj, rank);
             }
             if let Ok(cai) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
-                return Self::of_cuda_array(arg, obj, &cai);
+                return Self::of_cuda_array(arg, obj, &cai, rank);
             }
             if let Ok((kind, _)) = obj.call_method0(intern!(py, "__dlpack_device__")).and_then(|d| d.extract::<(i64, i64)>()) {
-                if kind != DLPACK_CPU {
+                if !crate::dlpack::HOST_DEVICE_TYPES.contains(&kind) {
                     return Err(invalid(
                         arg,
                         format!("a DLPack object on device type {kind}: pass a torch tensor or an object with __cuda_array_interface__"),
                     ));
                 }
+                let e = crate::dlpack::host_memory(arg, obj)?;
+                return Self::checked(arg, e.addr, e.len, e.dtype, false, Keep::Object(e.capsule));
             }
         }
         let buf = PyUntypedBuffer::get(obj).map_err(|e| invalid(arg, format!("not a buffer or a tensor ({e})")))?;
@@ -85,7 +89,7 @@ impl Region {
 
     /// A torch tensor: CPU or CUDA, contiguous, at `data_ptr()`. A CUDA tensor's call is
     /// ordered on torch's current stream of its device, as torch's NCCL backend orders it.
-    fn of_tensor(arg: &str, t: &Bound<'_, PyAny>) -> PyResult<Region> {
+    fn of_tensor(arg: &str, t: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
         let py = t.py();
         let is_cuda = t.getattr(intern!(py, "is_cuda"))?.is_truthy()?;
         let device: String = t.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?.extract()?;
@@ -108,12 +112,12 @@ impl Region {
             .getattr(intern!(py, "cuda"))?
             .call_method1(intern!(py, "current_stream"), (t.getattr(intern!(py, "device"))?,))?;
         let stream: u64 = current.getattr(intern!(py, "cuda_stream"))?.extract()?;
-        region.on_gpu(arg, stream)
+        region.on_gpu(arg, stream, rank)
     }
 
     /// An object with `__cuda_array_interface__` (v3): contiguous (`strides` None), its call
     /// ordered on the interface's `stream` (absent or None: the legacy default stream).
-    fn of_cuda_array(arg: &str, obj: &Bound<'_, PyAny>, cai: &Bound<'_, PyAny>) -> PyResult<Region> {
+    fn of_cuda_array(arg: &str, obj: &Bound<'_, PyAny>, cai: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
         let bad = |why: &str| invalid(arg, format!("__cuda_array_interface__ {why}"));
         let cai = cai.cast::<pyo3::types::PyDict>().map_err(|_| bad("is not a dict"))?;
         let get = |key: &str| cai.get_item(key).ok().flatten().filter(|v| !v.is_none());
@@ -138,17 +142,17 @@ impl Region {
                 other => other,
             },
         };
-        Self::checked(arg, addr, len, dtype, false, Keep::Object(obj.clone().unbind()))?.on_gpu(arg, stream)
+        Self::checked(arg, addr, len, dtype, false, Keep::Object(obj.clone().unbind()))?.on_gpu(arg, stream, rank)
     }
 
     /// This region as device memory, asked of the CUDA driver: one GPU's device memory from
     /// the first byte to the last, else a clear error (host memory, no driver) before anything
     /// moves. Empty regions are taken as they are (on GPU 0 unless the call's other buffer says).
-    fn on_gpu(mut self, arg: &str, stream: u64) -> PyResult<Region> {
+    fn on_gpu(mut self, arg: &str, stream: u64, rank: usize) -> PyResult<Region> {
         let ordinal = if self.len == 0 {
             0
         } else {
-            sucl::cuda::pointer_device(0, static_name(arg), self.addr as u64, self.bytes()).map_err(crate::errors::to_py)?
+            sucl::cuda::pointer_device(rank, static_name(arg), self.addr as u64, self.bytes()).map_err(crate::errors::to_py)?
         };
         self.device = Some(OnDevice { ordinal, stream });
         Ok(self)
@@ -215,9 +219,6 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut T, self.len) }
     }
 }
-
-/// DLPack's `kDLCPU` device type.
-const DLPACK_CPU: i64 = 1;
 
 /// `CU_STREAM_PER_THREAD`, the per-thread default stream's handle.
 const PER_THREAD_STREAM: u64 = 2;

@@ -14,12 +14,13 @@ pub struct P2p {
     req: Option<UnscopedRequest>,
     _buf: Region,
     elem_size: usize,
+    world_rank: usize,
 }
 
 impl P2p {
-    pub fn new(comm: Arc<Mutex<Option<Communicator>>>, req: UnscopedRequest, buf: Region) -> P2p {
+    pub fn new(comm: Arc<Mutex<Option<Communicator>>>, req: UnscopedRequest, buf: Region, world_rank: usize) -> P2p {
         let elem_size = buf.dtype.size();
-        P2p { comm, req: Some(req), _buf: buf, elem_size }
+        P2p { comm, req: Some(req), _buf: buf, elem_size, world_rank }
     }
 
     /// Tests (making progress) until done or `slice` passed. `Some` once complete.
@@ -30,7 +31,7 @@ impl P2p {
             let Some(c) = g.as_ref() else {
                 // Closing the communicator withdrew the message.
                 self.req = None;
-                return Some(Err(sucl::Error::invalid(0, "request", "its communicator was closed")));
+                return Some(Err(sucl::Error::invalid(self.world_rank, "request", "its communicator was closed")));
             };
             let req = self.req.as_ref()?;
             match c.test_unscoped(req) {
@@ -65,8 +66,8 @@ impl Drop for P2p {
 }
 
 enum State {
-    /// A collective on the worker thread.
-    Queued(Arc<Completion>),
+    /// A collective on the worker thread, and what aborts the job if its wait is interrupted.
+    Queued(Arc<Completion>, sucl::Interrupter),
     /// A send or receive in the backend.
     P2p(P2p),
     /// Finished: the element count for receives.
@@ -84,8 +85,8 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn queued(done: Arc<Completion>) -> Request {
-        Request { state: Mutex::new(State::Queued(done)), counts: false }
+    pub fn queued(done: Arc<Completion>, interrupter: sucl::Interrupter) -> Request {
+        Request { state: Mutex::new(State::Queued(done, interrupter)), counts: false }
     }
 
     pub fn p2p(p: P2p, counts: bool) -> Request {
@@ -97,11 +98,20 @@ impl Request {
         let mut st = lock(&self.state);
         let r = match &mut *st {
             State::Done(r) => return Some(r.clone()),
-            State::Queued(done) => done.wait_slice(slice)?,
+            State::Queued(done, _) => done.wait_slice(slice)?,
             State::P2p(p) => p.progress(slice)?,
         };
         *st = State::Done(r.clone());
         Some(r)
+    }
+
+    /// A signal handler raised while waiting: abort the job if a collective is in flight.
+    fn interrupted(&self) {
+        if let State::Queued(done, interrupter) = &*lock(&self.state) {
+            if done.peek().is_none() {
+                interrupter.interrupt();
+            }
+        }
     }
 
     fn answer(&self, py: Python<'_>, r: sucl::Result<usize>) -> PyResult<Py<PyAny>> {
@@ -114,13 +124,15 @@ impl Request {
 impl Request {
     /// Blocks until the call completes, with the GIL released; raises the call's error.
     /// Returns the number of elements received for a receive, else None. Ctrl-C interrupts the
-    /// wait (the call itself goes on; wait again or drop the request).
+    /// wait: for a send or receive the message stays posted (wait again, or drop the request to
+    /// withdraw it); a collective cannot be left half done, so the job is aborted (later calls
+    /// raise `AbortedError`, as after Ctrl-C in a blocking call).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         loop {
             if let Some(r) = py.detach(|| self.step(SLICE)) {
                 return self.answer(py, r);
             }
-            py.check_signals()?;
+            py.check_signals().inspect_err(|_| self.interrupted())?;
         }
     }
 
@@ -128,7 +140,7 @@ impl Request {
     fn test(&self, py: Python<'_>) -> PyResult<bool> {
         let r = match &*lock(&self.state) {
             State::Done(r) => Some(r.clone()),
-            State::Queued(done) => done.peek(),
+            State::Queued(done, _) => done.peek(),
             State::P2p(_) => None,
         };
         let r = match r {

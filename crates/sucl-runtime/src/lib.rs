@@ -25,6 +25,7 @@ pub mod cuda;
 #[cfg(feature = "fault-hook")]
 mod fault;
 mod hier;
+mod interrupt;
 mod nonblocking;
 pub mod select;
 #[cfg(feature = "cuda")]
@@ -85,6 +86,7 @@ macro_rules! with_dtype {
         }
     };
 }
+pub use interrupt::Interrupter;
 pub use nonblocking::{Request, Scope};
 pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
 pub use sucl_core::store::{JobSecret, SecretSource};

@@ -6,10 +6,8 @@
 //! rank, otherwise it is the parent that starts both and checks their outcome.
 
 mod common;
-use common::{free_port, Reaped};
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use common::run_ranks;
+use std::time::Duration;
 use sucl_runtime::{Communicator, Error, Result};
 
 const TEST_NAME: &str = "requests_complete_on_the_backend_they_were_posted_on";
@@ -74,45 +72,8 @@ fn requests_complete_on_the_backend_they_were_posted_on() {
         println!("RANK {rank} OK");
         return;
     }
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut ranks: Vec<Reaped> = (0..2)
-        .map(|r| {
-            let child = Command::new(&exe)
-                .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
-                .env("SUCL_REQ_TEST_RANK", r.to_string())
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("LOCAL_RANK", r.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("TORCHELASTIC_RUN_ID", format!("req{port}"))
-                .env("SUCL_BACKENDS", "shm,tcp")
-                .env("SUCL_TIMEOUT", "20")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawning a rank");
-            Reaped(child)
-        })
-        .collect();
-    let start = Instant::now();
-    let mut done = [None, None];
-    while done.iter().any(Option::is_none) {
-        for (r, c) in ranks.iter_mut().enumerate() {
-            if done[r].is_none() {
-                done[r] = c.0.try_wait().expect("try_wait");
-            }
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "the ranks hang");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for (r, c) in ranks.iter_mut().enumerate() {
-        let mut out = String::new();
-        let _ = c.0.stdout.take().unwrap().read_to_string(&mut out);
-        let _ = c.0.stderr.take().unwrap().read_to_string(&mut out);
-        let status = done[r].unwrap();
+    let env = [("SUCL_BACKENDS", "shm,tcp"), ("SUCL_TIMEOUT", "20")];
+    for (r, (status, out)) in run_ranks(TEST_NAME, "SUCL_REQ_TEST_RANK", 2, &env, Duration::from_secs(60)).into_iter().enumerate() {
         assert!(status.success() && out.contains(&format!("RANK {r} OK")), "rank {r} failed ({status}):\n{out}");
     }
 }

@@ -14,9 +14,8 @@
 //! otherwise the parent that starts them and checks their outcome.
 
 mod common;
-use common::{free_port, Reaped};
+use common::spawn_ranks;
 use std::io::Read;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use sucl_runtime::{Communicator, Error, Result};
 
@@ -214,25 +213,7 @@ struct RankOutcome {
 /// Runs test `test` as `n` ranks (torchrun's variables, rank 0 hosting the store) with `env`;
 /// a rank still running after `limit` is a hang and fails the test.
 fn world(test: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<RankOutcome> {
-    let port = free_port().to_string();
-    let exe = std::env::current_exe().unwrap();
-    let mut ranks: Vec<Reaped> = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-                .env("SUCL_VTEST_RANK", r.to_string())
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .env("TORCHELASTIC_RUN_ID", format!("v{port}"));
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            Reaped(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).spawn().expect("spawning a rank"))
-        })
-        .collect();
+    let mut ranks = spawn_ranks(test, "SUCL_VTEST_RANK", n, env);
     let start = Instant::now();
     let mut done: Vec<Option<(std::process::ExitStatus, Duration)>> = vec![None; n];
     while done.iter().any(Option::is_none) {

@@ -61,10 +61,11 @@ class FakeDevice:
 host = np.zeros(4, np.float32)
 # Host memory posing as device memory: refused, naming host memory (with a CUDA driver) or the
 # missing driver (without one), before anything moves.
+# The message names this rank (the check runs before the communicator is asked).
 msg = raises("host memory as device memory", lambda: comm.all_reduce(FakeDevice(host)), (sucl.InvalidArgumentError, sucl.BackendUnavailableError))
-assert "host memory" in msg or "driver" in msg, msg
+assert ("host memory" in msg or "driver" in msg) and msg.startswith(f"rank {r}:"), msg
 msg = raises("host memory as device recv", lambda: comm.all_reduce(FakeDevice(host), FakeDevice(np.zeros(4, np.float32))), (sucl.InvalidArgumentError, sucl.BackendUnavailableError))
-assert "host memory" in msg or "driver" in msg, msg
+assert ("host memory" in msg or "driver" in msg) and msg.startswith(f"rank {r}:"), msg
 # Layouts and element types sucl cannot take are refused whatever the memory is.
 msg = raises("strided device array", lambda: comm.all_reduce(FakeDevice(host, strides=(8,))))
 assert "contiguous" in msg, msg
