@@ -21,7 +21,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 D=$(cd "$(dirname "$0")" && pwd)
 BIN=$D/bin SCRIPTS=$D RESULTS=${OUT:?}/remote2 timeout -k 5 118 bash "$D/remote-device-run.sh"
 echo "remote2: exit $?"
-tail -n 60 "$OUT/remote2/log.txt"; cat "$OUT/remote2/remote-scale.csv" 2>/dev/null
+tail -n 150 "$OUT/remote2/log.txt"; cat "$OUT/remote2/remote-scale.csv" 2>/dev/null
 RUN
 chmod +x "$DEST/run.sh"
 du -sh "$DEST"
