@@ -24,7 +24,7 @@ BENCH=${BENCH:-target/release/examples/remote_bench}
 CHECK=${CHECK:-target/release/examples/remote_cuda_check}
 OUT=${OUT:-target/bench/remote-scale}
 JACOBI_N=${JACOBI_N:-512}; JACOBI_NZ=${JACOBI_NZ:-512}; JACOBI_STEPS=${JACOBI_STEPS:-20}
-MATMUL_NS=${MATMUL_NS:-4096 8192}
+MATMUL_NS=${MATMUL_NS-4096 8192}  # set but empty: no matmul
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 PIDS=()
