@@ -6,12 +6,17 @@
 # peer memory, CUDA IPC) — each checked bit for bit (#wrong) against the same kernels on GPU 0:
 #   - Jacobi 3D, weak scaling: JACOBI_N² × JACOBI_NZ f32 per daemon (default 512³), halos every step;
 #   - blocked matmul, strong scaling: MATMUL_NS (default "4096 8192"), f64.
+# PATHS (default "network auto") picks the runs; MATMUL_NS="" leaves matmul out.
 # First the remote_cuda_check example against one daemon (every device operation on a GPU).
-# Writes OUT/{check.txt, network.md, peer.md, sucld-*.log} and OUT/remote-scale.csv; fails if a
-# check fails or any #wrong is not 0, or the peer-memory run's migrations did not take peer memory.
-# usage: SUCLD=path BENCH=path CHECK=path [OUT=dir] scripts/remote-scale.sh
+# With SENDRECV (and SUCL_BIN), the same Jacobi written with sucl's device send/recv on 1, 2, 4
+# ranks of one GPU each (the jacobi3d_sendrecv example, best of ROUNDS=3 rounds) as reference.
+# Writes OUT/{check.txt, network.md, peer.md, reference.jsonl, sucld-*.log} and
+# OUT/remote-scale.csv; fails if a check fails or any #wrong is not 0, or the peer-memory run's
+# migrations did not take peer memory.
+# usage: SUCLD=path BENCH=path CHECK=path [SENDRECV=path SUCL_BIN=path] [OUT=dir] scripts/remote-scale.sh
 #        (build here: cargo build --release -p sucl-remote --bin sucld --example remote_bench
-#         --example remote_cuda_check)
+#         --example remote_cuda_check; cargo build --release -p sucl-cli --bin sucl;
+#         cargo build --release -p sucl --example jacobi3d_sendrecv)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 SUCLD=${SUCLD:-target/release/sucld}
@@ -19,7 +24,7 @@ BENCH=${BENCH:-target/release/examples/remote_bench}
 CHECK=${CHECK:-target/release/examples/remote_cuda_check}
 OUT=${OUT:-target/bench/remote-scale}
 JACOBI_N=${JACOBI_N:-512}; JACOBI_NZ=${JACOBI_NZ:-512}; JACOBI_STEPS=${JACOBI_STEPS:-20}
-MATMUL_NS=${MATMUL_NS:-4096 8192}
+MATMUL_NS=${MATMUL_NS-4096 8192}  # set but empty: no matmul
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 PIDS=()
@@ -56,7 +61,7 @@ every_right() {
     || { echo "remote-scale: $1: an application run is missing or computed wrong results" >&2; status=1; }
 }
 
-for path in network auto; do
+for path in ${PATHS:-network auto}; do
   start_daemons "$path"
   if [ "$path" = auto ]; then
     SUCL_REMOTE=${SERVERS%%,*} SUCL_REMOTE_TOKEN_FILE=$TMP/token SUCL_REMOTE_TLS_PIN=${PINS%%,*} "$CHECK" >"$OUT/check.txt" 2>&1 || status=1
@@ -76,26 +81,48 @@ for path in network auto; do
   stop_daemons
   every_right "$md"
 done
-# The reference: a Jacobi stencil written with sucl's device send/recv, one GPU per rank
-# (graph_gpu_step_bench's hand-written version, 2D 5-point f32, rows split), sized for about
-# JACOBI_N²·JACOBI_NZ cells per rank (weak scaling); SUCL_BIN and STEP name the binaries.
-if [ -n "${STEP:-}" ] && [ -x "$STEP" ] && [ -x "${SUCL_BIN:-}" ]; then
-  cells=$((JACOBI_N * JACOBI_N * JACOBI_NZ))
+# The reference: the same stencil written with sucl's device send/recv on ranks of one GPU each
+# (jacobi3d_sendrecv: the same f32 kernel, JACOBI_N² × JACOBI_NZ per rank, halo planes by
+# Communicator::sendrecv, checked bit for bit against the whole domain on one GPU), on 1, 2 and
+# 4 ranks; SUCL_BIN and SENDRECV name the binaries. Its rows join the CSV.
+if [ -n "${SENDRECV:-}" ]; then
   : >"$OUT/reference.jsonl"
   for r in 1 2 4; do
     [ "$r" -le "$n" ] || continue
-    side=$(python3 -c "import math; s=int(math.isqrt($cells*$r)); print(s - s % ($r*2))")
-    SUCL_TIMEOUT=60 timeout 90 "$SUCL_BIN" run -n "$r" -- "$STEP" jacobi --size "$side" --steps "$JACOBI_STEPS" --rounds 2 \
-      >>"$OUT/reference.jsonl" 2>>"$OUT/reference.err" || echo "remote-scale: reference on $r ranks failed (not counted)" >&2
+    SUCL_TIMEOUT=60 timeout 90 "${SUCL_BIN:-target/release/sucl}" run -n "$r" --no-prefix -- "$SENDRECV" --n "$JACOBI_N" --nz "$JACOBI_NZ" \
+      --steps "$JACOBI_STEPS" --rounds "${ROUNDS:-3}" >>"$OUT/reference.jsonl" 2>>"$OUT/reference.err" \
+      || { echo "remote-scale: the send/recv reference on $r ranks failed" >&2; status=1; }
   done
+  grep -q '"wrong":0}' "$OUT/reference.jsonl" || { echo "remote-scale: no send/recv reference row computed right" >&2; status=1; }
+  if grep -q '"wrong":[1-9]' "$OUT/reference.jsonl"; then echo "remote-scale: the send/recv reference computed wrong results" >&2; status=1; fi
 fi
-grep -q "| peer memory |" "$OUT/peer.md" || { echo "remote-scale: no migration took peer memory" >&2; status=1; }
-if grep -q "| peer memory |" "$OUT/network.md"; then echo "remote-scale: --peer-path network still took peer memory" >&2; status=1; fi
-# One CSV: app, size, daemons, path, time, efficiency, #wrong.
-awk -F'|' -v jsize="${JACOBI_N}x${JACOBI_N}x${JACOBI_NZ} per daemon" '
-  /^## Jacobi/ { app = "jacobi3d_f32_weak"; size = jsize } /^## Blocked matmul/ { app = "matmul"; split($0, w, "[ ×,]+"); size = w[5] }
-  /^\| [0-9]+ \| [0-9]+ GPU/ { gsub(/ /, "", $2); gsub(/^ +| +$/, "", $4); gsub(/ /, "", $5); gsub(/ /, "", $(NF-1));
-    print app "," size "," $2 "," $4 "," $5 "," $(NF-1) }
-' "$OUT/network.md" "$OUT/peer.md" | sed '1i app,size,daemons,path,time_ms,wrong' >"$OUT/remote-scale.csv"
+if [ -f "$OUT/peer.md" ]; then
+  grep -q "| peer memory |" "$OUT/peer.md" || { echo "remote-scale: no migration took peer memory" >&2; status=1; }
+fi
+if [ -f "$OUT/network.md" ] && grep -q "| peer memory |" "$OUT/network.md"; then
+  echo "remote-scale: --peer-path network still took peer memory" >&2; status=1
+fi
+# One CSV (bench/data/remote-scale.csv's shape): app, size, daemons (ranks for the reference),
+# path, time, time per step, speedup and efficiency vs 1, host wait per migration command, #wrong.
+cube=$([ "$JACOBI_N" = "$JACOBI_NZ" ] && echo "${JACOBI_N}^3" || echo "${JACOBI_N}^2x${JACOBI_NZ}")
+awk -F'|' -v jsize="$cube per daemon" -v steps="$JACOBI_STEPS" '
+  function trim(x) { gsub(/^ +| +$/, "", x); return x }
+  /^## Jacobi/ { app = "jacobi3d_f32_weak"; size = jsize } /^## Blocked matmul/ { app = "matmul_f64"; split($0, w, "[ ×,]+"); size = w[5] }
+  /^\| [0-9]+ \| [0-9]+ GPU/ {
+    d = trim($2); path = trim($4); if (path == "—") path = "-"; t = trim($5); sp = trim($7); sub(/×/, "", sp)
+    if (app ~ /^jacobi/) { e = trim($8); sub(/%/, "", e); eff = sprintf("%.2f", e / 100); step = sprintf("%.3f", t / steps) }
+    else { eff = sprintf("%.2f", sp / d); step = "" }
+    n++; row[n] = app "," size "," d "," path "," t "," step "," sp "," eff; wrong[n] = trim($(NF-1)); key[n] = app size d path
+  }
+  /^\| [0-9]+ \| [^|0-9][^|]* \| [0-9.]+ \|/ && !/GPU/ { waits[app size trim($2) (trim($3) == "—" ? "-" : trim($3))] = trim($(NF-2)) }
+  BEGIN { print "app,size,daemons,path,time_ms,step_ms,speedup_vs_1,efficiency_vs_1,host_wait_per_migration_us,wrong" }
+  END { for (i = 1; i <= n; i++) print row[i] "," waits[key[i]] "," wrong[i] }
+' $(ls "$OUT/network.md" "$OUT/peer.md" 2>/dev/null) /dev/null >"$OUT/remote-scale.csv"
+# The reference's rows: step time, and its efficiency against one rank.
+sed -n 's/.*"ranks":\([0-9]*\),.*"backends":"\([^"]*\)".*"step_ms":\([0-9.]*\),.*"wrong":\(-\?[0-9]*\)}/\1 \2 \3 \4/p' "$OUT/reference.jsonl" 2>/dev/null |
+  awk -v size="$cube per rank" -v steps="$JACOBI_STEPS" '
+    $1 == 1 { one = $3 }
+    { printf "reference_sendrecv_jacobi3d_f32,%s,%s,%s,%.1f,%s,%s,%s,,%s\n", size, $1, $2, $3 * steps, $3,
+        one ? sprintf("%.2f", one / $3) : "", one ? sprintf("%.2f", one / $3) : "", $4 }' >>"$OUT/remote-scale.csv"
 cat "$OUT/network.md" "$OUT/peer.md" "$OUT/reference.jsonl" 2>/dev/null
 exit $status

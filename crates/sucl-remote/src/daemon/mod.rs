@@ -199,6 +199,26 @@ impl Drop for Daemon {
     }
 }
 
+/// Closes a session that is going (expired, or evicted for room). Its peer-memory offers that no
+/// command joined are settled first ([`peer_mem::settle`], each member within the peer
+/// timeout), on a thread of its own when there are any, so that neither the reaper nor a
+/// handshake waits for them; the session's buffers are freed when its last user lets go.
+fn retire(shared: &Arc<Shared>, s: Arc<Session>) {
+    if lock(&s.remote).offered.is_empty() {
+        return s.close();
+    }
+    let (sh, ses) = (shared.clone(), s.clone());
+    let settle = move || {
+        peer_mem::settle(&sh, &ses);
+        ses.close();
+    };
+    if let Err(e) = std::thread::Builder::new().name("sucld-retire".into()).spawn(settle) {
+        warn!("no thread to settle a closing session's peer-memory offers ({e}): settling them here");
+        peer_mem::settle(shared, &s);
+        s.close();
+    }
+}
+
 /// Frees sessions whose client did not re-attach in time, and cuts connections whose
 /// handshake ran past its deadline.
 fn reap_loop(shared: &Arc<Shared>) {
@@ -219,7 +239,7 @@ fn reap_loop(shared: &Arc<Shared>) {
             !gone
         });
         for s in expired {
-            s.close();
+            retire(shared, s);
         }
         lock(&shared.meshes).retain(|_, w| w.strong_count() > 0 && !w.upgrade().is_some_and(|s| s.closed.load(Ordering::SeqCst)));
     }

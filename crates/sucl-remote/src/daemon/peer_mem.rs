@@ -27,7 +27,7 @@ use super::mesh::*;
 use super::state::*;
 use crate::wire::{code, failed, Command, Frame, Outcome};
 use std::sync::Arc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// Why a destination with peer path `path` on machine `my_node`, process `my_pid`, refuses
 /// an offer from machine `node`, process `pid` whatever its buffers (`None`: it may take it).
@@ -181,6 +181,58 @@ pub(super) fn receive_offer(
     Ok(matches!(answer, MemAnswer::Copied(_)).then_some(offer.len))
 }
 
+/// Before a session that is going (expired or evicted) frees its buffers: waits, each member
+/// within the peer timeout, for the answers to the offers no command joined, and orders its
+/// GPUs after each copy queued from them (freeing a buffer synchronizes its stream first, so
+/// the memory outlives every copy from it); then tells the members to close their mappings of
+/// its buffers, so that an offer still unanswered is refused rather than copied from freed
+/// memory. Returns how many offers stayed unanswered.
+pub(super) fn settle(shared: &Arc<Shared>, s: &Arc<Session>) -> usize {
+    let offered = std::mem::take(&mut lock(&s.remote).offered);
+    let unanswered = settle_offers(
+        offered,
+        |o| {
+            let (what, key) = (format!("settling transfer {} to mesh member {} at session end", o.transfer, o.peer), (o.peer, o.transfer));
+            wait_remote(shared, s, o.peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, o.peer, o.frame.clone()))
+        },
+        |o, event| cuda::order_after(shared, s, o.peer, o.device, event),
+    );
+    for id in cuda::exported(s) {
+        freed(shared, s, id);
+    }
+    unanswered
+}
+
+/// Settles `offered` in order: `answer` waits for an offer's answer, `copied` orders the
+/// source after a copy. A member that fails to answer one offer (its timeout passed, or it is
+/// lost) is not waited for again. Returns how many offers were left unsettled.
+fn settle_offers(
+    offered: Vec<Offered>,
+    mut answer: impl FnMut(&Offered) -> Result<MemAnswer, Outcome>,
+    mut copied: impl FnMut(&Offered, &[u8; 64]) -> Result<(), Outcome>,
+) -> usize {
+    let (mut silent, mut unsettled) = (Vec::new(), 0);
+    for o in offered {
+        if silent.contains(&o.peer) {
+            unsettled += 1;
+            continue;
+        }
+        let settled = match answer(&o) {
+            Ok(MemAnswer::Copied(event)) => copied(&o, &event),
+            Ok(MemAnswer::Refused { .. }) => Ok(()),
+            Err(e) => {
+                silent.push(o.peer);
+                Err(e)
+            }
+        };
+        if let Err(e) = settled {
+            warn!("session end: transfer {} to mesh member {} unsettled, its buffer is freed anyway: {e:?}", o.transfer, o.peer);
+            unsettled += 1;
+        }
+    }
+    unsettled
+}
+
 /// After buffer `id` was freed: tells the members it was exported to, so that they close their
 /// mappings of it.
 pub(super) fn freed(shared: &Arc<Shared>, s: &Arc<Session>, id: u64) {
@@ -329,6 +381,11 @@ mod cuda {
     pub(super) fn forget_export(s: &Session, id: u64) -> Option<([u8; 64], Vec<u32>)> {
         lock(&s.objects).peer_mem.shared.remove(&id)
     }
+
+    /// The buffers exported to members.
+    pub(super) fn exported(s: &Session) -> Vec<u64> {
+        lock(&s.objects).peer_mem.shared.keys().copied().collect()
+    }
 }
 
 /// Without CUDA there is no GPU memory to offer or take.
@@ -357,6 +414,9 @@ mod cuda {
     pub(super) fn forget_export(_: &Session, _: u64) -> Option<([u8; 64], Vec<u32>)> {
         None
     }
+    pub(super) fn exported(_: &Session) -> Vec<u64> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]
@@ -381,6 +441,30 @@ mod tests {
         assert_eq!(joins(into(11, 96, 8)), [false, true]);
         // Commands that touch nothing join nothing.
         assert_eq!(joins(Command::Stats), [false, false]);
+    }
+
+    #[test]
+    fn a_session_end_waits_for_every_answer_orders_after_each_copy_and_skips_silent_members() {
+        let offered = |peer, transfer| Offered { peer, transfer, device: 0, buffer: 1, range: 0..8, frame: Vec::new() };
+        let (mut asked, mut ordered) = (Vec::new(), Vec::new());
+        let unsettled = settle_offers(
+            vec![offered(1, 10), offered(2, 11), offered(1, 12), offered(3, 13)],
+            |o| {
+                asked.push(o.transfer);
+                match o.peer {
+                    1 => Err(failed(code::PEER, "nothing within the peer timeout")),
+                    2 => Ok(MemAnswer::Copied([7; 64])),
+                    _ => Ok(MemAnswer::Refused { permanent: false, reason: "host buffer".into() }),
+                }
+            },
+            |o, event| {
+                ordered.push((o.transfer, event[0]));
+                Ok(())
+            },
+        );
+        assert_eq!(asked, [10, 11, 13], "every answer is awaited, a silent member's only once");
+        assert_eq!(ordered, [(11, 7)], "the GPU waits for the copy's event before the buffer is freed");
+        assert_eq!(unsettled, 2, "both offers to the silent member stay unsettled");
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(super) fn open_session(
 /// Adds `s` to the daemon's sessions within [`DaemonConfig::max_sessions`]: at the limit, the
 /// session detached longest is freed to make room (its client is most likely gone); with none
 /// detached, `s` is refused.
-fn admit(shared: &Shared, s: &Arc<Session>) -> Result<(), String> {
+fn admit(shared: &Arc<Shared>, s: &Arc<Session>) -> Result<(), String> {
     let mut sessions = lock(&shared.sessions);
     let mut evicted = None;
     if sessions.len() >= shared.cfg.max_sessions {
@@ -77,7 +77,7 @@ fn admit(shared: &Shared, s: &Arc<Session>) -> Result<(), String> {
     drop(sessions);
     if let Some(old) = evicted {
         info!(session = %hex(&old.id), "session freed before its reconnect window ended: the daemon holds {} sessions (its limit)", shared.cfg.max_sessions);
-        old.close();
+        super::retire(shared, old);
     }
     Ok(())
 }
