@@ -8,9 +8,12 @@ Rendezvous goes through torch's own store: the group's rank 0 publishes the addr
 rendezvous store (and a random job secret) there, and every rank joins it. Collectives are
 sucl's; ``async_op=True`` returns a Work whose ``wait()`` waits for the sucl request.
 
-CUDA tensors, as with torch's NCCL backend: each call is enqueued on the tensors' current CUDA
-stream on the calling thread and returns without waiting for the GPU; ``Work.wait()`` makes the
-then-current stream wait for the call (an event, no host wait).
+CUDA tensors, as with torch's NCCL backend: each call is enqueued on the calling thread on a
+stream of the group's own (one per device) that first waits for the caller's current stream, and
+returns without waiting for the GPU, so that work the caller enqueues next (the rest of a backward
+pass) overlaps the communication; ``Work.wait()`` and the Work's future make the then-current
+stream wait for the call (an event, no host wait). The tensors are marked in use on the group's
+stream (``record_stream``) until the call ran.
 """
 
 import logging
@@ -121,15 +124,16 @@ class _Work(dist._Work):
 
 
 class _CudaWork(dist._Work):
-    """A call enqueued on a CUDA stream: done for the host once enqueued; ``wait()`` makes the
-    current stream wait for the event recorded after it."""
+    """A call enqueued on the group's CUDA stream ``stream``: done for the host once enqueued;
+    ``wait()`` makes the current stream wait for the event recorded after it."""
 
-    def __init__(self, result, device):
+    def __init__(self, result, device, stream):
         super().__init__()
         self._result = result
         self._device = device
+        self._stream = stream
         self._event = torch.cuda.Event()
-        self._event.record(torch.cuda.current_stream(device))
+        self._event.record(stream)
 
     def wait(self, timeout=None):
         """Orders the current stream after the call (the host does not wait); True."""
@@ -153,10 +157,13 @@ class _CudaWork(dist._Work):
         return self._result
 
     def get_future(self):
-        """A future completed with the output tensors (ordered on the current stream)."""
-        self.wait()
+        """A future completed with the output tensors. It is completed on the group's stream,
+        so a CUDA-aware consumer (``wait()``, ``value()``, ``then``) orders its own current
+        stream after the call, when it consumes it, not now: DDP chains its bucket futures
+        this way while the backward pass goes on."""
         fut = torch.futures.Future(devices=[self._device])
-        fut.set_result(self._result)
+        with torch.cuda.stream(self._stream):
+            fut.set_result(self._result)
         return fut
 
 
@@ -171,6 +178,15 @@ def _is_block_of(block, whole, index):
         and whole.numel() >= (index + 1) * n
         and block.data_ptr() == whole.data_ptr() + index * n * block.element_size()
     )
+
+
+def _tensors_in(items):
+    """Every tensor in ``items`` (nested lists and tuples allowed; other values skipped)."""
+    for t in items:
+        if isinstance(t, (list, tuple)):
+            yield from _tensors_in(t)
+        elif isinstance(t, torch.Tensor):
+            yield t
 
 
 def _cuda_device(tensors):
@@ -192,6 +208,15 @@ class ProcessGroupSucl(dist.ProcessGroup):
     def __init__(self, comm, rank, size):
         super().__init__(rank, size)
         self._comm = comm
+        self._streams = {}
+
+    def _stream(self, device):
+        """The stream this group's CUDA calls on ``device`` are enqueued on (made at first use),
+        as torch's NCCL backend keeps one of its own."""
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device)
+        return s
 
     @property
     def comm(self):
@@ -219,16 +244,24 @@ class ProcessGroupSucl(dist.ProcessGroup):
     def _start(self, calls, result, then=None, tensors=None):
         """Starts ``calls`` (``(method, args)`` pairs of the communicator's blocking names).
         CPU tensors: as non-blocking requests on sucl's worker thread. CUDA tensors: enqueued
-        now on the current stream, as NCCL is; ``then`` (copies out of temporaries) follows on
-        the same stream."""
+        now on the group's stream after the caller's current stream, as NCCL is; ``then``
+        (copies out of temporaries) follows on the same stream."""
         device = _cuda_device(tensors if tensors is not None else [a for _, args in calls for a in args if isinstance(a, (torch.Tensor, list))])
         if device is None:
             return _Work([getattr(self._comm, "i" + name)(*args) for name, args in calls], result, then)
-        for name, args in calls:
-            getattr(self._comm, name)(*args)
-        if then is not None:
-            then()
-        return _CudaWork(result, device)
+        stream = self._stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for name, args in calls:
+                getattr(self._comm, name)(*args)
+            if then is not None:
+                then()
+        # The caching allocator must not hand this memory out again before the group's
+        # stream ran the call (the caller's stream may free it first).
+        for t in _tensors_in([args for _, args in calls] + [result]):
+            if t.is_cuda:
+                t.record_stream(stream)
+        return _CudaWork(result, device, stream)
 
     # --- collectives -------------------------------------------------------------------------
 
