@@ -5,12 +5,13 @@
 # migrations over the TLS peer link (`sucld --peer-path network`, the baseline) and GPU to GPU
 # through peer memory (`--peer-path auto`); each checked bit for bit against the same kernels on
 # one GPU, with a per-step breakdown (migrations, bytes, host wait per migration, client round
-# trips). With STEP and SUCL_BIN also the reference: a Jacobi stencil written with sucl device
-# send/recv, one GPU per rank (graph_gpu_step_bench), at the same cells per rank.
-# usage: [SUCLD=.. BENCH=.. CHECK=..] [STEP=.. SUCL_BIN=..] [JACOBI_N=512 JACOBI_NZ=512 JACOBI_STEPS=20]
+# trips). With SENDRECV and SUCL_BIN also the reference: the same 3D stencil written with sucl's
+# device send/recv, one GPU per rank (the `sucl` crate's example jacobi3d_sendrecv), at the same
+# cells per rank.
+# usage: [SUCLD=.. BENCH=.. CHECK=..] [SENDRECV=.. SUCL_BIN=..] [JACOBI_N=512 JACOBI_NZ=512 JACOBI_STEPS=20]
 #        [MATMUL_NS="4096 8192"] [OUT=target/bench/remote-scale] bench/remote-scale.sh
-# Builds what it needs in release when SUCLD is not given. Writes OUT/network.md, OUT/peer.md,
-# OUT/reference.jsonl and OUT/remote-scale.csv.
+# Builds what it needs in release when SUCLD is not given. Writes OUT/network.md, OUT/peer.md
+# and OUT/remote-scale.csv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OUT=${OUT:-target/bench/remote-scale}
