@@ -116,6 +116,9 @@ pub(super) struct RemoteState {
     /// Peer-memory offers this session made whose answers no command has joined yet, oldest
     /// first.
     pub(super) offered: Vec<Offered>,
+    /// Offers to members lost before they answered: a member may still copy from their
+    /// buffers, which are therefore freed only when the session ends.
+    pub(super) orphaned: Vec<Offered>,
 }
 
 /// A peer-memory offer made and not yet joined.

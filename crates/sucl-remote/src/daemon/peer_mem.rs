@@ -47,6 +47,19 @@ pub(super) fn refusal(path: PeerPath, node: u64, pid: u32, my_node: u64, my_pid:
     None
 }
 
+/// Destination: the address of `offer`'s first byte in a source allocation mapped at `base`
+/// with `size` bytes, or why its range is not inside that allocation (checked against the size
+/// the driver reports, never the member's word alone).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // without CUDA nothing is mapped
+fn source_address(base: u64, size: usize, offer: &MemOffer) -> Result<u64, String> {
+    match offer.offset.checked_add(offer.len) {
+        Some(end) if end <= size as u64 => Ok(base + offer.offset),
+        _ => {
+            Err(format!("the offer's bytes {}..{}+{} are outside the source buffer's {size} bytes", offer.offset, offer.offset, offer.len))
+        }
+    }
+}
+
 /// Source: offers transfer `transfer` (bytes `range` of buffer `id`) to member `peer` through
 /// peer memory, without waiting for the answer: `true` when offered (the answer is joined by a
 /// later command, see [`join`]); `false` when the bytes must go over the link now.
@@ -117,26 +130,97 @@ pub(super) fn join(shared: &Arc<Shared>, s: &Arc<Session>, which: Join) -> Resul
         due
     };
     let started = std::time::Instant::now();
-    for o in due {
-        let (peer, transfer) = (o.peer, o.transfer);
-        let what = format!("migrating to mesh member {peer} through peer memory");
-        let key = (peer, transfer);
-        let answer =
-            wait_remote(shared, s, peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, peer, o.frame.clone()))?;
-        match answer {
-            MemAnswer::Copied(event) => cuda::order_after(shared, s, peer, o.device, &event)?,
-            MemAnswer::Refused { permanent, reason } => {
-                if !permanent {
-                    debug!("transfer {transfer} to mesh member {peer} goes over the peer link: {reason}");
-                } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
-                    info!("migrations to mesh member {peer} go over the peer link: {reason}");
-                }
-                let mut ob = lock(&s.objects);
-                send_transfer(shared, s, &super::objects::buffer(&mut ob, o.buffer)?.mem, o.range, peer, transfer)?;
-            }
-        }
+    let joined = join_in_order(due, |o| join_one(shared, s, o));
+    if let Err((e, unjoined)) = joined {
+        put_back(&mut lock(&s.remote), unjoined);
+        return Err(e);
     }
     Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// Joins `due` in order with `one`; on the first failure, the error and the offers not joined
+/// (the failed one first), so that they are not forgotten: the destination may still copy
+/// from their buffers.
+fn join_in_order(due: Vec<Offered>, mut one: impl FnMut(&Offered) -> Result<(), Outcome>) -> Result<(), (Outcome, Vec<Offered>)> {
+    let mut due = due.into_iter();
+    while let Some(o) = due.next() {
+        if let Err(e) = one(&o) {
+            return Err((e, std::iter::once(o).chain(due).collect()));
+        }
+    }
+    Ok(())
+}
+
+/// Offers a join gave up on: those to a lost member go to `orphaned` (no answer will come,
+/// yet the member may still copy: their buffers are freed only when the session ends); the
+/// rest go back in front of `offered`, for the next command to join again.
+fn put_back(r: &mut RemoteState, unjoined: Vec<Offered>) {
+    let (orphaned, again): (Vec<Offered>, Vec<Offered>) = unjoined.into_iter().partition(|o| r.lost.contains_key(&o.peer));
+    r.orphaned.extend(orphaned);
+    let later = std::mem::replace(&mut r.offered, again);
+    r.offered.extend(later);
+}
+
+/// Waits for the answer to offer `o`: a copy orders later work on the source's GPU after it;
+/// a refusal sends the bytes over the link now.
+fn join_one(shared: &Arc<Shared>, s: &Arc<Session>, o: &Offered) -> Result<(), Outcome> {
+    let (peer, transfer) = (o.peer, o.transfer);
+    let what = format!("migrating to mesh member {peer} through peer memory");
+    let key = (peer, transfer);
+    let answer =
+        wait_remote(shared, s, peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, peer, o.frame.clone()))?;
+    match answer {
+        MemAnswer::Copied(event) => cuda::order_after(shared, s, peer, o.device, &event),
+        MemAnswer::Refused { permanent, reason } => {
+            if !permanent {
+                debug!("transfer {transfer} to mesh member {peer} goes over the peer link: {reason}");
+            } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
+                info!("migrations to mesh member {peer} go over the peer link: {reason}");
+            }
+            let mut ob = lock(&s.objects);
+            send_transfer(shared, s, &super::objects::buffer(&mut ob, o.buffer)?.mem, o.range.clone(), peer, transfer)
+        }
+    }
+}
+
+/// Whether a member may still copy from buffer `id` (an offer of it not yet joined, or
+/// orphaned by a lost member).
+pub(super) fn exposed(r: &RemoteState, id: u64) -> bool {
+    r.offered.iter().chain(&r.orphaned).any(|o| o.buffer == id)
+}
+
+/// Frees buffer `id` for command `Free`: at once when no member may still copy from it, else
+/// its memory is held (the buffer is gone for the client) until [`release_held`] finds its
+/// offers settled, or the session ends. `Ok(true)`: held.
+pub(super) fn free_or_hold(s: &Session, id: u64) -> Result<bool, Outcome> {
+    let mut o = lock(&s.objects);
+    if !exposed(&lock(&s.remote), id) {
+        return Ok(false);
+    }
+    let b = o.buffers.remove(&id).ok_or_else(|| failed(code::INVALID, format!("buffer {id} does not exist in this session")))?;
+    o.stats.bytes_in_use -= b.mem.len() as u64;
+    o.stats.buffers = o.buffers.len() as u32;
+    o.held.push((id, b));
+    Ok(true)
+}
+
+/// Frees the held buffers no member may copy from any more, and tells the members to close
+/// their mappings of them.
+pub(super) fn release_held(shared: &Arc<Shared>, s: &Arc<Session>) {
+    let released = {
+        let mut o = lock(&s.objects);
+        if o.held.is_empty() {
+            return;
+        }
+        let r = lock(&s.remote);
+        let (gone, keep) = std::mem::take(&mut o.held).into_iter().partition::<Vec<_>, _>(|(id, _)| !exposed(&r, *id));
+        o.held = keep;
+        gone
+    };
+    for (id, b) in released {
+        drop(b);
+        freed(shared, s, id);
+    }
 }
 
 /// Destination: waits until transfer `key` arrives, as a peer-memory offer or as bytes over the
@@ -356,8 +440,8 @@ mod cuda {
         let dst = m.device_ptr() + span("migration destination", offset, offer.len, m.len()).map_err(|e| (false, text(e)))?.start as u64;
         let c = gpu(shared, device).ok_or((false, "the destination buffer's device is not a GPU".to_string()))?;
         let pm = &mut o.peer_mem;
-        let base = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?.ptr;
-        let src = base.checked_add(offer.offset).ok_or((false, "the offer's offset overflows".to_string()))?;
+        let opened = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?;
+        let src = super::source_address(opened.ptr, opened.size, offer).map_err(|e| (false, e))?;
         let ready =
             cached(&mut pm.opened_events, (peer, device, offer.event), || c.open_event(&offer.event)).map_err(|e| (true, text(e)))?;
         c.wait_opened(ready).map_err(|e| (false, text(e)))?;
@@ -465,6 +549,41 @@ mod tests {
         assert_eq!(asked, [10, 11, 13], "every answer is awaited, a silent member's only once");
         assert_eq!(ordered, [(11, 7)], "the GPU waits for the copy's event before the buffer is freed");
         assert_eq!(unsettled, 2, "both offers to the silent member stay unsettled");
+    }
+
+    #[test]
+    fn a_failed_join_keeps_the_offers_it_did_not_join_and_their_buffers_stay_exposed() {
+        let offered = |peer, transfer, buffer| Offered { peer, transfer, device: 0, buffer, range: 0..8, frame: Vec::new() };
+        let mut joined = Vec::new();
+        let (e, unjoined) = join_in_order(vec![offered(1, 10, 5), offered(2, 11, 6), offered(1, 12, 7)], |o| {
+            if o.transfer == 11 {
+                return Err(failed(code::PEER, "nothing within the peer timeout"));
+            }
+            joined.push(o.transfer);
+            Ok(())
+        })
+        .expect_err("transfer 11 fails");
+        assert!(matches!(e, Outcome::Failed { .. }));
+        assert_eq!(joined, [10], "joining stops at the first failure");
+        assert_eq!(unjoined.iter().map(|o| o.transfer).collect::<Vec<_>>(), [11, 12], "the failed offer and every later one");
+        let mut r = RemoteState { offered: vec![offered(3, 13, 8)], ..Default::default() };
+        r.lost.insert(1, "gone".into());
+        put_back(&mut r, unjoined);
+        assert_eq!(r.offered.iter().map(|o| o.transfer).collect::<Vec<_>>(), [11, 13], "joined again by the next command, oldest first");
+        assert_eq!(r.orphaned.iter().map(|o| o.transfer).collect::<Vec<_>>(), [12], "a lost member's offer is orphaned, not forgotten");
+        assert!(!exposed(&r, 5), "a joined offer's buffer may be freed");
+        assert!(exposed(&r, 6) && exposed(&r, 7) && exposed(&r, 8), "a buffer with an unsettled offer is held when freed");
+    }
+
+    #[test]
+    fn an_offer_is_taken_only_when_its_source_range_lies_inside_the_mapped_allocation() {
+        let offer = |offset, len| MemOffer { node: 0, pid: 0, handle: [0; 64], offset, len, event: [0; 64] };
+        assert_eq!(source_address(0x1000, 256, &offer(0, 256)), Ok(0x1000));
+        assert_eq!(source_address(0x1000, 256, &offer(200, 56)), Ok(0x1000 + 200));
+        for (offset, len) in [(0, 257), (200, 57), (256, 1), (u64::MAX, 2)] {
+            let e = source_address(0x1000, 256, &offer(offset, len)).expect_err("outside the allocation");
+            assert!(e.contains("outside the source buffer's 256 bytes"), "{e}");
+        }
     }
 
     #[test]
