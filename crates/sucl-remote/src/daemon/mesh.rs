@@ -333,22 +333,17 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                 continue;
             }
             wire::PeerRead::Frame(Frame::PeerMemOffer { transfer, node, pid, handle, offset, len, event }) => {
-                let key = (from, transfer);
-                let mut r = lock(&s.remote);
-                if let Some(a) = r.mem_finished.get(&key) {
-                    // Answered before (the answer was lost with a link): answer alike.
-                    let again = a.frame(transfer).encode();
-                    drop(r);
-                    let _ = peer_send(shared, s, from, again);
-                    continue;
+                let arrival = lock(&s.remote).mem_offered((from, transfer), MemOffer { node, pid, handle, offset, len, event });
+                match arrival {
+                    OfferArrival::AnswerAgain(a) => {
+                        let _ = peer_send(shared, s, from, a.frame(transfer).encode());
+                    }
+                    OfferArrival::Kept => s.remote_cv.notify_all(),
+                    OfferArrival::BeingTaken => {}
+                    OfferArrival::Dropped => {
+                        warn!("mesh member {from}: more than {MEM_PENDING_KEPT} peer-memory offers pending; transfer {transfer}'s dropped")
+                    }
                 }
-                if r.mem_offers.len() < MEM_PENDING_KEPT || r.mem_offers.contains_key(&key) {
-                    r.mem_offers.insert(key, MemOffer { node, pid, handle, offset, len, event });
-                } else {
-                    warn!("mesh member {from}: more than {MEM_PENDING_KEPT} peer-memory offers pending; transfer {transfer}'s dropped");
-                }
-                drop(r);
-                s.remote_cv.notify_all();
                 continue;
             }
             wire::PeerRead::Frame(f @ (Frame::PeerMemDone { .. } | Frame::PeerMemRefused { .. })) => {
@@ -357,12 +352,11 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                     Frame::PeerMemRefused { transfer, permanent, reason } => (transfer, MemAnswer::Refused { permanent, reason }),
                     _ => unreachable!("matched above"),
                 };
-                let mut r = lock(&s.remote);
-                if r.mem_answers.len() < MEM_PENDING_KEPT {
-                    r.mem_answers.insert((from, transfer), answer);
+                if lock(&s.remote).mem_answered((from, transfer), answer) {
+                    s.remote_cv.notify_all();
+                } else {
+                    debug!("mesh member {from} answered transfer {transfer}, which waits for no answer (a duplicate): dropped");
                 }
-                drop(r);
-                s.remote_cv.notify_all();
                 continue;
             }
             wire::PeerRead::Frame(Frame::PeerMemClose { handle }) => {

@@ -125,14 +125,20 @@ pub(super) fn join(shared: &Arc<Shared>, s: &Arc<Session>, which: Join) -> Resul
         if r.offered.is_empty() {
             return Ok(0);
         }
-        let (due, keep) = std::mem::take(&mut r.offered).into_iter().partition(|o| which.takes(o));
+        let (due, keep): (Vec<Offered>, _) = std::mem::take(&mut r.offered).into_iter().partition(|o| which.takes(o));
         r.offered = keep;
+        r.joining.extend(due.iter().map(|o| (o.peer, o.transfer)));
         due
     };
+    let keys: Vec<(u32, u64)> = due.iter().map(|o| (o.peer, o.transfer)).collect();
     let started = std::time::Instant::now();
     let joined = join_in_order(due, |o| join_one(shared, s, o));
+    let mut r = lock(&s.remote);
+    for k in &keys {
+        r.joining.remove(k);
+    }
     if let Err((e, unjoined)) = joined {
-        put_back(&mut lock(&s.remote), unjoined);
+        put_back(&mut r, unjoined);
         return Err(e);
     }
     Ok(started.elapsed().as_nanos() as u64)
@@ -177,8 +183,13 @@ fn join_one(shared: &Arc<Shared>, s: &Arc<Session>, o: &Offered) -> Result<(), O
             } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
                 info!("migrations to mesh member {peer} go over the peer link: {reason}");
             }
-            let mut ob = lock(&s.objects);
-            send_transfer(shared, s, &super::objects::buffer(&mut ob, o.buffer)?.mem, o.range.clone(), peer, transfer)
+            let mut guard = lock(&s.objects);
+            let ob = &mut *guard;
+            let mem = match ob.held.iter().find(|(id, _)| *id == o.buffer) {
+                Some((_, b)) => &b.mem,
+                None => &super::objects::buffer(ob, o.buffer)?.mem,
+            };
+            send_transfer(shared, s, mem, o.range.clone(), peer, transfer)
         }
     }
 }
@@ -242,7 +253,7 @@ pub(super) fn receive_offer(
         s,
         peer,
         &what,
-        |r| match r.mem_offers.remove(&key) {
+        |r| match r.mem_take(key) {
             Some(o) => Some(Ok(Some(o))),
             None => (r.inbox.contains_key(&key) || r.finished.contains_key(&key)).then_some(Ok(None)),
         },
@@ -272,7 +283,12 @@ pub(super) fn receive_offer(
 /// its buffers, so that an offer still unanswered is refused rather than copied from freed
 /// memory. Returns how many offers stayed unanswered.
 pub(super) fn settle(shared: &Arc<Shared>, s: &Arc<Session>) -> usize {
-    let offered = std::mem::take(&mut lock(&s.remote).offered);
+    let offered = {
+        let mut r = lock(&s.remote);
+        let offered = std::mem::take(&mut r.offered);
+        r.joining.extend(offered.iter().map(|o| (o.peer, o.transfer)));
+        offered
+    };
     let unanswered = settle_offers(
         offered,
         |o| {
@@ -573,6 +589,30 @@ mod tests {
         assert_eq!(r.orphaned.iter().map(|o| o.transfer).collect::<Vec<_>>(), [12], "a lost member's offer is orphaned, not forgotten");
         assert!(!exposed(&r, 5), "a joined offer's buffer may be freed");
         assert!(exposed(&r, 6) && exposed(&r, 7) && exposed(&r, 8), "a buffer with an unsettled offer is held when freed");
+    }
+
+    #[test]
+    fn only_answers_to_live_offers_are_kept_and_an_offer_sent_again_while_taken_is_not_left_behind() {
+        let mut r = RemoteState {
+            offered: vec![Offered { peer: 1, transfer: 10, device: 0, buffer: 5, range: 0..8, frame: Vec::new() }],
+            ..Default::default()
+        };
+        r.joining.insert((2, 20));
+        let copied = MemAnswer::Copied([7; 64]);
+        assert!(r.mem_answered((1, 10), copied.clone()), "an answer to an offer not yet joined is kept");
+        assert!(r.mem_answered((2, 20), copied.clone()), "an answer to an offer being joined is kept");
+        assert!(!r.mem_answered((1, 11), copied.clone()), "an answer to no live offer (a duplicate) is dropped");
+        assert_eq!(r.mem_answers.len(), 2);
+        // Destination: the offer taken, then the same offer again (sent after a cut) before
+        // it is answered, then after.
+        let offer = MemOffer { node: 0, pid: 0, handle: [0; 64], offset: 0, len: 8, event: [0; 64] };
+        assert_eq!(r.mem_offered((1, 30), offer.clone()), OfferArrival::Kept);
+        assert!(r.mem_take((1, 30)).is_some());
+        assert_eq!(r.mem_offered((1, 30), offer.clone()), OfferArrival::BeingTaken);
+        assert!(r.mem_offers.is_empty(), "an offer sent again while it is taken is not kept for a command that never comes");
+        r.mem_finish((1, 30), copied.clone());
+        assert_eq!(r.mem_offered((1, 30), offer), OfferArrival::AnswerAgain(copied));
+        assert!(r.mem_offers.is_empty() && r.mem_taking.is_empty());
     }
 
     #[test]
