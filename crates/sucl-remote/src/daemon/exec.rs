@@ -33,7 +33,7 @@ pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
                 st.draining = false;
                 return;
             };
-            if s.closed.load(Ordering::SeqCst) {
+            if s.closed.load(Ordering::SeqCst) || s.retiring.load(Ordering::SeqCst) {
                 st.draining = false;
                 return;
             }

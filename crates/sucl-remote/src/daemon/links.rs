@@ -125,6 +125,9 @@ pub(super) struct RemoteState {
     /// Destination: incoming offers taken out of `mem_offers` by their receiving command and
     /// not yet answered (an offer sent again meanwhile is answered by that command).
     pub(super) mem_taking: HashSet<(u32, u64)>,
+    /// Destination: members' memory handles whose buffers were freed ([`crate::wire::Frame::PeerMemClose`]):
+    /// an offer carrying one is refused, never copied from (bounded by [`FINISHED_KEPT`]).
+    pub(super) mem_dead: HashSet<(u32, [u8; 64])>,
 }
 
 /// What a destination does with a peer-memory offer that arrived.
@@ -185,6 +188,11 @@ impl MemAnswer {
     }
 }
 
+/// The refusal of an offer whose source buffer was freed.
+pub(super) fn freed_refusal() -> MemAnswer {
+    MemAnswer::Refused { permanent: false, reason: "the source freed the buffer (its memory handle was closed)".into() }
+}
+
 /// Peer-memory offers and answers a session keeps at most (beyond, a member is misbehaving:
 /// it sends offers nobody migrates, and more are dropped).
 pub(super) const MEM_PENDING_KEPT: usize = 4096;
@@ -231,6 +239,9 @@ impl RemoteState {
 
     /// Destination: what to do with offer `offer` of incoming transfer `key`.
     pub(super) fn mem_offered(&mut self, key: (u32, u64), offer: MemOffer) -> OfferArrival {
+        if self.mem_dead.contains(&(key.0, offer.handle)) && !self.mem_finished.contains_key(&key) {
+            self.mem_finish(key, freed_refusal());
+        }
         if let Some(a) = self.mem_finished.get(&key) {
             return OfferArrival::AnswerAgain(a.clone());
         }
@@ -242,6 +253,33 @@ impl RemoteState {
         }
         self.mem_offers.insert(key, offer);
         OfferArrival::Kept
+    }
+
+    /// Destination: member `from` freed the buffer of memory handle `handle`: its mapping
+    /// here is closed by the next command that migrates, and the offers of it not yet taken
+    /// are refused (this transfer only: the bytes come over the link). Returns those refused,
+    /// each with its refusal to send.
+    pub(super) fn mem_closed(&mut self, from: u32, handle: [u8; 64]) -> Vec<(u64, MemAnswer)> {
+        if self.mem_dead.len() < FINISHED_KEPT {
+            self.mem_dead.insert((from, handle));
+        }
+        if self.mem_closing.len() < MEM_PENDING_KEPT {
+            self.mem_closing.push((from, handle));
+        }
+        let stale: Vec<(u32, u64)> = self.mem_offers.iter().filter(|(k, o)| k.0 == from && o.handle == handle).map(|(k, _)| *k).collect();
+        stale
+            .into_iter()
+            .map(|key| {
+                self.mem_offers.remove(&key);
+                self.mem_finish(key, freed_refusal());
+                (key.1, freed_refusal())
+            })
+            .collect()
+    }
+
+    /// Destination: whether member `from`'s handle `handle` was closed (its buffer freed).
+    pub(super) fn mem_is_dead(&self, from: u32, handle: &[u8; 64]) -> bool {
+        self.mem_dead.contains(&(from, *handle))
     }
 
     /// Destination: the receiving command takes offer `key` (`None`: none arrived).

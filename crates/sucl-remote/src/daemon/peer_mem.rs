@@ -71,7 +71,8 @@ pub(super) fn offer(
     peer: u32,
     transfer: u64,
 ) -> Result<bool, Outcome> {
-    if shared.cfg.peer_path == PeerPath::Network || lock(&s.remote).mem_refused_by.contains_key(&peer) {
+    let retiring = s.retiring.load(std::sync::atomic::Ordering::SeqCst);
+    if retiring || shared.cfg.peer_path == PeerPath::Network || lock(&s.remote).mem_refused_by.contains_key(&peer) {
         return Ok(false);
     }
     let Some((frame, device)) = cuda::prepare_offer(shared, s, id, range.clone(), peer, transfer)? else {
@@ -260,8 +261,10 @@ pub(super) fn receive_offer(
         || Ok(()),
     )?;
     let Some(offer) = offer else { return Ok(None) };
+    let dead = lock(&s.remote).mem_is_dead(peer, &offer.handle);
     let answer = match refusal(shared.cfg.peer_path, offer.node, offer.pid, this_node(), std::process::id()) {
         Some(reason) => MemAnswer::Refused { permanent: true, reason },
+        None if dead => freed_refusal(),
         None => match cuda::take_offer(shared, s, peer, id, offset, len, &offer) {
             Ok(event) => MemAnswer::Copied(event),
             Err((permanent, reason)) => MemAnswer::Refused { permanent, reason },
@@ -299,6 +302,9 @@ pub(super) fn settle(shared: &Arc<Shared>, s: &Arc<Session>) -> usize {
     );
     for id in cuda::exported(s) {
         freed(shared, s, id);
+    }
+    if !flush_peers(s, shared.cfg.peer_timeout) {
+        warn!("session end: not every member was told to close its mappings within {:?}", shared.cfg.peer_timeout);
     }
     unanswered
 }
@@ -613,6 +619,23 @@ mod tests {
         r.mem_finish((1, 30), copied.clone());
         assert_eq!(r.mem_offered((1, 30), offer), OfferArrival::AnswerAgain(copied));
         assert!(r.mem_offers.is_empty() && r.mem_taking.is_empty());
+    }
+
+    #[test]
+    fn a_closed_handle_refuses_its_pending_offers_and_any_that_come_later() {
+        let mut r = RemoteState::default();
+        let offer = |handle| MemOffer { node: 0, pid: 0, handle: [handle; 64], offset: 0, len: 8, event: [0; 64] };
+        assert_eq!(r.mem_offered((1, 30), offer(3)), OfferArrival::Kept);
+        assert_eq!(r.mem_offered((1, 31), offer(4)), OfferArrival::Kept);
+        assert_eq!(r.mem_offered((2, 32), offer(3)), OfferArrival::Kept, "another member's handle");
+        let refused = r.mem_closed(1, [3; 64]);
+        assert_eq!(refused, [(30, freed_refusal())], "the pending offer of the freed buffer is answered refused");
+        assert_eq!(r.mem_offers.len(), 2, "it is no longer pending; the others are");
+        assert!(r.mem_take((1, 30)).is_none(), "its receiving command takes the bytes over the link");
+        assert!(r.mem_is_dead(1, &[3; 64]) && !r.mem_is_dead(2, &[3; 64]));
+        assert_eq!(r.mem_offered((1, 30), offer(3)), OfferArrival::AnswerAgain(freed_refusal()), "sent again: refused alike");
+        assert_eq!(r.mem_offered((1, 33), offer(3)), OfferArrival::AnswerAgain(freed_refusal()), "a later offer of it is refused");
+        assert_eq!(r.mem_closing, [(1, [3; 64])], "its mapping is closed by the next migrating command");
     }
 
     #[test]

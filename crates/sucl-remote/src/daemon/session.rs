@@ -44,6 +44,7 @@ pub(super) fn open_session(
         remote: Mutex::new(RemoteState::default()),
         remote_cv: Condvar::new(),
         closed: AtomicBool::new(false),
+        retiring: AtomicBool::new(false),
         peer_frames: AtomicU64::new(0),
     });
     if let Err(why) = admit(shared, &s) {

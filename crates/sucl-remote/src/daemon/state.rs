@@ -51,6 +51,9 @@ pub(super) struct Session {
     pub(super) remote: Mutex<RemoteState>,
     pub(super) remote_cv: Condvar,
     pub(super) closed: AtomicBool,
+    /// Set when the session is going (expired or evicted): no further command runs and no
+    /// peer-memory offer is made, so that its offers can be settled before it closes.
+    pub(super) retiring: AtomicBool,
     /// Frames received over peer links.
     pub(super) peer_frames: AtomicU64,
 }
