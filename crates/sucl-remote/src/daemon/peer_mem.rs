@@ -18,8 +18,14 @@
 //!
 //! **After a cut.** Offers and answers are idempotent: the source offers again whenever the link
 //! was made again while it waits; a destination that already answered a transfer answers it
-//! again alike (it never copies a transfer twice), and one that has not yet run the receiving
-//! command keeps the latest offer.
+//! again alike (it never copies a transfer twice), one that has not yet run the receiving
+//! command keeps the latest offer, and one whose receiving command is taking it ignores it. The
+//! source keeps only answers to offers still waiting for one.
+//!
+//! **Unsettled offers.** An offer whose join failed is kept (to a lost member: until the session
+//! ends), since its destination may still copy; a buffer freed meanwhile is held, not freed
+//! ([`free_or_hold`]), until its offers are settled. A destination told that a buffer was freed
+//! ([`Frame::PeerMemClose`]) refuses every offer of it.
 
 use super::config::PeerPath;
 use super::links::*;
