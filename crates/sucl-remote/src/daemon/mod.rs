@@ -279,7 +279,6 @@ mod tests {
     use super::*;
     use crate::auth::{Nonces, Token};
     use crate::wire::{Command, Frame};
-    use std::collections::VecDeque;
 
     /// A session of `shared` opened by hand, detached, with `pending` queued.
     fn session(shared: &Shared, pending: Vec<Command>) -> Arc<Session> {
@@ -293,10 +292,7 @@ mod tests {
             state: Mutex::new(SessionState {
                 last_received: pending.len() as u64,
                 pending: pending.into_iter().enumerate().map(|(i, c)| (i as u64 + 1, c)).collect(),
-                draining: false,
-                handoff: false,
-                executor: false,
-                retained: VecDeque::new(),
+                ..SessionState::default()
             }),
             exec_cv: Condvar::new(),
             objects: Mutex::new(Objects::default()),

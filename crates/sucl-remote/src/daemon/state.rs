@@ -15,6 +15,7 @@ use std::time::Instant;
 
 /// Receipt and replay state: guarded together, so that receiving a command, queueing it and
 /// retaining its reply each happen in one step.
+#[derive(Default)]
 pub(super) struct SessionState {
     pub(super) last_received: u64,
     /// Received commands not yet run, in sequence order.
