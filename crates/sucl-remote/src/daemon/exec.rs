@@ -111,17 +111,21 @@ pub(super) fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> O
 /// command could depend on are joined first.
 pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome, Outcome> {
     let waited = peer_mem::join(shared, s, peer_mem::Join::before(&cmd));
+    // Freeing a buffer a member may still copy from (its offer unsettled, or orphaned by a lost
+    // member) holds its memory instead.
+    if let Command::Free { buffer } = cmd {
+        if peer_mem::free_or_hold(s, buffer)? {
+            lock(&s.objects).stats.executed += 1;
+            return Ok(Outcome::Done);
+        }
+    }
     match waited {
         Ok(0) => {}
         Ok(ns) => lock(&s.objects).stats.peer_wait_ns += ns,
+        // No member copies from this buffer: freeing it does not depend on the failed join
+        // (its offers are kept; the next command that joins them reports the failure).
+        Err(_) if matches!(cmd, Command::Free { .. }) => {}
         Err(e) => {
-            // Freeing a buffer whose offers are unsettled holds its memory instead of failing.
-            if let Command::Free { buffer } = cmd {
-                if peer_mem::free_or_hold(s, buffer)? {
-                    lock(&s.objects).stats.executed += 1;
-                    return Ok(Outcome::Done);
-                }
-            }
             lock(&s.objects).stats.executed += 1;
             return Err(e);
         }

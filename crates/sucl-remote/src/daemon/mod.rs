@@ -278,7 +278,7 @@ mod tests {
     use super::links::Offered;
     use super::*;
     use crate::auth::{Nonces, Token};
-    use crate::wire::{Command, Frame};
+    use crate::wire::{Command, Frame, Outcome};
 
     /// A session of `shared` opened by hand, detached, with `pending` queued.
     fn session(shared: &Shared, pending: Vec<Command>) -> Arc<Session> {
@@ -312,12 +312,49 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_retiring_session_runs_no_further_command_and_settles_its_offers_only_once_idle() {
+    fn daemon() -> Daemon {
         let mut cfg = DaemonConfig::new(Token::generate());
         cfg.tls = None;
         cfg.peer_timeout = Duration::from_secs(5);
-        let daemon = Daemon::start(cfg).unwrap();
+        Daemon::start(cfg).unwrap()
+    }
+
+    #[test]
+    fn a_freed_buffer_a_member_may_still_copy_from_is_held_until_its_offers_are_settled() {
+        let daemon = daemon();
+        let shared = daemon.shared.clone();
+        let s = session(&shared, vec![]);
+        let buf = || Buf { device: 0, mem: Mem::Host(crate::kernels::HostMem::zeroed(8)), content: None };
+        {
+            let mut o = lock(&s.objects);
+            o.buffers.extend([(3, buf()), (4, buf())]);
+            o.stats.bytes_in_use = 16;
+        }
+        // An offer of buffer 3 whose join fails (to a member of no mesh).
+        let offer =
+            Offered { peer: 1, transfer: 7, device: 0, buffer: 3, range: 0..8, frame: Frame::PeerMemClose { handle: [0; 64] }.encode() };
+        lock(&s.remote).offered.push(offer);
+        assert_eq!(exec::exec(&shared, &s, Command::Free { buffer: 3 }), Ok(Outcome::Done), "the client's free succeeds");
+        {
+            let o = lock(&s.objects);
+            assert!(!o.buffers.contains_key(&3), "the buffer is gone for the client");
+            assert_eq!(o.held.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [3], "its memory is held");
+        }
+        assert_eq!(lock(&s.remote).offered.len(), 1, "its offer is kept for the next join");
+        // A buffer no member may copy from is freed at once, even while another's offer is unsettled.
+        let _ = exec::exec(&shared, &s, Command::Free { buffer: 4 });
+        assert!(!lock(&s.objects).buffers.contains_key(&4));
+        assert_eq!(lock(&s.objects).held.len(), 1, "buffer 4 was not held");
+        // Once the offer is settled, the next command releases the memory.
+        lock(&s.remote).offered.clear();
+        assert!(matches!(exec::exec(&shared, &s, Command::Stats), Ok(Outcome::Stats(_))));
+        assert!(lock(&s.objects).held.is_empty(), "released once no member may copy from it");
+        s.close();
+    }
+
+    #[test]
+    fn a_retiring_session_runs_no_further_command_and_settles_its_offers_only_once_idle() {
+        let daemon = daemon();
         let shared = daemon.shared.clone();
         let s = session(&shared, vec![Command::Stats]);
         // An offer no command joined (to a member of no mesh: its settling fails at once), and

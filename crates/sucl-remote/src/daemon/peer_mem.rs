@@ -84,8 +84,13 @@ pub(super) fn offer(
     let Some((frame, device)) = cuda::prepare_offer(shared, s, id, range.clone(), peer, transfer)? else {
         return Ok(false);
     };
-    peer_send(shared, s, peer, frame.clone()).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
-    lock(&s.remote).offered.push(Offered { peer, transfer, device, buffer: id, range, frame });
+    // Live before it is sent, so that an answer that comes at once is kept.
+    lock(&s.remote).offered.push(Offered { peer, transfer, device, buffer: id, range, frame: frame.clone() });
+    if let Err(e) = peer_send(shared, s, peer, frame) {
+        // Not queued, so never seen: nobody can copy from it.
+        lock(&s.remote).offered.retain(|o| (o.peer, o.transfer) != (peer, transfer));
+        return Err(failed(code::PEER, format!("migrating to mesh member {peer}: {e}")));
+    }
     Ok(true)
 }
 
