@@ -161,17 +161,31 @@ impl CudaServed {
         // SAFETY: the context is bound; `ptr` is a live local; the mapping is owned by the
         // value returned (closed once, in its Drop).
         check(unsafe { cu::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) }, "opening a peer's buffer (cuIpcOpenMemHandle)")?;
-        Ok(OpenedMem { ptr, ctx })
+        // Owned from here: an error below closes the mapping (Drop).
+        let mut opened = OpenedMem { ptr, size: 0, ctx };
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: the context is bound; `base` and `size` are live locals; `ptr` was just
+        // mapped in this context.
+        check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }, "sizing a peer's buffer (cuMemGetAddressRange)")?;
+        // The bytes from `ptr` to the end of the mapped allocation.
+        opened.size = (base + size as u64).saturating_sub(ptr) as usize;
+        Ok(opened)
     }
 
     /// Copies `len` bytes from `src` (a peer's mapped buffer) to `dst` (this device's) on this
     /// device's stream.
     pub(crate) fn copy_peer(&self, dst: u64, src: u64, len: usize) -> Result<(), Outcome> {
         bind(self.dev.context())?;
-        // SAFETY: the caller checked both ranges against their allocations (the destination
-        // buffer's length; the source's offset and length against the offer, which the source
-        // checked against its buffer) and keeps both alive until the stream has run the copy
-        // (the source waits for this side's completion event before it reuses or frees it).
+        // SAFETY: the caller checked `dst..dst+len` against the destination buffer's length
+        // and `src..src+len` against the mapped source allocation's size as the driver reports
+        // it ([`OpenedMem::size`], never the peer's word), so the copy stays inside both. The
+        // destination buffer and the mapping are kept until this stream has run the copy
+        // (each is dropped only after synchronizing). Whether the peer still holds its bytes
+        // there is its side's ordering: it frees a buffer only once its offers were answered
+        // (a copy: after this side's completion event), or when its session ends and a member
+        // stayed silent past the peer timeout or was lost. In that last case (or with a peer
+        // that breaks the protocol) the copy may read stale or reused bytes of the mapped
+        // allocation, never memory outside it.
         check(unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, len, self.queue.stream().cu_stream()) }, "copying from a peer's GPU")
     }
 
@@ -323,9 +337,14 @@ impl Drop for CudaMem {
         if bind(&self.ctx).is_err() {
             return;
         }
-        // SAFETY: the stream is synchronized first, so no queued work (a kernel, a copy a
-        // peer's completion event ordered before it) still uses the allocation; it is freed
-        // once, here.
+        // SAFETY: the stream is synchronized first, so no work queued on it (a kernel, or a
+        // wait on a peer's completion event ordered before later work) still uses the
+        // allocation; it is freed once, here. A peer's copy *from* it runs on the peer's stream,
+        // which this synchronization does not cover: the daemon drops a buffer exported to a
+        // peer only after every offer of it was answered and ordered (see
+        // `daemon::peer_mem`), or after the peer was lost or the peer timeout passed, in which
+        // case the freed memory stays mapped in the peer until it closes the handle and a late
+        // copy may read reused bytes (never outside the allocation).
         unsafe {
             let _ = cu::cuStreamSynchronize(self.cu_stream());
             let _ = cu::cuMemFree_v2(self.ptr);
@@ -351,6 +370,8 @@ pub(crate) struct OpenedEvent {
 pub(crate) struct OpenedMem {
     /// Its base address here.
     pub(crate) ptr: u64,
+    /// The bytes mapped from `ptr` (the exported allocation's size, as the driver reports it).
+    pub(crate) size: usize,
     ctx: Arc<CudaContext>,
 }
 

@@ -33,7 +33,7 @@ pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
                 st.draining = false;
                 return;
             };
-            if s.closed.load(Ordering::SeqCst) {
+            if s.closed.load(Ordering::SeqCst) || s.retiring.load(Ordering::SeqCst) {
                 st.draining = false;
                 return;
             }
@@ -111,14 +111,26 @@ pub(super) fn execute(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> O
 /// command could depend on are joined first.
 pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Result<Outcome, Outcome> {
     let waited = peer_mem::join(shared, s, peer_mem::Join::before(&cmd));
+    // Freeing a buffer a member may still copy from (its offer unsettled, or orphaned by a lost
+    // member) holds its memory instead.
+    if let Command::Free { buffer } = cmd {
+        if peer_mem::free_or_hold(s, buffer)? {
+            lock(&s.objects).stats.executed += 1;
+            return Ok(Outcome::Done);
+        }
+    }
     match waited {
         Ok(0) => {}
         Ok(ns) => lock(&s.objects).stats.peer_wait_ns += ns,
+        // No member copies from this buffer: freeing it does not depend on the failed join
+        // (its offers are kept; the next command that joins them reports the failure).
+        Err(_) if matches!(cmd, Command::Free { .. }) => {}
         Err(e) => {
             lock(&s.objects).stats.executed += 1;
             return Err(e);
         }
     }
+    peer_mem::release_held(shared, s);
     match cmd {
         Command::JoinMesh { mesh, key, index, peers } => {
             lock(&s.objects).stats.executed += 1;

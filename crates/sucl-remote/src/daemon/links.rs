@@ -116,6 +116,31 @@ pub(super) struct RemoteState {
     /// Peer-memory offers this session made whose answers no command has joined yet, oldest
     /// first.
     pub(super) offered: Vec<Offered>,
+    /// Offers to members lost before they answered: a member may still copy from their
+    /// buffers, which are therefore freed only when the session ends.
+    pub(super) orphaned: Vec<Offered>,
+    /// Offers taken out of `offered` by a join (or the session's settling) that waits for
+    /// their answers now.
+    pub(super) joining: HashSet<(u32, u64)>,
+    /// Destination: incoming offers taken out of `mem_offers` by their receiving command and
+    /// not yet answered (an offer sent again meanwhile is answered by that command).
+    pub(super) mem_taking: HashSet<(u32, u64)>,
+    /// Destination: members' memory handles whose buffers were freed ([`crate::wire::Frame::PeerMemClose`]):
+    /// an offer carrying one is refused, never copied from (bounded by [`FINISHED_KEPT`]).
+    pub(super) mem_dead: HashSet<(u32, [u8; 64])>,
+}
+
+/// What a destination does with a peer-memory offer that arrived.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum OfferArrival {
+    /// Answered before (the answer was lost with a link): send this answer again.
+    AnswerAgain(MemAnswer),
+    /// Its receiving command is taking it now and will answer.
+    BeingTaken,
+    /// Kept for its receiving command.
+    Kept,
+    /// More than [`MEM_PENDING_KEPT`] offers pending: dropped.
+    Dropped,
 }
 
 /// A peer-memory offer made and not yet joined.
@@ -163,6 +188,11 @@ impl MemAnswer {
     }
 }
 
+/// The refusal of an offer whose source buffer was freed.
+pub(super) fn freed_refusal() -> MemAnswer {
+    MemAnswer::Refused { permanent: false, reason: "the source freed the buffer (its memory handle was closed)".into() }
+}
+
 /// Peer-memory offers and answers a session keeps at most (beyond, a member is misbehaving:
 /// it sends offers nobody migrates, and more are dropped).
 pub(super) const MEM_PENDING_KEPT: usize = 4096;
@@ -192,8 +222,76 @@ impl RemoteState {
             self.pool.push(c);
         }
     }
+    /// Whether this session waits for the answer to its offer `key` (an answer to anything
+    /// else is a duplicate, or from a confused member: dropped).
+    pub(super) fn offer_live(&self, key: (u32, u64)) -> bool {
+        self.joining.contains(&key) || self.offered.iter().any(|o| (o.peer, o.transfer) == key)
+    }
+
+    /// Keeps the answer to offer `key` if it is live; `false` when dropped.
+    pub(super) fn mem_answered(&mut self, key: (u32, u64), answer: MemAnswer) -> bool {
+        let live = self.offer_live(key);
+        if live {
+            self.mem_answers.insert(key, answer);
+        }
+        live
+    }
+
+    /// Destination: what to do with offer `offer` of incoming transfer `key`.
+    pub(super) fn mem_offered(&mut self, key: (u32, u64), offer: MemOffer) -> OfferArrival {
+        if self.mem_dead.contains(&(key.0, offer.handle)) && !self.mem_finished.contains_key(&key) {
+            self.mem_finish(key, freed_refusal());
+        }
+        if let Some(a) = self.mem_finished.get(&key) {
+            return OfferArrival::AnswerAgain(a.clone());
+        }
+        if self.mem_taking.contains(&key) {
+            return OfferArrival::BeingTaken;
+        }
+        if self.mem_offers.len() >= MEM_PENDING_KEPT && !self.mem_offers.contains_key(&key) {
+            return OfferArrival::Dropped;
+        }
+        self.mem_offers.insert(key, offer);
+        OfferArrival::Kept
+    }
+
+    /// Destination: member `from` freed the buffer of memory handle `handle`: its mapping
+    /// here is closed by the next command that migrates, and the offers of it not yet taken
+    /// are refused (this transfer only: the bytes come over the link). Returns those refused,
+    /// each with its refusal to send.
+    pub(super) fn mem_closed(&mut self, from: u32, handle: [u8; 64]) -> Vec<(u64, MemAnswer)> {
+        if self.mem_dead.len() < FINISHED_KEPT {
+            self.mem_dead.insert((from, handle));
+        }
+        if self.mem_closing.len() < MEM_PENDING_KEPT {
+            self.mem_closing.push((from, handle));
+        }
+        let stale: Vec<(u32, u64)> = self.mem_offers.iter().filter(|(k, o)| k.0 == from && o.handle == handle).map(|(k, _)| *k).collect();
+        stale
+            .into_iter()
+            .map(|key| {
+                self.mem_offers.remove(&key);
+                self.mem_finish(key, freed_refusal());
+                (key.1, freed_refusal())
+            })
+            .collect()
+    }
+
+    /// Destination: whether member `from`'s handle `handle` was closed (its buffer freed).
+    pub(super) fn mem_is_dead(&self, from: u32, handle: &[u8; 64]) -> bool {
+        self.mem_dead.contains(&(from, *handle))
+    }
+
+    /// Destination: the receiving command takes offer `key` (`None`: none arrived).
+    pub(super) fn mem_take(&mut self, key: (u32, u64)) -> Option<MemOffer> {
+        let offer = self.mem_offers.remove(&key)?;
+        self.mem_taking.insert(key);
+        Some(offer)
+    }
+
     /// Remembers how the peer-memory offer of incoming transfer `key` was answered.
     pub(super) fn mem_finish(&mut self, key: (u32, u64), answer: MemAnswer) {
+        self.mem_taking.remove(&key);
         remember(&mut self.mem_finished, &mut self.mem_finished_order, key, answer);
     }
 

@@ -220,6 +220,32 @@ pub(super) fn peer_send(shared: &Arc<Shared>, s: &Arc<Session>, to: u32, frame: 
     Ok(())
 }
 
+/// Waits (at most `within` in all) until the frames queued for every member were handed to
+/// their links, so that what was queued last (the notices to close mappings) goes out before
+/// the session closes its links. A member that is lost or has no link is not waited for past
+/// the bound. Returns whether every queue emptied.
+pub(super) fn flush_peers(s: &Session, within: Duration) -> bool {
+    let outs: Vec<Arc<PeerOut>> = lock(&s.remote).outs.values().cloned().collect();
+    let deadline = Instant::now() + within;
+    let mut flushed = true;
+    for out in outs {
+        let mut st = lock(&out.st);
+        while !st.frames.is_empty() && st.error.is_none() && !st.closed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            // The sending thread does not signal an empty queue (no wake-up per frame): poll.
+            st = out.cv.wait_timeout(st, left.min(Duration::from_millis(2))).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        flushed &= st.frames.is_empty();
+        drop(st);
+        // A frame taken from the queue is written holding `write`: wait for that write.
+        drop(lock(&out.write));
+    }
+    flushed
+}
+
 /// The link to member `to` as it is now (waiting, up to the peer timeout, while it is being
 /// made): the link, its generation and the largest frame the member accepts.
 pub(super) fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Result<(Arc<PeerOut>, Link, u64, u32), String> {
@@ -333,22 +359,17 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                 continue;
             }
             wire::PeerRead::Frame(Frame::PeerMemOffer { transfer, node, pid, handle, offset, len, event }) => {
-                let key = (from, transfer);
-                let mut r = lock(&s.remote);
-                if let Some(a) = r.mem_finished.get(&key) {
-                    // Answered before (the answer was lost with a link): answer alike.
-                    let again = a.frame(transfer).encode();
-                    drop(r);
-                    let _ = peer_send(shared, s, from, again);
-                    continue;
+                let arrival = lock(&s.remote).mem_offered((from, transfer), MemOffer { node, pid, handle, offset, len, event });
+                match arrival {
+                    OfferArrival::AnswerAgain(a) => {
+                        let _ = peer_send(shared, s, from, a.frame(transfer).encode());
+                    }
+                    OfferArrival::Kept => s.remote_cv.notify_all(),
+                    OfferArrival::BeingTaken => {}
+                    OfferArrival::Dropped => {
+                        warn!("mesh member {from}: more than {MEM_PENDING_KEPT} peer-memory offers pending; transfer {transfer}'s dropped")
+                    }
                 }
-                if r.mem_offers.len() < MEM_PENDING_KEPT || r.mem_offers.contains_key(&key) {
-                    r.mem_offers.insert(key, MemOffer { node, pid, handle, offset, len, event });
-                } else {
-                    warn!("mesh member {from}: more than {MEM_PENDING_KEPT} peer-memory offers pending; transfer {transfer}'s dropped");
-                }
-                drop(r);
-                s.remote_cv.notify_all();
                 continue;
             }
             wire::PeerRead::Frame(f @ (Frame::PeerMemDone { .. } | Frame::PeerMemRefused { .. })) => {
@@ -357,19 +378,20 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                     Frame::PeerMemRefused { transfer, permanent, reason } => (transfer, MemAnswer::Refused { permanent, reason }),
                     _ => unreachable!("matched above"),
                 };
-                let mut r = lock(&s.remote);
-                if r.mem_answers.len() < MEM_PENDING_KEPT {
-                    r.mem_answers.insert((from, transfer), answer);
+                if lock(&s.remote).mem_answered((from, transfer), answer) {
+                    s.remote_cv.notify_all();
+                } else {
+                    debug!("mesh member {from} answered transfer {transfer}, which waits for no answer (a duplicate): dropped");
                 }
-                drop(r);
-                s.remote_cv.notify_all();
                 continue;
             }
             wire::PeerRead::Frame(Frame::PeerMemClose { handle }) => {
-                let mut r = lock(&s.remote);
-                if r.mem_closing.len() < MEM_PENDING_KEPT {
-                    r.mem_closing.push((from, handle));
+                let refused = lock(&s.remote).mem_closed(from, handle);
+                for (transfer, answer) in refused {
+                    debug!("mesh member {from} freed the buffer of transfer {transfer}'s offer: refused");
+                    let _ = peer_send(shared, s, from, answer.frame(transfer).encode());
                 }
+                s.remote_cv.notify_all();
                 continue;
             }
             wire::PeerRead::Frame(other) => break Err(io::Error::other(format!("unexpected {} on a peer link", other.name()))),

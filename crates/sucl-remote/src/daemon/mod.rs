@@ -199,24 +199,52 @@ impl Drop for Daemon {
     }
 }
 
-/// Closes a session that is going (expired, or evicted for room). Its peer-memory offers that no
-/// command joined are settled first ([`peer_mem::settle`], each member within the peer
-/// timeout), on a thread of its own when there are any, so that neither the reaper nor a
-/// handshake waits for them; the session's buffers are freed when its last user lets go.
+/// Closes a session that is going (expired, or evicted for room). Its commands stop first
+/// (none runs after the one running now, and none offers peer memory); once the executor is
+/// idle (within the peer timeout), its peer-memory offers that no command joined are settled
+/// ([`peer_mem::settle`], each member within the peer timeout) until none is left, on a thread
+/// of its own when there is anything to wait for, so that neither the reaper nor a handshake
+/// waits; the session's buffers are freed when its last user lets go.
 fn retire(shared: &Arc<Shared>, s: Arc<Session>) {
-    if lock(&s.remote).offered.is_empty() {
+    s.retiring.store(true, Ordering::SeqCst);
+    if !lock(&s.state).draining && lock(&s.remote).offered.is_empty() {
         return s.close();
     }
     let (sh, ses) = (shared.clone(), s.clone());
     let settle = move || {
-        peer_mem::settle(&sh, &ses);
+        settle_retiring(&sh, &ses);
         ses.close();
     };
     if let Err(e) = std::thread::Builder::new().name("sucld-retire".into()).spawn(settle) {
         warn!("no thread to settle a closing session's peer-memory offers ({e}): settling them here");
-        peer_mem::settle(shared, &s);
+        settle_retiring(shared, &s);
         s.close();
     }
+}
+
+/// Rounds of settling a retiring session's offers: after the first, only an offer made by a
+/// command still running past the wait for idleness is left (offers stop once it retires).
+const SETTLE_ROUNDS: usize = 3;
+
+/// Waits (within the peer timeout) until the retiring session `s` runs no command, then
+/// settles its peer-memory offers until none is left.
+fn settle_retiring(shared: &Arc<Shared>, s: &Arc<Session>) {
+    let deadline = Instant::now() + shared.cfg.peer_timeout;
+    while lock(&s.state).draining {
+        if Instant::now() >= deadline {
+            warn!("a retiring session still runs a command after {:?}: its offers are settled now", shared.cfg.peer_timeout);
+            break;
+        }
+        // The executor signals nothing when it stops: poll (a session retires once).
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for _ in 0..SETTLE_ROUNDS {
+        peer_mem::settle(shared, s);
+        if lock(&s.remote).offered.is_empty() {
+            return;
+        }
+    }
+    warn!("a retiring session still had peer-memory offers after {SETTLE_ROUNDS} rounds of settling");
 }
 
 /// Frees sessions whose client did not re-attach in time, and cuts connections whose
@@ -242,5 +270,111 @@ fn reap_loop(shared: &Arc<Shared>) {
             retire(shared, s);
         }
         lock(&shared.meshes).retain(|_, w| w.strong_count() > 0 && !w.upgrade().is_some_and(|s| s.closed.load(Ordering::SeqCst)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::links::Offered;
+    use super::*;
+    use crate::auth::{Nonces, Token};
+    use crate::wire::{Command, Frame, Outcome};
+
+    /// A session of `shared` opened by hand, detached, with `pending` queued.
+    fn session(shared: &Shared, pending: Vec<Command>) -> Arc<Session> {
+        let id = [9; 16];
+        Arc::new(Session {
+            id,
+            secret: shared.cfg.token.session_secret(&Nonces { client: [1; 16], server: [2; 16] }, &id),
+            max_frame: shared.cfg.max_frame,
+            features: 0,
+            binding: Mutex::new(Binding { generation: 1, conn: None, detached_since: Some(Instant::now()) }),
+            state: Mutex::new(SessionState {
+                last_received: pending.len() as u64,
+                pending: pending.into_iter().enumerate().map(|(i, c)| (i as u64 + 1, c)).collect(),
+                ..SessionState::default()
+            }),
+            exec_cv: Condvar::new(),
+            objects: Mutex::new(Objects::default()),
+            remote: Mutex::new(links::RemoteState::default()),
+            remote_cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            peer_frames: AtomicU64::new(0),
+        })
+    }
+
+    fn waits_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn daemon() -> Daemon {
+        let mut cfg = DaemonConfig::new(Token::generate());
+        cfg.tls = None;
+        cfg.peer_timeout = Duration::from_secs(5);
+        Daemon::start(cfg).unwrap()
+    }
+
+    #[test]
+    fn a_freed_buffer_a_member_may_still_copy_from_is_held_until_its_offers_are_settled() {
+        let daemon = daemon();
+        let shared = daemon.shared.clone();
+        let s = session(&shared, vec![]);
+        let buf = || Buf { device: 0, mem: Mem::Host(crate::kernels::HostMem::zeroed(8)), content: None };
+        {
+            let mut o = lock(&s.objects);
+            o.buffers.extend([(3, buf()), (4, buf())]);
+            o.stats.bytes_in_use = 16;
+        }
+        // An offer of buffer 3 whose join fails (to a member of no mesh).
+        let offer =
+            Offered { peer: 1, transfer: 7, device: 0, buffer: 3, range: 0..8, frame: Frame::PeerMemClose { handle: [0; 64] }.encode() };
+        lock(&s.remote).offered.push(offer);
+        assert_eq!(exec::exec(&shared, &s, Command::Free { buffer: 3 }), Ok(Outcome::Done), "the client's free succeeds");
+        {
+            let o = lock(&s.objects);
+            assert!(!o.buffers.contains_key(&3), "the buffer is gone for the client");
+            assert_eq!(o.held.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [3], "its memory is held");
+        }
+        assert_eq!(lock(&s.remote).offered.len(), 1, "its offer is kept for the next join");
+        // A buffer no member may copy from is freed at once, even while another's offer is unsettled.
+        let _ = exec::exec(&shared, &s, Command::Free { buffer: 4 });
+        assert!(!lock(&s.objects).buffers.contains_key(&4));
+        assert_eq!(lock(&s.objects).held.len(), 1, "buffer 4 was not held");
+        // Once the offer is settled, the next command releases the memory.
+        lock(&s.remote).offered.clear();
+        assert!(matches!(exec::exec(&shared, &s, Command::Stats), Ok(Outcome::Stats(_))));
+        assert!(lock(&s.objects).held.is_empty(), "released once no member may copy from it");
+        s.close();
+    }
+
+    #[test]
+    fn a_retiring_session_runs_no_further_command_and_settles_its_offers_only_once_idle() {
+        let daemon = daemon();
+        let shared = daemon.shared.clone();
+        let s = session(&shared, vec![Command::Stats]);
+        // An offer no command joined (to a member of no mesh: its settling fails at once), and
+        // a command running (the executor is not idle).
+        let offer =
+            Offered { peer: 1, transfer: 7, device: 0, buffer: 3, range: 0..8, frame: Frame::PeerMemClose { handle: [0; 64] }.encode() };
+        lock(&s.remote).offered.push(offer);
+        lock(&s.state).draining = true;
+        retire(&shared, s.clone());
+        assert!(s.retiring.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!s.closed.load(Ordering::SeqCst), "the session closes only after its running command ends");
+        assert_eq!(lock(&s.remote).offered.len(), 1, "offers are settled only once no command runs");
+        // The running command ends; the queued one is not run.
+        lock(&s.state).draining = false;
+        exec::drain(&shared, &s, true);
+        assert_eq!(lock(&s.state).pending.len(), 1, "no command runs once the session retires");
+        assert_eq!(lock(&s.objects).stats.executed, 0);
+        waits_for("the retiring session settles and closes", || s.closed.load(Ordering::SeqCst));
+        assert!(lock(&s.remote).offered.is_empty(), "every offer was settled before the session closed");
+        drop(daemon);
     }
 }

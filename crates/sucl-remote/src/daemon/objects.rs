@@ -60,6 +60,9 @@ pub(super) struct Objects {
     #[cfg(feature = "cuda")]
     pub(super) cuda_kernels: HashMap<(u32, String), sucl_cuda::Kernel>,
     pub(super) stats: SessionStats,
+    /// Buffers freed by the client while a mesh member may still copy from them (kept until
+    /// their peer-memory offers are settled, or the session ends).
+    pub(super) held: Vec<(u64, Buf)>,
     /// Interprocess events and peers' mappings of the peer-memory path.
     #[cfg(feature = "cuda")]
     pub(super) peer_mem: PeerMemHandles,

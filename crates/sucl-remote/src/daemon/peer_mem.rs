@@ -18,8 +18,14 @@
 //!
 //! **After a cut.** Offers and answers are idempotent: the source offers again whenever the link
 //! was made again while it waits; a destination that already answered a transfer answers it
-//! again alike (it never copies a transfer twice), and one that has not yet run the receiving
-//! command keeps the latest offer.
+//! again alike (it never copies a transfer twice), one that has not yet run the receiving
+//! command keeps the latest offer, and one whose receiving command is taking it ignores it. The
+//! source keeps only answers to offers still waiting for one.
+//!
+//! **Unsettled offers.** An offer whose join failed is kept (to a lost member: until the session
+//! ends), since its destination may still copy; a buffer freed meanwhile is held, not freed
+//! ([`free_or_hold`]), until its offers are settled. A destination told that a buffer was freed
+//! ([`Frame::PeerMemClose`]) refuses every offer of it.
 
 use super::config::PeerPath;
 use super::links::*;
@@ -47,6 +53,19 @@ pub(super) fn refusal(path: PeerPath, node: u64, pid: u32, my_node: u64, my_pid:
     None
 }
 
+/// Destination: the address of `offer`'s first byte in a source allocation mapped at `base`
+/// with `size` bytes, or why its range is not inside that allocation (checked against the size
+/// the driver reports, never the member's word alone).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // without CUDA nothing is mapped
+fn source_address(base: u64, size: usize, offer: &MemOffer) -> Result<u64, String> {
+    match offer.offset.checked_add(offer.len) {
+        Some(end) if end <= size as u64 => Ok(base + offer.offset),
+        _ => {
+            Err(format!("the offer's bytes {}..{}+{} are outside the source buffer's {size} bytes", offer.offset, offer.offset, offer.len))
+        }
+    }
+}
+
 /// Source: offers transfer `transfer` (bytes `range` of buffer `id`) to member `peer` through
 /// peer memory, without waiting for the answer: `true` when offered (the answer is joined by a
 /// later command, see [`join`]); `false` when the bytes must go over the link now.
@@ -58,14 +77,20 @@ pub(super) fn offer(
     peer: u32,
     transfer: u64,
 ) -> Result<bool, Outcome> {
-    if shared.cfg.peer_path == PeerPath::Network || lock(&s.remote).mem_refused_by.contains_key(&peer) {
+    let retiring = s.retiring.load(std::sync::atomic::Ordering::SeqCst);
+    if retiring || shared.cfg.peer_path == PeerPath::Network || lock(&s.remote).mem_refused_by.contains_key(&peer) {
         return Ok(false);
     }
     let Some((frame, device)) = cuda::prepare_offer(shared, s, id, range.clone(), peer, transfer)? else {
         return Ok(false);
     };
-    peer_send(shared, s, peer, frame.clone()).map_err(|e| failed(code::PEER, format!("migrating to mesh member {peer}: {e}")))?;
-    lock(&s.remote).offered.push(Offered { peer, transfer, device, buffer: id, range, frame });
+    // Live before it is sent, so that an answer that comes at once is kept.
+    lock(&s.remote).offered.push(Offered { peer, transfer, device, buffer: id, range, frame: frame.clone() });
+    if let Err(e) = peer_send(shared, s, peer, frame) {
+        // Not queued, so never seen: nobody can copy from it.
+        lock(&s.remote).offered.retain(|o| (o.peer, o.transfer) != (peer, transfer));
+        return Err(failed(code::PEER, format!("migrating to mesh member {peer}: {e}")));
+    }
     Ok(true)
 }
 
@@ -112,31 +137,113 @@ pub(super) fn join(shared: &Arc<Shared>, s: &Arc<Session>, which: Join) -> Resul
         if r.offered.is_empty() {
             return Ok(0);
         }
-        let (due, keep) = std::mem::take(&mut r.offered).into_iter().partition(|o| which.takes(o));
+        let (due, keep): (Vec<Offered>, _) = std::mem::take(&mut r.offered).into_iter().partition(|o| which.takes(o));
         r.offered = keep;
+        r.joining.extend(due.iter().map(|o| (o.peer, o.transfer)));
         due
     };
+    let keys: Vec<(u32, u64)> = due.iter().map(|o| (o.peer, o.transfer)).collect();
     let started = std::time::Instant::now();
-    for o in due {
-        let (peer, transfer) = (o.peer, o.transfer);
-        let what = format!("migrating to mesh member {peer} through peer memory");
-        let key = (peer, transfer);
-        let answer =
-            wait_remote(shared, s, peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, peer, o.frame.clone()))?;
-        match answer {
-            MemAnswer::Copied(event) => cuda::order_after(shared, s, peer, o.device, &event)?,
-            MemAnswer::Refused { permanent, reason } => {
-                if !permanent {
-                    debug!("transfer {transfer} to mesh member {peer} goes over the peer link: {reason}");
-                } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
-                    info!("migrations to mesh member {peer} go over the peer link: {reason}");
-                }
-                let mut ob = lock(&s.objects);
-                send_transfer(shared, s, &super::objects::buffer(&mut ob, o.buffer)?.mem, o.range, peer, transfer)?;
-            }
-        }
+    let joined = join_in_order(due, |o| join_one(shared, s, o));
+    let mut r = lock(&s.remote);
+    for k in &keys {
+        r.joining.remove(k);
+    }
+    if let Err((e, unjoined)) = joined {
+        put_back(&mut r, unjoined);
+        return Err(e);
     }
     Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// Joins `due` in order with `one`; on the first failure, the error and the offers not joined
+/// (the failed one first), so that they are not forgotten: the destination may still copy
+/// from their buffers.
+fn join_in_order(due: Vec<Offered>, mut one: impl FnMut(&Offered) -> Result<(), Outcome>) -> Result<(), (Outcome, Vec<Offered>)> {
+    let mut due = due.into_iter();
+    while let Some(o) = due.next() {
+        if let Err(e) = one(&o) {
+            return Err((e, std::iter::once(o).chain(due).collect()));
+        }
+    }
+    Ok(())
+}
+
+/// Offers a join gave up on: those to a lost member go to `orphaned` (no answer will come,
+/// yet the member may still copy: their buffers are freed only when the session ends); the
+/// rest go back in front of `offered`, for the next command to join again.
+fn put_back(r: &mut RemoteState, unjoined: Vec<Offered>) {
+    let (orphaned, again): (Vec<Offered>, Vec<Offered>) = unjoined.into_iter().partition(|o| r.lost.contains_key(&o.peer));
+    r.orphaned.extend(orphaned);
+    let later = std::mem::replace(&mut r.offered, again);
+    r.offered.extend(later);
+}
+
+/// Waits for the answer to offer `o`: a copy orders later work on the source's GPU after it;
+/// a refusal sends the bytes over the link now.
+fn join_one(shared: &Arc<Shared>, s: &Arc<Session>, o: &Offered) -> Result<(), Outcome> {
+    let (peer, transfer) = (o.peer, o.transfer);
+    let what = format!("migrating to mesh member {peer} through peer memory");
+    let key = (peer, transfer);
+    let answer =
+        wait_remote(shared, s, peer, &what, |r| r.mem_answers.remove(&key).map(Ok), || peer_send(shared, s, peer, o.frame.clone()))?;
+    match answer {
+        MemAnswer::Copied(event) => cuda::order_after(shared, s, peer, o.device, &event),
+        MemAnswer::Refused { permanent, reason } => {
+            if !permanent {
+                debug!("transfer {transfer} to mesh member {peer} goes over the peer link: {reason}");
+            } else if lock(&s.remote).mem_refused_by.insert(peer, reason.clone()).is_none() {
+                info!("migrations to mesh member {peer} go over the peer link: {reason}");
+            }
+            let mut guard = lock(&s.objects);
+            let ob = &mut *guard;
+            let mem = match ob.held.iter().find(|(id, _)| *id == o.buffer) {
+                Some((_, b)) => &b.mem,
+                None => &super::objects::buffer(ob, o.buffer)?.mem,
+            };
+            send_transfer(shared, s, mem, o.range.clone(), peer, transfer)
+        }
+    }
+}
+
+/// Whether a member may still copy from buffer `id` (an offer of it not yet joined, or
+/// orphaned by a lost member).
+pub(super) fn exposed(r: &RemoteState, id: u64) -> bool {
+    r.offered.iter().chain(&r.orphaned).any(|o| o.buffer == id)
+}
+
+/// Frees buffer `id` for command `Free`: at once when no member may still copy from it, else
+/// its memory is held (the buffer is gone for the client) until [`release_held`] finds its
+/// offers settled, or the session ends. `Ok(true)`: held.
+pub(super) fn free_or_hold(s: &Session, id: u64) -> Result<bool, Outcome> {
+    let mut o = lock(&s.objects);
+    if !exposed(&lock(&s.remote), id) {
+        return Ok(false);
+    }
+    let b = o.buffers.remove(&id).ok_or_else(|| failed(code::INVALID, format!("buffer {id} does not exist in this session")))?;
+    o.stats.bytes_in_use -= b.mem.len() as u64;
+    o.stats.buffers = o.buffers.len() as u32;
+    o.held.push((id, b));
+    Ok(true)
+}
+
+/// Frees the held buffers no member may copy from any more, and tells the members to close
+/// their mappings of them.
+pub(super) fn release_held(shared: &Arc<Shared>, s: &Arc<Session>) {
+    let released = {
+        let mut o = lock(&s.objects);
+        if o.held.is_empty() {
+            return;
+        }
+        let r = lock(&s.remote);
+        let (gone, keep) = std::mem::take(&mut o.held).into_iter().partition::<Vec<_>, _>(|(id, _)| !exposed(&r, *id));
+        o.held = keep;
+        gone
+    };
+    for (id, b) in released {
+        drop(b);
+        freed(shared, s, id);
+    }
 }
 
 /// Destination: waits until transfer `key` arrives, as a peer-memory offer or as bytes over the
@@ -158,15 +265,17 @@ pub(super) fn receive_offer(
         s,
         peer,
         &what,
-        |r| match r.mem_offers.remove(&key) {
+        |r| match r.mem_take(key) {
             Some(o) => Some(Ok(Some(o))),
             None => (r.inbox.contains_key(&key) || r.finished.contains_key(&key)).then_some(Ok(None)),
         },
         || Ok(()),
     )?;
     let Some(offer) = offer else { return Ok(None) };
+    let dead = lock(&s.remote).mem_is_dead(peer, &offer.handle);
     let answer = match refusal(shared.cfg.peer_path, offer.node, offer.pid, this_node(), std::process::id()) {
         Some(reason) => MemAnswer::Refused { permanent: true, reason },
+        None if dead => freed_refusal(),
         None => match cuda::take_offer(shared, s, peer, id, offset, len, &offer) {
             Ok(event) => MemAnswer::Copied(event),
             Err((permanent, reason)) => MemAnswer::Refused { permanent, reason },
@@ -188,7 +297,12 @@ pub(super) fn receive_offer(
 /// its buffers, so that an offer still unanswered is refused rather than copied from freed
 /// memory. Returns how many offers stayed unanswered.
 pub(super) fn settle(shared: &Arc<Shared>, s: &Arc<Session>) -> usize {
-    let offered = std::mem::take(&mut lock(&s.remote).offered);
+    let offered = {
+        let mut r = lock(&s.remote);
+        let offered = std::mem::take(&mut r.offered);
+        r.joining.extend(offered.iter().map(|o| (o.peer, o.transfer)));
+        offered
+    };
     let unanswered = settle_offers(
         offered,
         |o| {
@@ -199,6 +313,9 @@ pub(super) fn settle(shared: &Arc<Shared>, s: &Arc<Session>) -> usize {
     );
     for id in cuda::exported(s) {
         freed(shared, s, id);
+    }
+    if !flush_peers(s, shared.cfg.peer_timeout) {
+        warn!("session end: not every member was told to close its mappings within {:?}", shared.cfg.peer_timeout);
     }
     unanswered
 }
@@ -356,8 +473,8 @@ mod cuda {
         let dst = m.device_ptr() + span("migration destination", offset, offer.len, m.len()).map_err(|e| (false, text(e)))?.start as u64;
         let c = gpu(shared, device).ok_or((false, "the destination buffer's device is not a GPU".to_string()))?;
         let pm = &mut o.peer_mem;
-        let base = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?.ptr;
-        let src = base.checked_add(offer.offset).ok_or((false, "the offer's offset overflows".to_string()))?;
+        let opened = cached(&mut pm.opened_mem, (peer, device, offer.handle), || c.open_mem(&offer.handle)).map_err(|e| (true, text(e)))?;
+        let src = super::source_address(opened.ptr, opened.size, offer).map_err(|e| (false, e))?;
         let ready =
             cached(&mut pm.opened_events, (peer, device, offer.event), || c.open_event(&offer.event)).map_err(|e| (true, text(e)))?;
         c.wait_opened(ready).map_err(|e| (false, text(e)))?;
@@ -465,6 +582,82 @@ mod tests {
         assert_eq!(asked, [10, 11, 13], "every answer is awaited, a silent member's only once");
         assert_eq!(ordered, [(11, 7)], "the GPU waits for the copy's event before the buffer is freed");
         assert_eq!(unsettled, 2, "both offers to the silent member stay unsettled");
+    }
+
+    #[test]
+    fn a_failed_join_keeps_the_offers_it_did_not_join_and_their_buffers_stay_exposed() {
+        let offered = |peer, transfer, buffer| Offered { peer, transfer, device: 0, buffer, range: 0..8, frame: Vec::new() };
+        let mut joined = Vec::new();
+        let (e, unjoined) = join_in_order(vec![offered(1, 10, 5), offered(2, 11, 6), offered(1, 12, 7)], |o| {
+            if o.transfer == 11 {
+                return Err(failed(code::PEER, "nothing within the peer timeout"));
+            }
+            joined.push(o.transfer);
+            Ok(())
+        })
+        .expect_err("transfer 11 fails");
+        assert!(matches!(e, Outcome::Failed { .. }));
+        assert_eq!(joined, [10], "joining stops at the first failure");
+        assert_eq!(unjoined.iter().map(|o| o.transfer).collect::<Vec<_>>(), [11, 12], "the failed offer and every later one");
+        let mut r = RemoteState { offered: vec![offered(3, 13, 8)], ..Default::default() };
+        r.lost.insert(1, "gone".into());
+        put_back(&mut r, unjoined);
+        assert_eq!(r.offered.iter().map(|o| o.transfer).collect::<Vec<_>>(), [11, 13], "joined again by the next command, oldest first");
+        assert_eq!(r.orphaned.iter().map(|o| o.transfer).collect::<Vec<_>>(), [12], "a lost member's offer is orphaned, not forgotten");
+        assert!(!exposed(&r, 5), "a joined offer's buffer may be freed");
+        assert!(exposed(&r, 6) && exposed(&r, 7) && exposed(&r, 8), "a buffer with an unsettled offer is held when freed");
+    }
+
+    #[test]
+    fn only_answers_to_live_offers_are_kept_and_an_offer_sent_again_while_taken_is_not_left_behind() {
+        let mut r = RemoteState {
+            offered: vec![Offered { peer: 1, transfer: 10, device: 0, buffer: 5, range: 0..8, frame: Vec::new() }],
+            ..Default::default()
+        };
+        r.joining.insert((2, 20));
+        let copied = MemAnswer::Copied([7; 64]);
+        assert!(r.mem_answered((1, 10), copied.clone()), "an answer to an offer not yet joined is kept");
+        assert!(r.mem_answered((2, 20), copied.clone()), "an answer to an offer being joined is kept");
+        assert!(!r.mem_answered((1, 11), copied.clone()), "an answer to no live offer (a duplicate) is dropped");
+        assert_eq!(r.mem_answers.len(), 2);
+        // Destination: the offer taken, then the same offer again (sent after a cut) before
+        // it is answered, then after.
+        let offer = MemOffer { node: 0, pid: 0, handle: [0; 64], offset: 0, len: 8, event: [0; 64] };
+        assert_eq!(r.mem_offered((1, 30), offer.clone()), OfferArrival::Kept);
+        assert!(r.mem_take((1, 30)).is_some());
+        assert_eq!(r.mem_offered((1, 30), offer.clone()), OfferArrival::BeingTaken);
+        assert!(r.mem_offers.is_empty(), "an offer sent again while it is taken is not kept for a command that never comes");
+        r.mem_finish((1, 30), copied.clone());
+        assert_eq!(r.mem_offered((1, 30), offer), OfferArrival::AnswerAgain(copied));
+        assert!(r.mem_offers.is_empty() && r.mem_taking.is_empty());
+    }
+
+    #[test]
+    fn a_closed_handle_refuses_its_pending_offers_and_any_that_come_later() {
+        let mut r = RemoteState::default();
+        let offer = |handle| MemOffer { node: 0, pid: 0, handle: [handle; 64], offset: 0, len: 8, event: [0; 64] };
+        assert_eq!(r.mem_offered((1, 30), offer(3)), OfferArrival::Kept);
+        assert_eq!(r.mem_offered((1, 31), offer(4)), OfferArrival::Kept);
+        assert_eq!(r.mem_offered((2, 32), offer(3)), OfferArrival::Kept, "another member's handle");
+        let refused = r.mem_closed(1, [3; 64]);
+        assert_eq!(refused, [(30, freed_refusal())], "the pending offer of the freed buffer is answered refused");
+        assert_eq!(r.mem_offers.len(), 2, "it is no longer pending; the others are");
+        assert!(r.mem_take((1, 30)).is_none(), "its receiving command takes the bytes over the link");
+        assert!(r.mem_is_dead(1, &[3; 64]) && !r.mem_is_dead(2, &[3; 64]));
+        assert_eq!(r.mem_offered((1, 30), offer(3)), OfferArrival::AnswerAgain(freed_refusal()), "sent again: refused alike");
+        assert_eq!(r.mem_offered((1, 33), offer(3)), OfferArrival::AnswerAgain(freed_refusal()), "a later offer of it is refused");
+        assert_eq!(r.mem_closing, [(1, [3; 64])], "its mapping is closed by the next migrating command");
+    }
+
+    #[test]
+    fn an_offer_is_taken_only_when_its_source_range_lies_inside_the_mapped_allocation() {
+        let offer = |offset, len| MemOffer { node: 0, pid: 0, handle: [0; 64], offset, len, event: [0; 64] };
+        assert_eq!(source_address(0x1000, 256, &offer(0, 256)), Ok(0x1000));
+        assert_eq!(source_address(0x1000, 256, &offer(200, 56)), Ok(0x1000 + 200));
+        for (offset, len) in [(0, 257), (200, 57), (256, 1), (u64::MAX, 2)] {
+            let e = source_address(0x1000, 256, &offer(offset, len)).expect_err("outside the allocation");
+            assert!(e.contains("outside the source buffer's 256 bytes"), "{e}");
+        }
     }
 
     #[test]

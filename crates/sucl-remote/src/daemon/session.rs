@@ -7,7 +7,6 @@ use super::state::*;
 use crate::auth::{random, Nonces};
 use crate::transport::Link;
 use crate::wire::{read_frame, write_frame, Frame, ReadError};
-use std::collections::VecDeque;
 use std::io::{self, BufReader, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
@@ -31,19 +30,13 @@ pub(super) fn open_session(
         max_frame,
         features,
         binding: Mutex::new(Binding { generation: 1, conn: Some(conn.clone()), detached_since: None }),
-        state: Mutex::new(SessionState {
-            last_received: 0,
-            pending: VecDeque::new(),
-            draining: false,
-            handoff: false,
-            executor: false,
-            retained: VecDeque::new(),
-        }),
+        state: Mutex::new(SessionState::default()),
         exec_cv: Condvar::new(),
         objects: Mutex::new(Objects::default()),
         remote: Mutex::new(RemoteState::default()),
         remote_cv: Condvar::new(),
         closed: AtomicBool::new(false),
+        retiring: AtomicBool::new(false),
         peer_frames: AtomicU64::new(0),
     });
     if let Err(why) = admit(shared, &s) {

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 /// Receipt and replay state: guarded together, so that receiving a command, queueing it and
 /// retaining its reply each happen in one step.
+#[derive(Default)]
 pub(super) struct SessionState {
     pub(super) last_received: u64,
     /// Received commands not yet run, in sequence order.
@@ -51,6 +52,9 @@ pub(super) struct Session {
     pub(super) remote: Mutex<RemoteState>,
     pub(super) remote_cv: Condvar,
     pub(super) closed: AtomicBool,
+    /// Set when the session is going (expired or evicted): no further command runs and no
+    /// peer-memory offer is made, so that its offers can be settled before it closes.
+    pub(super) retiring: AtomicBool,
     /// Frames received over peer links.
     pub(super) peer_frames: AtomicU64,
 }
