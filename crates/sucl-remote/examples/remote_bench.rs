@@ -816,6 +816,7 @@ mod local_gpu {
 }
 
 /// The local reference of an application on GPU (`None` without one).
+#[cfg(feature = "cuda")]
 fn local_gpu_run<T>(f: impl FnOnce() -> Result<(Vec<T>, f64), String>) -> (Vec<T>, f64) {
     f().unwrap_or_else(|e| fail(&format!("the local GPU reference run failed: {e}")))
 }
@@ -953,7 +954,7 @@ fn jacobi_local<T: Cell + JacobiHost>(whole: &[T], nx: usize, planes: usize, ste
         #[cfg(feature = "cuda")]
         return local_gpu_run(|| local_gpu::open()?.jacobi(T::CUDA_SRC, T::CUDA_KERNEL, whole, nx, nx, planes, steps));
         #[cfg(not(feature = "cuda"))]
-        panic!("built without the `cuda` feature");
+        return no_cuda(planes);
     }
     let (mut a, mut b) = (whole.to_vec(), whole.to_vec());
     let t = Instant::now();
@@ -1110,7 +1111,7 @@ fn matmul(md: &mut String, n: usize, external: Option<&[String]>, cuda: bool) {
         #[cfg(feature = "cuda")]
         let (r, t) = local_gpu_run(|| local_gpu::open()?.gemm(&a, &b, n));
         #[cfg(not(feature = "cuda"))]
-        let (r, t): (Vec<f64>, f64) = panic!("built without the `cuda` feature");
+        let (r, t): (Vec<f64>, f64) = no_cuda(n);
         (r, t, "this process's GPU 0, same CUDA kernel")
     } else {
         let mut c = vec![0.0; n * n];
@@ -1254,6 +1255,13 @@ fn placed<T: bytemuck::Pod>(r: Result<RemoteBuffer<T>, RemoteError>) -> RemoteBu
 }
 
 /// Says why the run cannot go on, and ends it.
+/// A GPU reference asked of a build without the `cuda` feature: a one-line error (`_size` only
+/// names what the reference would have covered).
+#[cfg(not(feature = "cuda"))]
+fn no_cuda<T>(_size: usize) -> (Vec<T>, f64) {
+    fail("this remote_bench was built without the `cuda` feature: no GPU reference (rebuild with it, or drop --cuda)")
+}
+
 fn fail(why: &str) -> ! {
     eprintln!("remote_bench: {why}");
     std::process::exit(1)

@@ -686,6 +686,8 @@ impl Communicator {
     /// receive must have the sent length), or staged through host memory.
     pub fn send<B: Buf + ?Sized>(&self, buf: &B, dest: usize, tag: u32) -> Result<()> {
         self.validate_p2p(dest, tag)?;
+        // One arm without the `cuda` feature.
+        #[allow(clippy::infallible_destructuring_match)]
         let bytes = match buf.mem() {
             Mem::Host(b) => b,
             #[cfg(feature = "cuda")]
