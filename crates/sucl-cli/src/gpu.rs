@@ -605,8 +605,8 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
 /// `sucl tune --device cuda`: per op and size, the device backend to use (nccl, ipc, staged),
 /// from the median of `rounds` interleaved rounds (three times as many up to 1 MiB, where a
 /// call's noise is as large as the differences), with near-ties going to the built-in rules'
-/// choice (see [`crate::tune::choose`]); written as tuning rules that device calls under
-/// `--config` follow.
+/// choice (see [`crate::tune::choose`]); written as tuning rules that collectives on device buffers
+/// follow under `--config`.
 pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, out: &str) -> Result<i32> {
     let (dev, q) = open(comm)?;
     let names = comm.device_backends();

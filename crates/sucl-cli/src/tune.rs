@@ -20,7 +20,7 @@ pub struct TuneArgs {
 
 /// Relative difference of two backends' median times within which `sucl tune` counts them as
 /// tied: a choice between tied backends costs at most this much, and run-to-run noise of one size
-/// on the machines measured is of this order (±1 µs on device calls of 10–20 µs).
+/// was of this order on 4 × H100 and 2 × H200 (2026-11: ±1 µs on device collectives of 10–20 µs).
 pub const TIE_MARGIN: f64 = 0.05;
 
 /// One measured size: every round's time of each backend (`times[backend][round]`, backends in

@@ -138,7 +138,7 @@ fn ranks_on_several_hosts_meet_over_mpi_without_master_addr() {
 }
 
 /// As above, but each rank in its own UTS namespace with its own host name (`unshare --uts`,
-/// where the host lets a test do that): the store must now be reachable from "other hosts",
+/// where creating namespaces is permitted): the store must now be reachable from "other hosts",
 /// so rank 0 listens beyond loopback (the store logs it) and shm is not used between "hosts".
 #[test]
 fn ranks_with_different_host_names_meet_over_mpi_at_a_routable_address() {

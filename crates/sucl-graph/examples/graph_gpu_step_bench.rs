@@ -392,7 +392,7 @@ device send/recv/sendrecv, positions by a device all_gather), side by side in on
 sucl run -n 2 -- target/release/examples/graph_gpu_step_bench jacobi --size 8192 --steps 50 --rounds 3
 sucl run -n 2 -- target/release/examples/graph_gpu_step_bench nbody --size 32768 --steps 5 --rounds 3
 
-Two ranks on one GPU need the communicator's device calls staged (NCCL refuses two ranks on
+Two ranks on one GPU need the communicator's device-buffer traffic staged (NCCL refuses two ranks on
 one GPU): SUCL_CONFIG naming a file with `[platforms.cuda] backends = [\"staged\"]`.
 
 Time per step = wall time of `steps` steps ending with a device synchronize and a barrier,

@@ -502,10 +502,10 @@ impl Communicator {
         self.block(py, call)
     }
 
-    /// Waits (bounded by `SUCL_TIMEOUT`) until the device calls enqueued on `stream` ran:
-    /// `stream` is a `CUstream` as an int (`torch.cuda.current_stream().cuda_stream`; 0, the
+    /// Waits (bounded by `SUCL_TIMEOUT`) until the collectives and sends/receives on device
+    /// memory enqueued on `stream` ran: `stream` is a `CUstream` as an int (`torch.cuda.current_stream().cuda_stream`; 0, the
     /// default, is the legacy default stream) of the communicator's GPU. Raises when NCCL
-    /// reported an asynchronous error, a rank was lost or the wait timed out. Device calls
+    /// reported an asynchronous error, a rank was lost or the wait timed out. Those
     /// return without waiting for the GPU; this (or torch's stream sync) waits for them.
     #[pyo3(signature = (stream=0))]
     fn synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
