@@ -191,14 +191,8 @@ def _tensors_in(items):
 
 def _cuda_device(tensors):
     """The CUDA device of the first tensor in ``tensors`` (nested lists allowed), or None."""
-    for t in tensors:
-        if isinstance(t, (list, tuple)):
-            d = _cuda_device(t)
-            if d is not None:
-                return d
-        elif isinstance(t, torch.Tensor):
-            return t.device if t.is_cuda else None
-    return None
+    first = next(_tensors_in(tensors), None)
+    return first.device if first is not None and first.is_cuda else None
 
 
 class ProcessGroupSucl(dist.ProcessGroup):
