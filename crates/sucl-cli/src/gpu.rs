@@ -602,6 +602,36 @@ pub fn bench(comm: &Communicator, a: &BenchArgs, choice: &str) -> Result<Vec<Row
     Ok(rows)
 }
 
+/// One size on every device backend, interleaved rounds (more of them up to [`SMALL_BYTES`]);
+/// wrong elements are added to `wrong` and reported by rank 0.
+fn tune_point(
+    comm: &Communicator,
+    q: &Queue,
+    args: &BenchArgs,
+    names: &[&str],
+    rounds: usize,
+    bytes: u64,
+    wrong: &mut u64,
+) -> Result<crate::tune::Measured> {
+    let mut times = vec![vec![]; names.len()];
+    let rounds = if bytes <= SMALL_BYTES { rounds * SMALL_ROUNDS_FACTOR } else { rounds };
+    for round in 0..rounds.max(1) {
+        for k in crate::bench::round_order(names.len(), round) {
+            let name = names[k];
+            comm.pin_backend(Some(name))?;
+            let row = measure_any(comm, q, None, args, bytes, name)?;
+            times[k].push(row.time_us);
+            if let Some(w) = row.wrong.filter(|&w| w > 0) {
+                *wrong += w;
+                if comm.rank() == 0 {
+                    eprintln!("sucl tune: WRONG {} {bytes} B on {name}: {w} wrong elements", args.op.name());
+                }
+            }
+        }
+    }
+    Ok(crate::tune::Measured { bytes, times })
+}
+
 /// `sucl tune --device cuda`: per op and size, the device backend to use (nccl, ipc, staged),
 /// from the median of `rounds` interleaved rounds (three times as many up to 1 MiB, where a
 /// call's noise is as large as the differences), with near-ties going to the built-in rules'
@@ -623,29 +653,13 @@ pub fn tune(comm: &Communicator, a: &BenchArgs, ops: &[CollOp], rounds: usize, o
     let mut wrong = 0;
     for &op in ops {
         let args = BenchArgs { op: BenchOp::Coll(op), ..*a };
-        let mut points = vec![];
-        let mut builtin = vec![];
-        for bytes in sizes(a.min_bytes, a.max_bytes, a.factor) {
-            let mut times = vec![vec![]; names.len()];
-            let rounds = if bytes <= SMALL_BYTES { rounds * SMALL_ROUNDS_FACTOR } else { rounds };
-            for round in 0..rounds.max(1) {
-                for k in crate::bench::round_order(names.len(), round) {
-                    let name = names[k];
-                    comm.pin_backend(Some(name))?;
-                    let row = measure_any(comm, &q, None, &args, bytes, name)?;
-                    times[k].push(row.time_us);
-                    if let Some(w) = row.wrong.filter(|&w| w > 0) {
-                        wrong += w;
-                        if lead {
-                            eprintln!("sucl tune: WRONG {} {bytes} B on {name}: {w} wrong elements", op.name());
-                        }
-                    }
-                }
-            }
+        let builtin = |bytes| {
             let default = sucl::select::default_device_choice(&names, comm.size(), op, bytes);
-            builtin.push(default.and_then(|d| names.iter().position(|n| *n == d)));
-            points.push(crate::tune::Measured { bytes, times });
-        }
+            default.and_then(|d| names.iter().position(|n| *n == d))
+        };
+        let sizes = sizes(a.min_bytes, a.max_bytes, a.factor);
+        let (points, builtin) =
+            crate::tune::sweep(&sizes, builtin, |bytes| tune_point(comm, &q, &args, &names, rounds, bytes, &mut wrong))?;
         comm.pin_backend(None)?;
         if lead {
             file += &crate::tune::report(op, comm.size(), &names, &points, &builtin);

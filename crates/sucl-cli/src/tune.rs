@@ -76,6 +76,56 @@ pub fn choose(points: &[Measured], builtin: &[Option<usize>], margin: f64) -> Ve
         .collect()
 }
 
+/// Rounds of crossover refinement at most: each puts a size between every pair of neighbouring
+/// sizes whose choices differ, halving (in powers of two) the range where the table could be
+/// wrong; a factor-4 sweep needs one round, and a crossover that moves with noise stops after these.
+pub const REFINE_ROUNDS: usize = 4;
+
+/// Sizes to measure next so that the table's boundaries lie near where the choice really
+/// changes. A rule ends at the next measured size with another choice, so without this a
+/// factor-4 sweep that finds ipc at 512 KiB and nccl at 2 MiB gives ipc at 1 MiB, where it may
+/// already be far slower. For neighbouring sizes whose choices differ and that lie more than 2×
+/// apart: the power of two nearest their geometric middle (in log scale), which lies strictly
+/// between them since they span more than one doubling.
+pub fn between_crossovers(points: &[Measured], chosen: &[usize]) -> Vec<u64> {
+    points
+        .windows(2)
+        .zip(chosen.windows(2))
+        .filter(|(p, c)| c[0] != c[1] && p[1].bytes / 2 > p[0].bytes)
+        .filter_map(|(p, _)| {
+            let (lo, hi) = (p[0].bytes, p[1].bytes);
+            let middle = ((lo as f64) * (hi as f64)).sqrt();
+            let pow = 1u64.checked_shl(middle.log2().round() as u32).unwrap_or(u64::MAX);
+            (pow > lo && pow < hi).then_some(pow)
+        })
+        .collect()
+}
+
+/// Measures every size of `sizes` (ascending), then refines the crossovers
+/// ([`between_crossovers`], at most [`REFINE_ROUNDS`] rounds). Returns the points in size order
+/// and each one's built-in choice. Every rank makes the same decisions: the times it decides on
+/// are the slowest rank's, the same on every rank.
+pub fn sweep(
+    sizes: &[u64],
+    builtin: impl Fn(u64) -> Option<usize>,
+    mut measure: impl FnMut(u64) -> Result<Measured>,
+) -> Result<(Vec<Measured>, Vec<Option<usize>>)> {
+    let mut points = sizes.iter().map(|&b| measure(b)).collect::<Result<Vec<_>>>()?;
+    for _ in 0..REFINE_ROUNDS {
+        let known: Vec<Option<usize>> = points.iter().map(|p| builtin(p.bytes)).collect();
+        let extra = between_crossovers(&points, &choose(&points, &known, TIE_MARGIN));
+        if extra.is_empty() {
+            break;
+        }
+        for bytes in extra {
+            points.push(measure(bytes)?);
+        }
+        points.sort_by_key(|p| p.bytes);
+    }
+    let known = points.iter().map(|p| builtin(p.bytes)).collect();
+    Ok((points, known))
+}
+
 /// Prints one op's table (median µs per backend, the choice, and `tie` where the choice was
 /// within the margin of another backend) and returns its tuning rules.
 pub fn report(op: CollOp, n: usize, names: &[&str], points: &[Measured], builtin: &[Option<usize>]) -> String {
@@ -139,40 +189,10 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
     // Every measurement is checked; a backend that computes wrong results wins nothing.
     let mut wrong = vec![];
     for &op in &a.ops {
-        let mut points = vec![];
-        for &bytes in &sizes {
-            let mut times = vec![vec![]; names.len()];
-            for round in 0..a.rounds.max(1) {
-                for k in crate::bench::round_order(names.len(), round) {
-                    let name = names[k];
-                    comm.pin_backend(Some(name))?;
-                    let args = BenchArgs {
-                        op: BenchOp::Coll(op),
-                        min_bytes: bytes,
-                        max_bytes: bytes,
-                        factor: 2,
-                        iters: bench::Iters::Fixed(a.iters),
-                        warmup: a.warmup,
-                        dtype: a.dtype,
-                        redop: ReduceOp::Sum,
-                        root: 0,
-                        json: false,
-                        check: true,
-                        graph: false,
-                    };
-                    let row = sucl::with_dtype!(a.dtype, T => bench::measure::<T>(comm, &args, bytes)?);
-                    times[k].push(row.time_us);
-                    if let Some(w) = row.wrong.filter(|&w| w > 0) {
-                        wrong.push(format!("{} {} B on {name}: {w} wrong elements", op.name(), bytes));
-                    }
-                }
-            }
-            comm.pin_backend(None)?;
-            points.push(Measured { bytes, times });
-        }
+        // Host calls have no built-in choice apart from the threshold: ties follow the
+        // neighbouring sizes.
+        let (points, _) = sweep(&sizes, |_| None, |bytes| measure_host(comm, a, op, &names, bytes, &mut wrong))?;
         if lead {
-            // Host calls have no built-in choice apart from the threshold: ties follow the
-            // neighbouring sizes.
             file += &report(op, comm.size(), &names, &points, &[]);
         }
     }
@@ -193,6 +213,39 @@ pub fn run(comm: &Communicator, a: &TuneArgs) -> Result<i32> {
         println!("# wrote {}", a.out);
     }
     Ok(0)
+}
+
+/// One size of `op` on every backend, `a.rounds` interleaved rounds; wrong results are noted in
+/// `wrong`.
+fn measure_host(comm: &Communicator, a: &TuneArgs, op: CollOp, names: &[&str], bytes: u64, wrong: &mut Vec<String>) -> Result<Measured> {
+    let mut times = vec![vec![]; names.len()];
+    for round in 0..a.rounds.max(1) {
+        for k in crate::bench::round_order(names.len(), round) {
+            let name = names[k];
+            comm.pin_backend(Some(name))?;
+            let args = BenchArgs {
+                op: BenchOp::Coll(op),
+                min_bytes: bytes,
+                max_bytes: bytes,
+                factor: 2,
+                iters: bench::Iters::Fixed(a.iters),
+                warmup: a.warmup,
+                dtype: a.dtype,
+                redop: ReduceOp::Sum,
+                root: 0,
+                json: false,
+                check: true,
+                graph: false,
+            };
+            let row = sucl::with_dtype!(a.dtype, T => bench::measure::<T>(comm, &args, bytes)?);
+            times[k].push(row.time_us);
+            if let Some(w) = row.wrong.filter(|&w| w > 0) {
+                wrong.push(format!("{} {} B on {name}: {w} wrong elements", op.name(), bytes));
+            }
+        }
+    }
+    comm.pin_backend(None)?;
+    Ok(Measured { bytes, times })
 }
 
 /// The exit code of a tune whose results were wrong, returned only once every rank is here. Every
@@ -259,6 +312,44 @@ mod tests {
         assert_eq!(choose(&alone, &[], TIE_MARGIN), vec![1]);
         // A zero margin: the fastest median everywhere.
         assert_eq!(choose(&points, &builtin, 0.0), vec![1, 1, 0, 0, 0, 0]);
+    }
+
+    /// A model of two backends: ipc (1) fast up to about 768 KiB, nccl (0) faster beyond,
+    /// as broadcast measured on 4 × H100 (2026-11-27); counts the sizes measured.
+    fn model(bytes: u64, measured: &mut Vec<u64>) -> Result<Measured> {
+        measured.push(bytes);
+        let mib = bytes as f64 / (1 << 20) as f64;
+        Ok(at(bytes, &[&[11.0 + 8.0 * mib], &[6.0 + 14.0 * mib]]))
+    }
+
+    #[test]
+    fn a_crossover_between_far_apart_sizes_is_measured_in_between() {
+        let sizes = bench::sizes(8, 8 << 20, 4);
+        let mut measured = vec![];
+        let (points, builtin) = sweep(&sizes, |_| None, |b| model(b, &mut measured)).unwrap();
+        // 512 KiB (ipc) and 2 MiB (nccl) differ: 1 MiB is measured, and it is nccl's.
+        assert!(measured.contains(&(1 << 20)), "{measured:?}");
+        assert_eq!(measured.len(), sizes.len() + 1, "one crossover, one added size: {measured:?}");
+        assert!(points.windows(2).all(|w| w[0].bytes < w[1].bytes), "in size order");
+        assert_eq!(builtin.len(), points.len());
+        let chosen = choose(&points, &builtin, TIE_MARGIN);
+        let winners: Vec<(u64, &str)> = points.iter().zip(&chosen).map(|(p, &c)| (p.bytes, ["nccl", "ipc"][c])).collect();
+        let text = rules(CollOp::Broadcast, 4, &winners);
+        assert!(text.contains("bytes = [0, 1048576]\nbackend = \"ipc\""), "{text}");
+    }
+
+    #[test]
+    fn without_a_crossover_nothing_more_is_measured() {
+        let sizes = bench::sizes(8, 256 << 10, 4);
+        let mut measured = vec![];
+        sweep(&sizes, |_| None, |b| model(b, &mut measured)).unwrap();
+        assert_eq!(measured, sizes);
+        // Neighbours at most 2× apart are not split, crossover or not.
+        let points = [at(1 << 19, &[&[1.0], &[2.0]]), at(1 << 20, &[&[2.0], &[1.0]])];
+        assert!(between_crossovers(&points, &[0, 1]).is_empty());
+        // Sizes that are not powers of two: the power of two nearest their middle (12).
+        let points = [at(3, &[&[1.0], &[2.0]]), at(48, &[&[2.0], &[1.0]])];
+        assert_eq!(between_crossovers(&points, &[0, 1]), vec![16]);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! - many: 1000 start/wait pairs without a host sync complete (no deadlock behind full streams).
 //! - killed: rank 1 exits while rank 0's stream waits for it; rank 0's stream is released and
 //!   the error names rank 1 (run without the launcher, which would end rank 0 first).
-//! - bench: the trigger round trip (empty start + wait, serialized on the stream) and a batch of
+//! - bench: the trigger round trip (empty start + wait, serialized on the stream; on staged, beside
+//!   it the same signal driven with no queue, its floor) and a batch of
 //!   26 send/recv pairs through the queue vs the same NCCL group called directly, and vs that
 //!   group issued as the queue issues it (on a side stream forked and joined with two events);
 //!   the queue's host time per batch split into its enqueues, its start and its wait.
@@ -274,6 +275,46 @@ fn timed(
     Ok((per(t0.elapsed()), per(issuing)))
 }
 
+/// The floor under the staged trigger round trip: the same pinned counters
+/// (`sucl_cuda::StreamSignal`) driven with no queue around them — the stream stores trigger `i`
+/// and waits for completion `i`, a host thread that spins on the trigger completes it at once.
+/// Returns (µs per round trip, µs of the host's two calls per round trip).
+fn signal_floor(q: &Queue, iters: usize) -> sucl_runtime::Result<(f64, f64)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use sucl_cuda::StreamSignal;
+    let signal = StreamSignal::leak(q.device())?;
+    let stop = AtomicBool::new(false);
+    let bound = std::time::Duration::from_secs(10);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Answers every trigger at once; bounded by `stop` (set on every path below).
+            while !stop.load(Ordering::Acquire) {
+                let t = signal.triggered();
+                if t > signal.done() {
+                    signal.complete(t);
+                }
+                std::hint::spin_loop();
+            }
+        });
+        let mut epoch = 0u64;
+        let mut round = |n: usize| -> sucl_runtime::Result<(f64, f64)> {
+            let stream = q.stream();
+            timed(
+                n,
+                || {
+                    epoch += 1;
+                    signal.trigger_on(stream, epoch)?;
+                    signal.wait_on(stream, epoch, bound)
+                },
+                || q.synchronize(),
+            )
+        };
+        let result = round(50).and_then(|_| round(iters));
+        stop.store(true, Ordering::Release);
+        result
+    })
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -306,6 +347,12 @@ fn bench(mut cq: CommQueue, q: &Queue, rank: usize, peer: usize, t: &str) -> suc
     println!(
         "st-gpu: bench {t}: trigger round trip (empty start+wait, serialized on the stream): {rt:.2} us, of which the host's start+wait calls {rt_issue:.2} us (rank {rank})"
     );
+    if t == "staged" {
+        let (floor, floor_issue) = signal_floor(q, iters)?;
+        println!(
+            "st-gpu: bench {t}: the signal alone (stream write + wait value, a host thread answering at once, no queue): {floor:.2} us, of which the host's two calls {floor_issue:.2} us (rank {rank})"
+        );
+    }
     // 26 send/recv pairs with Faces-like sizes (6 faces, 12 edges, 8 corners of 14x13x12 elements, n = 12).
     let sizes: Vec<usize> = (0..26)
         .map(|i| {
