@@ -6,8 +6,8 @@
 #  2. all_reduce 8 B-16 MiB (--compare raw,nccl,ipc,auto) with the defaults, with SUCL_IPC_PUSH=0
 #     (one-shot reading the peers' buffers) and, if BEFORE names an older sucl, with it; then the
 #     same captured into CUDA graphs (8 B-4 MiB);
-#  3. torch's symmetric-memory one-/two-shot and torch's NCCL, graph-captured
-#     (bench/torch_symm_mem.py), and nccl-tests' all_reduce_perf -a 3 if NCCL_TESTS names a build;
+#  3. torch's symmetric-memory one-/two-shot (also between copies in and out of ordinary memory)
+#     and torch's NCCL, graph-captured (bench/torch_symm_mem.py), and nccl-tests' all_reduce_perf -a 3 if NCCL_TESTS names a build;
 #  4. the staged all_reduce at 2 and RANKS ranks with SUCL_STAGED_LANES=1 (one progress thread,
 #     the pipeline before lanes), 4 (the default) and 8.
 # usage: [SUCL=target/release/sucl] [BEFORE=old/sucl] [NCCL_TESTS=nccl-tests-dir] [RANKS=4]
@@ -70,16 +70,16 @@ if os.path.exists(os.path.join(out, "torch.tsv")):
 two_shot_from = (4 << 20) // int(ranks)
 with open(os.path.join(out, "gpu-ipc-4gpu.csv"), "w") as f:
     f.write("mode,bytes,nccl_tests_us,sucl_nccl_us,ipc_us,ipc_push_run_us,ipc_pull_run_us,ipc_before_us,auto_before_us,"
-            "torch_nccl_us,torch_one_shot_us,torch_two_shot_us,wrong\n")
+            "torch_nccl_us,torch_one_shot_us,torch_two_shot_us,torch_copy_us,torch_two_shot_copied_us,wrong\n")
     for mode, pre in (("stream", ""), ("graph", "graph-")):
         push, pull, before = table(pre + "push"), table(pre + "pull"), table(pre + "before")
         for s in sorted(push):
             b = before.get(s, {})
             wrong = sum(int(t.get(s, {}).get("#wrong", 0)) for t in (push, pull, before))
             ipc = push[s]["ipc"] if s < two_shot_from else pull.get(s, {}).get("ipc", "")
-            t = torch.get(s, ["", "", ""]) if mode == "graph" else ["", "", ""]
+            t = (torch.get(s, []) + [""] * 5)[:5] if mode == "graph" else [""] * 5
             f.write(f"{mode},{s},{nt.get(s, '') if mode == 'stream' else ''},{push[s]['nccl']},{ipc},{push[s]['ipc']},"
-                    f"{pull.get(s, {}).get('ipc', '')},{b.get('ipc', '')},{b.get('auto', '')},{t[0]},{t[1]},{t[2]},{wrong}\n")
+                    f"{pull.get(s, {}).get('ipc', '')},{b.get('ipc', '')},{b.get('auto', '')},{t[0]},{t[1]},{t[2]},{t[3]},{t[4]},{wrong}\n")
 with open(os.path.join(out, "gpu-staged-lanes.csv"), "w") as f:
     f.write("ranks,lanes,bytes,time_us,algbw_gbs,wrong\n")
     for n in sorted({2, int(ranks)}):

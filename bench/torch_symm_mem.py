@@ -4,7 +4,11 @@ replayed (best of 20 replays), so that no Python launch cost is counted.
 
 usage: torchrun --nproc_per_node N bench/torch_symm_mem.py OUT.tsv
 (set TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NCCL_NVLS_ENABLE=0 where NVLink multicast must stay off)
-Writes OUT.tsv on rank 0: bytes, nccl_us, one_shot_us, two_shot_us (nan where a kernel refused).
+Writes OUT.tsv on rank 0: bytes, nccl_us, one_shot_us, two_shot_us (nan where a kernel refused),
+then copy_us (one device-to-device copy of the message, torch's `copy_`) and two_shot_copied_us:
+the two-shot on a symmetric buffer that the input is first copied into and the result copied out
+of, which is what an all_reduce from and into memory the caller allocated itself costs (sucl's
+peer-memory kernels work from such memory, copying it into their shared buffer inside the kernel).
 """
 import sys
 
@@ -55,6 +59,24 @@ def symm_us(kernel, n, group):
         return float("nan")
 
 
+def copied_us(kernel, n, group):
+    """The kernel on a symmetric buffer between a copy in from and a copy out to ordinary memory."""
+    try:
+        buf = symm_mem.empty(n, device="cuda", dtype=torch.float32)
+        symm_mem.rendezvous(buf, group)
+        x, out = torch.ones(n, device="cuda"), torch.empty(n, device="cuda")
+
+        def call():
+            buf.copy_(x)
+            kernel(buf, group)
+            out.copy_(buf)
+
+        return replay_us(call)
+    except Exception as e:  # noqa: BLE001 - as in symm_us
+        print(f"{kernel.__name__} (copied) refused {n * 4} bytes: {str(e)[:160]}", flush=True)
+        return float("nan")
+
+
 def main():
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -72,13 +94,21 @@ def main():
     for nbytes in SIZES:
         n = max(nbytes // 4, 2)
         x = torch.ones(n, device="cuda")
-        row = (nbytes, replay_us(lambda: dist.all_reduce(x)), symm_us(one_shot, n, group), symm_us(two_shot, n, group))
+        y = torch.empty_like(x)
+        row = (
+            nbytes,
+            replay_us(lambda: dist.all_reduce(x)),
+            symm_us(one_shot, n, group),
+            symm_us(two_shot, n, group),
+            replay_us(lambda: y.copy_(x)),
+            copied_us(two_shot, n, group),
+        )
         rows.append(row)
         if rank == 0:
-            print("%d bytes: nccl %.2f us, one-shot %.2f us, two-shot %.2f us" % row, flush=True)
+            print("%d bytes: nccl %.2f us, one-shot %.2f us, two-shot %.2f us, copy %.2f us, two-shot copied in and out %.2f us" % row, flush=True)
     if rank == 0 and len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
-            f.write("bytes\tnccl_us\tone_shot_us\ttwo_shot_us\n")
+            f.write("bytes\tnccl_us\tone_shot_us\ttwo_shot_us\tcopy_us\ttwo_shot_copied_us\n")
             for r in rows:
                 f.write("\t".join(str(v) for v in r) + "\n")
     dist.destroy_process_group()
