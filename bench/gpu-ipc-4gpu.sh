@@ -37,7 +37,7 @@ if [ -n "${NCCL_TESTS:-}" ]; then
   mpirun --allow-run-as-root -np "$RANKS" -x NCCL_NVLS_ENABLE "$NCCL_TESTS/build/all_reduce_perf" \
     -b 8 -e 16M -f 2 -g 1 -w 20 -n 100 -a 3 >"$OUT/nccl-tests.txt" 2>&1 || status=1
 fi
-SB=(bench all_reduce --device cuda --min-bytes 4M --max-bytes 64M --factor 4 --rounds 1 --iters 5 --warmup 1 --compare staged)
+SB=(bench all_reduce --device cuda --min-bytes 16M --max-bytes 128M --factor 2 --rounds 1 --iters 5 --warmup 1 --compare staged)
 for n in 2 "$RANKS"; do
   for lanes in 1 4 8; do run "staged-$n-$lanes" env SUCL_STAGED_LANES=$lanes "$SUCL" "${SB[@]}" --ranks "$n"; done
 done
