@@ -1,6 +1,6 @@
-"""A sucl.StreamQueue on a torch CUDA stream, one GPU per rank: `stream_queue.py TRANSPORT PART`.
+"""A sucl.StreamQueue on a torch CUDA stream, one GPU per rank: `stream_queue.py TRANSPORT PARTS`.
 
-PART is one of
+PARTS is a comma-separated list of
 - exchange: each step, a ring exchange (recv from the left, send to the right) started, torch
   kernels launched on the same stream between start() and wait(), then an all_reduce batch; the
   results feed the next step on the stream with no host sync, and are checked at the end
@@ -21,7 +21,7 @@ import torch
 
 import sucl
 
-transport, part = sys.argv[1], sys.argv[2]
+transport, parts = sys.argv[1], sys.argv[2]
 comm = sucl.init()
 r, n = comm.rank, comm.size
 ngpu = torch.cuda.device_count()
@@ -176,7 +176,8 @@ def drop():
         del junk
 
 
-{"exchange": exchange, "bad_input": bad_input, "drop": drop}[part]()
+for part in parts.split(","):
+    {"exchange": exchange, "bad_input": bad_input, "drop": drop}[part]()
 q.close()
 assert "closed" in repr(q), repr(q)
 try:
