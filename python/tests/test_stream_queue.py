@@ -5,7 +5,7 @@ Without a GPU (CI), what can be checked honestly: asking for a queue raises sucl
 compiled class has. With 2 GPUs, 2 ranks under `sucl run` and under torchrun, over both
 transports: a ring exchange and all_reduce with torch kernels between start and wait, every
 other collective, bad input refused before anything moves, tensors dropped while in flight
-(see ranks/stream_queue.py). SUCL_REQUIRE_GPU=1 turns the GPU skips into failures."""
+(see ranks/stream_queue.py); and Ctrl-C ending a synchronize that waits for a receive. SUCL_REQUIRE_GPU=1 turns the GPU skips into failures."""
 
 import ast
 from pathlib import Path
@@ -15,6 +15,7 @@ import pytest
 import sucl
 from conftest import sucl_run, torchrun
 from test_cuda import REQUIRE_GPU, _gpu_count
+from test_numpy import interrupt_blocked_rank
 
 
 @pytest.fixture
@@ -71,3 +72,12 @@ def test_stream_queue_on_a_torch_stream_under_torchrun(transport):
     rc, out = torchrun(2, "stream_queue.py", transport, PARTS, timeout=240)
     assert rc == 0, out
     assert "OK rank 0" in out and "OK rank 1" in out, out
+
+
+@needs_gpus
+@pytest.mark.parametrize("transport", ["nccl", "staged"])
+def test_ctrl_c_interrupts_a_stream_queue_synchronize_that_waits_for_a_receive(transport):
+    # The stream waits on a receive that is never sent; the host waits in the queue's
+    # synchronize. SIGINT ends it with KeyboardInterrupt (the job aborted), later calls raise,
+    # and the peer's wait ends with the news.
+    interrupt_blocked_rank(f"stream-{transport}")

@@ -9,7 +9,7 @@
 use crate::comm::Communicator;
 use crate::errors::{invalid, to_py};
 use crate::exec::lock;
-use crate::region::{static_name, typed, Region};
+use crate::region::{typed, Region};
 use pyo3::intern;
 use pyo3::prelude::*;
 use std::sync::Mutex;
@@ -226,36 +226,39 @@ impl Op {
     }
 
     fn enqueue_as<T: DeviceElement>(self, cq: &mut CommQueue, q: &Queue) -> sucl::Result<sucl::stream::Request> {
-        let buf = |arg: &str, r: Region| foreign::<T>(q, arg, r);
+        let buf = |r: Region| foreign::<T>(q, r);
         match self {
-            Op::Send { buf: b, peer, tag } => cq.enqueue_send(&buf("buf", b)?, peer, tag),
-            Op::Recv { buf: b, peer, tag } => cq.enqueue_recv(&buf("buf", b)?, peer, tag),
+            Op::Send { buf: b, peer, tag } => cq.enqueue_send(&buf(b), peer, tag),
+            Op::Recv { buf: b, peer, tag } => cq.enqueue_recv(&buf(b), peer, tag),
             Op::AllReduce { send, recv, op } => {
-                let s = buf("send", send)?;
-                let r = recv.map(|r| buf("recv", r)).transpose()?.unwrap_or_else(|| s.clone());
+                let s = buf(send);
+                let r = recv.map(buf).unwrap_or_else(|| s.clone());
                 cq.enqueue_all_reduce(&s, &r, op)
             }
-            Op::Broadcast { buf: b, root } => cq.enqueue_broadcast(&buf("buf", b)?, root),
+            Op::Broadcast { buf: b, root } => cq.enqueue_broadcast(&buf(b), root),
             Op::AllGather { send, recv } => {
-                let r = buf("recv", recv)?;
-                let s = send.map(|s| buf("send", s)).transpose()?.unwrap_or_else(|| r.clone());
+                let r = buf(recv);
+                let s = send.map(buf).unwrap_or_else(|| r.clone());
                 cq.enqueue_all_gather(&s, &r)
             }
-            Op::ReduceScatter { send, recv, op } => cq.enqueue_reduce_scatter(&buf("send", send)?, &buf("recv", recv)?, op),
-            Op::AllToAll { send, recv } => cq.enqueue_all_to_all(&buf("send", send)?, &buf("recv", recv)?),
+            Op::ReduceScatter { send, recv, op } => cq.enqueue_reduce_scatter(&buf(send), &buf(recv), op),
+            Op::AllToAll { send, recv } => cq.enqueue_all_to_all(&buf(send), &buf(recv)),
         }
     }
 }
 
 /// `r` as a buffer of the queue on `q` that keeps `r` (and so its tensor) alive until the
-/// queue lets go of it, i.e. until the stream ran its operation.
-fn foreign<T: DeviceElement>(q: &Queue, arg: &str, r: Region) -> sucl::Result<DeviceBuf<T>> {
-    // SAFETY: `T` is the region's element type (`typed!` chose it from `r.dtype`); the memory
-    // stays allocated while `r` lives, and the DeviceBuf keeps `r` until the queue released
-    // it after the stream ran the operation; the caller keeps other work off the memory until
-    // then unless ordered by the stream (the documented rule, as with NCCL).
-    let fb = unsafe { ForeignBuffer::<T>::new(q, static_name(arg), r.addr() as u64, r.len)? };
-    Ok(DeviceBuf::foreign(fb, Box::new(r)))
+/// queue lets go of it, i.e. until the stream ran its operation. `r` was checked when it was
+/// made (the driver: device memory of one GPU from its first byte to its last, aligned) and by
+/// [`StreamQueue::region`] (that GPU is `q`'s), so the driver is not asked twice.
+fn foreign<T: DeviceElement>(q: &Queue, r: Region) -> DeviceBuf<T> {
+    // SAFETY: `T` is the region's element type (`typed!` chose it from `r.dtype`) and its
+    // address is aligned for it (`Region::checked`); the memory is device memory of `q`'s GPU
+    // (checked as above) and stays allocated while `r` lives, which the DeviceBuf keeps until
+    // the queue released it after the stream ran the operation; the caller keeps other work
+    // off the memory until then unless ordered by the stream (the documented rule, as NCCL's).
+    let fb = unsafe { ForeignBuffer::<T>::new_unchecked(q, r.addr() as u64, r.len) };
+    DeviceBuf::foreign(fb, Box::new(r))
 }
 
 #[pymethods]
