@@ -238,8 +238,10 @@ class StreamQueue:
         point; returns at once."""
     def wait(self) -> None:
         """Makes later work on the stream wait until everything started so far completed; the
-        host does not wait. Refused (:class:`InvalidArgumentError`) while operations are
-        enqueued and not started."""
+        host does not wait for the data (over NCCL, the first group with a peer connects to
+        that peer here, which waits until the peer takes part: bounded, and Ctrl-C interrupts
+        it as it does :meth:`synchronize`). Refused (:class:`InvalidArgumentError`) while
+        operations are enqueued and not started."""
     def wait_on(self, stream: Stream) -> None:
         """Makes another stream of this GPU wait for everything started so far (an event; the
         host does not wait)."""

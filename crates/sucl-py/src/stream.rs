@@ -147,6 +147,18 @@ impl StreamQueue {
         .map_err(to_py)
     }
 
+    /// Runs `f` on the open queue as [`StreamQueue::with`] does, and so that Ctrl-C interrupts
+    /// its waits (through the parent communicator, which aborts the job): for the calls that
+    /// can wait — a start held back by the cap on operations in flight, the first NCCL group
+    /// with a peer (which connects to it), synchronize, close.
+    fn waiting<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut CommQueue) -> sucl::Result<R> + Send) -> PyResult<R> {
+        let parent = self.parent.borrow(py);
+        parent.interruptible(py, || match lock(&self.inner).as_mut() {
+            Some(cq) => f(cq),
+            None => Err(self.closed()),
+        })
+    }
+
     fn closed(&self) -> sucl::Error {
         sucl::Error::invalid(self.world_rank, "queue", "is closed")
     }
@@ -365,13 +377,15 @@ impl StreamQueue {
     /// Releases everything enqueued since the last start once the stream reaches this point.
     /// Returns at once.
     fn start(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |cq| cq.start())
+        self.waiting(py, |cq| cq.start())
     }
 
     /// Makes later work on the stream wait until everything started so far completed; the host
-    /// does not wait. Refused while operations are enqueued and not started.
+    /// does not wait for the data (over NCCL, the first group with a peer connects to that peer
+    /// here, which waits until the peer takes part: bounded, and Ctrl-C interrupts it as it
+    /// does `synchronize`). Refused while operations are enqueued and not started.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, |cq| cq.wait())
+        self.waiting(py, |cq| cq.wait())
     }
 
     /// Makes `stream` (another stream of this GPU: a torch.cuda.Stream, an object with
@@ -380,7 +394,7 @@ impl StreamQueue {
     fn wait_on(&self, py: Python<'_>, stream: &Obj<'_>) -> PyResult<()> {
         let handle = stream_handle(stream, self.gpu)?;
         let dev = self.queue.device().clone();
-        self.with(py, move |cq| {
+        self.waiting(py, move |cq| {
             // SAFETY: `stream` (the caller's object, or the int the caller vouches for) is alive
             // for this call; the queue only records an event and makes the stream wait for it.
             let other = unsafe { dev.borrowed_queue(handle as sucl::cuda::CUstream)? };
@@ -392,21 +406,14 @@ impl StreamQueue {
     /// on it and every started operation completed; raises the first error among them. Ctrl-C
     /// interrupts it (KeyboardInterrupt; the job is aborted, as for a blocking call).
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        let parent = self.parent.borrow(py);
-        parent.interruptible(py, || match lock(&self.inner).as_mut() {
-            Some(cq) => cq.synchronize(),
-            None => Err(self.closed()),
-        })
+        self.waiting(py, |cq| cq.synchronize())
     }
 
     /// Ends the queue (and its communicator). Raises if operations were in flight: those never
     /// started are withdrawn, started ones waited for (bounded). Later calls raise.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let cq = lock(&self.inner).take();
-        match cq {
-            None => Ok(()),
-            Some(cq) => py.detach(|| cq.close().map(drop)).map_err(to_py),
-        }
+        let Some(cq) = lock(&self.inner).take() else { return Ok(()) };
+        self.parent.borrow(py).interruptible(py, || cq.close().map(drop))
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
