@@ -60,16 +60,9 @@ PARTS = "exchange,bad_input,drop"
 
 @needs_gpus
 @pytest.mark.parametrize("transport", ["nccl", "staged"])
-def test_stream_queue_on_a_torch_stream_under_sucl_run(transport):
-    rc, out = sucl_run(2, "stream_queue.py", transport, PARTS, timeout=240)
-    assert rc == 0, out
-    assert "OK rank 0" in out and "OK rank 1" in out, out
-
-
-@needs_gpus
-@pytest.mark.parametrize("transport", ["nccl", "staged"])
-def test_stream_queue_on_a_torch_stream_under_torchrun(transport):
-    rc, out = torchrun(2, "stream_queue.py", transport, PARTS, timeout=240)
+@pytest.mark.parametrize("launch", [sucl_run, torchrun], ids=["sucl_run", "torchrun"])
+def test_stream_queue_on_a_torch_stream(launch, transport):
+    rc, out = launch(2, "stream_queue.py", transport, PARTS, timeout=240)
     assert rc == 0, out
     assert "OK rank 0" in out and "OK rank 1" in out, out
 

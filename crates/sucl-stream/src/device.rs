@@ -80,7 +80,7 @@ impl<T: DeviceElement> DeviceBuf<T> {
         // The guard records this (notional) write on the stream as it drops here: later users
         // on other streams that cudarc orders wait for everything before it.
         let addr = DeviceMemoryMut::write_ptr(&mut buf, &stream).0;
-        DeviceBuf { inner: Arc::new(Held { buf: Mutex::new(buf), addr, stream }), len }
+        DeviceBuf { inner: Arc::new(Shared { mem: Memory::Own(Mutex::new(buf)), addr, stream }), len }
     }
 
     /// Shares device memory sucl did not allocate: `buf` (its address checked with the driver
@@ -97,7 +97,7 @@ impl<T: DeviceElement> DeviceBuf<T> {
     pub fn foreign(buf: ForeignBuffer<T>, owner: Box<dyn Any + Send + Sync>) -> Self {
         let (len, addr) = (buf.len(), buf.addr());
         let stream = sucl_cuda::DeviceMemory::queue(&buf).stream().clone();
-        DeviceBuf { inner: Arc::new(Foreign { buf: Mutex::new(buf), addr, stream, _owner: owner }), len }
+        DeviceBuf { inner: Arc::new(Shared { mem: Memory::Foreign { buf: Mutex::new(buf), _owner: owner }, addr, stream }), len }
     }
 
     /// The buffer, for launching kernels on it or copying it back.
@@ -150,20 +150,20 @@ trait Holder<T: Element>: Send + Sync {
     fn keep(self: Arc<Self>) -> Handle;
 }
 
-/// A sucl-allocated buffer.
-struct Held<T: DeviceElement> {
-    buf: Mutex<Buffer<T>>,
+/// A device buffer's memory, with its address and stream taken once.
+struct Shared<T: DeviceElement> {
+    mem: Memory<T>,
     addr: u64,
     stream: Arc<CudaStream>,
 }
 
-/// Memory sucl did not allocate, with what keeps it allocated.
-struct Foreign<T: DeviceElement> {
-    buf: Mutex<ForeignBuffer<T>>,
-    addr: u64,
-    stream: Arc<CudaStream>,
-    /// Dropped after `buf` (field order), once no operation uses the memory any more.
-    _owner: Box<dyn Any + Send + Sync>,
+/// The two kinds of device memory a [`DeviceBuf`] shares.
+enum Memory<T: DeviceElement> {
+    /// A sucl-allocated buffer.
+    Own(Mutex<Buffer<T>>),
+    /// Memory sucl did not allocate, and what keeps it allocated (dropped after the buffer:
+    /// field order).
+    Foreign { buf: Mutex<ForeignBuffer<T>>, _owner: Box<dyn Any + Send + Sync> },
 }
 
 /// A device buffer's memory, locked for one call of the communicator.
@@ -173,15 +173,14 @@ enum Locked<'a, T: DeviceElement> {
 }
 
 fn locked<T: DeviceElement>(h: &dyn Holder<T>) -> Locked<'_, T> {
-    let any = h.as_any();
-    if let Some(f) = any.downcast_ref::<Foreign<T>>() {
-        return Locked::Foreign(f.buf.lock().unwrap_or_else(|p| p.into_inner()));
+    let s = h.as_any().downcast_ref::<Shared<T>>().expect("a DeviceBuf holds a Shared of its element type");
+    match &s.mem {
+        Memory::Own(b) => Locked::Own(b.lock().unwrap_or_else(|p| p.into_inner())),
+        Memory::Foreign { buf: b, .. } => Locked::Foreign(b.lock().unwrap_or_else(|p| p.into_inner())),
     }
-    let h = any.downcast_ref::<Held<T>>().expect("a DeviceBuf holds a Buffer or a ForeignBuffer of its element type");
-    Locked::Own(h.buf.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
-impl<T: DeviceElement> Holder<T> for Held<T> {
+impl<T: DeviceElement> Holder<T> for Shared<T> {
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -195,38 +194,11 @@ impl<T: DeviceElement> Holder<T> for Held<T> {
     }
 
     fn key(&self) -> usize {
-        self as *const Self as usize
-    }
-
-    fn keep(self: Arc<Self>) -> Handle {
-        self
-    }
-
-    fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
-        nccl_coll(comm, self, send, c)
-    }
-}
-
-impl<T: DeviceElement> Holder<T> for Foreign<T> {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    fn address(&self) -> u64 {
-        self.addr
-    }
-
-    fn key(&self) -> usize {
-        // Under CUDA's unified addressing a device address is never a host address, so it
-        // cannot collide with a `Held`'s key. Empty buffers (address 0) are told apart.
-        if self.addr != 0 {
-            self.addr as usize
-        } else {
-            self as *const Self as usize
+        match self.mem {
+            // Under CUDA's unified addressing a device address is never a host address, so it
+            // cannot collide with another buffer's key. Empty buffers (address 0) are told apart.
+            Memory::Foreign { .. } if self.addr != 0 => self.addr as usize,
+            _ => self as *const Self as usize,
         }
     }
 
