@@ -10,7 +10,9 @@ Buffers are used in place (no copy): NumPy arrays or any C-contiguous buffer-pro
 torch CPU and CUDA tensors, ``__cuda_array_interface__`` objects, and objects whose
 ``__dlpack__`` exports host memory. Blocking calls release the GIL, and Ctrl-C interrupts them
 (raising KeyboardInterrupt and aborting the job); the ``i``-prefixed calls return a
-:class:`Request`. sucl's errors are raised as :class:`SuclError` subclasses.
+:class:`Request`. ``comm.stream_queue()`` gives a :class:`StreamQueue`: operations enqueued on a
+CUDA stream and triggered by it, without the host waiting. sucl's errors are raised as
+:class:`SuclError` subclasses.
 ``import sucl.torch`` registers the ``"sucl"`` backend of ``torch.distributed``.
 """
 
@@ -30,6 +32,7 @@ from ._sucl import (
     ProtocolError,
     ReduceOp,
     Request,
+    StreamQueue,
     SuclError,
     TimeoutError,
 )
@@ -75,6 +78,7 @@ __all__ = [
     "wait_all",
     "Communicator",
     "Request",
+    "StreamQueue",
     "ReduceOp",
     "SUM",
     "PROD",

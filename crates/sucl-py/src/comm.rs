@@ -29,10 +29,10 @@ pub struct Communicator {
     world_rank: usize,
 }
 
-type Obj<'py> = Bound<'py, PyAny>;
+pub(crate) type Obj<'py> = Bound<'py, PyAny>;
 
 /// The reduce operation named by `op` (a `sucl.ReduceOp` or its name, e.g. `"sum"`).
-fn reduce_op(op: Option<&Obj<'_>>) -> PyResult<ReduceOp> {
+pub(crate) fn reduce_op(op: Option<&Obj<'_>>) -> PyResult<ReduceOp> {
     let Some(op) = op else { return Ok(ReduceOp::Sum) };
     if let Ok(op) = op.extract::<PyRef<'_, crate::PyReduceOp>>() {
         return Ok(op.to_sucl());
@@ -41,7 +41,7 @@ fn reduce_op(op: Option<&Obj<'_>>) -> PyResult<ReduceOp> {
     ReduceOp::ALL.into_iter().find(|o| o.name() == name).ok_or_else(|| invalid("op", format!("unknown reduce operation {name:?}")))
 }
 
-fn tag_of(tag: i64) -> PyResult<u32> {
+pub(crate) fn tag_of(tag: i64) -> PyResult<u32> {
     u32::try_from(tag).map_err(|_| invalid("tag", format!("{tag} is not in 0..={}", sucl::MAX_TAG)))
 }
 
@@ -78,9 +78,35 @@ impl Communicator {
         self.run(py, |c| call.run(c))
     }
 
+    /// This process's rank in the world (sucl's errors name it).
+    pub(crate) fn world_rank(&self) -> usize {
+        self.world_rank
+    }
+
+    /// The ordinal of this rank's GPU (the one its device calls use).
+    pub(crate) fn gpu(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| {
+            self.exec.with_comm(|c| match c.attached_device() {
+                Some(d) => Ok(d.ordinal()),
+                None => c.cuda_device().map(|d| d.ordinal()),
+            })
+        })
+        .map_err(to_py)
+    }
+
+    /// Runs `f` with the GIL released so that Ctrl-C interrupts the waits of this job it makes
+    /// (aborting the job, as in a blocking call). Once the communicator is closed, `f` still
+    /// runs (bounded), without that check.
+    pub(crate) fn interruptible<R: Send>(&self, py: Python<'_>, f: impl FnOnce() -> sucl::Result<R> + Send) -> PyResult<R> {
+        interrupt::result(py.detach(|| match crate::exec::lock(&self.exec.comm).as_ref() {
+            Some(c) => interrupt::run(c, f),
+            None => f(),
+        }))
+    }
+
     /// Runs `f` on the communicator after the queued calls, on this thread, with the GIL
     /// released; Ctrl-C interrupts its waits (and aborts the job).
-    fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&sucl::Communicator) -> sucl::Result<R> + Send) -> PyResult<R> {
+    pub(crate) fn run<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&sucl::Communicator) -> sucl::Result<R> + Send) -> PyResult<R> {
         self.drain(py)?;
         interrupt::result(py.detach(|| self.exec.with_comm(|c| interrupt::run(c, || f(c)))))
     }
@@ -256,6 +282,15 @@ impl Communicator {
         self.drain(py)?;
         let c = self.run(py, |c| c.split(color, key))?;
         Ok(c.map(Communicator::wrap))
+    }
+
+    /// A stream-triggered queue on the CUDA stream `stream` (a torch.cuda.Stream, an object
+    /// with `.cuda_stream`, or a CUstream int; None: torch's current stream of this rank's
+    /// GPU) over `transport` ("auto", "nccl" or "staged"). Collective: the queue gets a
+    /// communicator of its own, split from this one, which stays usable.
+    #[pyo3(signature = (stream=None, transport="auto"))]
+    fn stream_queue(slf: &Bound<'_, Self>, stream: Option<&Obj<'_>>, transport: &str) -> PyResult<crate::stream::StreamQueue> {
+        crate::stream::StreamQueue::open(slf, stream, transport)
     }
 
     /// Finishes queued non-blocking calls and leaves the job; later calls raise. Also done when

@@ -13,11 +13,13 @@ mod exec;
 mod interrupt;
 mod region;
 mod request;
+mod stream;
 
 use pyo3::prelude::*;
 
 pub use comm::Communicator;
 pub use request::Request;
+pub use stream::StreamQueue;
 
 /// A reduce operation.
 #[pyclass(name = "ReduceOp", module = "sucl", eq, eq_int, frozen, from_py_object)]
@@ -107,6 +109,7 @@ fn _sucl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_class::<Communicator>()?;
     m.add_class::<Request>()?;
+    m.add_class::<StreamQueue>()?;
     m.add_class::<PyReduceOp>()?;
     m.add("MAX_TAG", sucl::MAX_TAG)?;
     errors::register(m)

@@ -1,4 +1,5 @@
-//! `sucl.Request`: the handle of a non-blocking call, with `wait()` and `test()`.
+//! `sucl.Request`: the handle of a non-blocking call or of an operation enqueued on a
+//! `StreamQueue`, with `wait()` and `test()`.
 
 use crate::errors::to_py;
 use crate::exec::{lock, Completion, SLICE};
@@ -70,6 +71,8 @@ enum State {
     Queued(Arc<Completion>, sucl::Interrupter),
     /// A send or receive in the backend.
     P2p(P2p),
+    /// An operation of a `StreamQueue` (its buffers held by the queue).
+    Stream(sucl::stream::Request),
     /// Finished: the element count for receives.
     Done(sucl::Result<usize>),
 }
@@ -93,6 +96,31 @@ impl Request {
         Request { state: Mutex::new(State::P2p(p)), counts }
     }
 
+    pub fn stream(r: sucl::stream::Request, counts: bool) -> Request {
+        Request { state: Mutex::new(State::Stream(r)), counts }
+    }
+
+    /// The stream-triggered operation this request waits for, if that is what it is.
+    fn stream_request(&self) -> Option<sucl::stream::Request> {
+        match &*lock(&self.state) {
+            State::Stream(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits for a stream-triggered operation in slices (bounded by the queue's timeout),
+    /// checking for signals between them. Ctrl-C leaves the operation enqueued.
+    fn wait_stream(&self, py: Python<'_>, req: sucl::stream::Request) -> PyResult<Py<PyAny>> {
+        let since = Instant::now();
+        loop {
+            if let Some(r) = py.detach(|| req.wait_slice(since, SLICE)) {
+                *lock(&self.state) = State::Done(r.clone());
+                return self.answer(py, r);
+            }
+            py.check_signals()?;
+        }
+    }
+
     /// One slice of waiting (without the GIL); `Some` once complete.
     fn step(&self, slice: std::time::Duration) -> Option<sucl::Result<usize>> {
         let mut st = lock(&self.state);
@@ -100,6 +128,7 @@ impl Request {
             State::Done(r) => return Some(r.clone()),
             State::Queued(done, _) => done.wait_slice(slice)?,
             State::P2p(p) => p.progress(slice)?,
+            State::Stream(r) => r.test().transpose()?,
         };
         *st = State::Done(r.clone());
         Some(r)
@@ -126,8 +155,13 @@ impl Request {
     /// Returns the number of elements received for a receive, else None. Ctrl-C interrupts the
     /// wait: for a send or receive the message stays posted (wait again, or drop the request to
     /// withdraw it); a collective cannot be left half done, so the job is aborted (later calls
-    /// raise `AbortedError`, as after Ctrl-C in a blocking call).
+    /// raise `AbortedError`, as after Ctrl-C in a blocking call). An operation of a
+    /// `StreamQueue` stays enqueued (it completes once its start and a wait or synchronize of
+    /// the queue released it; waiting before that runs into the timeout).
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(req) = self.stream_request() {
+            return self.wait_stream(py, req);
+        }
         loop {
             if let Some(r) = py.detach(|| self.step(SLICE)) {
                 return self.answer(py, r);
@@ -141,7 +175,7 @@ impl Request {
         let r = match &*lock(&self.state) {
             State::Done(r) => Some(r.clone()),
             State::Queued(done, _) => done.peek(),
-            State::P2p(_) => None,
+            State::P2p(_) | State::Stream(_) => None,
         };
         let r = match r {
             Some(r) => Some(r),

@@ -33,9 +33,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use sucl_cuda::cudarc::driver::sys as cu;
 use sucl_cuda::cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use sucl_cuda::StreamSignal;
+use sucl_cuda::{ForeignBuffer, StreamSignal};
 use sucl_runtime::cuda::{Buffer, DeviceElement, Event, Queue};
-use sucl_runtime::{Communicator, Element, Error, ReduceOp, Result};
+use sucl_runtime::{Buf, BufMut, Communicator, Element, Error, ReduceOp, Result};
 
 /// How a device queue moves data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +51,9 @@ pub enum Transport {
 
 /// A device buffer shared by handle between the program and a [`CommQueue`](crate::CommQueue) (which keeps a
 /// handle until the operation completed, so the memory cannot be freed under a transfer).
-/// Kernels reach it through [`DeviceBuf::lock`]; the stream orders them with the queue's
-/// transfers.
+/// Either a sucl [`Buffer`] ([`DeviceBuf::new`]; kernels reach it through [`DeviceBuf::lock`])
+/// or memory sucl did not allocate ([`DeviceBuf::foreign`]: a torch tensor's, a C caller's),
+/// kept alive with its owner. The stream orders kernels with the queue's transfers.
 ///
 /// The queue takes the buffer's device address once, when the `DeviceBuf` is made (the stream
 /// then waits for earlier work on the buffer, as cudarc tracks it), and uses it in its stream's
@@ -79,12 +80,35 @@ impl<T: DeviceElement> DeviceBuf<T> {
         // The guard records this (notional) write on the stream as it drops here: later users
         // on other streams that cudarc orders wait for everything before it.
         let addr = DeviceMemoryMut::write_ptr(&mut buf, &stream).0;
-        DeviceBuf { inner: Arc::new(Held { buf: Mutex::new(buf), addr, stream }), len }
+        DeviceBuf { inner: Arc::new(Shared { mem: Memory::Own(Mutex::new(buf)), addr, stream }), len }
+    }
+
+    /// Shares device memory sucl did not allocate: `buf` (its address checked with the driver
+    /// when it was made, see [`ForeignBuffer::new`]) and `owner`, whatever keeps that memory
+    /// allocated (a tensor), both kept by the queue until the stream ran every operation lent
+    /// them and then dropped on the thread of a later queue call (wait, synchronize, close),
+    /// or with the last handle. `buf`'s queue must be the stream the [`CommQueue`](crate::CommQueue)
+    /// is bound to (checked at enqueue, before anything moves); nothing orders other streams'
+    /// work on the memory with the queue (no event is recorded), so order it explicitly.
+    ///
+    /// Two `DeviceBuf`s over the same memory (address and length) count as one buffer: an
+    /// all_reduce from one into the other runs in place, and two operations of one batch that
+    /// write it are refused as for one buffer.
+    pub fn foreign(buf: ForeignBuffer<T>, owner: Box<dyn Any + Send + Sync>) -> Self {
+        let (len, addr) = (buf.len(), buf.addr());
+        let stream = sucl_cuda::DeviceMemory::queue(&buf).stream().clone();
+        DeviceBuf { inner: Arc::new(Shared { mem: Memory::Foreign { buf: Mutex::new(buf), _owner: owner }, addr, stream }), len }
     }
 
     /// The buffer, for launching kernels on it or copying it back.
+    ///
+    /// # Panics
+    /// If made by [`DeviceBuf::foreign`] (sucl holds no [`Buffer`] for it; use its owner).
     pub fn lock(&self) -> MutexGuard<'_, Buffer<T>> {
-        held::<T>(&*self.inner).buf.lock().unwrap_or_else(|p| p.into_inner())
+        match locked(&*self.inner) {
+            Locked::Own(g) => g,
+            Locked::Foreign(_) => panic!("DeviceBuf::lock on memory sucl did not allocate (DeviceBuf::foreign)"),
+        }
     }
 }
 
@@ -99,13 +123,15 @@ impl<T: Element> DeviceBuf<T> {
         self.len == 0
     }
 
-    /// An address naming the buffer (every handle of it gives the same).
+    /// A number naming the buffer (every handle of it gives the same; so do two foreign
+    /// handles of the same memory).
     pub(crate) fn key(&self) -> usize {
-        Arc::as_ptr(&self.inner) as *const u8 as usize
+        self.inner.key()
     }
 
+    /// Whether both name the same memory (an operation from one into the other is in place).
     fn same(&self, other: &DeviceBuf<T>) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        self.key() == other.key() && self.len == other.len
     }
 }
 
@@ -116,23 +142,45 @@ trait Holder<T: Element>: Send + Sync {
     fn stream(&self) -> &Arc<CudaStream>;
     /// Its device address (0 when empty), valid for use in its stream's order.
     fn address(&self) -> u64;
+    /// A number naming the memory (see [`DeviceBuf::key`]).
+    fn key(&self) -> usize;
     /// A collective over NCCL into this buffer (`send` None: in place).
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()>;
     /// This handle with its element type erased, to keep the buffer alive (no allocation).
     fn keep(self: Arc<Self>) -> Handle;
 }
 
-struct Held<T: DeviceElement> {
-    buf: Mutex<Buffer<T>>,
+/// A device buffer's memory, with its address and stream taken once.
+struct Shared<T: DeviceElement> {
+    mem: Memory<T>,
     addr: u64,
     stream: Arc<CudaStream>,
 }
 
-fn held<T: DeviceElement>(h: &dyn Holder<T>) -> &Held<T> {
-    h.as_any().downcast_ref::<Held<T>>().expect("a DeviceBuf holds a Buffer of its element type")
+/// The two kinds of device memory a [`DeviceBuf`] shares.
+enum Memory<T: DeviceElement> {
+    /// A sucl-allocated buffer.
+    Own(Mutex<Buffer<T>>),
+    /// Memory sucl did not allocate, and what keeps it allocated (dropped after the buffer:
+    /// field order).
+    Foreign { buf: Mutex<ForeignBuffer<T>>, _owner: Box<dyn Any + Send + Sync> },
 }
 
-impl<T: DeviceElement> Holder<T> for Held<T> {
+/// A device buffer's memory, locked for one call of the communicator.
+enum Locked<'a, T: DeviceElement> {
+    Own(MutexGuard<'a, Buffer<T>>),
+    Foreign(MutexGuard<'a, ForeignBuffer<T>>),
+}
+
+fn locked<T: DeviceElement>(h: &dyn Holder<T>) -> Locked<'_, T> {
+    let s = h.as_any().downcast_ref::<Shared<T>>().expect("a DeviceBuf holds a Shared of its element type");
+    match &s.mem {
+        Memory::Own(b) => Locked::Own(b.lock().unwrap_or_else(|p| p.into_inner())),
+        Memory::Foreign { buf: b, .. } => Locked::Foreign(b.lock().unwrap_or_else(|p| p.into_inner())),
+    }
+}
+
+impl<T: DeviceElement> Holder<T> for Shared<T> {
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -145,24 +193,73 @@ impl<T: DeviceElement> Holder<T> for Held<T> {
         self.addr
     }
 
+    fn key(&self) -> usize {
+        match self.mem {
+            // Under CUDA's unified addressing a device address is never a host address, so it
+            // cannot collide with another buffer's key. Empty buffers (address 0) are told apart.
+            Memory::Foreign { .. } if self.addr != 0 => self.addr as usize,
+            _ => self as *const Self as usize,
+        }
+    }
+
     fn keep(self: Arc<Self>) -> Handle {
         self
     }
 
     fn nccl_coll(&self, comm: &Communicator, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
-        let mut r = self.buf.lock().unwrap_or_else(|p| p.into_inner());
-        let s = send.map(|s| held::<T>(s).buf.lock().unwrap_or_else(|p| p.into_inner()));
-        match (c, s) {
-            (Coll::AllReduce(op), Some(s)) => comm.all_reduce(&*s, &mut *r, op),
-            (Coll::AllReduce(op), None) => comm.all_reduce_in_place(&mut *r, op),
-            (Coll::Broadcast(root), _) => comm.broadcast(&mut *r, root),
-            (Coll::AllGather, Some(s)) => comm.all_gather(&*s, &mut *r),
-            (Coll::AllGather, None) => comm.all_gather_in_place(&mut *r),
-            (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(&*s, &mut *r, op),
-            (Coll::AllToAll, Some(s)) => comm.all_to_all(&*s, &mut *r),
-            (c, None) => Err(Error::invalid(0, "send", format!("{c:?} cannot run in place"))),
-        }
+        nccl_coll(comm, self, send, c)
     }
+}
+
+/// A collective over NCCL into `recv` (`send` None: in place), whichever kind each buffer is.
+fn nccl_coll<T: DeviceElement>(comm: &Communicator, recv: &dyn Holder<T>, send: Option<&dyn Holder<T>>, c: Coll) -> Result<()> {
+    let mut r = locked(recv);
+    let s = send.map(locked);
+    match &mut r {
+        Locked::Own(r) => coll_into(comm, &mut **r, s.as_ref(), c),
+        Locked::Foreign(r) => coll_into(comm, &mut **r, s.as_ref(), c),
+    }
+}
+
+fn coll_into<T: DeviceElement, R: BufMut<Elem = T> + ?Sized>(
+    comm: &Communicator,
+    r: &mut R,
+    s: Option<&Locked<'_, T>>,
+    c: Coll,
+) -> Result<()> {
+    match s {
+        None => coll::<Buffer<T>, R>(comm, None, r, c, comm.rank()),
+        Some(Locked::Own(s)) => coll(comm, Some(&**s), r, c, comm.rank()),
+        Some(Locked::Foreign(s)) => coll(comm, Some(&**s), r, c, comm.rank()),
+    }
+}
+
+/// Runs collective `c` from `send` (None: in place) into `recv`; `rank` names this rank in
+/// errors. The one dispatch of both paths (device buffers over NCCL, staging slots on a host
+/// backend).
+fn coll<S: Buf + ?Sized, R: BufMut<Elem = S::Elem> + ?Sized>(
+    comm: &Communicator,
+    send: Option<&S>,
+    recv: &mut R,
+    c: Coll,
+    rank: usize,
+) -> Result<()> {
+    match (c, send) {
+        (Coll::AllReduce(op), Some(s)) => comm.all_reduce(s, recv, op),
+        (Coll::AllReduce(op), None) => comm.all_reduce_in_place(recv, op),
+        (Coll::Broadcast(root), _) => comm.broadcast(recv, root),
+        (Coll::AllGather, Some(s)) => comm.all_gather(s, recv),
+        (Coll::AllGather, None) => comm.all_gather_in_place(recv),
+        (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(s, recv, op),
+        (Coll::AllToAll, Some(s)) => comm.all_to_all(s, recv),
+        (c, None) => Err(Error::invalid(rank, "send", format!("{} cannot run in place", c.name()))),
+    }
+}
+
+/// Whether two handles name one CUDA stream: the same handle, or the same `CUstream` of the same
+/// context (a stream sucl did not create, wrapped more than once).
+fn same_stream(a: &Arc<CudaStream>, b: &Arc<CudaStream>) -> bool {
+    Arc::ptr_eq(a, b) || (a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx())
 }
 
 /// The collectives a queue takes.
@@ -558,8 +655,8 @@ impl DevicePath {
     }
 
     fn check_buffer<T: Element>(&self, b: &DeviceBuf<T>) -> Result<()> {
-        if !Arc::ptr_eq(b.inner.stream(), self.queue.stream()) {
-            return Err(Error::invalid(self.rank, "buffer", "belongs to another queue than the one this CommQueue is bound to"));
+        if !same_stream(b.inner.stream(), self.queue.stream()) {
+            return Err(Error::invalid(self.rank, "buffer", "belongs to another stream than the one this CommQueue is bound to"));
         }
         Ok(())
     }
@@ -802,16 +899,7 @@ impl DevicePath {
                 // SAFETY: as above; a distinct slot from `r`.
                 unsafe { std::slice::from_raw_parts(ss.host as *const T, slen) }
             });
-            match (c, s) {
-                (Coll::AllReduce(op), Some(s)) => comm.all_reduce(s, r, op)?,
-                (Coll::AllReduce(op), None) => comm.all_reduce_in_place(r, op)?,
-                (Coll::Broadcast(root), _) => comm.broadcast(r, root)?,
-                (Coll::AllGather, Some(s)) => comm.all_gather(s, r)?,
-                (Coll::AllGather, None) => comm.all_gather_in_place(r)?,
-                (Coll::ReduceScatter(op), Some(s)) => comm.reduce_scatter(s, r, op)?,
-                (Coll::AllToAll, Some(s)) => comm.all_to_all(s, r)?,
-                (c, None) => return Err(Error::invalid(rank, "send", format!("{} cannot run in place", c.name()))),
-            }
+            coll::<[T], [T]>(comm, s, r, c, rank)?;
             Ok(Some(rlen * std::mem::size_of::<T>()))
         }));
         let op = Op::new(work, state.clone(), None);

@@ -505,15 +505,24 @@ impl CommQueue {
     }
 
     /// Enqueues an all_gather: every rank's `send` concatenated in rank order into `recv`
-    /// (`size × send`).
+    /// (`size × send`). With `send` the same buffer as `recv`, in place: this rank's block of
+    /// `recv` (a multiple of the communicator size) is its contribution.
     pub fn enqueue_all_gather<T: Element, B: QueueBuffer<T>>(&mut self, send: &B, recv: &B) -> Result<Request> {
         self.check_open()?;
-        self.check_len("recv", recv.lent().len(), send.lent().len() * self.size, "all_gather (size × send)")?;
+        let rl = recv.lent().len();
+        if send.lent().key() == recv.lent().key() {
+            if rl % self.size != 0 {
+                return Err(self.invalid("recv", format!("length {rl} is not a multiple of the communicator size {}", self.size)));
+            }
+        } else {
+            self.check_len("recv", rl, send.lent().len() * self.size, "all_gather (size × send)")?;
+        }
         self.check_coll("all_gather", Some(send.lent()), recv.lent())?;
         match (&self.path, send.lent(), recv.lent()) {
-            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => {
-                self.enqueue_host_coll("all_gather", Some(s), r, |c, s, r| c.all_gather(s.unwrap_or(&[]), r))
-            }
+            (Path::Host { .. }, Lent::Host(s), Lent::Host(r)) => self.enqueue_host_coll("all_gather", Some(s), r, |c, s, r| match s {
+                Some(s) => c.all_gather(s, r),
+                None => c.all_gather_in_place(r),
+            }),
             #[cfg(feature = "cuda")]
             (Path::Device(_), Lent::Device(s), Lent::Device(r)) => self.device_coll(Coll::AllGather, s, r),
             #[cfg(feature = "cuda")]

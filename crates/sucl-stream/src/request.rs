@@ -137,7 +137,20 @@ impl OpState {
 
     /// Waits at most `bound` for the outcome.
     pub(crate) fn wait(&self, bound: Duration) -> Result<usize> {
-        let deadline = Instant::now() + bound;
+        self.wait_until(Instant::now() + bound).unwrap_or_else(|| Err(self.timed_out(bound)))
+    }
+
+    /// The error of a host wait that lasted `bound` without an outcome.
+    fn timed_out(&self, bound: Duration) -> Error {
+        Error::Timeout {
+            rank: self.rank,
+            op: format!("waiting on the host for the stream-triggered {} (was its start reached?)", self.what),
+            after: bound,
+        }
+    }
+
+    /// Waits until `deadline` for the outcome; `None` if it passed first.
+    fn wait_until(&self, deadline: Instant) -> Option<Result<usize>> {
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let polled = self.device.get().is_some();
@@ -147,15 +160,11 @@ impl OpState {
                 g = self.result.lock().unwrap_or_else(|p| p.into_inner());
             }
             if let Some(r) = g.as_ref() {
-                return r.as_ref().map(|&b| b / self.elem).map_err(Error::clone);
+                return Some(r.as_ref().map(|&b| b / self.elem).map_err(Error::clone));
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Timeout {
-                    rank: self.rank,
-                    op: format!("waiting on the host for the stream-triggered {} (was its start reached?)", self.what),
-                    after: bound,
-                });
+                return None;
             }
             let nap = if polled { (deadline - now).min(Duration::from_micros(200)) } else { deadline - now };
             self.waiters.fetch_add(1, Ordering::AcqRel);
@@ -236,6 +245,19 @@ impl Request {
         self.state.wait(self.bound)
     }
 
+    /// One slice of a wait that began at `since`, for callers that must do something between
+    /// slices (a binding checking for Ctrl-C): the outcome once known (as [`Request::wait`]
+    /// returns it), `None` after at most `slice` while the operation is in flight, and the
+    /// timeout error of [`Request::wait`] once its bound has passed since `since`.
+    pub fn wait_slice(&self, since: Instant, slice: Duration) -> Option<Result<usize>> {
+        let end = since + self.bound;
+        match self.state.wait_until((Instant::now() + slice).min(end)) {
+            Some(r) => Some(r),
+            None if Instant::now() >= end => Some(Err(self.state.timed_out(self.bound))),
+            None => None,
+        }
+    }
+
     /// `Some(elements)` once complete, an error if it failed, `None` while in flight.
     pub fn test(&self) -> Result<Option<usize>> {
         self.state.outcome().transpose()
@@ -273,5 +295,26 @@ mod tests {
         assert_eq!((c.elem(), c.what, c.rank), (2, What::Coll("all_reduce"), 3));
         c.complete(Ok(6));
         assert_eq!(c.outcome().unwrap().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_sliced_wait_returns_none_in_flight_the_timeout_after_the_bound_and_the_outcome_once_known() {
+        let state = OpState::new(4, What::Recv { peer: 1, tag: 2 }, 0);
+        let req = Request { state: state.clone(), bound: Duration::from_millis(150) };
+        let since = Instant::now();
+        assert!(req.wait_slice(since, Duration::from_millis(5)).is_none(), "in flight, within the bound");
+        let mut slices = 1;
+        let timed_out = loop {
+            if let Some(r) = req.wait_slice(since, Duration::from_millis(20)) {
+                break r.unwrap_err();
+            }
+            slices += 1;
+            assert!(slices < 1000, "the bound never ended the wait");
+        };
+        assert!(since.elapsed() >= Duration::from_millis(150));
+        assert!(matches!(timed_out, Error::Timeout { .. }), "{timed_out}");
+        assert!(timed_out.to_string().contains("receive from rank 1 (tag 2)"), "{timed_out}");
+        state.complete(Ok(12));
+        assert_eq!(req.wait_slice(Instant::now(), Duration::ZERO).unwrap().unwrap(), 3);
     }
 }

@@ -18,20 +18,7 @@ use sucl_runtime::{Communicator, ReduceOp};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-fn gpu_required() -> bool {
-    std::env::var("SUCL_REQUIRE_GPU").is_ok_and(|v| v == "1")
-}
-
-/// The number of GPUs, or None (a skip) where there is none; fails under SUCL_REQUIRE_GPU=1.
-fn gpu_or_skip() -> Option<usize> {
-    match sucl_cuda::probe() {
-        Ok(n) => Some(n),
-        Err(why) => {
-            assert!(!gpu_required(), "SUCL_REQUIRE_GPU=1 but no GPU here: {why}");
-            None
-        }
-    }
-}
+use common::{gpu_required, gpus_or_skip as gpu_or_skip};
 
 #[test]
 fn gpu_tests_skipped_no_gpu() {

@@ -259,7 +259,9 @@ fn collectives_on_a_host_queue() {
         let scattered = SharedBuf::<i64>::zeroed(1);
         let a2a_in = SharedBuf::new((0..n).map(|j| (rank * 10 + j) as i64).collect::<Vec<_>>());
         let a2a_out = SharedBuf::<i64>::zeroed(n);
+        let in_place = SharedBuf::new((0..2 * n).map(|i| if i / 2 == rank { (rank * 7 + i % 2) as i64 } else { -1 }).collect::<Vec<_>>());
         cq.enqueue_all_reduce(&mine, &sum, sucl_runtime::ReduceOp::Sum).unwrap();
+        cq.enqueue_all_gather(&in_place, &in_place).unwrap();
         cq.enqueue_broadcast(&bc, 2).unwrap();
         cq.enqueue_all_gather(&mine, &gathered).unwrap();
         cq.enqueue_reduce_scatter(&mine, &scattered, sucl_runtime::ReduceOp::Max).unwrap();
@@ -267,6 +269,9 @@ fn collectives_on_a_host_queue() {
         // Bad arguments are refused before anything is enqueued.
         let e = cq.enqueue_all_gather(&mine, &sum).unwrap_err().to_string();
         assert!(e.contains("all_gather"), "{e}");
+        let odd = SharedBuf::<i64>::zeroed(n + 1);
+        let e = cq.enqueue_all_gather(&odd, &odd).unwrap_err().to_string();
+        assert!(e.contains("not a multiple of the communicator size"), "{e}");
         let e = cq.enqueue_broadcast(&bc, n).unwrap_err().to_string();
         assert!(e.contains("root"), "{e}");
         cq.start().unwrap();
@@ -278,6 +283,7 @@ fn collectives_on_a_host_queue() {
         assert_eq!(gathered.to_vec(), (0..n * n).map(|i| (i / n) as i64 + 1).collect::<Vec<_>>());
         assert_eq!(scattered.to_vec(), vec![n as i64]);
         assert_eq!(a2a_out.to_vec(), (0..n).map(|i| (i * 10 + rank) as i64).collect::<Vec<_>>());
+        assert_eq!(in_place.to_vec(), (0..2 * n).map(|i| ((i / 2) * 7 + i % 2) as i64).collect::<Vec<_>>(), "all_gather in place");
         cq.close().unwrap();
     });
 }

@@ -139,3 +139,20 @@ pub fn progress_threads() -> usize {
     let named = |e: &std::fs::DirEntry| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end() == "sucl-stream-pro");
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").filter_map(|e| e.ok()).filter(named).count()
 }
+
+/// Whether every GPU test must run (`SUCL_REQUIRE_GPU=1`): a skip is then a failure.
+pub fn gpu_required() -> bool {
+    std::env::var("SUCL_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// The number of GPUs, or None (a skip) where there is none; fails under SUCL_REQUIRE_GPU=1.
+#[cfg(feature = "cuda")]
+pub fn gpus_or_skip() -> Option<usize> {
+    match sucl_cuda::probe() {
+        Ok(n) => Some(n),
+        Err(why) => {
+            assert!(!gpu_required(), "SUCL_REQUIRE_GPU=1 but no GPU here: {why}");
+            None
+        }
+    }
+}
