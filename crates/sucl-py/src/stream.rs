@@ -104,7 +104,8 @@ impl StreamQueue {
         let keep = (!stream_obj.is_instance_of::<pyo3::types::PyInt>()).then(|| stream_obj.unbind());
         let (cq, queue) = comm.run(py, |c| {
             let queue = crate::device::queue(c, None, handle)?;
-            let own = c.split(Some(0), c.rank() as i64)?.expect("every rank joins color 0");
+            // Every rank joins color 0, so every rank gets a communicator.
+            let own = c.split(Some(0), c.rank() as i64)?.ok_or_else(|| sucl::Error::Config("the queue's split gave this rank no communicator".into()))?;
             Ok((CommQueue::on_stream(own, &queue, transport)?, queue))
         })?;
         let transport = cq.transport().unwrap_or(transport);
