@@ -105,7 +105,9 @@ impl StreamQueue {
         let (cq, queue) = comm.run(py, |c| {
             let queue = crate::device::queue(c, None, handle)?;
             // Every rank joins color 0, so every rank gets a communicator.
-            let own = c.split(Some(0), c.rank() as i64)?.ok_or_else(|| sucl::Error::Config("the queue's split gave this rank no communicator".into()))?;
+            let own = c
+                .split(Some(0), c.rank() as i64)?
+                .ok_or_else(|| sucl::Error::Config("the queue's split gave this rank no communicator".into()))?;
             Ok((CommQueue::on_stream(own, &queue, transport)?, queue))
         })?;
         let transport = cq.transport().unwrap_or(transport);
