@@ -83,7 +83,7 @@ impl Communicator {
         self.world_rank
     }
 
-    /// The ordinal of this rank's GPU (the one its device calls use).
+    /// The ordinal of this rank's GPU (the one its collectives on device buffers use).
     pub(crate) fn gpu(&self, py: Python<'_>) -> PyResult<usize> {
         py.detach(|| {
             self.exec.with_comm(|c| match c.attached_device() {
