@@ -57,12 +57,23 @@ impl Region {
     /// device memory and element types sucl does not have.
     /// `rank` (this process's world rank) names the rank in errors about device memory.
     pub fn of(arg: &str, obj: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
+        Self::of_ordered(arg, obj, rank, true)
+    }
+
+    /// As [`Region::of`], for a caller that orders device memory itself (a stream-triggered
+    /// queue, bound to its own stream): a torch tensor's current stream is not looked up (its
+    /// region carries stream 0), which saves a Python call per tensor.
+    pub fn of_unordered(arg: &str, obj: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
+        Self::of_ordered(arg, obj, rank, false)
+    }
+
+    fn of_ordered(arg: &str, obj: &Bound<'_, PyAny>, rank: usize, with_stream: bool) -> PyResult<Region> {
         let py = obj.py();
         // SAFETY: `obj` is a live object and we are attached to the interpreter.
         let has_buffer = unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1;
         if !has_buffer {
             if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
-                return Self::of_tensor(arg, obj, rank);
+                return Self::of_tensor(arg, obj, rank, with_stream);
             }
             if let Ok(cai) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
                 return Self::of_cuda_array(arg, obj, &cai, rank);
@@ -88,8 +99,9 @@ impl Region {
     }
 
     /// A torch tensor: CPU or CUDA, contiguous, at `data_ptr()`. A CUDA tensor's call is
-    /// ordered on torch's current stream of its device, as torch's NCCL backend orders it.
-    fn of_tensor(arg: &str, t: &Bound<'_, PyAny>, rank: usize) -> PyResult<Region> {
+    /// ordered on torch's current stream of its device, as torch's NCCL backend orders it
+    /// (looked up only `with_stream`; else stream 0).
+    fn of_tensor(arg: &str, t: &Bound<'_, PyAny>, rank: usize, with_stream: bool) -> PyResult<Region> {
         let py = t.py();
         let is_cuda = t.getattr(intern!(py, "is_cuda"))?.is_truthy()?;
         let device: String = t.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?.extract()?;
@@ -106,6 +118,9 @@ impl Region {
         let region = Self::checked(arg, addr, len, dtype, false, Keep::Object(t.clone().unbind()))?;
         if !is_cuda {
             return Ok(region);
+        }
+        if !with_stream {
+            return region.on_gpu(arg, 0, rank);
         }
         let current = py
             .import(intern!(py, "torch"))?

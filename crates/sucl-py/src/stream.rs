@@ -128,7 +128,8 @@ impl StreamQueue {
 
     /// Device memory of this queue's GPU for `obj` (`arg` names it in errors).
     fn region(&self, arg: &str, obj: &Obj<'_>) -> PyResult<Region> {
-        let r = Region::of(arg, obj, self.world_rank)?;
+        // The queue orders its buffers on its own stream: no current stream is looked up.
+        let r = Region::of_unordered(arg, obj, self.world_rank)?;
         match r.device {
             None => Err(invalid(
                 arg,
