@@ -339,64 +339,18 @@ impl<T: Element> DeviceBuf<T> {
     }
 }
 
-/// A free staging slot, with the event after its last upload (if any).
-type FreeSlot = (Arc<Pinned>, Option<Arc<Event>>);
+/// The staged queue's free pinned slots (see `slot_pool`).
+type SlotPool = crate::slot_pool::SlotPool<Pinned, Event>;
 
-/// Free staging slots by size class (powers of two, at least 64 bytes), oldest first in each.
-/// Taking one looks at the oldest of its class only: an enqueue costs at most one event query
-/// (none when that event was already seen complete), where a scan of every free slot would
-/// query each one's event — hundreds per batch once the host runs ahead of the stream.
-#[derive(Default)]
-struct SlotPool {
-    classes: std::collections::BTreeMap<u32, std::collections::VecDeque<FreeSlot>>,
-    /// The newest event seen complete (the slots recycled at one wait share one event).
-    seen_done: Option<Arc<Event>>,
+impl crate::slot_pool::Slot for Pinned {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
-impl SlotPool {
-    const MIN_BYTES: usize = 64;
-
-    fn class(bytes: usize) -> u32 {
-        bytes.max(Self::MIN_BYTES).next_power_of_two().trailing_zeros()
-    }
-
-    /// What a slot for `bytes` allocates: its class's size.
-    fn class_bytes(bytes: usize) -> usize {
-        bytes.max(Self::MIN_BYTES).next_power_of_two()
-    }
-
-    /// The oldest free slot of `bytes`'s class, if nothing uses it any more: no handle but the
-    /// pool's (the progress thread let go) and the stream ran past its last upload.
-    fn take(&mut self, bytes: usize) -> Option<Arc<Pinned>> {
-        let q = self.classes.get_mut(&Self::class(bytes))?;
-        let (s, ev) = q.front()?;
-        if Arc::strong_count(s) != 1 {
-            return None;
-        }
-        if let Some(e) = ev {
-            if !self.seen_done.as_ref().is_some_and(|d| Arc::ptr_eq(d, e)) {
-                if !e.is_complete() {
-                    return None;
-                }
-                self.seen_done = Some(e.clone());
-            }
-        }
-        q.pop_front().map(|(s, _)| s)
-    }
-
-    /// Returns a slot (free once `ev`, if any, completed and no one else holds it).
-    fn put(&mut self, s: Arc<Pinned>, ev: Option<Arc<Event>>) {
-        self.classes.entry(Self::class(s.bytes)).or_default().push_back((s, ev));
-    }
-
-    /// After a host synchronize of the stream: every upload ran.
-    fn synchronized(&mut self) {
-        for q in self.classes.values_mut() {
-            for (_, ev) in q.iter_mut() {
-                *ev = None;
-            }
-        }
-        self.seen_done = None;
+impl crate::slot_pool::Done for Event {
+    fn is_complete(&self) -> bool {
+        Event::is_complete(self)
     }
 }
 

@@ -70,6 +70,7 @@ mod hostq;
 mod queue;
 mod request;
 mod shared;
+mod slot_pool;
 #[cfg(feature = "cuda")]
 mod stream_queue;
 mod wakeup;
