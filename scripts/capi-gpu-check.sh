@@ -5,7 +5,7 @@
 #      every collective, all_gatherv, send/recv and sendrecv on a user-created stream and once on
 #      the legacy default stream, checked against a serial reference, with 1048579 elements per
 #      call (NCCL) and with 4099 (small: peer memory where the GPUs reach each other); a host
-#      pointer passed to a device call must be refused. Every rank must print "0 wrong".
+#      pointer passed to a call on device buffers must be refused. Every rank must print "0 wrong".
 #   2. bad_input.c in one process: with a GPU present every _device call given host memory
 #      returns SUCL_ERR_INVALID_ARGUMENT ("host memory").
 #

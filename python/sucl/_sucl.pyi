@@ -169,7 +169,7 @@ class Communicator:
     def recv(self, buf: Buffer, source: int, tag: int = 0) -> int:
         """Receives from ``source`` with ``tag`` into ``buf``; returns the elements received."""
     def synchronize(self, stream: int = 0) -> None:
-        """Waits (bounded by ``SUCL_TIMEOUT``) until the device calls enqueued on ``stream`` (a
+        """Waits (bounded by ``SUCL_TIMEOUT``) until the calls on device buffers enqueued on ``stream`` (a
         ``CUstream`` as an int, e.g. ``torch.cuda.current_stream().cuda_stream``; 0: the legacy
         default stream) ran; raises NCCL's asynchronous errors, a lost rank or a timeout."""
     def isend(self, buf: Buffer, dest: int, tag: int = 0) -> Request:

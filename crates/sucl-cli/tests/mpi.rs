@@ -54,7 +54,7 @@ fn stalled_mpi_check(after: &str) -> (Outcome, String) {
 }
 
 /// A rank that never joins a collective: the waiting rank's MPI collective times out, and
-/// since MPI would go on writing into the buffers it was lent, the job is ended (MPI_Abort)
+/// since MPI would go on writing into the buffers it was given, the job is ended (MPI_Abort)
 /// instead of the buffers being handed back. Rank 1 stalls for 120 s; the job must end long
 /// before that, with the error printed and MPI_Abort's exit code. (Check operation 7 is the
 /// first all_reduce that moves data: 4 sendrecv rounds, the tag test and an empty all_reduce

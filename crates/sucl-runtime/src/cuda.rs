@@ -133,7 +133,7 @@ impl Communicator {
         Device::open_for(self.local_rank() % n, wr, h.timeout, h.backoff, self.ctx.abort.clone())
     }
 
-    /// The GPU this communicator's device calls run on, once set up (by [`Communicator::attach_device`]
+    /// The GPU this communicator's calls on device buffers run on, once set up (by [`Communicator::attach_device`]
     /// or a first device collective); `None` before.
     pub fn attached_device(&self) -> Option<Device> {
         self.device.borrow().as_ref().map(|d| d.dev.clone())
@@ -201,7 +201,7 @@ impl Communicator {
         let shared = shared_gpu(&gpus);
         if let Some(why) = &shared {
             if all {
-                tracing::info!(rank = wr, "{why}: NCCL refuses that, so device calls are staged through host memory");
+                tracing::info!(rank = wr, "{why}: NCCL refuses that, so calls on device buffers are staged through host memory");
             }
             all = false;
         }
@@ -217,7 +217,7 @@ impl Communicator {
             let h = &self.ctx.cfg.host;
             Some(NcclBackend::new(dev, &id, self.rank, self.size, wr, self.ctx.abort.clone(), h.timeout, h.backoff)?)
         } else {
-            tracing::info!(rank = wr, "NCCL is not usable on every rank; device calls are staged through host memory");
+            tracing::info!(rank = wr, "NCCL is not usable on every rank; calls on device buffers are staged through host memory");
             None
         };
         let (ipc, ipc_why) = match self.setup_ipc(dev, k)? {
@@ -255,13 +255,13 @@ impl Communicator {
         )
     }
 
-    /// Why this communicator's device calls do not use peer memory (`None` where they may, or
+    /// Why this communicator's calls on device buffers do not use peer memory (`None` where they may, or
     /// before the device side is set up).
     pub fn ipc_unavailable_reason(&self) -> Option<String> {
         self.device.borrow().as_ref().and_then(|d| d.ipc_why.clone())
     }
 
-    /// The device backends this communicator set up (empty before its first device call).
+    /// The device backends this communicator set up (empty before its first call on device buffers).
     pub fn device_backends(&self) -> Vec<&'static str> {
         self.device.borrow().as_ref().map_or(vec![], |d| d.selector.names().to_vec())
     }
@@ -355,7 +355,7 @@ impl Communicator {
         let queue = match (&recv, send) {
             (Some(r), _) => r.queue().clone(),
             (None, Some(s)) => s.queue().clone(),
-            (None, None) => return Err(Error::invalid(self.wr(), "buffers", "a device call needs at least one buffer")),
+            (None, None) => return Err(Error::invalid(self.wr(), "buffers", "a call on device buffers needs at least one buffer")),
         };
         if let Some(s) = send {
             if s.queue().device().ordinal() != queue.device().ordinal() {

@@ -170,10 +170,10 @@ pub struct Communicator {
     backends: RefCell<Vec<Box<dyn Backend>>>,
     selector: select::Selector,
     pinned: Cell<Option<usize>>,
-    /// The device backend every device call is pinned to (`nccl`, `staged`), if any.
+    /// The device backend every call on device buffers is pinned to (`nccl`, `staged`), if any.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     device_pin: Cell<Option<&'static str>>,
-    /// The device side, set up at the first device call (declared before `ctx`, so that NCCL
+    /// The device side, set up at the first call on device buffers (declared before `ctx`, so that NCCL
     /// goes before the store).
     #[cfg(feature = "cuda")]
     device: RefCell<Option<cuda::DeviceComm>>,
@@ -583,7 +583,7 @@ impl Communicator {
     }
 
     /// Sends every later call to backend `name` (None: back to automatic selection for host
-    /// and device calls). A host backend pins host calls; `nccl` or `staged` pins device calls.
+    /// and calls on device buffers). A host backend pins host calls; `nccl` or `staged` pins calls on device buffers.
     /// For benchmarks and tuning; every rank must pin the same way at the same point.
     pub fn pin_backend(&self, name: Option<&str>) -> Result<()> {
         match name {

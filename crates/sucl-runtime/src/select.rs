@@ -25,7 +25,7 @@ pub struct Policy {
     pub threshold: i64,
     /// The tuning table; first match wins.
     pub rules: Vec<Rule>,
-    /// The `cuda` platform's threshold: device calls below it are staged, from it on NCCL.
+    /// The `cuda` platform's threshold: calls on device buffers below it are staged, from it on NCCL.
     #[serde(default)]
     pub device_threshold: i64,
 }
@@ -47,7 +47,7 @@ impl Policy {
         }
     }
 
-    /// The policy of device calls: the same tuning table (its `nccl`, `ipc` and `staged`
+    /// The policy of calls on device buffers: the same tuning table (its `nccl`, `ipc` and `staged`
     /// rules), then [`default_ipc_rules`] (when peer memory is set up), then the `cuda`
     /// threshold between staged (below) and NCCL.
     pub fn for_devices(&self) -> Policy {
@@ -289,7 +289,7 @@ mod tests {
         let both = ["nccl", "staged"];
         let s = Selector::new(&dev, &both, 2);
         assert_eq!(both[s.pick(CollOp::AllReduce, 100)], "staged", "rule");
-        // Host rules do not apply to device calls; the cuda threshold does.
+        // Host rules do not apply to calls on device buffers; the cuda threshold does.
         assert_eq!(both[s.pick(CollOp::Broadcast, 100)], "staged", "below the threshold");
         assert_eq!(both[s.pick(CollOp::Broadcast, 1 << 20)], "nccl", "from the threshold on");
         // Without NCCL on every rank, everything is staged.

@@ -268,7 +268,7 @@ impl Communicator {
     /// invalid) goes to the point-to-point backend's fused v-collective when it offers one (then
     /// `Ok(None)`: the data moved), else to its native one after the agreement collective
     /// (`Ok(None)` too); `Ok(Some(tag))` leaves the data to the generic algorithm, with the tag
-    /// of its messages. A device call (`Data::Device`) only agrees, by the collective. Whatever
+    /// of its messages. A call on device buffers (`Data::Device`) only agrees, by the collective. Whatever
     /// the path, ranks whose arguments are invalid or whose tables differ get the same errors,
     /// and nothing is delivered before every rank's fingerprint was compared.
     fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, data: Data<'_, '_>) -> Result<Option<u64>> {
@@ -290,7 +290,7 @@ impl Communicator {
         };
         let desc = call.as_ref().map(|(op, root, t)| t.desc(*op, *root));
         // Offered or not regardless of the arguments: every rank takes the same path (device
-        // calls are device calls on every rank, or fail on the rank that mixes memories).
+        // calls are calls on device buffers on every rank, or fail on the rank that mixes memories).
         let agree = VAgreement { mine: &mine[..], all: &mut *all };
         let fused = if host { self.backend_mut().v_collective_agreeing(agree, desc.as_ref(), s, r) } else { None };
         let fused = match fused {

@@ -68,7 +68,7 @@ struct Gpu {
     check: Kernel,
 }
 
-/// The world with its device side set up and every device call pinned to the staged path.
+/// The world with its device side set up and every call on device buffers pinned to the staged path.
 fn gpu() -> Gpu {
     let comm = sucl_runtime::init().expect("init");
     let dev = comm.cuda_device().expect("device");

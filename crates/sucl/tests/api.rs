@@ -144,7 +144,7 @@ fn one_call_takes_slices_vectors_and_arrays() {
 #[test]
 fn device_backends_are_named_and_pinned_before_any_device_call() {
     let c = world();
-    // Nothing on the device side until a device call or attach_device.
+    // Nothing on the device side until a call on device buffers or attach_device.
     assert!(c.device_backends().is_empty());
     c.pin_backend(Some("staged")).unwrap();
     assert_eq!(c.device_backend_for(sucl::CollOp::AllReduce, 1 << 20), "staged");

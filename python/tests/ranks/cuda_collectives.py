@@ -126,7 +126,7 @@ with torch.cuda.stream(stream):
     else:
         raise AssertionError(f"rank {r}: isend of device memory accepted")
 
-# The device calls return without waiting for the GPU: work queued behind a slow kernel on the
+# The calls on device buffers return without waiting for the GPU: work queued behind a slow kernel on the
 # stream is still ordered after it (the result is right once the stream ran).
 with torch.cuda.stream(stream):
     y = gpu(inp(r))
