@@ -18,19 +18,21 @@ for op in all_reduce broadcast; do
   "$SUCL" bench "$op" --device cuda --ranks "$RANKS" --config "$OUT/tune.toml" --min-bytes 8 --max-bytes 64M --factor 2 \
     --rounds 2 --iters 100 --warmup 10 --compare nccl,ipc,auto >"$OUT/$op.txt"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$(dirname "$0")" <<'PY'
 import os, sys, tomllib
 out = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from tocsv import ws_table
 rules = tomllib.load(open(os.path.join(out, "tune.toml"), "rb")).get("tuning", [])
 def choice(op, b):
     return next((r["backend"] for r in rules if r["op"] == op and r["bytes"][0] <= b < r["bytes"][1]), "")
 with open(os.path.join(out, "gpu-auto-4gpu.csv"), "w") as f:
     f.write("op,bytes,nccl_us,ipc_us,auto_us,auto_choice,auto_over_best,wrong\n")
     for op in ("all_reduce", "broadcast"):
-        for line in open(os.path.join(out, op + ".txt")):
-            p = line.split()
-            if len(p) >= 5 and p[0].isdigit():
-                b, n, i, a = int(p[0]), float(p[1]), float(p[2]), float(p[3])
-                f.write(f"{op},{b},{n},{i},{a},{choice(op, b)},{a / min(n, i):.3f},{p[4]}\n")
+        head, body = ws_table(open(os.path.join(out, op + ".txt")).read().splitlines())
+        for row in body:
+            v = dict(zip(head, row))
+            b, n, i, a = int(v["bytes"]), float(v["nccl"]), float(v["ipc"]), float(v["auto"])
+            f.write(f"{op},{b},{n},{i},{a},{choice(op, b)},{a / min(n, i):.3f},{v['#wrong']}\n")
 PY
 cat "$OUT/gpu-auto-4gpu.csv"

@@ -21,23 +21,31 @@ mpirun --allow-run-as-root -np "$RANKS" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -
 "$SUCL" "${SA[@]}" --ranks "$RANKS" >"$OUT/sucl-block.txt"
 # shellcheck disable=SC2016 # expanded by the rank's shell
 "$SUCL" run -n "$RANKS" --no-bind --no-prefix -- bash -c 'exec taskset -c "$SUCL_RANK" "$0" "$@"' "$SUCL" "${SA[@]}" >"$OUT/sucl-core.txt"
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$(dirname "$0")" <<'PY'
 import os, sys
 out = sys.argv[1]
-def rows(name, cols):
-    """Table rows: `cols` fields or more, the first two numbers (bytes, then a count or a time)."""
+sys.path.insert(0, sys.argv[2])
+from tocsv import ws_table
+def nccl_tests(name):
+    """nccl-tests rows by size: the out-of-place time (field 6)."""
     d = {}
     for line in open(os.path.join(out, name)):
         p = line.split()
-        if len(p) >= cols and p[0].isdigit() and p[1].replace(".", "", 1).isdigit():
-            d[int(p[0])] = p
+        if len(p) >= 12 and p[0].isdigit() and p[1].isdigit():
+            d[int(p[0])] = p[5]
     return d
-nc, nn = rows("nt-core.txt", 12), rows("nt-none.txt", 12)
-sb, sc = rows("sucl-block.txt", 5), rows("sucl-core.txt", 5)
+def sucl(name):
+    """`sucl bench --compare raw,nccl,ipc` rows by size."""
+    head, body = ws_table(open(os.path.join(out, name)).read().splitlines())
+    return {int(r[0]): dict(zip(head, r)) for r in body}
+nc, nn = nccl_tests("nt-core.txt"), nccl_tests("nt-none.txt")
+sb, sc = sucl("sucl-block.txt"), sucl("sucl-core.txt")
+cols = ("raw", "nccl", "ipc")
 with open(os.path.join(out, "gpu-nccl-harness.csv"), "w") as f:
     f.write("bytes,nccl_tests_core_us,nccl_tests_none_us,raw_block_us,nccl_block_us,ipc_block_us,raw_core_us,nccl_core_us,ipc_core_us,wrong\n")
     for b in sorted(sb):
-        w = int(sb[b][4]) + int(sc.get(b, [0] * 5)[4])
-        f.write(f"{b},{nc.get(b, [''] * 6)[5]},{nn.get(b, [''] * 6)[5]},{','.join(sb[b][1:4])},{','.join(sc.get(b, [''] * 4)[1:4])},{w}\n")
+        core = sc.get(b, {})
+        w = int(sb[b]["#wrong"]) + int(core.get("#wrong", 0))
+        f.write(f"{b},{nc.get(b, '')},{nn.get(b, '')},{','.join(sb[b][c] for c in cols)},{','.join(core.get(c, '') for c in cols)},{w}\n")
 PY
 cat "$OUT/gpu-nccl-harness.csv"
