@@ -692,6 +692,13 @@ impl Engine {
         self.retire(idx);
     }
 
+    /// Whether a posted send or receive has not completed yet. A backend whose collectives wait
+    /// outside this engine (shared memory's barriers) progresses the engine while this holds:
+    /// a peer may need one of these messages to move before it can reach that collective.
+    pub fn has_pending(&self) -> bool {
+        self.peers.iter().any(|p| !p.sendq.is_empty() || !p.posted.is_empty())
+    }
+
     /// One round of progress on every channel. Returns whether any byte moved.
     pub fn progress(&mut self) -> Result<bool> {
         if self.abort.is_set() {

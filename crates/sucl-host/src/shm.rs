@@ -634,24 +634,22 @@ impl ShmBackend {
         step.max(((self.half_bytes().min(WIDE_REDUCTION_STEP) / es) * es).max(es))
     }
 
-    /// Waits until peer `j`'s word `a` reaches `seq`, bounded by the timeout.
-    #[inline(always)]
-    fn wait_for(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
-        if reached(a, seq) {
-            return Ok(());
-        }
-        self.wait_slow(j, a, seq, op, place)
-    }
-
-    /// [`ShmBackend::wait_for`] once the peer is not there yet: spin, yield, sleep, time out.
+    /// [`ShmBackend::barrier`]'s wait once peer `j` is not there yet: spin, yield, sleep, time
+    /// out — progressing this communicator's posted sends and receives meanwhile (a peer may
+    /// need one of them to move before it can arrive: say it waits for a large message of ours
+    /// that only our progress pushes through the ring).
     #[inline(never)]
-    fn wait_slow(&self, j: usize, a: &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
+    fn wait_slow(&mut self, j: usize, word: impl Fn(&Controls) -> &AtomicU64, seq: u64, op: &'static str, place: &str) -> Result<()> {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
-        wait_until(a, seq, || {
-            w.pause(&self.abort, self.world_rank, &|| format!("{op} (waiting for rank {peer} {place})"), false).inspect_err(|e| {
+        let (engine, abort, rank) = (&mut self.engine, &self.abort, self.world_rank);
+        wait_until(word(&self.ctl), seq, || {
+            if engine.has_pending() {
+                engine.progress()?;
+            }
+            w.pause(abort, rank, &|| format!("{op} (waiting for rank {peer} {place})"), false).inspect_err(|e| {
                 if matches!(e, Error::Timeout { .. }) {
-                    self.abort.raise(e.abort_info());
+                    abort.raise(e.abort_info());
                 }
             })
         })
@@ -662,8 +660,11 @@ impl ShmBackend {
         self.barrier_seq += 1;
         let seq = self.barrier_seq;
         arrive(self.ctl.counter(self.rank), seq);
-        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            self.wait_for(j, self.ctl.counter(j), seq, op, "at a shared-memory barrier")?;
+        let (n, me) = (self.lay.n, self.rank);
+        for j in (0..n).filter(|&j| j != me) {
+            if !reached(self.ctl.counter(j), seq) {
+                self.wait_slow(j, |c| c.counter(j), seq, op, "at a shared-memory barrier")?;
+            }
         }
         Ok(())
     }
@@ -742,20 +743,10 @@ impl ShmBackend {
         // 32 CPUs in four calls of 8 rounds: this form ran 8–32 B all_reduce at 0.91–1.10 × the
         // time of d651309 at 16 ranks, where `wait_for` with the descriptor read inside the
         // loop ran 1.10–1.19 ×, and `wait_for` (inlined or not) in this two-pass shape 0.97–1.19 ×.
-        for j in (0..self.lay.n).filter(|&j| j != self.rank) {
-            let a = &self.ctl.mailbox(j, h)[0];
-            if reached(a, seq) {
-                continue;
-            }
-            let mut wt = Waiter::new(self.cfg.timeout, self.cfg.backoff);
-            while !reached(a, seq) {
-                let (wr, peer) = (self.world_rank, self.engine.world_rank(j));
-                if let Err(e) = wt.pause(&self.abort, wr, &|| format!("{op} (waiting for rank {peer} in shared memory)"), false) {
-                    if matches!(e, Error::Timeout { .. }) {
-                        self.abort.raise(e.abort_info());
-                    }
-                    return Err(e);
-                }
+        let (n, me) = (self.lay.n, self.rank);
+        for j in (0..n).filter(|&j| j != me) {
+            if !reached(&self.ctl.mailbox(j, h)[0], seq) {
+                self.wait_slow(j, |c| &c.mailbox(j, h)[0], seq, op, "in shared memory")?;
             }
         }
         let mut differs = 0;
