@@ -18,7 +18,8 @@
 //!
 //! Environment (all optional): `SUCL_RP_SEEDS` (`a..b`, default per test), `SUCL_RP_RANKS`
 //! (2..=4; default: seeds cycle through 2, 3 and 4), `SUCL_RP_CHUNK` (seeds per launch),
-//! `SUCL_RP_SHRINK=0` (report the failing seed without shrinking).
+//! `SUCL_RP_SHRINK=0` (report the failing seed without shrinking), `SUCL_RP_KEEP_GOING=1` (run
+//! every seed, then report every failing one).
 
 mod common;
 
@@ -617,11 +618,19 @@ fn launch_with(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> R
     })
 }
 
-/// A rank's failure line, or the end of its stderr.
+/// A rank's failure line (a panic's with the message after it), or the end of its stderr.
 fn failure_lines(o: &Outcome) -> String {
-    let lines: Vec<&str> = o.stderr.lines().filter(|l| l.contains("RANDOM-PROGRAM-FAILURE") || l.contains("panicked")).collect();
+    let all: Vec<&str> = o.stderr.lines().collect();
+    let mut lines = vec![];
+    for (i, l) in all.iter().enumerate() {
+        if l.contains("RANDOM-PROGRAM-FAILURE") {
+            lines.push(l.to_string());
+        } else if l.contains("panicked") {
+            lines.push(format!("{l} {}", all.get(i + 1).unwrap_or(&"")));
+        }
+    }
     if lines.is_empty() {
-        let tail: Vec<&str> = o.stderr.lines().rev().take(6).collect();
+        let tail: Vec<&str> = all.iter().rev().take(6).copied().collect();
         format!("rank {} exited with {}: {}", o.rank, o.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
     } else {
         lines.join("\n")
@@ -643,31 +652,57 @@ fn ranks_of(seed: u64) -> usize {
 }
 
 /// Runs every seed of `default` (or `SUCL_RP_SEEDS`) over `t`; on a failure, narrows it to one
-/// seed, shrinks that seed's program and panics with the smallest failing program.
+/// seed, shrinks that seed's program and panics with the smallest failing program. With
+/// `SUCL_RP_KEEP_GOING=1` every seed runs first and the count of failing seeds is reported too.
 fn run_seeds(name: &str, t: Transport, default: std::ops::Range<u64>) {
     if let Some(rank) = child_rank() {
         return rank_main(rank);
     }
     let chunk: usize = std::env::var("SUCL_RP_CHUNK").ok().and_then(|c| c.parse().ok()).unwrap_or(25);
+    let keep_going = std::env::var("SUCL_RP_KEEP_GOING").is_ok_and(|v| v == "1");
     let seeds = seed_range(default);
     let (mut programs, mut ops) = (0usize, 0usize);
+    let mut failed: Vec<(u64, usize, String)> = vec![];
     for ranks in 2..=4 {
         let mine: Vec<u64> = seeds.iter().copied().filter(|&s| ranks_of(s) == ranks).collect();
         for group in mine.chunks(chunk) {
             if let Err(why) = launch_once(name, t, ranks, &Work::Seeds(group)) {
-                let seed = narrow(name, t, ranks, group).unwrap_or(group[0]);
-                report_failure(name, t, generate(seed, ranks), &why);
+                let bad = narrow(name, t, ranks, group);
+                let bad = if bad.is_empty() { vec![(group[0], why)] } else { bad };
+                failed.extend(bad.into_iter().map(|(s, w)| (s, ranks, w)));
+                if !keep_going {
+                    break;
+                }
             }
             programs += group.len();
             ops += group.iter().map(|&s| generate(s, ranks).steps.len()).sum::<usize>();
         }
+        if !keep_going && !failed.is_empty() {
+            break;
+        }
     }
-    println!("random programs over {t:?}: {programs} programs, {ops} steps, 0 failures");
+    println!("random programs over {t:?}: {programs} programs, {ops} steps, {} failures", failed.len());
+    if let Some((seed, ranks, why)) = failed.first() {
+        let all: Vec<String> = failed.iter().map(|(s, r, _)| format!("{s} ({r} ranks)")).collect();
+        println!("failing seeds over {t:?}: {}", all.join(", "));
+        report_failure(name, t, generate(*seed, *ranks), why);
+    }
 }
 
-/// The first seed of `group` that fails on its own.
-fn narrow(name: &str, t: Transport, ranks: usize, group: &[u64]) -> Option<u64> {
-    group.iter().copied().find(|s| launch_once(name, t, ranks, &Work::Seeds(&[*s])).is_err())
+/// The seeds of `group` that fail on their own (a seed that only fails after another one of its
+/// launch is not found here), with their failures; the first only unless `SUCL_RP_KEEP_GOING=1`.
+fn narrow(name: &str, t: Transport, ranks: usize, group: &[u64]) -> Vec<(u64, String)> {
+    let keep_going = std::env::var("SUCL_RP_KEEP_GOING").is_ok_and(|v| v == "1");
+    let mut bad = vec![];
+    for &s in group {
+        if let Err(why) = launch_once(name, t, ranks, &Work::Seeds(&[s])) {
+            bad.push((s, why));
+            if !keep_going {
+                break;
+            }
+        }
+    }
+    bad
 }
 
 /// Shrinks `p` (unless `SUCL_RP_SHRINK=0`), writes the smallest failing program and panics.
