@@ -183,7 +183,7 @@ impl Gen {
                 .filter(|&s| {
                     let l = self.lens[q][s as usize];
                     (l == len || (at_least && l >= len && l <= len + 16))
-                        && ranks.iter().all(|&r| !self.writes[q][r].contains(&s) && !(write && self.reads[q][r].contains(&s)))
+                        && ranks.iter().all(|&r| !(self.writes[q][r].contains(&s) || (write && self.reads[q][r].contains(&s))))
                 })
                 .collect();
             if !fits.is_empty() {
