@@ -10,7 +10,7 @@
 //! how many elements each request reports. A rank that sees anything else, or an error, fails.
 //!
 //! The tests run a few hundred seeds per transport (shm and tcp; mpi under `mpirun` with
-//! `--features mpi`); `scripts/random-programs.sh` runs thousands. A failing seed is shrunk: steps
+//! `--features mpi`; device buffers on CUDA streams over the staged path where a GPU is); `scripts/random-programs.sh` runs thousands. A failing seed is shrunk: steps
 //! are removed while the program still fails, and the smallest failing program is printed (and
 //! written to `target/random-program-failure.json`) so that
 //! `SUCL_RP_PROGRAM=<file> cargo test -p sucl-stream --test random_programs replay -- --ignored`
@@ -27,7 +27,7 @@ use common::{launch, Outcome};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use sucl_runtime::{Communicator, ReduceOp};
-use sucl_stream::{CommQueue, HostQueue, Request, SharedBuf, PROC_NULL};
+use sucl_stream::{CommQueue, HostQueue, QueueBuffer, Request, SharedBuf, PROC_NULL};
 
 /// One step of a program, as every rank reads it. Buffers are slots of a queue's pool
 /// ([`Program::lens`]): every rank has its own buffer for each slot, all of the slot's length,
@@ -167,6 +167,8 @@ struct Gen {
     reads: Vec<Vec<std::collections::HashSet<u32>>>,
     writes: Vec<Vec<std::collections::HashSet<u32>>>,
     large: u64,
+    /// Every receive buffer exactly as long as its message (device receives must be filled).
+    exact: bool,
 }
 
 impl Gen {
@@ -212,14 +214,14 @@ impl Gen {
     }
 }
 
-/// The program of `seed` on `ranks` ranks.
-fn generate(seed: u64, ranks: usize) -> Program {
+/// The program of `seed` on `ranks` ranks (`exact`: no receive longer than its message).
+fn generate(seed: u64, ranks: usize, exact: bool) -> Program {
     let mut g = Rng(seed ^ 0x5eed_0000);
     let queues = 1 + g.below(3) as usize;
     let large = [2, 6, 20][g.below(3) as usize];
     let lens = (0..queues).map(|_| (0..2 + g.below(5)).map(|_| g.len(large)).collect()).collect();
     let empty = || vec![std::collections::HashSet::new(); ranks];
-    let mut gen = Gen { ranks, lens, reads: vec![empty(); queues], writes: vec![empty(); queues], large, g };
+    let mut gen = Gen { ranks, lens, reads: vec![empty(); queues], writes: vec![empty(); queues], large, exact, g };
     let mut steps = vec![];
     let mut pending = vec![0usize; queues];
     let ops = 4 + gen.g.below(28) as usize;
@@ -256,7 +258,7 @@ impl Gen {
         let sbuf = self.any_slot(q, &[src], false);
         self.mark(q, &[src], sbuf, false);
         let len = self.lens[q][sbuf as usize];
-        let rbuf = self.slot(q, len, true, &[dst], true);
+        let rbuf = self.slot(q, len, !self.exact, &[dst], true);
         self.mark(q, &[dst], rbuf, true);
         Step::P2p { q: q as u8, src: src as u8, dst: dst as u8, tag, sbuf, rbuf }
     }
@@ -399,24 +401,50 @@ struct Expect {
     elements: usize,
 }
 
+/// Where a program's buffers live: host memory on host queues, or (feature `cuda`) device
+/// memory on CUDA streams over the staged path.
+trait Memory {
+    type Buf: QueueBuffer<u64> + Clone;
+    /// A queue of the program's queue `q` over `comm`.
+    fn open(&mut self, q: usize, comm: Communicator) -> sucl_runtime::Result<CommQueue>;
+    /// A buffer of queue `q` holding `data`.
+    fn make(&self, q: usize, data: Vec<u64>) -> Self::Buf;
+    /// What `b` holds (after the queues synchronized).
+    fn read(b: &Self::Buf) -> Vec<u64>;
+}
+
+/// Host queues with `SharedBuf`s.
+#[derive(Default)]
+struct Host(Vec<HostQueue>);
+
+impl Memory for Host {
+    type Buf = SharedBuf<u64>;
+    fn open(&mut self, _q: usize, comm: Communicator) -> sucl_runtime::Result<CommQueue> {
+        self.0.push(HostQueue::new());
+        CommQueue::on_host(comm, self.0.last().expect("pushed"))
+    }
+    fn make(&self, _q: usize, data: Vec<u64>) -> SharedBuf<u64> {
+        SharedBuf::new(data)
+    }
+    fn read(b: &SharedBuf<u64>) -> Vec<u64> {
+        b.to_vec()
+    }
+}
+
 /// Runs `p` as `rank` of `world`; returns a description of the first disagreement with the
 /// model, or of the first error.
-fn execute(p: &Program, world: &Communicator) -> Result<(), String> {
+fn execute<M: Memory>(p: &Program, world: &Communicator, mem: &mut M) -> Result<(), String> {
     let rank = world.rank();
     let err = |what: &str, e: sucl_runtime::Error| format!("{what}: {e}");
-    let mut comms = vec![];
-    for _ in 0..p.lens.len() {
-        comms.push(world.split(Some(0), rank as i64).map_err(|e| err("split", e))?.ok_or("split left this rank out")?);
-    }
-    let hosts: Vec<HostQueue> = (0..p.lens.len()).map(|_| HostQueue::new()).collect();
     let mut queues = vec![];
-    for (c, h) in comms.into_iter().zip(&hosts) {
-        queues.push(CommQueue::on_host(c, h).map_err(|e| err("on_host", e))?);
+    for q in 0..p.lens.len() {
+        let c = world.split(Some(0), rank as i64).map_err(|e| err("split", e))?.ok_or("split left this rank out")?;
+        queues.push(mem.open(q, c).map_err(|e| err("opening a queue", e))?);
     }
-    let mut bufs: Vec<Vec<Option<SharedBuf<u64>>>> = p.lens.iter().map(|l| vec![None; l.len()]).collect();
+    let mut bufs: Vec<Vec<Option<M::Buf>>> = p.lens.iter().map(|l| vec![None; l.len()]).collect();
     let mut expects = vec![];
     let mut model = Model::new(p);
-    let run = enqueue_all(p, rank, &mut queues, &mut bufs, &mut model, &mut expects);
+    let run = enqueue_all(p, rank, &mut queues, mem, &mut bufs, &mut model, &mut expects);
     let mut first = run.err();
     for (i, q) in queues.iter_mut().enumerate() {
         if q.enqueued() > 0 {
@@ -429,7 +457,7 @@ fn execute(p: &Program, world: &Communicator) -> Result<(), String> {
         }
     }
     if first.is_none() {
-        first = check(&expects, &bufs, &model, rank).err();
+        first = check::<M>(&expects, &bufs, &model, rank).err();
     }
     drop(expects);
     for (i, q) in queues.into_iter().enumerate() {
@@ -444,11 +472,12 @@ fn execute(p: &Program, world: &Communicator) -> Result<(), String> {
 }
 
 /// Enqueues this rank's part of every step, advancing the model alongside.
-fn enqueue_all(
+fn enqueue_all<M: Memory>(
     p: &Program,
     rank: usize,
     queues: &mut [CommQueue],
-    bufs: &mut [Vec<Option<SharedBuf<u64>>>],
+    mem: &M,
+    bufs: &mut [Vec<Option<M::Buf>>],
     model: &mut Model,
     expects: &mut Vec<Expect>,
 ) -> Result<(), String> {
@@ -465,9 +494,9 @@ fn enqueue_all(
             | Step::AllToAll { q, .. }
             | Step::Start { q, .. } => q as usize,
         };
-        let mut buf = |slot: u32| -> SharedBuf<u64> {
+        let mut buf = |slot: u32| -> M::Buf {
             let b = &mut bufs[q][slot as usize];
-            b.get_or_insert_with(|| SharedBuf::new(initial(p.seed, q, slot as usize, rank, p.lens[q][slot as usize]))).clone()
+            b.get_or_insert_with(|| mem.make(q, initial(p.seed, q, slot as usize, rank, p.lens[q][slot as usize]))).clone()
         };
         let cq = &mut queues[q];
         let req = match *step {
@@ -501,7 +530,7 @@ fn enqueue_all(
 }
 
 /// Compares every request and buffer with the model.
-fn check(expects: &[Expect], bufs: &[Vec<Option<SharedBuf<u64>>>], model: &Model, rank: usize) -> Result<(), String> {
+fn check<M: Memory>(expects: &[Expect], bufs: &[Vec<Option<M::Buf>>], model: &Model, rank: usize) -> Result<(), String> {
     for e in expects {
         let got = e.req.wait().map_err(|err| format!("step {}: request failed: {err}", e.step))?;
         if got != e.elements {
@@ -511,7 +540,7 @@ fn check(expects: &[Expect], bufs: &[Vec<Option<SharedBuf<u64>>>], model: &Model
     for (q, slots) in bufs.iter().enumerate() {
         for (slot, b) in slots.iter().enumerate() {
             let Some(b) = b else { continue };
-            let (have, want) = (b.to_vec(), &model.bufs[q][rank][slot]);
+            let (have, want) = (M::read(b), &model.bufs[q][rank][slot]);
             if let Some(i) = (0..have.len()).find(|&i| have[i] != want[i]) {
                 return Err(format!(
                     "queue {q} slot {slot} ({} elements): element {i} is {}, the model says {}",
@@ -523,6 +552,34 @@ fn check(expects: &[Expect], bufs: &[Vec<Option<SharedBuf<u64>>>], model: &Model
         }
     }
     Ok(())
+}
+
+/// Device buffers on CUDA streams, the staged path (every receive filled exactly: a device
+/// receive must be, so these programs have no slack).
+#[cfg(feature = "cuda")]
+mod device {
+    use super::*;
+    use sucl_runtime::cuda::Queue;
+    use sucl_stream::device::{DeviceBuf, Transport};
+
+    pub struct Device {
+        pub dev: sucl_runtime::cuda::Device,
+        pub streams: Vec<Queue>,
+    }
+
+    impl Memory for Device {
+        type Buf = DeviceBuf<u64>;
+        fn open(&mut self, _q: usize, comm: Communicator) -> sucl_runtime::Result<CommQueue> {
+            self.streams.push(self.dev.queue()?);
+            CommQueue::on_stream(comm, self.streams.last().expect("pushed"), Transport::Staged)
+        }
+        fn make(&self, q: usize, data: Vec<u64>) -> DeviceBuf<u64> {
+            DeviceBuf::new(self.streams[q].upload(&data).expect("upload"))
+        }
+        fn read(b: &DeviceBuf<u64>) -> Vec<u64> {
+            b.lock().to_vec().expect("download")
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -541,17 +598,34 @@ fn rank_main(rank: usize) {
     let world = sucl_runtime::init().expect("init");
     assert_eq!(world.rank(), rank, "the launcher's rank and the communicator's");
     let n = world.size();
+    let device = std::env::var("SUCL_RP_MEMORY").is_ok_and(|v| v == "device");
     let programs: Vec<Program> = match std::env::var("SUCL_RP_PROGRAM_FILE") {
         Ok(path) => vec![serde_json::from_str(&std::fs::read_to_string(path).expect("program file")).expect("program json")],
-        Err(_) => std::env::var("SUCL_RP_RUN_SEEDS").expect("seeds").split(',').map(|s| generate(s.parse().expect("seed"), n)).collect(),
+        Err(_) => {
+            std::env::var("SUCL_RP_RUN_SEEDS").expect("seeds").split(',').map(|s| generate(s.parse().expect("seed"), n, device)).collect()
+        }
     };
     for p in &programs {
-        if let Err(e) = execute(p, &world) {
+        if let Err(e) = execute_in(p, &world, device) {
             eprintln!("RANDOM-PROGRAM-FAILURE seed={} rank={rank}: {e}", p.seed);
             std::process::exit(3);
         }
     }
     println!("{RANK_DONE} rank={rank}");
+}
+
+/// Runs `p` in host memory, or in device memory (feature `cuda`).
+fn execute_in(p: &Program, world: &Communicator, device: bool) -> Result<(), String> {
+    if !device {
+        return execute(p, world, &mut Host::default());
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let dev = world.cuda_device().map_err(|e| format!("no device: {e}"))?;
+        execute(p, world, &mut device::Device { dev, streams: vec![] })
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err("device memory needs the cuda feature".into())
 }
 
 /// What a rank prints once it ran every program of its launch (a rank that ran no test at all
@@ -572,6 +646,15 @@ enum Transport {
     Tcp,
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     Mpi,
+    /// Device buffers on CUDA streams, staged over shm.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Staged,
+}
+
+impl Transport {
+    fn device(self) -> bool {
+        matches!(self, Transport::Staged)
+    }
 }
 
 /// Launches `ranks` ranks of test `name` on `work`; Ok or the ranks' failure text.
@@ -594,6 +677,9 @@ fn launch_once(name: &str, t: Transport, ranks: usize, work: &Work) -> Result<()
         Transport::Shm => launch_with(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "shm")]].concat(), limit),
         Transport::Tcp => launch_with(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "tcp")]].concat(), limit),
         Transport::Mpi => mpi::launch(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "mpi")]].concat(), limit),
+        Transport::Staged => {
+            launch_with(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "shm"), ("SUCL_RP_MEMORY", "device")]].concat(), limit)
+        }
     }?;
     let done: usize = outs.iter().map(|o| o.stdout.matches(RANK_DONE).count()).sum();
     let bad: Vec<&Outcome> = outs.iter().filter(|o| !o.status.success() || !o.stdout.contains(RANK_DONE)).collect();
@@ -675,7 +761,7 @@ fn run_seeds(name: &str, t: Transport, default: std::ops::Range<u64>) {
                 }
             }
             programs += group.len();
-            ops += group.iter().map(|&s| generate(s, ranks).steps.len()).sum::<usize>();
+            ops += group.iter().map(|&s| generate(s, ranks, t.device()).steps.len()).sum::<usize>();
         }
         if !keep_going && !failed.is_empty() {
             break;
@@ -685,7 +771,7 @@ fn run_seeds(name: &str, t: Transport, default: std::ops::Range<u64>) {
     if let Some((seed, ranks, why)) = failed.first() {
         let all: Vec<String> = failed.iter().map(|(s, r, _)| format!("{s} ({r} ranks)")).collect();
         println!("failing seeds over {t:?}: {}", all.join(", "));
-        report_failure(name, t, generate(*seed, *ranks), why);
+        report_failure(name, t, generate(*seed, *ranks, t.device()), why);
     }
 }
 
@@ -882,6 +968,17 @@ fn random_programs_mpi() {
     run_seeds("random_programs_mpi", Transport::Mpi, 0..120);
 }
 
+/// Device buffers on CUDA streams, staged over shm (a skip without a GPU; a failure then under
+/// `SUCL_REQUIRE_GPU=1`).
+#[cfg(feature = "cuda")]
+#[test]
+fn random_programs_staged() {
+    if child_rank().is_none() && common::gpus_or_skip().is_none() {
+        return;
+    }
+    run_seeds("random_programs_staged", Transport::Staged, 0..60);
+}
+
 /// Runs the program in `SUCL_RP_PROGRAM` (a file a failure wrote) over `SUCL_BACKEND`
 /// (default shm).
 #[test]
@@ -892,12 +989,14 @@ fn replay() {
     let t = match std::env::var("SUCL_BACKEND").as_deref() {
         Ok("tcp") => Transport::Tcp,
         Ok("mpi") => Transport::Mpi,
+        _ if std::env::var("SUCL_RP_MEMORY").is_ok_and(|v| v == "device") => Transport::Staged,
         _ => Transport::Shm,
     };
     let name = match t {
         Transport::Shm => "random_programs_shm",
         Transport::Tcp => "random_programs_tcp",
         Transport::Mpi => "random_programs_mpi",
+        Transport::Staged => "random_programs_staged",
     };
     if let Err(why) = launch_once(name, t, p.ranks, &Work::Program(&path)) {
         panic!("program {} fails over {t:?}: {why}", path.display());
@@ -913,8 +1012,8 @@ fn generator_is_deterministic_and_covers_every_kind() {
     }
     let mut kinds = std::collections::BTreeSet::new();
     for seed in 0..300 {
-        let p = generate(seed, 2 + (seed % 3) as usize);
-        assert_eq!(p, generate(seed, p.ranks));
+        let p = generate(seed, 2 + (seed % 3) as usize, seed % 2 == 0);
+        assert_eq!(p, generate(seed, p.ranks, seed % 2 == 0));
         assert!(valid(&p), "seed {seed} breaks the one-writer rule of a batch");
         for s in &p.steps {
             let k = format!("{s:?}");
