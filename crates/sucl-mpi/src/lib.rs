@@ -26,7 +26,7 @@
 #[cfg(not(sucl_mpi_missing))]
 use std::ffi::c_longlong;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use sucl_core::backend::{Backend, CollDesc, CollOp, ReqId, VCollDesc, VCollOp};
@@ -46,7 +46,7 @@ mod missing {
     //! nothing below it is ever reached.
     #![allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
     use std::ffi::{c_char, c_int, c_longlong, c_void};
-    pub unsafe fn sucl_mpi_init() -> c_int {
+    pub unsafe fn sucl_mpi_init(_: *mut c_int) -> c_int {
         -1
     }
     pub unsafe fn sucl_mpi_finalize() -> c_int {
@@ -124,7 +124,7 @@ use missing::*;
 
 #[cfg(not(sucl_mpi_missing))]
 extern "C" {
-    fn sucl_mpi_init() -> c_int;
+    fn sucl_mpi_init(multiple: *mut c_int) -> c_int;
     fn sucl_mpi_finalize() -> c_int;
     fn sucl_mpi_world(rank: *mut c_int, size: *mut c_int);
     fn sucl_mpi_tag_ub() -> c_int;
@@ -201,12 +201,20 @@ fn abort_job(cause: &Error) -> ! {
 
 static INIT: OnceLock<std::result::Result<(usize, usize), String>> = OnceLock::new();
 
+/// Whether MPI runs at `MPI_THREAD_MULTIPLE` (what two communicators driven from two threads at
+/// once need), and how many backends (MPI communicators) are alive in this process.
+static THREAD_MULTIPLE: AtomicBool = AtomicBool::new(false);
+static LIVE_BACKENDS: AtomicUsize = AtomicUsize::new(0);
+
 /// Initializes MPI once per process; returns (world rank, world size) or why MPI is unusable.
 pub fn init() -> std::result::Result<(usize, usize), String> {
     INIT.get_or_init(|| {
         // SAFETY: the shim checks MPI_Initialized first; this runs once per process (OnceLock),
         // so MPI is never initialized twice.
-        let rc = unsafe { sucl_mpi_init() };
+        let mut multiple: c_int = 0;
+        // SAFETY: as above; `multiple` is a writable local.
+        let rc = unsafe { sucl_mpi_init(&mut multiple) };
+        THREAD_MULTIPLE.store(multiple != 0, Ordering::Release);
         if cfg!(sucl_mpi_missing) {
             return Err("sucl was built without an MPI library (mpicc was not found at build time)".to_string());
         }
@@ -349,9 +357,11 @@ pub struct MpiBackend {
     watch: Arc<Watch>,
 }
 
-// SAFETY: MPI is initialized with MPI_THREAD_SERIALIZED, which allows calls from any thread as
-// long as they are not concurrent; the backend owns its handles and every call takes `&mut self`
-// (or runs in Drop), so moving it to another thread keeps calls serialized.
+// SAFETY: MPI is initialized asking for MPI_THREAD_MULTIPLE. Calls on one backend are
+// serialized whatever MPI grants: the backend owns its handles and every call takes `&mut self`
+// (or runs in Drop), so moving it to another thread keeps them so. Calls of two backends from two
+// threads at once need MPI_THREAD_MULTIPLE; where MPI grants less, `MpiBackend::new` warns once a
+// second backend exists.
 unsafe impl Send for MpiBackend {}
 
 impl Drop for MpiBackend {
@@ -367,6 +377,7 @@ impl Drop for MpiBackend {
         // SAFETY: `comm` came from sucl_mpi_comm_create and is freed only here, once; no
         // request on it is live any more (each was completed or withdrawn above).
         unsafe { sucl_mpi_comm_free(self.comm) };
+        LIVE_BACKENDS.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -397,6 +408,14 @@ impl MpiBackend {
         }
         // SAFETY: MPI is initialized (init() above); the call only reads an attribute.
         let tag_ub = unsafe { sucl_mpi_tag_ub() } as u64;
+        let live = LIVE_BACKENDS.fetch_add(1, Ordering::AcqRel) + 1;
+        if live > 1 && !THREAD_MULTIPLE.load(Ordering::Acquire) {
+            tracing::warn!(
+                rank = wr,
+                "MPI did not grant MPI_THREAD_MULTIPLE: {live} MPI communicators are alive, and driving two of them \
+                 from two threads at once (two stream-triggered queues, say) is outside what MPI then allows"
+            );
+        }
         Ok(MpiBackend {
             comm,
             rank,

@@ -4,12 +4,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sucl_mpi_init(void) {
+/* MPI_THREAD_MULTIPLE: each sucl communicator has its own MPI communicator, and two of them may
+ * be driven from two threads at once (two stream queues, each with its progress thread).
+ * *multiple tells whether the library granted it (or, when the program initialized MPI itself,
+ * whether it asked for it). */
+int sucl_mpi_init(int *multiple) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
-    if (inited) return 0;
-    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    if (inited) {
+        MPI_Query_thread(&provided);
+        *multiple = provided >= MPI_THREAD_MULTIPLE;
+        return 0;
+    }
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return rc;
+    *multiple = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     return 0;
 }

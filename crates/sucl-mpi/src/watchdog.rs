@@ -10,10 +10,10 @@
 //! next call. Since the job ends while the call is still inside MPI, no buffer MPI may still
 //! write is ever handed back.
 //!
-//! Calling `MPI_Abort` from the watchdog while the caller is inside MPI is outside what
-//! `MPI_THREAD_SERIALIZED` promises; Open MPI and MPICH end the process there without touching
-//! the running call's state, which is what this relies on (requesting `MPI_THREAD_MULTIPLE`
-//! instead would put locks on every call of the job).
+//! MPI is initialized asking for `MPI_THREAD_MULTIPLE`, under which calling `MPI_Abort` from the
+//! watchdog while the caller is inside MPI is allowed. Where MPI grants less, it is outside what
+//! the standard promises; Open MPI and MPICH end the process there without touching the running
+//! call's state, which is what this then relies on.
 
 use crate::abort_job;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};

@@ -737,7 +737,9 @@ impl CommQueue {
     }
 
     /// Waits on the host (bounded) until the queue ran everything submitted to it and every
-    /// started operation completed; returns the first error among them.
+    /// started operation completed, its received data in the buffers (a stream queue first puts
+    /// a [`wait`](CommQueue::wait) on the stream for starts not waited for); returns the first
+    /// error among them.
     pub fn synchronize(&mut self) -> Result<()> {
         let t0 = Instant::now();
         let r = self.synchronize_inner();
@@ -753,7 +755,14 @@ impl CommQueue {
                 false
             }
             #[cfg(feature = "cuda")]
-            Path::Device(d) => d.synchronize()?,
+            Path::Device(d) => {
+                // Starts not waited for: the staged path uploads their received data at a wait,
+                // so put one on the stream first (nothing if the last start was waited).
+                if self.started > 0 {
+                    d.wait(self.started, self.timeout + SLACK)?;
+                }
+                d.synchronize()?
+            }
         };
         if settled {
             // Every started operation completed without an error of its own (the device path

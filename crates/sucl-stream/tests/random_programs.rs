@@ -673,6 +673,21 @@ fn launch_once(name: &str, t: Transport, ranks: usize, work: &Work) -> Result<()
         }
     }
     let limit = Duration::from_secs(60 + 10 * seeds_in(work) as u64);
+    // The harness picks a free port and lets it go before the ranks bind it; a launch running
+    // beside this one may take it meanwhile. That is the harness's race, not the program's:
+    // launch again on a new port.
+    for _ in 0..3 {
+        match launch_on(name, t, ranks, &env, limit) {
+            Err(why) if why.contains("Address already in use") && why.contains("rendezvous store") => continue,
+            r => return r,
+        }
+    }
+    launch_on(name, t, ranks, &env, limit)
+}
+
+/// One launch of `ranks` ranks of test `name` over `t` with `env`.
+fn launch_on(name: &str, t: Transport, ranks: usize, env: &[(&str, &str)], limit: Duration) -> Result<(), String> {
+    let env = env.to_vec();
     let outs = match t {
         Transport::Shm => launch_with(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "shm")]].concat(), limit),
         Transport::Tcp => launch_with(name, ranks, &[env.as_slice(), &[("SUCL_BACKEND", "tcp")]].concat(), limit),
@@ -1001,6 +1016,16 @@ fn replay() {
     if let Err(why) = launch_once(name, t, p.ranks, &Work::Program(&path)) {
         panic!("program {} fails over {t:?}: {why}", path.display());
     }
+}
+
+/// Prints the program of `SUCL_RP_DUMP=<seed>,<ranks>[,exact]` as JSON (a replayable file).
+#[test]
+#[ignore = "prints the program named by SUCL_RP_DUMP"]
+fn dump() {
+    let spec = std::env::var("SUCL_RP_DUMP").expect("SUCL_RP_DUMP=<seed>,<ranks>[,exact]");
+    let parts: Vec<&str> = spec.split(',').collect();
+    let p = generate(parts[0].parse().expect("seed"), parts[1].parse().expect("ranks"), parts.get(2) == Some(&"exact"));
+    println!("{}", serde_json::to_string_pretty(&p).expect("json"));
 }
 
 /// The generator itself: deterministic, every program balanced (each message enqueued by both
