@@ -55,6 +55,7 @@ gcc "${cc_flags[@]}" "$ex/c/collectives.c" -o "$work/collectives" $(pkg-config -
 gcc "${cc_flags[@]}" "$ex/c/bad_input.c" -o "$work/bad_input" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 tests=crates/sucl-capi/tests/c
 gcc "${cc_flags[@]}" "$tests/after_failure.c" -o "$work/after_failure" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
+gcc "${cc_flags[@]}" "$tests/threads.c" -o "$work/threads" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir" -lpthread
 # Device pointers (run on GPUs by scripts/capi-gpu-check.sh; here it must build and answer --help).
 gcc "${cc_flags[@]}" "$ex/c/device.c" -o "$work/device" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 # Static: libsucl.a and the system libraries pkg-config --static lists.
@@ -77,7 +78,7 @@ if [ "$declared" != "$exported" ]; then
 fi
 echo "libsucl.so exports the $(echo "$declared" | wc -l) functions sucl.h declares, nothing else"
 
-for bin in collectives bad_input bad_input_static device cpp/collectives_cpp after_failure; do
+for bin in collectives bad_input bad_input_static device cpp/collectives_cpp after_failure threads; do
   "$work/$bin" --help | grep -q "example:" || { echo "$bin --help says no example" >&2; exit 1; }
 done
 
@@ -120,4 +121,7 @@ timeout 120 "$work/bad_input_static"
 echo "== C: after a count mismatch, later calls return SUCL_ERR_UNUSABLE quoting it (shm; tcp checking)"
 timeout 120 "$sucl" run -n 2 -- "$work/after_failure"
 SUCL_BACKEND=tcp SUCL_CHECK_COLLECTIVES=1 timeout 120 "$sucl" run -n 3 -- "$work/after_failure"
+echo "== C: 4 threads on one communicator (collectives and non-blocking point-to-point), shm and tcp, 3 ranks"
+SUCL_BACKEND=shm timeout 300 "$sucl" run -n 3 -- "$work/threads"
+SUCL_BACKEND=tcp timeout 300 "$sucl" run -n 3 -- "$work/threads"
 echo "C API check passed"
