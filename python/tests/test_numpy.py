@@ -44,6 +44,14 @@ def test_after_a_mismatch_later_calls_raise_unusable(transport):
     assert "OK rank 0" in out and "OK rank 1" in out, out
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_requests_complete_while_other_threads_hold_the_gil(transport):
+    rc, out = sucl_run(3, "gil_requests.py", env={"SUCL_BACKEND": transport}, timeout=300)
+    assert rc == 0, out
+    for r in range(3):
+        assert f"OK rank {r}:" in out, out
+
+
 def test_a_killed_rank_raises_on_every_survivor():
     # The launcher ends the job when a rank dies (SIGTERM, then SIGKILL after --grace): the
     # survivors ignore SIGTERM, so what they print is sucl's doing, not the launcher's.
