@@ -4,7 +4,9 @@
 # static), the C++ example with CMake's find_package(sucl), and runs them: the collectives
 # examples on 3 ranks under `sucl run -n 3` (every result checked against a serial reference),
 # the C one also from a torchrun-style environment, with explicit rank/size/address, and under
-# Open MPI's mpirun when it is installed; the bad-input test in one process. Exits non-zero on
+# Open MPI's mpirun when it is installed; the bad-input test in one process; the tests of
+# crates/sucl-capi/tests/c (after a failed collective every later call says SUCL_ERR_UNUSABLE;
+# threads sharing one communicator) on 2 and 3 ranks. Exits non-zero on
 # any failure. Installs cmake and g++ (Debian packages) if missing.
 #
 #   scripts/capi-check.sh            # release build, as installed
@@ -51,6 +53,9 @@ cc_flags=(-std=c11 -Wall -Wextra -Werror)
 # Shared: pkg-config's flags, and an rpath to the prefix (not on the loader's path).
 gcc "${cc_flags[@]}" "$ex/c/collectives.c" -o "$work/collectives" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 gcc "${cc_flags[@]}" "$ex/c/bad_input.c" -o "$work/bad_input" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
+tests=crates/sucl-capi/tests/c
+gcc "${cc_flags[@]}" "$tests/after_failure.c" -o "$work/after_failure" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
+gcc "${cc_flags[@]}" "$tests/threads.c" -o "$work/threads" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir" -lpthread
 # Device pointers (run on GPUs by scripts/capi-gpu-check.sh; here it must build and answer --help).
 gcc "${cc_flags[@]}" "$ex/c/device.c" -o "$work/device" $(pkg-config --cflags --libs sucl) -Wl,-rpath,"$libdir"
 # Static: libsucl.a and the system libraries pkg-config --static lists.
@@ -73,7 +78,7 @@ if [ "$declared" != "$exported" ]; then
 fi
 echo "libsucl.so exports the $(echo "$declared" | wc -l) functions sucl.h declares, nothing else"
 
-for bin in collectives bad_input bad_input_static device cpp/collectives_cpp; do
+for bin in collectives bad_input bad_input_static device cpp/collectives_cpp after_failure threads; do
   "$work/$bin" --help | grep -q "example:" || { echo "$bin --help says no example" >&2; exit 1; }
 done
 
@@ -113,4 +118,10 @@ timeout 300 "$sucl" run -n 3 -- "$work/cpp/collectives_cpp"
 echo "== C: bad input (shared and static library)"
 timeout 120 "$work/bad_input"
 timeout 120 "$work/bad_input_static"
+echo "== C: after a count mismatch, later calls return SUCL_ERR_UNUSABLE quoting it (shm; tcp checking)"
+timeout 120 "$sucl" run -n 2 -- "$work/after_failure"
+SUCL_BACKEND=tcp SUCL_CHECK_COLLECTIVES=1 timeout 120 "$sucl" run -n 3 -- "$work/after_failure"
+echo "== C: 4 threads on one communicator (collectives and non-blocking point-to-point), shm and tcp, 3 ranks"
+SUCL_BACKEND=shm timeout 300 "$sucl" run -n 3 -- "$work/threads"
+SUCL_BACKEND=tcp timeout 300 "$sucl" run -n 3 -- "$work/threads"
 echo "C API check passed"

@@ -47,7 +47,12 @@ class TimeoutError(SuclError):
     """A bounded wait ran out (SUCL_TIMEOUT)."""
 
 class MismatchError(SuclError):
-    """Ranks called a collective with different arguments; the communicator is poisoned."""
+    """Ranks called a collective with different arguments; the communicator is now unusable
+    (later calls raise UnusableError)."""
+
+class UnusableError(SuclError):
+    """The communicator is unusable since an earlier call on it failed (the message names it
+    and quotes its error); nothing was done. Free it and create a new one."""
 
 class AbortedError(SuclError):
     """The communicator was aborted because some rank failed."""

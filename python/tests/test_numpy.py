@@ -35,6 +35,23 @@ def test_bad_input_raises_before_data_moves():
     assert "OK rank 0" in out and "OK rank 1" in out, out
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_after_a_mismatch_later_calls_raise_unusable(transport):
+    # tcp finds a count mismatch of an all_reduce only with the checking mode on.
+    env = {"SUCL_BACKEND": transport, "SUCL_CHECK_COLLECTIVES": "1" if transport == "tcp" else "0"}
+    rc, out = sucl_run(2, "after_failure.py", env=env)
+    assert rc == 0, out
+    assert "OK rank 0" in out and "OK rank 1" in out, out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_requests_complete_while_other_threads_hold_the_gil(transport):
+    rc, out = sucl_run(3, "gil_requests.py", env={"SUCL_BACKEND": transport}, timeout=300)
+    assert rc == 0, out
+    for r in range(3):
+        assert f"OK rank {r}:" in out, out
+
+
 def test_a_killed_rank_raises_on_every_survivor():
     # The launcher ends the job when a rank dies (SIGTERM, then SIGKILL after --grace): the
     # survivors ignore SIGTERM, so what they print is sucl's doing, not the launcher's.

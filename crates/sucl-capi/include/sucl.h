@@ -100,7 +100,8 @@ typedef uint64_t sucl_stream;
 #define SUCL_ERR_TIMEOUT 5
 
 /**
- * Ranks called a collective with different arguments; the communicator is poisoned.
+ * Ranks called a collective with different arguments; the communicator is now unusable (every
+ * later call on it returns `SUCL_ERR_UNUSABLE`).
  */
 #define SUCL_ERR_MISMATCH 6
 
@@ -133,6 +134,13 @@ typedef uint64_t sucl_stream;
  * A bug in sucl (a Rust panic, caught at the C boundary).
  */
 #define SUCL_ERR_INTERNAL 12
+
+/**
+ * The communicator is unusable since an earlier call on it failed (`SUCL_ERR_MISMATCH`); this
+ * call did nothing. `sucl_last_error()` names that call and quotes its error. Free the
+ * communicator (`sucl_comm_free`) and create a new one.
+ */
+#define SUCL_ERR_UNUSABLE 13
 
 /**
  * `uint8_t`.

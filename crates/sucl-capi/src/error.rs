@@ -35,6 +35,7 @@ impl Fail {
                 E::LostPeer { .. } => SUCL_ERR_LOST_PEER,
                 E::Timeout { .. } => SUCL_ERR_TIMEOUT,
                 E::Mismatch { .. } => SUCL_ERR_MISMATCH,
+                E::Unusable { .. } => SUCL_ERR_UNUSABLE,
                 E::BackendUnavailable { .. } => SUCL_ERR_BACKEND_UNAVAILABLE,
                 E::Config(_) => SUCL_ERR_CONFIG,
                 E::Protocol { .. } => SUCL_ERR_PROTOCOL,
@@ -123,6 +124,7 @@ pub extern "C" fn sucl_result_name(code: sucl_result) -> *const c_char {
         SUCL_ERR_ABORTED => c"SUCL_ERR_ABORTED",
         SUCL_ERR_IO => c"SUCL_ERR_IO",
         SUCL_ERR_INTERNAL => c"SUCL_ERR_INTERNAL",
+        SUCL_ERR_UNUSABLE => c"SUCL_ERR_UNUSABLE",
         _ => c"unknown",
     };
     s.as_ptr()

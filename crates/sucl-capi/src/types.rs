@@ -21,7 +21,8 @@ pub const SUCL_ERR_BUSY: sucl_result = 3;
 pub const SUCL_ERR_LOST_PEER: sucl_result = 4;
 /// A bounded wait ran out (`SUCL_TIMEOUT`).
 pub const SUCL_ERR_TIMEOUT: sucl_result = 5;
-/// Ranks called a collective with different arguments; the communicator is poisoned.
+/// Ranks called a collective with different arguments; the communicator is now unusable (every
+/// later call on it returns `SUCL_ERR_UNUSABLE`).
 pub const SUCL_ERR_MISMATCH: sucl_result = 6;
 /// No backend can serve this communicator or call.
 pub const SUCL_ERR_BACKEND_UNAVAILABLE: sucl_result = 7;
@@ -35,6 +36,10 @@ pub const SUCL_ERR_ABORTED: sucl_result = 10;
 pub const SUCL_ERR_IO: sucl_result = 11;
 /// A bug in sucl (a Rust panic, caught at the C boundary).
 pub const SUCL_ERR_INTERNAL: sucl_result = 12;
+/// The communicator is unusable since an earlier call on it failed (`SUCL_ERR_MISMATCH`); this
+/// call did nothing. `sucl_last_error()` names that call and quotes its error. Free the
+/// communicator (`sucl_comm_free`) and create a new one.
+pub const SUCL_ERR_UNUSABLE: sucl_result = 13;
 
 /// An element type.
 pub type sucl_dtype = i32;

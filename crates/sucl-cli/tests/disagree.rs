@@ -1,5 +1,6 @@
 //! Ranks that disagree on a collective's arguments, on real processes: with the checking mode
-//! every rank gets `Mismatch` and the communicator stays poisoned; without it, data left behind
+//! every rank gets `Mismatch` and the communicator stays poisoned (every later call returns
+//! `Unusable`, quoting the `Mismatch`); without it, data left behind
 //! by a disagreeing call never reaches a later one; a bad argument fails before anything is
 //! posted. The black-box client is the `sucl-disagree` helper binary.
 
@@ -25,13 +26,55 @@ fn assert_all_mismatch(n: usize, backend: &str, what: &str, args: &[&str]) {
     let ranks = run(n, backend, true, args);
     for (r, steps) in ranks.iter().enumerate() {
         assert_eq!(steps.len(), 2, "{backend} {args:?}: rank {r}: {steps:?}");
-        for s in steps {
-            assert!(
-                s.contains("ERR Mismatch") && s.contains(what),
-                "{backend} {args:?}: rank {r} should report the disagreement on {what}: {s}"
-            );
-        }
+        assert!(
+            steps[0].contains("ERR Mismatch") && steps[0].contains(what),
+            "{backend} {args:?}: rank {r} should report the disagreement on {what}: {steps:?}"
+        );
+        assert_unusable_since(&steps[1], "barrier", args[1], &steps[0]);
     }
+}
+
+/// The message of a `Mismatch` (or any error) in a STEP line: what follows the timing.
+fn message(step: &str) -> &str {
+    step.split_once(" ms): ").map_or("", |(_, m)| m)
+}
+
+/// `step` refused `op` as `Unusable` since `failed_op` failed, quoting `first`'s error message
+/// word for word, and says what to do.
+fn assert_unusable_since(step: &str, op: &str, failed_op: &str, first: &str) {
+    let quoted = format!("since its {failed_op} failed with \"{}\"", message(first));
+    assert!(
+        step.contains("ERR Unusable")
+            && step.contains(&format!(": {op} refused: this communicator is unusable "))
+            && step.contains(&quoted)
+            && step.ends_with("free it and create a new communicator"),
+        "{step}\nshould refuse {op} as unusable, quoting {quoted}"
+    );
+}
+
+/// After a count mismatch on an all_reduce, a broadcast that every rank calls alike, an
+/// all_reduce whose dtypes differ and a sendrecv are each refused as `Unusable`, quoting the
+/// first error (never a `Mismatch` of their own, never run).
+fn after_failure_later_calls_say_unusable(n: usize, backend: &str, check: bool) {
+    let ranks = run(n, backend, check, &["after-failure"]);
+    for (r, steps) in ranks.iter().enumerate() {
+        assert_eq!(steps.len(), 4, "{backend}: rank {r}: {steps:?}");
+        assert!(steps[0].starts_with("all_reduce ERR Mismatch") && steps[0].contains("count"), "{backend}: rank {r}: {steps:?}");
+        assert_unusable_since(&steps[1], "broadcast", "all_reduce", &steps[0]);
+        assert_unusable_since(&steps[2], "all_reduce", "all_reduce", &steps[0]);
+        assert!(!message(&steps[2]).contains("dtype"), "{backend}: rank {r}: the dtype mismatch must not be reported: {steps:?}");
+        assert_unusable_since(&steps[3], "sendrecv", "all_reduce", &steps[0]);
+    }
+}
+
+#[test]
+fn after_failure_later_calls_say_unusable_shm() {
+    after_failure_later_calls_say_unusable(2, "shm", false);
+}
+
+#[test]
+fn after_failure_later_calls_say_unusable_tcp_checking() {
+    after_failure_later_calls_say_unusable(3, "tcp", true);
 }
 
 #[test]
@@ -64,7 +107,13 @@ fn count_disagreement_without_checking_poisons_every_rank_tcp() {
         for (r, steps) in ranks.iter().enumerate() {
             assert_eq!(steps.len(), 2, "{op}: rank {r}: {steps:?}");
             assert!(steps.iter().any(|s| s.contains("ERR Mismatch")), "{op}: rank {r} never saw the Mismatch: {steps:?}");
-            assert!(steps[1].contains("ERR Mismatch"), "{op}: rank {r}: the communicator must stay poisoned: {steps:?}");
+            let first = steps.iter().find(|s| s.contains("ERR Mismatch")).expect("seen above");
+            if steps[0].contains("ERR Mismatch") {
+                assert_unusable_since(&steps[1], "barrier", op, first);
+            } else {
+                // This rank's gather or scatter returned; its barrier got the other's abort.
+                assert!(steps[1].starts_with("barrier-after ERR Mismatch"), "{op}: rank {r}: {steps:?}");
+            }
             assert!(!steps.iter().any(|s| s.contains("Aborted") || s.contains("Timeout")), "{op}: rank {r}: {steps:?}");
         }
     }
@@ -91,7 +140,7 @@ fn large_all_reduce_count_disagreement_on_two_ranks_tcp() {
     for (r, steps) in ranks.iter().enumerate() {
         assert_eq!(steps.len(), 2, "rank {r}: {steps:?}");
         assert!(steps[0].contains("ERR Mismatch") && steps[0].contains("count"), "rank {r}: {steps:?}");
-        assert!(steps[1].contains("ERR Mismatch"), "rank {r}: the communicator must stay poisoned: {steps:?}");
+        assert_unusable_since(&steps[1], "barrier", "all_reduce", &steps[0]);
     }
 }
 

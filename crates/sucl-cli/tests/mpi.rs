@@ -81,7 +81,8 @@ fn timed_out_mpi_receive_is_cancelled_and_the_failed_job_ends_without_waiting_in
 }
 
 /// With the checking mode, MPI ranks that disagree on the root of each rooted collective get
-/// Mismatch on every rank (MPI itself cannot tell), and the communicator stays poisoned.
+/// Mismatch on every rank (MPI itself cannot tell), and the communicator stays poisoned: the
+/// next call is refused as Unusable, quoting it.
 #[test]
 fn checking_mode_reports_root_disagreement_on_every_rank_mpi() {
     for op in ["broadcast", "reduce", "gather", "scatter"] {
@@ -98,9 +99,13 @@ fn checking_mode_reports_root_disagreement_on_every_rank_mpi() {
         assert!(out.stdout.contains("backend mpi checking true"), "{}", out.stdout);
         for (r, steps) in steps_by_rank(3, &out.stdout).iter().enumerate() {
             assert_eq!(steps.len(), 2, "{op}: rank {r}: {steps:?}");
-            for s in steps {
-                assert!(s.contains("ERR Mismatch") && s.contains("root (0 on ranks 0, 2; 1 on rank 1)"), "{op}: rank {r}: {s}");
-            }
+            let what = "root (0 on ranks 0, 2; 1 on rank 1)";
+            assert!(steps[0].contains("ERR Mismatch") && steps[0].contains(what), "{op}: rank {r}: {steps:?}");
+            let refusal = format!("barrier refused: this communicator is unusable since its {op} failed with ");
+            assert!(
+                steps[1].contains("ERR Unusable") && steps[1].contains(&refusal) && steps[1].contains(what),
+                "{op}: rank {r}: {steps:?}"
+            );
         }
     }
 }
@@ -236,7 +241,8 @@ fn compare_measures_mpi_beside_raw_mpi_and_checks_every_choice() {
 
 /// Without the checking mode, 2 ranks that disagree on a gather's or a reduce's count (rank 1
 /// sends 5 elements where the root expects 4): MPI tells the root its message was truncated,
-/// and the root gets Mismatch, not an MPI error, and stays poisoned. Rank 1 has returned Ok
+/// and the root gets Mismatch, not an MPI error, and stays poisoned (its barrier is refused as
+/// Unusable, quoting the Mismatch). Rank 1 has returned Ok
 /// (its send completed); it must not carry on silently: its next call returns the Mismatch (the
 /// root's abort reached it first) or, if it already waits inside MPI's barrier, which the
 /// poisoned root never joins, the job ends naming the disagreement. Never a Timeout. (Whether
@@ -262,7 +268,10 @@ fn count_disagreement_without_checking(op: &str) {
     let ranks = steps_by_rank(2, &out.stdout);
     let root = &ranks[0];
     assert!(
-        root.len() == 2 && root.iter().all(|s| s.contains("ERR Mismatch") && s.contains(&format!("the count of {op}"))),
+        root.len() == 2
+            && root[0].contains("ERR Mismatch")
+            && root[1].contains("ERR Unusable")
+            && root.iter().all(|s| s.contains(&format!("the count of {op}"))),
         "{op}: root: {root:?}\n{all}"
     );
     for (r, steps) in ranks.iter().enumerate().skip(1) {

@@ -556,3 +556,42 @@ pub(crate) mod tests {
         assert!(err.contains("reply to CANCEL_WAIT is 9"), "{err}");
     }
 }
+
+/// Entry point of the coverage-guided fuzz target `c10d_replies` (`fuzz/`) and of the tests
+/// that replay its corpus: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+    use std::net::{Shutdown, TcpListener};
+
+    /// Replies of a c10d TCPStore as the client reads them: a loopback server sends `bytes`
+    /// after the first, then closes; the client runs up to four requests (GET, ADD, CHECK,
+    /// DELETE_KEY, two bits each of the first byte) until one fails. A reply is checked before
+    /// use, and one cut short is an error, never a hang.
+    pub fn replies(bytes: &[u8]) {
+        let Some((&ops, replies)) = bytes.split_first() else { return };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let addr = listener.local_addr().expect("its address").to_string();
+        let replies = replies.to_vec();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("the client connects");
+            let _ = c.write_all(&replies);
+            let _ = c.shutdown(Shutdown::Write);
+            let _ = c.read_to_end(&mut Vec::new());
+        });
+        let client = C10dClient::connect(&addr, "fuzz/", 0, Duration::from_secs(5)).expect("connects");
+        for i in 0..4 {
+            let r = match (ops >> (2 * i)) & 3 {
+                0 => client.get("k").map(|v| assert!(v.len() as u64 <= MAX_VALUE_BYTES)),
+                1 => client.add("k", 1).map(drop),
+                2 => client.check(&["a", "b"]).map(drop),
+                _ => client.delete("k").map(drop),
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+        drop(client);
+        server.join().expect("the server thread ends");
+    }
+}

@@ -52,13 +52,31 @@ pub enum Error {
     /// returns it from the call itself, before any of the call's data moves; without it, where
     /// the backend can tell (at the latest at the next call on tcp when the disagreement left
     /// messages behind). The communicator is then poisoned, the same on every backend: every
-    /// later call on it returns `Mismatch` with the same `what`; a new communicator is needed.
+    /// later call on it returns [`Error::Unusable`] naming this error; a new communicator is
+    /// needed.
     #[error("rank {rank}: ranks disagree on {what}")]
     Mismatch {
         /// The rank that saw it.
         rank: usize,
         /// What differs, and between whom.
         what: String,
+    },
+    /// A call on a communicator that an earlier failure left unusable (a disagreement between
+    /// ranks: see [`Error::Mismatch`]). Nothing was sent or received: this call itself did
+    /// nothing wrong. The communicator stays unusable; free it and create a new one.
+    #[error(
+        "rank {rank}: {op} refused: this communicator is unusable since its {failed_op} failed with \"{first}\"; \
+         free it and create a new communicator"
+    )]
+    Unusable {
+        /// The rank that saw it.
+        rank: usize,
+        /// The operation refused now.
+        op: &'static str,
+        /// The operation whose failure made the communicator unusable.
+        failed_op: &'static str,
+        /// That failure's message, as it was reported then (shared by every refusal).
+        first: Arc<str>,
     },
     /// A backend cannot serve this communicator or call.
     #[error("rank {rank}: backend {backend} cannot serve: {why}")]
@@ -113,6 +131,7 @@ impl Clone for Error {
             Error::LostPeer { rank, peer, during } => Error::LostPeer { rank: *rank, peer: *peer, during: during.clone() },
             Error::Timeout { rank, op, after } => Error::Timeout { rank: *rank, op: op.clone(), after: *after },
             Error::Mismatch { rank, what } => Error::Mismatch { rank: *rank, what: what.clone() },
+            Error::Unusable { rank, op, failed_op, first } => Error::Unusable { rank: *rank, op, failed_op, first: first.clone() },
             Error::BackendUnavailable { rank, backend, why } => {
                 Error::BackendUnavailable { rank: *rank, backend: backend.clone(), why: why.clone() }
             }
@@ -143,6 +162,9 @@ impl std::fmt::Debug for Error {
                 f.debug_struct("Timeout").field("rank", rank).field("op", op).field("after", after).finish()
             }
             Error::Mismatch { rank, what } => f.debug_struct("Mismatch").field("rank", rank).field("what", what).finish(),
+            Error::Unusable { rank, op, failed_op, first } => {
+                f.debug_struct("Unusable").field("rank", rank).field("op", op).field("failed_op", failed_op).field("first", first).finish()
+            }
             Error::BackendUnavailable { rank, backend, why } => {
                 f.debug_struct("BackendUnavailable").field("rank", rank).field("backend", backend).field("why", why).finish()
             }

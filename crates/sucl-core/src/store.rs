@@ -754,6 +754,59 @@ impl Drop for StoreClient {
     }
 }
 
+/// Entry point of the coverage-guided fuzz target `store_frames` (`fuzz/`) and of the tests
+/// that replay its corpus: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+    use std::io::Cursor;
+
+    /// Reads `bytes` as the store's peers would send them: a handshake frame as the server reads
+    /// it before authentication, then frames as the server reads requests and as a client reads
+    /// replies, until the bytes run out or one is refused. Panics when a decoder accepts what
+    /// breaks its bounds (lengths, keys, ranks, waits, reasons).
+    pub fn frames(bytes: &[u8]) {
+        let mut r = Cursor::new(bytes);
+        if let Ok((hdr, payload)) = read_frame(&mut r, MAX_HANDSHAKE_FRAME) {
+            assert!(payload.len() as u64 <= MAX_HANDSHAKE_FRAME);
+            if let Ok(h) = decode_hello(&hdr, &payload) {
+                assert!(h.rank as u64 <= MAX_RANK);
+            }
+        }
+        let mut r = Cursor::new(bytes);
+        while let Ok((hdr, payload)) = read_frame(&mut r, MAX_STORE_VALUE + MAX_KEY_LEN as u64) {
+            assert_eq!(payload.len() as u64, hdr.len);
+            if let Ok(req) = decode_request(&hdr, &payload) {
+                check_request(&req, &payload);
+            }
+            if let Ok(Event::Abort(info)) = decode_event(&hdr, payload) {
+                check_abort(&info);
+            }
+        }
+    }
+
+    /// What a request the server accepted may hold.
+    pub(super) fn check_request(req: &Request<'_>, payload: &[u8]) {
+        match req {
+            Request::Set { key, value } => {
+                assert!(key.len() <= MAX_KEY_LEN);
+                assert_eq!(key.len() + value.len(), payload.len());
+            }
+            Request::Get { key, wait } => assert!(key.len() <= MAX_KEY_LEN && *wait <= MAX_GET_WAIT),
+            Request::Add { key, .. } => assert!(key.len() <= MAX_KEY_LEN),
+            Request::Bye => {}
+            Request::Abort(info) => check_abort(info),
+        }
+    }
+
+    fn check_abort(info: &AbortInfo) {
+        if let Some(r) = info.lost_rank {
+            assert!(r as u64 <= MAX_RANK);
+        }
+        assert!(info.reason.chars().count() <= MAX_REASON_LEN);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -916,23 +969,7 @@ mod tests {
         assert!(info.reason.contains("malformed store request") && info.reason.contains("key length 1000"), "{}", info.reason);
     }
 
-    fn check_request(req: &Request<'_>, payload: &[u8]) {
-        match req {
-            Request::Set { key, value } => {
-                assert!(key.len() <= MAX_KEY_LEN);
-                assert_eq!(key.len() + value.len(), payload.len());
-            }
-            Request::Get { key, wait } => assert!(key.len() <= MAX_KEY_LEN && *wait <= MAX_GET_WAIT),
-            Request::Add { key, .. } => assert!(key.len() <= MAX_KEY_LEN),
-            Request::Bye => {}
-            Request::Abort(info) => {
-                if let Some(r) = info.lost_rank {
-                    assert!(r as u64 <= MAX_RANK);
-                }
-                assert!(info.reason.chars().count() <= MAX_REASON_LEN);
-            }
-        }
-    }
+    use super::fuzz::check_request;
 
     fn store_kind() -> impl Strategy<Value = Kind> {
         prop::sample::select(vec![

@@ -387,3 +387,20 @@ impl Scenario {
 fn lookup(names: &BTreeMap<String, BufferId>, n: &str, what: &str) -> Result<BufferId, GraphError> {
     names.get(n).copied().ok_or_else(|| bad(format!("{what}: unknown buffer '{n}'")))
 }
+
+/// Entry point of the coverage-guided fuzz target `scenario_toml` (`fuzz/`) and of the tests
+/// that replay its corpus: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+
+    /// The first byte picks 1 to 3 ranks; the rest (if UTF-8) is parsed as a scenario and
+    /// simulated on them: a scenario or a clear error, never a panic.
+    pub fn scenario_toml(bytes: &[u8]) {
+        let Some((&ranks, text)) = bytes.split_first() else { return };
+        let Ok(text) = std::str::from_utf8(text) else { return };
+        if let Ok(s) = Scenario::parse(text) {
+            let _ = s.simulate(1 + ranks as usize % 3);
+        }
+    }
+}

@@ -14,6 +14,8 @@ pub mod shm;
 mod shm_sync;
 pub mod tcp;
 mod tcp_auth;
+#[doc(hidden)]
+pub use tcp_auth::fuzz as tcp_auth_fuzz;
 mod tcp_pair;
 
 use std::time::Duration;

@@ -37,7 +37,7 @@ fn words(ends: Ends, connector: usize) -> [u8; 24] {
     w
 }
 
-fn send(s: &mut TcpStream, kind: Kind, meta: [u64; 2], payload: &[&[u8]]) -> io::Result<()> {
+fn send(s: &mut impl Write, kind: Kind, meta: [u64; 2], payload: &[&[u8]]) -> io::Result<()> {
     let len: usize = payload.iter().map(|p| p.len()).sum();
     let mut buf = Header { kind, tag: 0, len: len as u64, meta }.encode().to_vec();
     for p in payload {
@@ -47,7 +47,7 @@ fn send(s: &mut TcpStream, kind: Kind, meta: [u64; 2], payload: &[&[u8]]) -> io:
 }
 
 /// Reads one frame of `kind` whose payload is exactly `len` bytes (checked before reading it).
-fn expect(s: &mut TcpStream, kind: Kind, len: usize) -> Result<(Header, Vec<u8>), String> {
+fn expect(s: &mut impl Read, kind: Kind, len: usize) -> Result<(Header, Vec<u8>), String> {
     let failed = |what: &str, e: io::Error| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!("no {kind:?} {what} in time"),
         io::ErrorKind::UnexpectedEof => format!("the connection closed before a {kind:?} {what}"),
@@ -76,6 +76,19 @@ pub(crate) fn accept(
 ) -> Result<usize, String> {
     s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(wait)).map_err(|e| e.to_string())?;
+    let peer = accept_on(s, ends, peers, secret)?;
+    s.set_read_timeout(None).map_err(|e| e.to_string())?;
+    s.set_write_timeout(None).map_err(|e| e.to_string())?;
+    Ok(peer)
+}
+
+/// [`accept`]'s exchange on a stream whose reads and writes are bounded already.
+pub(crate) fn accept_on(
+    s: &mut (impl Read + Write),
+    ends: Ends,
+    peers: std::ops::Range<usize>,
+    secret: &JobSecret,
+) -> Result<usize, String> {
     let challenge = random_nonce().map_err(|e| format!("no randomness: {e}"))?;
     let meta = [ends.acceptor as u64, ends.ctx];
     send(s, Kind::MeshChallenge, meta, &[&challenge]).map_err(|e| format!("sending the challenge: {e}"))?;
@@ -92,8 +105,6 @@ pub(crate) fn accept(
     }
     let welcome = secret.proof(WELCOME_LABEL, &[nonce, &challenge, &w]);
     send(s, Kind::MeshWelcome, meta, &[&welcome]).map_err(|e| format!("sending the welcome: {e}"))?;
-    s.set_read_timeout(None).map_err(|e| e.to_string())?;
-    s.set_write_timeout(None).map_err(|e| e.to_string())?;
     Ok(peer)
 }
 
@@ -102,6 +113,14 @@ pub(crate) fn accept(
 pub(crate) fn connect(s: &mut TcpStream, ends: Ends, me: usize, secret: &JobSecret, wait: Duration) -> Result<(), String> {
     s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(wait)).map_err(|e| e.to_string())?;
+    connect_on(s, ends, me, secret)?;
+    s.set_read_timeout(None).map_err(|e| e.to_string())?;
+    s.set_write_timeout(None).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// [`connect`]'s exchange on a stream whose reads and writes are bounded already.
+pub(crate) fn connect_on(s: &mut (impl Read + Write), ends: Ends, me: usize, secret: &JobSecret) -> Result<(), String> {
     let (hdr, challenge) = expect(s, Kind::MeshChallenge, NONCE_BYTES)?;
     let meta = [ends.acceptor as u64, ends.ctx];
     if hdr.meta != meta {
@@ -116,7 +135,47 @@ pub(crate) fn connect(s: &mut TcpStream, ends: Ends, me: usize, secret: &JobSecr
     if hdr.meta != meta || !secret.check_proof(WELCOME_LABEL, &[&nonce, &challenge, &w], &welcome) {
         return Err("the listener does not know the job secret (another job on this port?)".into());
     }
-    s.set_read_timeout(None).map_err(|e| e.to_string())?;
-    s.set_write_timeout(None).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Entry point of the coverage-guided fuzz target `mesh_handshake` (`fuzz/`) and of the tests
+/// that replay its corpus: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+
+    /// A stream whose reads come from the fuzzer's bytes and whose writes are kept.
+    struct Scripted<'a> {
+        input: &'a [u8],
+        written: Vec<u8>,
+    }
+
+    impl Read for Scripted<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl Write for Scripted<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Plays one side of the handshake against `bytes` (the other side's frames): the first
+    /// byte picks the side (even: the rank that accepts, odd: the one that connects). Bytes
+    /// without the job secret's proofs must be refused; the written frames stay bounded.
+    pub fn mesh_handshake(bytes: &[u8]) {
+        let Some((&side, rest)) = bytes.split_first() else { return };
+        let secret = JobSecret::given("sucl-fuzz");
+        let ends = Ends { ctx: 0x5eed, acceptor: 1 };
+        let mut s = Scripted { input: rest, written: Vec::new() };
+        let r = if side % 2 == 0 { accept_on(&mut s, ends, 2..8, &secret).map(|_| ()) } else { connect_on(&mut s, ends, 3, &secret) };
+        assert!(r.is_err(), "a handshake without the secret's proofs passed");
+        assert!(s.written.len() <= 2 * (HEADER_LEN + NONCE_BYTES + PROOF_LEN));
+    }
 }

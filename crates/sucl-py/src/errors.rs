@@ -9,7 +9,18 @@ create_exception!(sucl, SuclError, PyRuntimeError, "Base class of every error su
 create_exception!(sucl, InvalidArgumentError, SuclError, "An argument was invalid; no data moved.");
 create_exception!(sucl, LostPeerError, SuclError, "A peer process died or closed its connections.");
 create_exception!(sucl, TimeoutError, SuclError, "A bounded wait ran out (SUCL_TIMEOUT).");
-create_exception!(sucl, MismatchError, SuclError, "Ranks called a collective with different arguments; the communicator is poisoned.");
+create_exception!(
+    sucl,
+    MismatchError,
+    SuclError,
+    "Ranks called a collective with different arguments; the communicator is now unusable (later calls raise UnusableError)."
+);
+create_exception!(
+    sucl,
+    UnusableError,
+    SuclError,
+    "The communicator is unusable since an earlier call on it failed (the message names it and quotes its error); nothing was done. Free it and create a new one."
+);
 create_exception!(sucl, AbortedError, SuclError, "The communicator was aborted because some rank failed.");
 create_exception!(sucl, BackendUnavailableError, SuclError, "A backend cannot serve this communicator or call.");
 create_exception!(sucl, ConfigError, SuclError, "A configuration or launch-environment problem.");
@@ -24,6 +35,7 @@ pub fn to_py(e: sucl::Error) -> PyErr {
         sucl::Error::LostPeer { .. } => LostPeerError::new_err(msg),
         sucl::Error::Timeout { .. } => TimeoutError::new_err(msg),
         sucl::Error::Mismatch { .. } => MismatchError::new_err(msg),
+        sucl::Error::Unusable { .. } => UnusableError::new_err(msg),
         sucl::Error::Aborted { .. } => AbortedError::new_err(msg),
         sucl::Error::BackendUnavailable { .. } => BackendUnavailableError::new_err(msg),
         sucl::Error::Config(_) => ConfigError::new_err(msg),
@@ -45,6 +57,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LostPeerError", py.get_type::<LostPeerError>())?;
     m.add("TimeoutError", py.get_type::<TimeoutError>())?;
     m.add("MismatchError", py.get_type::<MismatchError>())?;
+    m.add("UnusableError", py.get_type::<UnusableError>())?;
     m.add("AbortedError", py.get_type::<AbortedError>())?;
     m.add("BackendUnavailableError", py.get_type::<BackendUnavailableError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;

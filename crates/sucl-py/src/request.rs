@@ -122,6 +122,12 @@ impl Request {
     }
 
     /// One slice of waiting (without the GIL); `Some` once complete.
+    ///
+    /// The finished state is dropped after the state lock is released: a send's or receive's
+    /// buffer is a Python object, and releasing it takes the GIL. Taking the GIL while holding
+    /// the lock would deadlock with a thread that holds the GIL and waits for the lock (another
+    /// `wait()` or `test()` on the same request), and with it the worker thread, which takes
+    /// the GIL to release its calls' buffers.
     fn step(&self, slice: std::time::Duration) -> Option<sucl::Result<usize>> {
         let mut st = lock(&self.state);
         let r = match &mut *st {
@@ -130,7 +136,9 @@ impl Request {
             State::P2p(p) => p.progress(slice)?,
             State::Stream(r) => r.test().transpose()?,
         };
-        *st = State::Done(r.clone());
+        let finished = std::mem::replace(&mut *st, State::Done(r.clone()));
+        drop(st);
+        drop(finished);
         Some(r)
     }
 

@@ -1378,6 +1378,44 @@ pub fn write_frame(w: &mut impl Write, buf: &mut Vec<u8>, frame: &Frame) -> io::
     w.write_all(buf)
 }
 
+/// Entry points of the coverage-guided fuzz targets `remote_frame` and `remote_peer_frame`
+/// (`fuzz/`) and of the tests that replay their corpora: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+
+    /// Frames between a client and its daemon: `bytes` as one frame body, then as a stream of
+    /// length-prefixed frames under the handshake's and the session's limits. A frame that
+    /// decodes must encode to bytes that decode to the same encoding, and the reader's room
+    /// stays bounded by the limit.
+    pub fn frame(bytes: &[u8]) {
+        if let Ok(frame) = decode(bytes) {
+            let once = frame.encode();
+            let again = decode(&once[4..]).expect("an encoded frame decodes");
+            assert_eq!(again.encode(), once, "{frame:?} does not survive encode and decode");
+        }
+        for limit in [HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME] {
+            let mut r = bytes;
+            let mut buf = Vec::new();
+            while read_frame(&mut r, &mut buf, limit).is_ok() {}
+            assert!(buf.capacity() <= 2 * (limit as usize).max(FIRST_ROOM), "room {} for frames of at most {limit}", buf.capacity());
+        }
+    }
+
+    /// Frames between two daemons ([`read_peer_frame`]): a data piece's fields must agree with
+    /// the frame's length; its bytes are skipped as the daemon reads them.
+    pub fn peer_frame(bytes: &[u8]) {
+        let mut r = bytes;
+        let mut buf = Vec::new();
+        while let Ok(got) = read_peer_frame(&mut r, &mut buf, MIN_MAX_FRAME) {
+            if let PeerRead::Data(head) = got {
+                assert!(head.len + PEER_DATA_OVERHEAD <= MIN_MAX_FRAME as usize, "{head:?}");
+                r = &r[head.len.min(r.len())..];
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,9 @@
 //!
 //! **After a disagreement** the communicator is *poisoned*: the call that found it returns
 //! [`Error::Mismatch`], and every later call on the communicator (collective or point-to-point)
-//! returns a `Mismatch` with the same description, on every backend. Without checking mode a
+//! returns [`Error::Unusable`], on every backend, without running: it names the refused call and
+//! the one that failed, quotes the `Mismatch` and says what to do (free the communicator, make
+//! a new one). A later call is never reported as if it had disagreed itself. Without checking mode a
 //! backend may find the disagreement only in the middle of a transfer (tcp: a frame whose
 //! descriptor differs from the receiver's); it then also aborts the job, because the
 //! connections may still hold the disagreeing call's data — ranks that were waiting, or that had
@@ -117,12 +119,20 @@ fn rank_list(rs: &[usize]) -> String {
     format!("{} {}", if rs.len() == 1 { "rank" } else { "ranks" }, list.join(", "))
 }
 
+/// What poisoned a communicator: the operation that failed on this rank and its error's text.
+#[derive(Debug)]
+pub(crate) struct Poisoned {
+    failed_op: &'static str,
+    first: std::sync::Arc<str>,
+}
+
 impl Communicator {
     /// Before a collective: fails if the communicator is poisoned, numbers the call and, in
     /// checking mode, compares its descriptor with every other rank's. Inlined into every call:
     /// the usual case (not poisoned, not checking) only counts.
     #[inline]
     pub(crate) fn enter_collective(&self, d: &CollDesc) -> Result<()> {
+        self.current_op.set(d.op.name());
         if self.checking || self.poisoned.get().is_some() {
             return self.enter_collective_checked(d);
         }
@@ -133,7 +143,7 @@ impl Communicator {
     /// [`Communicator::enter_collective`] when poisoned or in checking mode.
     #[inline(never)]
     fn enter_collective_checked(&self, d: &CollDesc) -> Result<()> {
-        self.check_poisoned()?;
+        self.check_poisoned(d.op.name())?;
         let seq = self.coll_seq.get() + 1;
         self.coll_seq.set(seq);
         if self.checking {
@@ -160,7 +170,9 @@ impl Communicator {
         r.map_err(|e| self.poison(e))
     }
 
-    /// Records `e` if it reports a disagreement (see the module documentation).
+    /// Records `e` if it reports a disagreement (see the module documentation), naming the
+    /// operation running now; returns it as the `Mismatch` it is. A communicator poisoned
+    /// already returns [`Error::Unusable`] instead (a second disagreement is not news).
     #[cold]
     pub(crate) fn poison(&self, e: Error) -> Error {
         let what = match &e {
@@ -171,17 +183,29 @@ impl Communicator {
             },
             _ => return e,
         };
-        let what = self.poisoned.get_or_init(|| what).clone();
-        Error::Mismatch { rank: self.wr(), what }
+        if let Err(unusable) = self.check_poisoned(self.current_op.get()) {
+            return unusable;
+        }
+        let mismatch = Error::Mismatch { rank: self.wr(), what };
+        let first = Poisoned { failed_op: self.current_op.get(), first: mismatch.to_string().into() };
+        // Set just above unless poisoned in between, which a `&self` call on one thread cannot be.
+        let _ = self.poisoned.set(first);
+        mismatch
     }
 
-    /// The Mismatch an earlier call found, if any: every later call returns it.
+    /// Fails with [`Error::Unusable`] (refusing operation `op`) if an earlier call poisoned the
+    /// communicator.
     #[inline]
-    pub(crate) fn check_poisoned(&self) -> Result<()> {
+    pub(crate) fn check_poisoned(&self, op: &'static str) -> Result<()> {
         match self.poisoned.get() {
-            Some(what) => Err(Error::Mismatch { rank: self.wr(), what: what.clone() }),
+            Some(p) => Err(self.unusable(op, p)),
             None => Ok(()),
         }
+    }
+
+    #[cold]
+    fn unusable(&self, op: &'static str, p: &Poisoned) -> Error {
+        Error::Unusable { rank: self.wr(), op, failed_op: p.failed_op, first: p.first.clone() }
     }
 
     /// Whether ranks compare each collective's descriptor before running it (rank 0's setting).

@@ -784,6 +784,23 @@ pub fn agree_settings(cfg: &mut Config, store: &StoreClient, rank: usize) -> Res
     Ok(())
 }
 
+/// Entry point of the coverage-guided fuzz target `config_toml` (`fuzz/`) and of the tests
+/// that replay its corpus: not part of the API.
+#[doc(hidden)]
+pub mod fuzz {
+    use super::*;
+
+    /// `bytes` (if UTF-8) as a config file over the defaults, then validated: a config or a
+    /// clear error, never a panic.
+    pub fn config_toml(bytes: &[u8]) {
+        let Ok(text) = std::str::from_utf8(bytes) else { return };
+        let mut c = Config::default();
+        if c.apply_file("fuzz.toml", text).is_ok() {
+            let _ = c.validate();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

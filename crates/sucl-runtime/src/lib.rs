@@ -160,8 +160,9 @@ pub struct Status {
 /// it at their next call or, if they wait inside MPI already, ending the job, which the mpi
 /// backend does whenever a collective cannot return in time: see `sucl_mpi`).
 /// After a disagreement on a collective the communicator is poisoned, on every backend: every
-/// later call on it returns a `Mismatch` with the same description (details and the checking
-/// mode's cost: the `agree` module's documentation, `crates/sucl-runtime/src/agree.rs`).
+/// later call on it returns [`Error::Unusable`], which quotes the `Mismatch` and names the
+/// operation that got it (details and the checking mode's cost: the `agree` module's
+/// documentation, `crates/sucl-runtime/src/agree.rs`).
 pub struct Communicator {
     rank: usize,
     size: usize,
@@ -186,7 +187,9 @@ pub struct Communicator {
     /// rank): read on every call, so kept here rather than behind `ctx`.
     checking: bool,
     /// The disagreement that poisoned this communicator, if any (see [`agree`]); set once.
-    poisoned: std::cell::OnceCell<String>,
+    poisoned: std::cell::OnceCell<agree::Poisoned>,
+    /// The operation running now (or last), named by a poisoning it causes.
+    current_op: Cell<&'static str>,
 }
 
 /// Bootstraps the world communicator from the launch environment (see [`sucl_core::bootstrap`])
@@ -539,6 +542,7 @@ impl Communicator {
             coll_seq: Cell::new(0),
             checking,
             poisoned: std::cell::OnceCell::new(),
+            current_op: Cell::new(""),
         }
     }
 
@@ -675,17 +679,21 @@ impl Communicator {
         std::cell::RefMut::map(self.backends.borrow_mut(), |v| &mut v[i])
     }
 
-    pub(crate) fn validate_p2p(&self, peer: usize, tag: u32) -> Result<()> {
+    /// Checks the peer and tag of point-to-point operation `op` ("send", "irecv", ...) and that
+    /// the communicator is usable.
+    pub(crate) fn validate_p2p(&self, op: &'static str, peer: usize, tag: u32) -> Result<()> {
         self.check_rank("peer", peer)?;
         self.check_tag(tag)?;
-        self.check_poisoned()
+        self.check_poisoned(op)?;
+        self.current_op.set(op);
+        Ok(())
     }
 
     /// Blocking send of `buf` (host or device memory) to `dest` with `tag`. Device buffers go
     /// over NCCL, which carries no tags (messages between two ranks match in call order and the
     /// receive must have the sent length), or staged through host memory.
     pub fn send<B: Buf + ?Sized>(&self, buf: &B, dest: usize, tag: u32) -> Result<()> {
-        self.validate_p2p(dest, tag)?;
+        self.validate_p2p("send", dest, tag)?;
         // One arm without the `cuda` feature.
         #[allow(clippy::infallible_destructuring_match)]
         let bytes = match buf.mem() {
@@ -704,7 +712,7 @@ impl Communicator {
     /// Blocking receive from `src` with `tag` into `buf` (messages from one source with one tag
     /// arrive in order). A message longer than `buf` is an error.
     pub fn recv<B: BufMut + ?Sized>(&self, buf: &mut B, src: usize, tag: u32) -> Result<Status> {
-        self.validate_p2p(src, tag)?;
+        self.validate_p2p("recv", src, tag)?;
         let es = std::mem::size_of::<B::Elem>();
         let n = match buf.mem_mut() {
             MemMut::Host(bytes) => {
@@ -737,8 +745,8 @@ impl Communicator {
         tag: u32,
     ) -> Result<Status> {
         // Both halves first: a bad destination must not leave a posted receive waiting.
-        self.validate_p2p(dest, tag)?;
-        self.validate_p2p(src, tag)?;
+        self.validate_p2p("sendrecv", dest, tag)?;
+        self.validate_p2p("sendrecv", src, tag)?;
         let es = std::mem::size_of::<S::Elem>();
         match (sbuf.mem(), rbuf.mem_mut()) {
             (Mem::Host(s), MemMut::Host(r)) => {

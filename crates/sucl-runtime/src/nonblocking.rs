@@ -76,7 +76,7 @@ impl<'scope> Request<'scope> {
 impl<'scope, 'env> Scope<'scope, 'env> {
     /// Posts a send of `buf` to `dest` with `tag`.
     pub fn isend<T: Element>(&'scope self, buf: &'scope [T], dest: usize, tag: u32) -> Result<Request<'scope>> {
-        self.comm.validate_p2p(dest, tag)?;
+        self.comm.validate_p2p("isend", dest, tag)?;
         let bytes: &[u8] = bytemuck::cast_slice(buf);
         let backend = self.comm.p2p_slot();
         // SAFETY: the backend may read `bytes` until the request completes or is cancelled.
@@ -89,7 +89,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// Posts a receive into `buf` from `src` with `tag`.
     pub fn irecv<T: Element>(&'scope self, buf: &'scope mut [T], src: usize, tag: u32) -> Result<Request<'scope>> {
-        self.comm.validate_p2p(src, tag)?;
+        self.comm.validate_p2p("irecv", src, tag)?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
         let backend = self.comm.p2p_slot();
         // SAFETY: the backend may write `bytes` until the request completes or is cancelled.

@@ -23,7 +23,7 @@ impl Communicator {
     /// The `len` bytes at `ptr` must stay valid and unmodified until the request completed or
     /// was cancelled, and the request must be completed or cancelled on this communicator.
     pub unsafe fn post_send_unscoped(&self, ptr: *const u8, len: usize, dest: usize, tag: u32) -> Result<UnscopedRequest> {
-        self.validate_p2p(dest, tag)?;
+        self.validate_p2p("isend", dest, tag)?;
         let backend = self.p2p_index();
         // SAFETY: forwarded to the caller's promise above.
         let id = unsafe { self.backends.borrow_mut()[backend].post_send(dest, tag as u64, ptr, len)? };
@@ -36,7 +36,7 @@ impl Communicator {
     /// The `cap` bytes at `ptr` must stay valid and otherwise untouched until the request
     /// completed or was cancelled, and the request must be completed or cancelled here.
     pub unsafe fn post_recv_unscoped(&self, ptr: *mut u8, cap: usize, src: usize, tag: u32) -> Result<UnscopedRequest> {
-        self.validate_p2p(src, tag)?;
+        self.validate_p2p("irecv", src, tag)?;
         let backend = self.p2p_index();
         // SAFETY: forwarded to the caller's promise above.
         let id = unsafe { self.backends.borrow_mut()[backend].post_recv(src, tag as u64, ptr, cap)? };

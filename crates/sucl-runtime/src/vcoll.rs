@@ -74,6 +74,18 @@ enum VOp {
     AllToAllv = 4,
 }
 
+impl VOp {
+    /// The call's name, as users write it.
+    fn name(self) -> &'static str {
+        match self {
+            VOp::Gatherv => "gatherv",
+            VOp::AllGatherv => "all_gatherv",
+            VOp::Scatterv => "scatterv",
+            VOp::AllToAllv => "all_to_allv",
+        }
+    }
+}
+
 /// A hash of the counts table, word by word (FNV-1a's constants, each word folded in whole and
 /// its high bits mixed down): equal tables give equal hashes on every rank and platform.
 fn table_hash(counts: &[usize]) -> u64 {
@@ -272,9 +284,10 @@ impl Communicator {
     /// the path, ranks whose arguments are invalid or whose tables differ get the same errors,
     /// and nothing is delivered before every rank's fingerprint was compared.
     fn agree(&self, op: VOp, mine: [u64; VFP_WORDS], local: Result<()>, data: Data<'_, '_>) -> Result<Option<u64>> {
-        self.check_poisoned()?;
+        self.check_poisoned(op.name())?;
         let d = Self::desc::<u64>(CollOp::AllGather, VFP_WORDS, ReduceOp::Sum, 0);
         self.enter_collective(&d)?;
+        self.current_op.set(op.name());
         // Every rank's fingerprint: on the stack for communicators of up to 16 ranks.
         let (mut stack, mut heap) = ([0u64; VFP_WORDS * 16], Vec::new());
         let all: &mut [u64] = if self.size <= 16 {

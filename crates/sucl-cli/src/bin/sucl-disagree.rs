@@ -11,6 +11,9 @@
 //! - `count-large all_reduce`: a 2-rank-tcp-pair-sized all_reduce (100 000 f32) with one more
 //!   element on odd ranks, then a barrier.
 //! - `sendrecv-bad-peer`: sendrecv to rank `size` while receiving from itself, then a barrier.
+//! - `after-failure`: an all_reduce with `4 + rank % 2` elements, then a broadcast that every
+//!   rank calls alike, then an all_reduce of f64 on odd ranks and f32 on even ones, then a
+//!   send and receive around a ring.
 
 use std::time::Instant;
 use sucl::{Communicator, Error, ReduceOp};
@@ -21,6 +24,7 @@ fn kind(e: &Error) -> &'static str {
         Error::LostPeer { .. } => "LostPeer",
         Error::Timeout { .. } => "Timeout",
         Error::Mismatch { .. } => "Mismatch",
+        Error::Unusable { .. } => "Unusable",
         Error::BackendUnavailable { .. } => "BackendUnavailable",
         Error::Config(_) => "Config",
         Error::Protocol { .. } => "Protocol",
@@ -95,6 +99,15 @@ fn main() {
                 Ok(got.iter().any(|&x| x != 200.0).then(|| format!("received {got:?}, root 0 sent 200.0")))
             });
         }
+        Some("after-failure") => {
+            step(r, "all_reduce", || comm.all_reduce_in_place(&mut vec![1.0f32; 4 + r % 2], ReduceOp::Sum).map(|_| None));
+            step(r, "broadcast", || comm.broadcast(&mut [1.0f32; 4], 0).map(|_| None));
+            step(r, "all_reduce-dtype", || match r % 2 {
+                0 => comm.all_reduce_in_place(&mut [1.0f32; 4], ReduceOp::Sum).map(|_| None),
+                _ => comm.all_reduce_in_place(&mut [1.0f64; 4], ReduceOp::Sum).map(|_| None),
+            });
+            step(r, "sendrecv", || comm.sendrecv(&[1u32], (r + 1) % n, &mut [0u32], (r + n - 1) % n, 5).map(|_| None));
+        }
         Some("sendrecv-bad-peer") => {
             step(r, "sendrecv", || {
                 let mut got = [0u32; 1];
@@ -103,7 +116,7 @@ fn main() {
             step(r, "barrier-after", || comm.barrier().map(|_| None));
         }
         _ => {
-            eprintln!("usage: sucl-disagree root|count|leftover OP | sendrecv-bad-peer");
+            eprintln!("usage: sucl-disagree root|count|leftover OP | sendrecv-bad-peer | after-failure");
             std::process::exit(2);
         }
     }
