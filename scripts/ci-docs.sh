@@ -2,17 +2,18 @@
 # CI for the documentation: the pages that must match the code, and the commands the pages show.
 #   1. docs/reference/ is current (scripts/gen-docs.sh --check: settings, CLI, C and Python API);
 #   2. the Rust API docs build without a warning (cargo doc --workspace --no-deps, -D warnings);
-#   3. the Rust samples of README.md and docs/guide/ compile (and, where they need no GPU and no
-#      second rank, run): the doctests of the sucl crate, which include those pages;
-#   4. the declared MSRV is one value: Cargo.toml's rust-version and clippy.toml's msrv (which
+#   3. the declared MSRV is one value: Cargo.toml's rust-version and clippy.toml's msrv (which
 #      clippy's incompatible_msrv enforces in .ci/run's clippy runs);
-#   5. every ```sh block of README.md and docs/guide/*.md that needs no GPU runs
+#   4. every ```sh block of README.md and docs/guide/*.md that needs no GPU runs
 #      (scripts/run_doc_blocks.py; blocks marked <!-- norun: why --> are skipped).
+# The Rust samples of README.md and docs/guide/ are doctests of the sucl crate (crates/sucl/src/
+# lib.rs, doc_samples), so `cargo test --workspace` compiles them (and runs those that need no GPU
+# and no second rank); `cargo test -p sucl --doc` runs them alone.
 # usage: scripts/ci-docs.sh [--skip-blocks]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 export CARGO_TERM_COLOR=never
 step() { echo "== ci-docs: $*"; }
@@ -22,9 +23,6 @@ bash scripts/gen-docs.sh --check
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
-
-step "README and guide samples (doctests of the sucl crate)"
-cargo test -q -p sucl --doc
 
 step "MSRV"
 msrv_cargo=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)

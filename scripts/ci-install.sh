@@ -40,8 +40,7 @@ if [ "${1:-}" = --python ]; then
   echo "== ci-install: Python sdist, install from it, auditwheel ($tag)"
   python3 -m venv "$tmp/venv"
   "$tmp/venv/bin/python" -m pip install -q --upgrade pip maturin auditwheel
-  "$tmp/venv/bin/maturin" sdist -q -m crates/sucl-py/Cargo.toml -o "$tmp/dist" 2>/dev/null \
-    || (cd python && "$tmp/venv/bin/maturin" sdist -o "$tmp/dist")
+  (cd python && "$tmp/venv/bin/maturin" sdist -o "$tmp/dist")
   sdist=$(ls "$tmp"/dist/sucl-*.tar.gz)
   echo "sdist: $(basename "$sdist") ($(tar tzf "$sdist" | wc -l) files)"
   "$tmp/venv/bin/python" -m pip wheel -q --no-deps -w "$tmp/wheel" "$sdist"

@@ -3,8 +3,9 @@
 
 Every ```sh / ```bash block runs, in order per file, as a bash script with `set -euo pipefail`
 from the repository root, with HOME, TMPDIR and CARGO_INSTALL_ROOT in a fresh temporary
-directory (whose bin/ is first on PATH, so `cargo install` blocks put `sucl` and `sucld` there)
-and CARGO_TARGET_DIR at the repository's target/, under a time limit; its whole process group is
+directory (whose bin/ is first on PATH, so `cargo install` blocks put `sucl` and `sucld` there;
+target/release is last on PATH) and CARGO_TARGET_DIR at the repository's target/, under a time
+limit; its whole process group is
 ended when it runs out. A block preceded by a comment
 
     <!-- norun: WHY -->
@@ -78,7 +79,11 @@ def main():
             CARGO_TARGET_DIR=env.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")),
             CARGO_HOME=env.get("CARGO_HOME", os.path.expanduser("~/.cargo")),
             RUSTUP_HOME=env.get("RUSTUP_HOME", os.path.expanduser("~/.rustup")),
-            PATH=os.path.join(tmp, "root", "bin") + os.pathsep + env.get("PATH", ""),
+        )
+        # `sucl` and `sucld` as the README's install block puts them (first), else as built in
+        # target/release (last), so that one page's blocks also run alone.
+        env["PATH"] = os.pathsep.join(
+            [os.path.join(tmp, "root", "bin"), env.get("PATH", ""), os.path.join(env["CARGO_TARGET_DIR"], "release")]
         )
         for d in ("home", "tmp", "root/bin"):
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
