@@ -22,7 +22,7 @@ step "reference pages"
 bash scripts/gen-docs.sh --check
 
 step "cargo doc (warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc -q --keep-going --workspace --no-deps
 
 step "MSRV"
 msrv_cargo=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
