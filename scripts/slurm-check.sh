@@ -4,7 +4,7 @@
 # munge socket in a temporary directory), then runs
 #   - the Rust example hello_allreduce with `srun -n 4` (sucl meets through Slurm's variables),
 #   - the C example crates/sucl-capi/examples/c/collectives.c (every call of the C API, checked),
-#     linked against the libsucl this tree builds, with `srun -n 3`,
+#     built against libsucl installed by scripts/install-capi.sh, with `srun -n 3`,
 #   - a Python all_reduce with `srun -n 2`, when a Python with the sucl package is given,
 #   - the Rust example again from an sbatch script (`sbatch --wait`),
 # and stops every daemon it started (by pid) and removes its files, also when a step fails.
@@ -28,7 +28,6 @@ fi
 repo=$PWD
 if [ "${SUCL_BUILD:-1}" != 0 ]; then
   cargo build -q --release -p sucl --example hello_allreduce
-  cargo build -q --release -p sucl-capi
 fi
 hello="$repo/target/release/examples/hello_allreduce"
 [ -x "$hello" ] || { echo "slurm-check: $hello is missing" >&2; exit 1; }
@@ -132,13 +131,15 @@ run() { # name, command...: runs one step, its output kept and shown
 }
 run rust srun -n 4 "$hello"
 
-# The C example against the library this tree builds (no install: include/ and target/release).
-if cc -std=c11 -Icrates/sucl-capi/include crates/sucl-capi/examples/c/collectives.c -o "$tmp/collectives" \
-  -Ltarget/release -lsucl -Wl,-rpath,"$repo/target/release" 2>"$tmp/cc.log"; then
+# The C example against the library installed as the C guide says (scripts/install-capi.sh into
+# a temporary prefix, then pkg-config).
+if scripts/install-capi.sh --prefix "$tmp/prefix" >"$tmp/install-capi.log" 2>&1 \
+  && PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" cc -std=c11 crates/sucl-capi/examples/c/collectives.c -o "$tmp/collectives" \
+    $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs sucl) -Wl,-rpath,"$tmp/prefix/lib" 2>"$tmp/cc.log"; then
   run c srun -n 3 "$tmp/collectives"
 else
-  cat "$tmp/cc.log"
-  echo "== c: FAIL (compile)"
+  tail -n 20 "$tmp/install-capi.log" "$tmp/cc.log" 2>/dev/null || true
+  echo "== c: FAIL (install or compile)"
   status=1
 fi
 
@@ -164,7 +165,10 @@ srun $hello
 EOF
 run sbatch sbatch --wait "$tmp/job.sh"
 cat "$tmp/job.out" 2>/dev/null || true
-grep -q "all_reduce" "$tmp/job.out" 2>/dev/null || { echo "== sbatch: FAIL (no output from the job)"; status=1; }
+if [ "$(grep -cE '^rank [0-3]/4 ' "$tmp/job.out" 2>/dev/null)" != 4 ]; then
+  echo "== sbatch: FAIL (the job's output lacks a line from each of its 4 ranks)"
+  status=1
+fi
 
 [ "$status" -eq 0 ] && echo "slurm-check: all passed" || echo "slurm-check: FAILED" >&2
 exit "$status"
