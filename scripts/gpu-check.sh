@@ -102,15 +102,19 @@ done
 # --- nccl lifecycle (life) ---
 # Bounded NCCL setup and teardown. Two ranks started directly (torchrun's
 # variables, rank 0 hosting the store). SUCL_TEST_NCCL_INIT_FAULT=R:exit|stall makes rank R exit
-# or stop answering just before it joins NCCL. Each run appends "nccl lifecycle: ... PASS|FAIL".
-if [ "$NGPU" -ge 2 ]; then
+# or stop answering just before it joins NCCL; only FAULT_BIN (built with the fault-hook feature)
+# reads it. Each run appends "nccl lifecycle: ... PASS|FAIL".
+if [ "$NGPU" -ge 2 ] && [ -z "${FAULT_BIN:-}" ]; then
+  echo "gpu-check: FAULT_BIN not set: the NCCL lifecycle fault runs are missing" >&2; status=1
+fi
+if [ "$NGPU" -ge 2 ] && [ -n "${FAULT_BIN:-}" ]; then
   nccl_pair() { # port fault timeout_s log-prefix: starts both ranks, waits for rank 0; sets rc0, el
     local port=$1 fault=$2 to=$3 log=$4 r
     local start; start=$(date +%s)
     for r in 0 1; do
       RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port SUCL_TIMEOUT=$to \
         SUCL_TEST_NCCL_INIT_FAULT=$fault timeout 100 \
-        "$BIN" check --device cuda --ops all_reduce --dtypes f32 --redops sum --big-mib 0 >"$log-$r.txt" 2>&1 &
+        "$FAULT_BIN" check --device cuda --ops all_reduce --dtypes f32 --redops sum --big-mib 0 >"$log-$r.txt" 2>&1 &
       lpids[$r]=$!
     done
     wait "${lpids[0]}"; rc0=$?

@@ -37,7 +37,8 @@ enum Cmd {
         /// Seconds between SIGTERM and SIGKILL when a rank fails.
         #[arg(long, default_value_t = 2.0)]
         grace: f64,
-        /// Do not pin rank r to CPU r (pinning happens only when the ranks fit the CPUs).
+        /// Do not bind the ranks to CPUs. By default, when the ranks fit the CPUs this process
+        /// may use, each rank is bound to its own contiguous block of them (all CPUs / ranks each).
         #[arg(long)]
         no_bind: bool,
         /// The program and its arguments.
@@ -129,7 +130,8 @@ struct Common {
     /// Ranks to launch when not already inside a launched job.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
-    /// Backend: auto, shm, tcp or mpi (sets SUCL_BACKEND).
+    /// Host backend: auto, shm, tcp, mpi or hier (sets SUCL_BACKEND); under `bench --device
+    /// cuda`, a device backend (see --device).
     #[arg(long)]
     backend: Option<String>,
     /// Config file (sets SUCL_CONFIG).
@@ -195,8 +197,8 @@ struct BenchCli {
     /// Rounds of --compare.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// `cuda`: benchmark device buffers; --backend is then nccl, staged, auto or raw (NCCL called
-    /// directly, bypassing sucl).
+    /// `cuda`: benchmark device buffers; --backend is then nccl, ipc, staged, auto or raw (NCCL
+    /// called directly, bypassing sucl).
     #[arg(long)]
     device: Option<String>,
     /// With `--device cuda`: capture a batch of calls (up to 20, at most the iterations) into a CUDA

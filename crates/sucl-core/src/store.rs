@@ -17,7 +17,7 @@
 //!
 //! # Untrusted input
 //!
-//! Every frame is validated before use ([`decode_request`]-style checks in this module): lengths
+//! Every frame is validated before use (`decode_request`-style checks in this module): lengths
 //! are bounded before anything is allocated (a few hundred bytes before authentication, at most
 //! [`MAX_STORE_VALUE`] after), key lengths, ranks and wait times are range-checked, and a malformed
 //! request from an authenticated rank ends that rank's connection with a reason naming it.

@@ -187,6 +187,7 @@ struct FileConfig {
     backend: Option<String>,
     default_backend: Option<String>,
     max_message_bytes: Option<Bytes>,
+    max_unexpected_bytes: Option<Bytes>,
     check_collectives: Option<bool>,
     platforms: Option<BTreeMap<String, FilePlatform>>,
     shm: Option<FileShm>,
@@ -330,6 +331,13 @@ impl Config {
         if let Some(m) = f.max_message_bytes {
             self.host.max_message = m.get("max_message_bytes").map_err(|e| bytes_err("max_message_bytes", e))?;
             self.record("max_message_bytes", &from);
+        }
+        if let Some(m) = f.max_unexpected_bytes {
+            self.host.max_unexpected = m
+                .get("max_unexpected_bytes")
+                .and_then(|b| if b > 0 { Ok(b) } else { Err("max_unexpected_bytes: must be at least 1 byte".into()) })
+                .map_err(|e| bytes_err("max_unexpected_bytes", e))?;
+            self.record("max_unexpected_bytes", &from);
         }
         for (name, p) in f.platforms.unwrap_or_default() {
             let entry = self.platforms.entry(name.clone()).or_insert_with(|| match name.as_str() {
@@ -604,7 +612,7 @@ impl Config {
         Ok(())
     }
 
-    fn value_of(&self, key: &str) -> String {
+    pub(crate) fn value_of(&self, key: &str) -> String {
         match key {
             "timeout" => format!("{}", self.host.timeout.as_secs_f64()),
             "spin_us" => format!("{}", self.host.backoff.spin.as_micros()),
@@ -820,6 +828,15 @@ mod tests {
         assert!(e.contains("adress"), "{e}");
         let e = file("remote_tls = \"yes\"\n").unwrap_err().to_string();
         assert!(e.contains("remote_tls"), "{e}");
+    }
+
+    #[test]
+    fn max_unexpected_bytes_is_a_file_key() {
+        let c = file("max_unexpected_bytes = \"64M\"\n").unwrap();
+        assert_eq!(c.host.max_unexpected, 64 << 20);
+        assert!(c.sources.iter().any(|s| s.key == "max_unexpected_bytes" && s.from.starts_with("file")));
+        let e = file("max_unexpected_bytes = 0\n").unwrap_err().to_string();
+        assert!(e.contains("max_unexpected_bytes") && e.contains("at least 1 byte"), "{e}");
     }
 
     #[test]

@@ -88,11 +88,13 @@ impl Drop for DeviceComm {
     }
 }
 
-/// Test-only fault hook for `scripts/gpu-check.sh`: with `SUCL_TEST_NCCL_INIT_FAULT=R:exit`,
-/// world rank R exits (status 3) just before it joins NCCL; with `R:stall` it stops answering
-/// there (sleeps 120 s, store connection open). The other ranks' NCCL setup must then fail —
-/// naming the lost rank, or after `SUCL_TIMEOUT` — instead of hanging. Read once per device
-/// setup, never on a communication path.
+/// Test-only fault hook for `scripts/gpu-check.sh` (built only with the `fault-hook` feature,
+/// like `SUCL_FAULT_CORRUPT`): with `SUCL_TEST_NCCL_INIT_FAULT=R:exit`, world rank R exits
+/// (status 3) just before it joins NCCL; with `R:stall` it stops answering there (sleeps 120 s,
+/// store connection open). The other ranks' NCCL setup must then fail — naming the lost rank, or
+/// after `SUCL_TIMEOUT` — instead of hanging. Read once per device setup, never on a
+/// communication path.
+#[cfg(feature = "fault-hook")]
 fn nccl_init_fault_hook(world_rank: usize) {
     let Ok(spec) = std::env::var("SUCL_TEST_NCCL_INIT_FAULT") else { return };
     let Some((rank, fault)) = spec.split_once(':') else { return };
@@ -213,6 +215,7 @@ impl Communicator {
             } else {
                 store.get(&format!("{key}/nccl-id"))?
             };
+            #[cfg(feature = "fault-hook")]
             nccl_init_fault_hook(wr);
             let h = &self.ctx.cfg.host;
             Some(NcclBackend::new(dev, &id, self.rank, self.size, wr, self.ctx.abort.clone(), h.timeout, h.backoff)?)

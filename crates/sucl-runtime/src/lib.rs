@@ -28,6 +28,7 @@ mod hier;
 mod interrupt;
 mod nonblocking;
 pub mod select;
+pub mod settings;
 #[cfg(feature = "cuda")]
 mod staged;
 mod unscoped;

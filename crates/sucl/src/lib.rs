@@ -29,3 +29,38 @@ pub use sucl_remote as remote;
 
 /// The distributed task graph: buffers, range mappers, task graph and per-rank command graphs.
 pub use sucl_graph as graph;
+
+/// The Rust samples of the README and the user guides, compiled as doctests of this crate (and
+/// run where they need neither a GPU nor a second rank), so that a sample that no longer builds
+/// fails `cargo test`.
+#[cfg(doctest)]
+pub mod doc_samples {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/guide/host.md")]
+    pub struct GuideHost;
+    #[doc = include_str!("../../../docs/guide/devices.md")]
+    pub struct GuideDevices;
+    #[doc = include_str!("../../../docs/guide/stream-triggered.md")]
+    pub struct GuideStreamTriggered;
+    #[doc = include_str!("../../../docs/guide/task-graph.md")]
+    pub struct GuideTaskGraph;
+    #[doc = include_str!("../../../docs/guide/remote.md")]
+    pub struct GuideRemote;
+    #[doc = include_str!("../../../docs/guide/launching.md")]
+    pub struct GuideLaunching;
+    #[doc = include_str!("../../../docs/guide/c.md")]
+    pub struct GuideC;
+    #[doc = include_str!("../../../docs/guide/python.md")]
+    pub struct GuidePython;
+    #[doc = include_str!("../../../docs/guide/nccl-dropin.md")]
+    pub struct GuideNcclDropIn;
+    #[doc = include_str!("../../../docs/guide/graph/queue.md")]
+    pub struct GraphQueue;
+    #[doc = include_str!("../../../docs/guide/graph/buffers.md")]
+    pub struct GraphBuffers;
+    #[doc = include_str!("../../../docs/guide/graph/range-mappers.md")]
+    pub struct GraphRangeMappers;
+    #[doc = include_str!("../../../docs/guide/graph/host-tasks.md")]
+    pub struct GraphHostTasks;
+}
