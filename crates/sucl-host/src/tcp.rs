@@ -222,7 +222,7 @@ impl Doorman {
 impl TcpBackend {
     /// Builds the mesh: every rank listens, publishes its address under `prefix` in the store,
     /// connects to lower ranks and accepts higher ones. Each connection proves in a handshake
-    /// that it belongs to the job (see [`crate::tcp_auth`]: it knows `secret`, the job secret
+    /// that it belongs to the job (see `tcp_auth`: it knows `secret`, the job secret
     /// the store checks) before any frame of it is read; one that fails is closed, logged and
     /// otherwise ignored, so a stranger neither joins nor disturbs the job.
     #[allow(clippy::too_many_arguments)]
