@@ -596,6 +596,9 @@ pub(super) fn receive_transfer(shared: &Shared, s: &Session, key: (u32, u64), id
                     Mem::Host(m) => m.bytes_mut()[at..at + n].copy_from_slice(&chunk[..*n]),
                     #[cfg(feature = "cuda")]
                     Mem::Cuda(m) => m.write(at, &chunk[..*n])?,
+                    Mem::OpenCl(m) => {
+                        m.write(at, &chunk[..*n])?;
+                    }
                 }
                 copied += *n as u64;
             }
@@ -680,6 +683,10 @@ pub(super) fn send_transfer(
                 Mem::Cuda(m) => {
                     staging.resize(end - at, 0);
                     m.read_into(at..end, &mut staging)?;
+                    &staging
+                }
+                Mem::OpenCl(m) => {
+                    staging = m.read(at..end)?.0;
                     &staging
                 }
             };
