@@ -53,6 +53,7 @@ struct Api {
     create_program_with_source: unsafe extern "C" fn(Handle, u32, *const *const c_char, *const usize, *mut ClInt) -> Handle,
     build_program: unsafe extern "C" fn(Handle, u32, *const Handle, *const c_char, *const c_void, *mut c_void) -> ClInt,
     get_program_build_info: unsafe extern "C" fn(Handle, Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
+    get_program_info: unsafe extern "C" fn(Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
     release_program: unsafe extern "C" fn(Handle) -> ClInt,
     create_kernel: unsafe extern "C" fn(Handle, *const c_char, *mut ClInt) -> Handle,
     get_kernel_info: unsafe extern "C" fn(Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
@@ -138,6 +139,7 @@ impl Api {
             create_program_with_source: sym!("clCreateProgramWithSource"),
             build_program: sym!("clBuildProgram"),
             get_program_build_info: sym!("clGetProgramBuildInfo"),
+            get_program_info: sym!("clGetProgramInfo"),
             release_program: sym!("clReleaseProgram"),
             create_kernel: sym!("clCreateKernel"),
             get_kernel_info: sym!("clGetKernelInfo"),
@@ -442,6 +444,19 @@ impl ClProgram {
     pub(crate) fn build_info(&self, param: u32) -> Result<Vec<u8>, Outcome> {
         // SAFETY: a valid program and device; `info` passes a buffer of the size it says.
         info("clGetProgramBuildInfo", |s, v, r| unsafe { (self.api.get_program_build_info)(self.program, self.device, param, s, v, r) })
+    }
+
+    /// `clGetProgramInfo(param)`; parameters that answer handles are refused (they mean
+    /// nothing to a client).
+    pub(crate) fn info(&self, param: u32) -> Result<Vec<u8>, Outcome> {
+        const CL_PROGRAM_CONTEXT: u32 = 0x1161;
+        const CL_PROGRAM_DEVICES: u32 = 0x1163;
+        const CL_PROGRAM_BINARIES: u32 = 0x1166;
+        if [CL_PROGRAM_CONTEXT, CL_PROGRAM_DEVICES, CL_PROGRAM_BINARIES].contains(&param) {
+            return Err(failed(code::opencl(-30), format!("program info {param:#x} answers pointers")));
+        }
+        // SAFETY: a valid program; `info` passes a buffer of the size it says.
+        info("clGetProgramInfo", |s, v, r| unsafe { (self.api.get_program_info)(self.program, param, s, v, r) })
     }
 
     /// Kernel `name` of this (built) program, with its argument count and address qualifiers.

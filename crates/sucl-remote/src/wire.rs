@@ -192,8 +192,10 @@ pub mod cl_query {
     pub const EVENT_PROFILE: u8 = 4;
     /// `clGetKernelArgInfo(kernel, arg index = device, param)`.
     pub const KERNEL_ARG: u8 = 5;
+    /// `clGetProgramInfo(program, param)` (kernel names and counts; not handles).
+    pub const PROGRAM: u8 = 6;
     /// The largest `what` this build knows.
-    pub const LAST: u8 = 5;
+    pub const LAST: u8 = 6;
 }
 
 /// What a [`Command::ClRelease`] releases.

@@ -117,6 +117,9 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    // If the sucl OpenCL ICD is installed, the loader this daemon opens would offer it too;
+    // it must not serve itself (the ICD offers no platform while this is set).
+    std::env::set_var("SUCL_OPENCL_DISABLE", "1");
     if let Some(path) = &args.gen_token {
         Token::write_new(path)?;
         println!("wrote a new token to {}", path.display());

@@ -86,6 +86,9 @@ fn query(ctx: &Ctx, o: &mut Objects, what: u8, object: u64, d: u32, param: u32) 
             .ok_or_else(|| failed(code::opencl(-44), format!("program {object} does not exist")))?
             .1
             .build_info(param),
+        cl_query::PROGRAM => {
+            o.cl_programs.get(&object).ok_or_else(|| failed(code::opencl(-44), format!("program {object} does not exist")))?.1.info(param)
+        }
         cl_query::EVENT_PROFILE => {
             let t = o.cl_profiles.get(&object).ok_or_else(|| {
                 failed(code::opencl(-7), format!("event {object} has no profiling times (no OpenCL command ran before it)"))

@@ -637,7 +637,6 @@ pub(super) fn send_transfer(
     let total = range.len() as u64;
     let mut from = 0u64; // what the member holds
     let mut resumed = false;
-    #[cfg(feature = "cuda")]
     let mut staging = Vec::new();
     loop {
         let (out, link, generation, max_frame) = peer_link(shared, s, peer).map_err(|e| failed(code::PEER, format!("{what}: {e}")))?;
@@ -686,7 +685,9 @@ pub(super) fn send_transfer(
                     &staging
                 }
                 Mem::OpenCl(m) => {
-                    staging = m.read(at..end)?.0;
+                    let (bytes, _) = m.read(at..end)?;
+                    staging.clear();
+                    staging.extend_from_slice(&bytes);
                     &staging
                 }
             };
