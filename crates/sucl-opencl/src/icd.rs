@@ -528,8 +528,9 @@ unsafe extern "C" fn cl_create_buffer(ctx: Handle, flags: u64, size: usize, host
             base: 0,
             maps: Mutex::new(Default::default()),
             destructors: Mutex::new(Vec::new()),
+            handle: Default::default(),
         })
-        .into_handle())
+        .into_mem_handle())
     })
 }
 
@@ -587,8 +588,9 @@ unsafe extern "C" fn cl_create_sub_buffer(buf: Handle, flags: u64, kind: Uint, i
             base: m.base + region.origin,
             maps: Mutex::new(Default::default()),
             destructors: Mutex::new(Vec::new()),
+            handle: Default::default(),
         })
-        .into_handle())
+        .into_mem_handle())
     })
 }
 

@@ -484,6 +484,8 @@ pub(crate) struct Mem {
     pub(crate) base: usize,
     pub(crate) maps: Mutex<HashMap<usize, Mapping>>,
     pub(crate) destructors: Mutex<Vec<(cl::MemCallback, usize)>>,
+    /// The handle the application knows (destructor callbacks get it).
+    pub(crate) handle: std::sync::atomic::AtomicUsize,
 }
 impl Data for Mem {
     const KIND: Kind = Kind::Mem;
@@ -495,7 +497,8 @@ impl Drop for Mem {
         for (f, data) in list.into_iter().rev() {
             // SAFETY: the application registered `f` with `data` for this object; the
             // specification calls it with the (now released) handle's value.
-            let _ = error::guard((), || unsafe { f((self as *const Mem).cast_mut().cast(), data as *mut std::ffi::c_void) });
+            let h = self.handle.load(std::sync::atomic::Ordering::Acquire);
+            let _ = error::guard((), || unsafe { f(h as cl::Handle, data as *mut std::ffi::c_void) });
         }
     }
 }

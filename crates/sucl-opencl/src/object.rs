@@ -39,8 +39,13 @@ pub(crate) struct Obj<T> {
     refs: AtomicU32,
     /// The application's references (what `CL_*_REFERENCE_COUNT` reports).
     app: AtomicU32,
-    data: T,
+    data: std::mem::ManuallyDrop<T>,
 }
+
+/// Blocks of released objects, by kind, kept for the next object of that kind. A released
+/// block keeps its dispatch pointer: a loader that dispatches through a stale handle (as
+/// ocl-icd does before the library can check it) reaches this library, which refuses it.
+static FREE: LazyLock<Mutex<HashMap<u8, Vec<usize>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 static LIVE: LazyLock<Mutex<HashMap<usize, Kind>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
@@ -63,8 +68,24 @@ unsafe impl<T: Data> Sync for Ref<T> {}
 impl<T: Data> Ref<T> {
     /// A new object with one reference.
     pub(crate) fn new(data: T) -> Ref<T> {
-        let b = Box::new(Obj { dispatch: crate::icd::dispatch(), kind: T::KIND, refs: AtomicU32::new(1), app: AtomicU32::new(1), data });
-        let p = NonNull::from(Box::leak(b));
+        let obj = Obj {
+            dispatch: crate::icd::dispatch(),
+            kind: T::KIND,
+            refs: AtomicU32::new(1),
+            app: AtomicU32::new(1),
+            data: std::mem::ManuallyDrop::new(data),
+        };
+        let reused = FREE.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&(T::KIND as u8)).and_then(Vec::pop);
+        let p = match reused {
+            Some(addr) => {
+                let p = addr as *mut Obj<T>;
+                // SAFETY: a block of this kind (so of this layout) whose data was dropped and
+                // that nothing references (it left the registry before it was freed).
+                unsafe { p.write(obj) };
+                NonNull::new(p).expect("a freed block is not null")
+            }
+            None => NonNull::from(Box::leak(Box::new(obj))),
+        };
         live().insert(p.as_ptr() as usize, T::KIND);
         Ref(p)
     }
@@ -93,6 +114,15 @@ impl<T: Data> Ref<T> {
         let h = self.handle();
         std::mem::forget(self);
         h
+    }
+
+    /// The handle of a new buffer (which remembers it for its destructor callbacks).
+    pub(crate) fn into_mem_handle(self) -> *mut c_void
+    where
+        T: MemHandle,
+    {
+        self.remember(self.handle());
+        self.into_handle()
     }
 
     /// The application's `clRetain*`.
@@ -138,9 +168,11 @@ fn release<T: Data>(p: NonNull<Obj<T>>) {
     }
     reg.remove(&(p.as_ptr() as usize));
     drop(reg);
-    // SAFETY: the last reference is gone and the handle left the registry: nothing can reach
-    // the block any more; it came from Box::leak in `new`.
-    drop(unsafe { Box::from_raw(p.as_ptr()) });
+    // SAFETY: the last reference is gone and the handle left the registry: nothing reads
+    // the data any more; it is dropped once, and the block (its dispatch pointer intact) is
+    // kept for reuse.
+    unsafe { std::mem::ManuallyDrop::drop(&mut (*p.as_ptr()).data) };
+    FREE.lock().unwrap_or_else(|p| p.into_inner()).entry(T::KIND as u8).or_default().push(p.as_ptr() as usize);
 }
 
 impl<T: Data> Clone for Ref<T> {
@@ -160,5 +192,17 @@ impl<T: Data> std::ops::Deref for Ref<T> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.obj().data
+    }
+}
+
+/// Objects that remember their own handle.
+pub(crate) trait MemHandle {
+    /// Stores the handle.
+    fn remember(&self, h: *mut c_void);
+}
+
+impl MemHandle for crate::model::Mem {
+    fn remember(&self, h: *mut c_void) {
+        self.handle.store(h as usize, Ordering::Release);
     }
 }

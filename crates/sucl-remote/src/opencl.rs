@@ -298,6 +298,9 @@ impl ClServed {
     /// and the build's error, if it failed.
     pub(crate) fn build(&self, source: &str, options: &str) -> Result<(ClProgram, Option<Outcome>), Outcome> {
         let src = CString::new(source).map_err(|_| failed(code::opencl(-30), "the OpenCL source holds a NUL byte"))?;
+        // Argument qualifiers are asked for when kernels are made (PoCL answers them only
+        // for programs built with this option).
+        let options = if options.contains("-cl-kernel-arg-info") { options.to_string() } else { format!("{options} -cl-kernel-arg-info") };
         let opts = CString::new(options).map_err(|_| failed(code::opencl(-43), "the build options hold a NUL byte"))?;
         let mut e = 0;
         let p = src.as_ptr();
