@@ -179,7 +179,8 @@ fn type_matches(p: &platform::Platform, d: &Device, want: u64) -> bool {
 unsafe extern "C" fn cl_get_device_ids(platform: Handle, kind: u64, n: Uint, devices: *mut Handle, num: *mut Uint) -> Int {
     status(|| {
         let p = the_platform(platform)?;
-        let known = cl::DEVICE_TYPE_DEFAULT | cl::DEVICE_TYPE_CPU | cl::DEVICE_TYPE_GPU | cl::DEVICE_TYPE_ACCELERATOR | cl::DEVICE_TYPE_CUSTOM;
+        let known =
+            cl::DEVICE_TYPE_DEFAULT | cl::DEVICE_TYPE_CPU | cl::DEVICE_TYPE_GPU | cl::DEVICE_TYPE_ACCELERATOR | cl::DEVICE_TYPE_CUSTOM;
         if kind != cl::DEVICE_TYPE_ALL && (kind & !known != 0 || kind == 0) {
             return Err(cl::INVALID_DEVICE_TYPE);
         }
@@ -248,6 +249,7 @@ fn device_info(p: &platform::Platform, d: &Ref<Device>, param: Uint) -> R<Vec<u8
         | cl::DEVICE_PIPE_MAX_ACTIVE_RESERVATIONS
         | cl::DEVICE_PIPE_MAX_PACKET_SIZE
         | cl::DEVICE_MAX_ON_DEVICE_QUEUES
+        | cl::DEVICE_MAX_ON_DEVICE_EVENTS
         | cl::DEVICE_MAX_NUM_SUB_GROUPS
         | cl::DEVICE_PARTITION_MAX_SUB_DEVICES => bytes(0u32),
         cl::DEVICE_IMAGE2D_MAX_WIDTH
@@ -567,7 +569,7 @@ unsafe extern "C" fn cl_create_sub_buffer(buf: Handle, flags: u64, kind: Uint, i
         let p = platform::get().ok_or(cl::INVALID_CONTEXT)?;
         let aligned = m.ctx.devices.iter().any(|d| {
             let bits = d.info_num(p, cl::DEVICE_MEM_BASE_ADDR_ALIGN).unwrap_or(8).max(8);
-            region.origin as u64 % (bits / 8) == 0
+            (region.origin as u64).is_multiple_of(bits / 8)
         });
         if !aligned {
             return Err(cl::MISALIGNED_SUB_BUFFER_OFFSET);
@@ -759,7 +761,11 @@ unsafe extern "C" fn cl_enqueue_fill_buffer(
 ) -> Int {
     status(|| {
         let (q, m) = queue_mem(q, mem)?;
-        if pattern.is_null() || !pattern_size.is_power_of_two() || pattern_size > 128 || offset % pattern_size != 0 || size % pattern_size != 0
+        if pattern.is_null()
+            || !pattern_size.is_power_of_two()
+            || pattern_size > 128
+            || !offset.is_multiple_of(pattern_size)
+            || !size.is_multiple_of(pattern_size)
         {
             return Err(cl::INVALID_VALUE);
         }
@@ -826,7 +832,13 @@ fn rect(
     if bsp == 0 {
         bsp = region[1] * brp;
     }
-    if arp < region[0] || brp < region[0] || asp < region[1] * arp || bsp < region[1] * brp || asp % arp != 0 || bsp % brp != 0 {
+    if arp < region[0]
+        || brp < region[0]
+        || asp < region[1] * arp
+        || bsp < region[1] * brp
+        || !asp.is_multiple_of(arp)
+        || !bsp.is_multiple_of(brp)
+    {
         return Err(cl::INVALID_VALUE);
     }
     let at = |o: [usize; 3], rp: usize, sp: usize, y: usize, z: usize| (o[2] + z) * sp + (o[1] + y) * rp + o[0];
@@ -1158,7 +1170,13 @@ unsafe extern "C" fn cl_create_program_with_binary(
     })
 }
 
-unsafe extern "C" fn cl_create_program_with_built_in_kernels(ctx: Handle, _n: Uint, _d: *const Handle, _names: *const c_char, errcode: *mut Int) -> Handle {
+unsafe extern "C" fn cl_create_program_with_built_in_kernels(
+    ctx: Handle,
+    _n: Uint,
+    _d: *const Handle,
+    _names: *const c_char,
+    errcode: *mut Int,
+) -> Handle {
     error::create(errcode, || {
         obj::<Context>(ctx, cl::INVALID_CONTEXT)?;
         Err(cl::INVALID_VALUE) // no device lists built-in kernels
@@ -1209,7 +1227,7 @@ unsafe extern "C" fn cl_build_program(
         let r = p.build(&ds, &opts);
         if let Some(f) = notify {
             // SAFETY: the application's build callback with its data; the build is over.
-            let _ = error::guard((), || unsafe { f(p.handle(), user) });
+            error::guard((), || unsafe { f(p.handle(), user) });
         }
         r
     })
@@ -1222,7 +1240,17 @@ unsafe extern "C" fn cl_compile_program(program: Handle) -> Int {
     })
 }
 
-unsafe extern "C" fn cl_link_program(ctx: Handle, _n: Uint, _d: *const Handle, _o: *const c_char, _np: Uint, _p: *const Handle, _f: *const c_void, _u: *mut c_void, errcode: *mut Int) -> Handle {
+unsafe extern "C" fn cl_link_program(
+    ctx: Handle,
+    _n: Uint,
+    _d: *const Handle,
+    _o: *const c_char,
+    _np: Uint,
+    _p: *const Handle,
+    _f: *const c_void,
+    _u: *mut c_void,
+    errcode: *mut Int,
+) -> Handle {
     error::create(errcode, || {
         obj::<Context>(ctx, cl::INVALID_CONTEXT)?;
         Err(cl::INVALID_OPERATION)
@@ -1319,7 +1347,8 @@ unsafe extern "C" fn cl_create_kernels_in_program(program: Handle, n: Uint, kern
     status(|| {
         let p: Ref<Program> = obj(program, cl::INVALID_PROGRAM)?;
         let (d, id) = p.any_built().ok_or(cl::INVALID_PROGRAM_EXECUTABLE)?;
-        let names = text(&query(platform::get().ok_or(cl::INVALID_PROGRAM)?.remote(&d), cl_query::PROGRAM, id, d.index, cl::PROGRAM_KERNEL_NAMES)?);
+        let names =
+            text(&query(platform::get().ok_or(cl::INVALID_PROGRAM)?.remote(&d), cl_query::PROGRAM, id, d.index, cl::PROGRAM_KERNEL_NAMES)?);
         let names: Vec<&str> = names.split(';').filter(|s| !s.is_empty()).collect();
         if !kernels.is_null() && (n as usize) < names.len() {
             return Err(cl::INVALID_VALUE);
@@ -1445,7 +1474,14 @@ unsafe extern "C" fn cl_get_kernel_work_group_info(
     })
 }
 
-unsafe extern "C" fn cl_get_kernel_arg_info(kernel: Handle, index: Uint, param: Uint, size: usize, value: *mut c_void, ret: *mut usize) -> Int {
+unsafe extern "C" fn cl_get_kernel_arg_info(
+    kernel: Handle,
+    index: Uint,
+    param: Uint,
+    size: usize,
+    value: *mut c_void,
+    ret: *mut usize,
+) -> Int {
     status(|| {
         let k: Ref<Kernel> = obj(kernel, cl::INVALID_KERNEL)?;
         if index as usize >= k.quals.len() {
@@ -1532,7 +1568,8 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
                     ArgVal::Local(s) => ClArg::Local(*s as u64),
                 });
             }
-            let cmd = Command::ClLaunch { queue: qid, kernel: kid, dims: dims as u8, offset: off, global: glob, local: loc, args: wire_args };
+            let cmd =
+                Command::ClLaunch { queue: qid, kernel: kid, dims: dims as u8, offset: off, global: glob, local: loc, args: wire_args };
             r.post_raw(cmd).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
             for a in &args {
                 if let ArgVal::Mem(m) = a {
@@ -1688,7 +1725,7 @@ unsafe extern "C" fn cl_set_event_callback(event: Handle, trigger: Int, f: Optio
                 let _ = std::thread::Builder::new().name("sucl-cl-callback".into()).spawn(move || {
                     let _keep = e2;
                     // SAFETY: the application's callback, with its event and data.
-                    let _ = error::guard((), || unsafe { f(h as Handle, st, u as *mut c_void) });
+                    error::guard((), || unsafe { f(h as Handle, st, u as *mut c_void) });
                 });
             }
             None => watch(&e),
@@ -1735,7 +1772,14 @@ unsafe extern "C" fn cl_get_event_profiling_info(event: Handle, param: Uint, siz
 // ---------------------------------------------------------------------------------------------
 // Images, samplers and other things not offered
 
-unsafe extern "C" fn cl_refuse_image(ctx: Handle, _flags: u64, _a: *const c_void, _b: *const c_void, _c: *mut c_void, errcode: *mut Int) -> Handle {
+unsafe extern "C" fn cl_refuse_image(
+    ctx: Handle,
+    _flags: u64,
+    _a: *const c_void,
+    _b: *const c_void,
+    _c: *mut c_void,
+    errcode: *mut Int,
+) -> Handle {
     error::create(errcode, || {
         obj::<Context>(ctx, cl::INVALID_CONTEXT)?;
         Err(cl::INVALID_OPERATION) // CL_DEVICE_IMAGE_SUPPORT is false on every device
@@ -1825,8 +1869,13 @@ fn lookup(name: &str) -> Option<*const c_void> {
         "clGetImageInfo" => f!(cl_refuse_mem_op),
         "clCreateSampler" => f!(cl_refuse_sampler),
         "clRetainSampler" | "clReleaseSampler" | "clGetSamplerInfo" => f!(cl_refuse_sampler_op),
-        "clEnqueueReadImage" | "clEnqueueWriteImage" | "clEnqueueCopyImage" | "clEnqueueCopyImageToBuffer"
-        | "clEnqueueCopyBufferToImage" | "clEnqueueMapImage" | "clEnqueueFillImage" => f!(cl_refuse_queue_op),
+        "clEnqueueReadImage"
+        | "clEnqueueWriteImage"
+        | "clEnqueueCopyImage"
+        | "clEnqueueCopyImageToBuffer"
+        | "clEnqueueCopyBufferToImage"
+        | "clEnqueueMapImage"
+        | "clEnqueueFillImage" => f!(cl_refuse_queue_op),
         "clCreateProgramWithSource" => f!(cl_create_program_with_source),
         "clCreateProgramWithBinary" => f!(cl_create_program_with_binary),
         "clCreateProgramWithBuiltInKernels" => f!(cl_create_program_with_built_in_kernels),

@@ -117,7 +117,7 @@ pub(crate) fn set_status(ev: &Ref<Event>, status: Int) {
     for (_, f, data) in due {
         // SAFETY: the application registered `f` for this event with `data`; the callback
         // gets the event's handle and its status, as the specification says.
-        let _ = error::guard((), || unsafe { f(ev.handle(), status, data as *mut std::ffi::c_void) });
+        error::guard((), || unsafe { f(ev.handle(), status, data as *mut std::ffi::c_void) });
     }
 }
 
@@ -498,7 +498,7 @@ impl Drop for Mem {
             // SAFETY: the application registered `f` with `data` for this object; the
             // specification calls it with the (now released) handle's value.
             let h = self.handle.load(std::sync::atomic::Ordering::Acquire);
-            let _ = error::guard((), || unsafe { f(h as cl::Handle, data as *mut std::ffi::c_void) });
+            error::guard((), || unsafe { f(h as cl::Handle, data as *mut std::ffi::c_void) });
         }
     }
 }

@@ -389,7 +389,7 @@ impl ClMem {
         }
         // OpenCL fills with patterns of 1, 2, 4, ..., 128 bytes at aligned offsets; others
         // are written as bytes.
-        if !pattern.len().is_power_of_two() || pattern.len() > 128 || r.start % pattern.len() != 0 {
+        if !pattern.len().is_power_of_two() || pattern.len() > 128 || !r.start.is_multiple_of(pattern.len()) {
             let data: Vec<u8> = pattern.iter().copied().cycle().take(r.len()).collect();
             return self.write(r.start, &data);
         }

@@ -1631,6 +1631,54 @@ mod tests {
     }
 
     #[test]
+    fn opencl_launches_round_trip_and_bad_ones_are_refused() {
+        let cmd = Command::ClLaunch {
+            queue: 1,
+            kernel: 2,
+            dims: 2,
+            offset: [1, 2, 0],
+            global: [64, 32, 1],
+            local: [8, 4, 1],
+            args: vec![ClArg::Mem { buffer: 5, offset: 128, len: 256 }, ClArg::NullMem, ClArg::Value(vec![1, 2, 3, 4]), ClArg::Local(512)],
+        };
+        let f = Frame::Command { seq: 3, ack: 0, cmd };
+        let bytes = f.encode();
+        assert_eq!(decode(&bytes[4..]).unwrap(), f);
+        // Dimensions outside 1-3 are refused.
+        let mut bad = bytes[4..].to_vec();
+        let dims_at = 1 + 8 + 8 + 1 + 8 + 8;
+        bad[dims_at] = 4;
+        assert!(matches!(decode(&bad), Err(WireError::TooLong { what: "NDRange dimensions", .. })));
+        // A by-value argument over the limit is refused before it is allocated.
+        let big = Frame::Command {
+            seq: 4,
+            ack: 0,
+            cmd: Command::ClLaunch {
+                queue: 1,
+                kernel: 2,
+                dims: 1,
+                offset: [0; 3],
+                global: [1; 3],
+                local: [0; 3],
+                args: vec![ClArg::Value(vec![0; MAX_ARG_BYTES + 1])],
+            },
+        };
+        assert!(matches!(decode(&big.encode()[4..]), Err(WireError::TooLong { what: "argument value", .. })));
+        // Unknown query kinds are refused.
+        let q = Frame::Command { seq: 5, ack: 0, cmd: Command::ClQuery { what: cl_query::LAST + 1, object: 0, device: 0, param: 0 } };
+        assert!(matches!(decode(&q.encode()[4..]), Err(WireError::UnknownTag { what: "OpenCL query", .. })));
+    }
+
+    #[test]
+    fn opencl_errors_travel_as_codes() {
+        assert_eq!(code::as_opencl(code::opencl(-11)), Some(-11));
+        assert_eq!(code::as_opencl(code::opencl(-255)), Some(-255));
+        assert_eq!(code::opencl(-1001), code::DEVICE);
+        assert_eq!(code::opencl(0), code::DEVICE);
+        assert_eq!(code::as_opencl(code::INVALID), None);
+    }
+
+    #[test]
     fn peer_data_heads_encode_like_their_frame_and_read_back() {
         let f = Frame::PeerData { transfer: 9, total: 100, offset: 40, data: vec![1, 2, 3] };
         let mut v = peer_data_head(9, 100, 40, 3).to_vec();
