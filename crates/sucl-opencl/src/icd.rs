@@ -1793,6 +1793,16 @@ unsafe extern "C" fn cl_refuse_sampler(ctx: Handle, _a: Uint, _b: Uint, _c: Uint
     })
 }
 
+/// Image commands: no image can exist, so the image argument is never a valid one.
+unsafe extern "C" fn cl_refuse_image_op(q: Handle) -> Int {
+    status(|| {
+        obj::<Queue>(q, cl::INVALID_COMMAND_QUEUE)?;
+        Err(cl::INVALID_MEM_OBJECT)
+    })
+}
+
+/// `clSetCommandQueueProperty` (OpenCL 1.0, deprecated): queue properties are fixed at
+/// creation here.
 unsafe extern "C" fn cl_refuse_queue_op(q: Handle) -> Int {
     status(|| {
         obj::<Queue>(q, cl::INVALID_COMMAND_QUEUE)?;
