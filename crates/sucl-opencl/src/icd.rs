@@ -1821,6 +1821,26 @@ unsafe extern "C" fn cl_refuse_sampler_op(_s: Handle) -> Int {
     cl::INVALID_SAMPLER
 }
 
+/// `clGetSuclServerStats` (a sucl extension, found through
+/// `clGetExtensionFunctionAddressForPlatform`): the counters of the session on daemon
+/// `server` (in `SUCL_REMOTE` order): commands executed, kernel launches, migrations into its
+/// buffers over the peer link, bytes migrated in.
+unsafe extern "C" fn cl_get_sucl_server_stats(platform: Handle, server: Uint, out: *mut u64) -> Int {
+    status(|| {
+        let p = the_platform(platform)?;
+        if out.is_null() {
+            return Err(cl::INVALID_VALUE);
+        }
+        let srv = p.servers.get(server as usize).ok_or(cl::INVALID_VALUE)?;
+        let s = srv.remote.stats().map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+        for (i, v) in [s.executed, s.launches, s.migrations_network + s.migrations_peer_memory, s.migrated_bytes].into_iter().enumerate() {
+            // SAFETY: the caller passes room for four counters.
+            unsafe { *out.add(i) = v };
+        }
+        Ok(())
+    })
+}
+
 unsafe extern "C" fn cl_get_extension_function_address(name: *const c_char) -> *mut c_void {
     error::guard(ptr::null_mut(), || {
         if name.is_null() {
@@ -1831,6 +1851,7 @@ unsafe extern "C" fn cl_get_extension_function_address(name: *const c_char) -> *
         // before it has an object to dispatch through (ocl-icd asks for clGetPlatformInfo).
         match unsafe { CStr::from_ptr(name) }.to_str() {
             Ok("clIcdGetPlatformIDsKHR") => cl_icd_get_platform_ids_khr as *mut c_void,
+            Ok("clGetSuclServerStats") => cl_get_sucl_server_stats as *mut c_void,
             Ok(n) => lookup(n).map_or(ptr::null_mut(), |f| f.cast_mut()),
             Err(_) => ptr::null_mut(),
         }
@@ -1885,7 +1906,8 @@ fn lookup(name: &str) -> Option<*const c_void> {
         | "clEnqueueCopyImageToBuffer"
         | "clEnqueueCopyBufferToImage"
         | "clEnqueueMapImage"
-        | "clEnqueueFillImage" => f!(cl_refuse_queue_op),
+        | "clEnqueueFillImage" => f!(cl_refuse_image_op),
+        "clSetCommandQueueProperty" => f!(cl_refuse_queue_op),
         "clCreateProgramWithSource" => f!(cl_create_program_with_source),
         "clCreateProgramWithBinary" => f!(cl_create_program_with_binary),
         "clCreateProgramWithBuiltInKernels" => f!(cl_create_program_with_built_in_kernels),

@@ -510,6 +510,18 @@ static int multi(void) {
     }
     CHECK(clEnqueueReadBuffer(qa, X, CL_TRUE, 0, N * 4, back, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(back[i] == x[i]);
+    /* The buffer moved daemon to daemon: each daemon received it over the peer link (A once
+     * per round after the first, B once per round), never through this process. */
+    typedef cl_int (*stats_fn)(cl_platform_id, cl_uint, cl_ulong *);
+    stats_fn stats = (stats_fn)clGetExtensionFunctionAddressForPlatform(platform, "clGetSuclServerStats");
+    EXPECT(stats != NULL);
+    cl_ulong sa[4], sb[4];
+    CHECK(stats(platform, 0, sa));
+    CHECK(stats(platform, 1, sb));
+    printf("daemon A: %llu migrations in, %llu bytes; daemon B: %llu migrations in, %llu bytes\n",
+           (unsigned long long)sa[2], (unsigned long long)sa[3], (unsigned long long)sb[2], (unsigned long long)sb[3]);
+    EXPECT(sb[2] == 3 && sb[3] == 3ull * N * 4);
+    EXPECT(sa[2] == 3 && sa[3] == 3ull * N * 4);
     CHECK(clFinish(qa));
     CHECK(clFinish(qb));
     printf("multi ok\n");
