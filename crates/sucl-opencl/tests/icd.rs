@@ -27,10 +27,16 @@ fn sucld() -> PathBuf {
     p
 }
 
+/// The ICD library: the one `cargo test` just built (in `deps/`; cargo copies it up only on
+/// `cargo build`), or the built one if newer.
 fn icd_library() -> PathBuf {
-    let p = target_dir().join("libsucl_opencl.so");
-    assert!(p.exists(), "{} is missing: cargo build -p sucl-opencl", p.display());
-    p
+    let candidates = [target_dir().join("deps/libsucl_opencl.so"), target_dir().join("libsucl_opencl.so")];
+    let newest = candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p.clone())))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p);
+    newest.unwrap_or_else(|| panic!("libsucl_opencl.so is missing: cargo build -p sucl-opencl"))
 }
 
 /// A scratch directory removed on drop.
