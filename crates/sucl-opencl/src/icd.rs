@@ -1002,10 +1002,7 @@ unsafe extern "C" fn cl_enqueue_map_buffer(
     event: *mut Handle,
     errcode: *mut Int,
 ) -> *mut c_void {
-    let mut result = ptr::null_mut();
-    let out = &mut result as *mut *mut c_void as usize;
-    let _ = blocking; // maps complete before this returns
-    let h = error::create(errcode, || {
+    error::create(errcode, || {
         let (q, m) = queue_mem(q, mem)?;
         if size == 0 || flags & !(cl::MAP_READ | cl::MAP_WRITE | cl::MAP_WRITE_INVALIDATE_REGION) != 0 {
             return Err(cl::INVALID_VALUE);
@@ -1014,37 +1011,34 @@ unsafe extern "C" fn cl_enqueue_map_buffer(
             return Err(cl::INVALID_VALUE);
         }
         m.check(offset, size)?;
-        let (dev, mm) = (q.device.clone(), m.clone());
+        // The mapped memory exists now (the pointer is returned at once, as the
+        // specification requires of a non-blocking map); the bytes arrive when the command
+        // runs. USE_HOST_PTR buffers map to the application's own memory.
+        let (p, owned) = if m.host_ptr != 0 {
+            ((m.host_ptr + offset) as *mut u8, None)
+        } else {
+            let mut v = vec![0u8; size];
+            (v.as_mut_ptr(), Some(v))
+        };
+        lock(&m.maps).insert(p as usize, Mapping { offset, size, flags, owned });
+        let (dev, mm, dst) = (q.device.clone(), m.clone(), HostPtr(p as usize));
         let r = q.remote();
-        enqueue(&q, nwait, wait, event, cl::COMMAND_MAP_BUFFER, true, move || {
-            let data = if flags & cl::MAP_WRITE_INVALIDATE_REGION != 0 {
-                vec![0u8; size]
-            } else {
+        let done = enqueue(&q, nwait, wait, event, cl::COMMAND_MAP_BUFFER, blocking != 0, move || {
+            if flags & cl::MAP_WRITE_INVALIDATE_REGION == 0 {
                 let id = mm.store.place(&dev, false)?;
-                read_chunks(r, id, mm.base + offset, size)?
-            };
-            let (p, owned) = if mm.host_ptr != 0 {
-                let p = (mm.host_ptr + offset) as *mut u8;
-                // SAFETY: USE_HOST_PTR memory: the application gave `size` bytes at host_ptr
-                // for the buffer's life; the mapping returns it, as the specification says.
-                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), p, size) };
-                (p, None)
-            } else {
-                let mut v = data;
-                (v.as_mut_ptr(), Some(v))
-            };
-            lock(&mm.maps).insert(p as usize, Mapping { offset, size, flags, owned });
-            // SAFETY: `out` points at `result`, alive until enqueue (blocking) returns.
-            unsafe { *(out as *mut *mut c_void) = p.cast() };
+                let data = read_chunks(r, id, mm.base + offset, size)?;
+                // SAFETY: the mapping's memory: `size` bytes owned by the mapping (kept until
+                // it is unmapped) or the application's USE_HOST_PTR memory.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.get(), size) };
+            }
             Ok(())
-        })?;
-        Ok(result)
-    });
-    if h.is_null() {
-        ptr::null_mut()
-    } else {
-        h
-    }
+        });
+        if let Err(e) = done {
+            lock(&m.maps).remove(&(p as usize));
+            return Err(e);
+        }
+        Ok(p.cast())
+    })
 }
 
 unsafe extern "C" fn cl_enqueue_unmap_mem_object(
