@@ -202,12 +202,27 @@ impl Data for Queue {
 /// Queues that hold commands back.
 static HOLDING: Mutex<Vec<Ref<Queue>>> = Mutex::new(Vec::new());
 
+/// Daemon queues of released queues, by device position, for the next queue on that device
+/// (a daemon queue is only a name for a device within the session, and a session holds a
+/// limited number: they are reused, not made anew for every clCreateCommandQueue).
+static SPARE_QUEUES: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
 impl Queue {
     pub(crate) fn create(ctx: Ref<Context>, device: Ref<Device>, props: u64) -> Result<Ref<Queue>, Int> {
-        let p = plat();
-        let r = p.remote(&device);
-        let id = r.new_id();
-        r.call_raw(Command::CreateQueue { queue: id, device: device.index }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+        let at = pos(&device);
+        let spare = {
+            let mut s = lock(&SPARE_QUEUES);
+            s.iter().position(|(d, _)| *d == at).map(|i| s.swap_remove(i).1)
+        };
+        let id = match spare {
+            Some(id) => id,
+            None => {
+                let r = plat().remote(&device);
+                let id = r.new_id();
+                r.call_raw(Command::CreateQueue { queue: id, device: device.index }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+                id
+            }
+        };
         Ok(Ref::new(Queue { ctx, device, props, id, held: Mutex::new(VecDeque::new()), drained: Condvar::new() }))
     }
 
@@ -330,6 +345,12 @@ impl Queue {
             error::report("clFinish", &e);
             error::code(&e, cl::OUT_OF_RESOURCES)
         })
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        lock(&SPARE_QUEUES).push((pos(&self.device), self.id));
     }
 }
 
