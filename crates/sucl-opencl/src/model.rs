@@ -104,6 +104,18 @@ impl Event {
     }
 }
 
+/// Daemon events of released events, by daemon: re-recording an event id moves it, so they
+/// are reused (a session holds a limited number of events).
+static SPARE_EVENTS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Some(spare) = lock(&self.state).server {
+            lock(&SPARE_EVENTS).push(spare);
+        }
+    }
+}
+
 /// Sets `ev`'s status and runs the callbacks it triggers.
 pub(crate) fn set_status(ev: &Ref<Event>, status: Int) {
     let due = {
@@ -294,7 +306,11 @@ impl Queue {
 
     /// Records `e` behind everything posted so far.
     pub(crate) fn record(&self, e: &Ref<Event>) -> Result<(), Int> {
-        let id = self.remote().new_id();
+        let spare = {
+            let mut s = lock(&SPARE_EVENTS);
+            s.iter().position(|(srv, _)| *srv == self.server()).map(|i| s.swap_remove(i).1)
+        };
+        let id = spare.unwrap_or_else(|| self.remote().new_id());
         self.remote().post_raw(Command::Record { queue: self.id, event: id }).map_err(|err| error::code(&err, cl::OUT_OF_RESOURCES))?;
         lock(&e.state).server = Some((self.server(), id));
         set_status(e, cl::SUBMITTED);
