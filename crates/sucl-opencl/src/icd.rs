@@ -311,7 +311,7 @@ fn context_props(props: *const isize) -> R<Vec<isize>> {
             cl::CONTEXT_PLATFORM => {
                 the_platform(value as Handle)?;
             }
-            cl::CONTEXT_INTEROP_USER_SYNC => {}
+            cl::CONTEXT_INTEROP_USER_SYNC if value == 0 || value == 1 => {}
             _ => return Err(cl::INVALID_PROPERTY),
         }
         if out.chunks(2).any(|c| c[0] == name) {
