@@ -1374,7 +1374,7 @@ unsafe extern "C" fn cl_set_kernel_arg(kernel: Handle, index: Uint, size: usize,
                 return Ok(ArgVal::NullMem);
             }
             match Ref::<Mem>::from_handle(h) {
-                Some(m) if m.ctx.same(&k.program.ctx) => Ok(ArgVal::Mem(m)),
+                Some(m) if m.ctx.same(&k.program.ctx) => Ok(ArgVal::Mem(m.handle() as usize)),
                 Some(_) => Err(cl::INVALID_MEM_OBJECT),
                 None if must => Err(cl::INVALID_MEM_OBJECT),
                 None => Err(cl::INVALID_ARG_VALUE),
@@ -1486,6 +1486,14 @@ unsafe extern "C" fn cl_get_kernel_arg_info(
     })
 }
 
+/// A kernel argument as a launch holds it.
+enum Launched {
+    Mem(Ref<Mem>),
+    NullMem,
+    Value(Vec<u8>),
+    Local(usize),
+}
+
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn cl_enqueue_nd_range_kernel(
     q: Handle,
@@ -1540,7 +1548,17 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
         if k.program.built(&q.device).is_none() {
             return Err(cl::INVALID_PROGRAM_EXECUTABLE);
         }
-        let args: Vec<ArgVal> = lock(&k.args).iter().cloned().collect::<Option<Vec<_>>>().ok_or(cl::INVALID_KERNEL_ARGS)?;
+        let set: Vec<ArgVal> = lock(&k.args).iter().cloned().collect::<Option<Vec<_>>>().ok_or(cl::INVALID_KERNEL_ARGS)?;
+        // The launch keeps the buffers it uses until it has been posted.
+        let mut args = Vec::with_capacity(set.len());
+        for a in set {
+            args.push(match a {
+                ArgVal::Mem(h) => Launched::Mem(Ref::<Mem>::from_handle(h as Handle).ok_or(cl::INVALID_KERNEL_ARGS)?),
+                ArgVal::NullMem => Launched::NullMem,
+                ArgVal::Value(v) => Launched::Value(v),
+                ArgVal::Local(n) => Launched::Local(n),
+            });
+        }
         let kid = k.on(&q.device)?;
         let (dev, qid) = (q.device.clone(), q.id);
         let r = q.remote();
@@ -1548,7 +1566,7 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
             let mut wire_args = Vec::with_capacity(args.len());
             for a in &args {
                 wire_args.push(match a {
-                    ArgVal::Mem(m) => {
+                    Launched::Mem(m) => {
                         let id = m.store.place(&dev, false)?;
                         let whole = m.base == 0 && m.size == m.store.size;
                         if whole {
@@ -1557,16 +1575,16 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
                             ClArg::Mem { buffer: id, offset: m.base as u64, len: m.size as u64 }
                         }
                     }
-                    ArgVal::NullMem => ClArg::NullMem,
-                    ArgVal::Value(v) => ClArg::Value(v.clone()),
-                    ArgVal::Local(s) => ClArg::Local(*s as u64),
+                    Launched::NullMem => ClArg::NullMem,
+                    Launched::Value(v) => ClArg::Value(v.clone()),
+                    Launched::Local(s) => ClArg::Local(*s as u64),
                 });
             }
             let cmd =
                 Command::ClLaunch { queue: qid, kernel: kid, dims: dims as u8, offset: off, global: glob, local: loc, args: wire_args };
             r.post_raw(cmd).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
             for a in &args {
-                if let ArgVal::Mem(m) = a {
+                if let Launched::Mem(m) = a {
                     if m.flags & cl::MEM_READ_ONLY == 0 {
                         m.store.written(&dev);
                     }

@@ -650,7 +650,9 @@ pub(crate) fn text(v: &[u8]) -> String {
 /// A kernel argument as set by the application.
 #[derive(Clone)]
 pub(crate) enum ArgVal {
-    Mem(Ref<Mem>),
+    /// A buffer's handle: a kernel argument does not keep its buffer (the specification says
+    /// so: its destructor runs once the application released it); a launch takes it.
+    Mem(usize),
     NullMem,
     Value(Vec<u8>),
     Local(usize),
