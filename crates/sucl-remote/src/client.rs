@@ -518,6 +518,28 @@ impl Remote {
         self.call(cmd, "a raw command")
     }
 
+    /// Sends one protocol command without waiting for its answer (low level, as
+    /// [`Remote::call_raw`]); a failure is reported by the next call that waits.
+    pub fn post_raw(&self, cmd: Command) -> Result<()> {
+        self.post(cmd)
+    }
+
+    /// A fresh id for an object of this session (buffers, queues, events, programs, kernels
+    /// made with the raw commands).
+    pub fn new_id(&self) -> u64 {
+        self.id()
+    }
+
+    /// The largest frame in force on this session (split writes and reads to fit).
+    pub fn max_frame(&self) -> usize {
+        self.room()
+    }
+
+    /// This server's index in its [`Mesh`], if it is in one.
+    pub fn mesh_index(&self) -> Option<u32> {
+        self.mesh().map(|(_, i)| i)
+    }
+
     /// A no-op round trip (a latency probe).
     pub fn nop(&self) -> Result<()> {
         self.call(Command::Nop, "nop").map(|_| ())
@@ -1328,7 +1350,8 @@ impl<T: bytemuck::Pod> Drop for RemoteBuffer<T> {
     }
 }
 
-fn next_transfer() -> u64 {
+/// A fresh transfer id for a [`Command::MigrateOut`] / [`Command::MigrateIn`] pair.
+pub fn next_transfer() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }

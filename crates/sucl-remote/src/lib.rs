@@ -12,7 +12,8 @@
 //!   from a [`KernelRegistry`]; CUDA kernels compiled by NVRTC; per-session limits;
 //!   exactly-once execution across reconnects; peer meshes: server-to-server migration —
 //!   GPU to GPU through peer memory between daemons of one host, over the link otherwise — and
-//!   completion notices between servers; content size).
+//!   completion notices between servers; content size; OpenCL devices of the local platforms,
+//!   loaded at run time, with programs built from OpenCL C on the server).
 //! - [`client`]: [`Remote`] servers and their devices, queues, buffers and events; a [`Mesh`]
 //!   of servers that migrate buffers and wait for each other's events directly.
 //!
@@ -26,6 +27,7 @@ pub mod client;
 mod cuda;
 pub mod daemon;
 pub mod kernels;
+mod opencl;
 pub mod transport;
 pub mod wire;
 
@@ -34,4 +36,4 @@ pub use client::{ClientOptions, Mesh, Remote, RemoteBuffer, RemoteDevice, Remote
 pub use daemon::{Daemon, DaemonConfig, Limits, PeerPath};
 pub use kernels::{KernelCall, KernelRegistry};
 pub use transport::{Tls, TlsIdentity};
-pub use wire::{Arg, DeviceKind};
+pub use wire::{Arg, ClArg, DeviceKind};

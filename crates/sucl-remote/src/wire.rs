@@ -23,8 +23,10 @@ use std::io::{self, Read, Write};
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
 /// The protocol version this build speaks (it speaks exactly one). Version 2 added the
 /// peer-memory migration frames ([`Frame::PeerMemOffer`] and its answers) and the migration
-/// counters of [`SessionStats`].
-pub const VERSION: u16 = 2;
+/// counters of [`SessionStats`]; version 3 added OpenCL devices ([`DeviceKind::OpenCl`]) and
+/// their commands ([`Command::ClBuild`], [`Command::ClKernel`], [`Command::ClLaunch`],
+/// [`Command::ClQuery`], [`Command::ClRelease`]).
+pub const VERSION: u16 = 3;
 /// The largest frame either side accepts before the handshake has negotiated a limit.
 pub const HANDSHAKE_MAX_FRAME: u32 = 1024;
 /// The smallest frame limit a peer may ask for (every fixed-size command must fit).
@@ -39,6 +41,10 @@ pub const MAX_ARGS: usize = 64;
 pub const MAX_PATTERN: usize = 64;
 /// The most devices one server lists.
 pub const MAX_DEVICES: usize = 256;
+/// The longest by-value OpenCL kernel argument (a struct or vector passed by value).
+pub const MAX_ARG_BYTES: usize = 1024;
+/// The longest OpenCL build option string.
+pub const MAX_OPTIONS: usize = 4096;
 /// The bytes a [`Frame::Command`] carrying a write needs besides its data (tags, sequence
 /// numbers, ids, offsets and the data's count), so that a client can split large writes.
 pub const WRITE_OVERHEAD: usize = 1 + 8 + 8 + 1 + 8 + 8 + 4;
@@ -61,8 +67,10 @@ pub mod feature {
     /// [`super::Frame::Welcome`] (see [`crate::auth`]). In force for a session when it was
     /// negotiated at [`super::Frame::Open`]; plain TCP links always use the nonces.
     pub const CHANNEL_BOUND_ATTACH: u64 = 16;
+    /// OpenCL devices: programs built from OpenCL C source on the server, NDRange launches.
+    pub const OPENCL: u64 = 32;
     /// Every feature this build knows.
-    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS | MESH | CONTENT_SIZE | CHANNEL_BOUND_ATTACH;
+    pub const ALL: u64 = HOST_KERNELS | CUDA_KERNELS | MESH | CONTENT_SIZE | CHANNEL_BOUND_ATTACH | OPENCL;
 }
 
 /// Why a frame could not be decoded.
@@ -143,6 +151,59 @@ pub enum DeviceKind {
     Host,
     /// A CUDA GPU (kernels compiled by NVRTC on the server).
     Cuda,
+    /// A device of an OpenCL platform the server loaded (programs built from OpenCL C on the
+    /// server).
+    OpenCl,
+}
+
+/// One argument of an OpenCL kernel launch ([`Command::ClLaunch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClArg {
+    /// Bytes `offset..offset + len` of a buffer of the session (`len` 0: the whole buffer,
+    /// from `offset` 0); a part becomes a sub-buffer for the launch.
+    Mem {
+        /// The buffer.
+        buffer: u64,
+        /// Byte offset of the part.
+        offset: u64,
+        /// Bytes of the part (0: the whole buffer).
+        len: u64,
+    },
+    /// A null buffer.
+    NullMem,
+    /// A value, as its bytes (at most [`MAX_ARG_BYTES`]).
+    Value(Vec<u8>),
+    /// A `__local` argument of this many bytes.
+    Local(u64),
+}
+
+/// What a [`Command::ClQuery`] asks: which OpenCL info call, on which object.
+pub mod cl_query {
+    /// `clGetDeviceInfo(device, param)`.
+    pub const DEVICE: u8 = 0;
+    /// `clGetKernelInfo(kernel, param)`.
+    pub const KERNEL: u8 = 1;
+    /// `clGetKernelWorkGroupInfo(kernel, device, param)`.
+    pub const KERNEL_WORK_GROUP: u8 = 2;
+    /// `clGetProgramBuildInfo(program, device, param)`.
+    pub const PROGRAM_BUILD: u8 = 3;
+    /// The four profiling times (queued, submitted, started, ended; `u64` ns each) of the
+    /// last OpenCL command before event `object` on its queue; the parameter is unused.
+    pub const EVENT_PROFILE: u8 = 4;
+    /// `clGetKernelArgInfo(kernel, arg index = device, param)`.
+    pub const KERNEL_ARG: u8 = 5;
+    /// `clGetProgramInfo(program, param)` (kernel names and counts; not handles).
+    pub const PROGRAM: u8 = 6;
+    /// The largest `what` this build knows.
+    pub const LAST: u8 = 6;
+}
+
+/// What a [`Command::ClRelease`] releases.
+pub mod cl_object {
+    /// A program ([`super::Command::ClBuild`]).
+    pub const PROGRAM: u8 = 0;
+    /// A kernel ([`super::Command::ClKernel`]).
+    pub const KERNEL: u8 = 1;
 }
 
 /// What a session has done and holds, as the server counts it.
@@ -345,6 +406,66 @@ pub enum Command {
         /// The size buffer (at least 8 bytes, same device), or 0 to clear it.
         size_buffer: u64,
     },
+    /// Builds OpenCL C `source` with `options` for OpenCL device `device` as program `program`
+    /// (an id the client chose). The program is kept even when its build fails (its log stays
+    /// readable through [`Command::ClQuery`]); the failure is answered as
+    /// [`code::opencl`]`(CL_BUILD_PROGRAM_FAILURE)` with the log as its message.
+    ClBuild {
+        /// The new program's id.
+        program: u64,
+        /// The device.
+        device: u32,
+        /// The OpenCL C source.
+        source: String,
+        /// The build options (at most [`MAX_OPTIONS`] bytes).
+        options: String,
+    },
+    /// Creates kernel `kernel` (an id the client chose) from function `name` of built program
+    /// `program`; answers [`Outcome::Data`]: its argument count (`u32`), then each argument's
+    /// address qualifier (`u32`, `CL_KERNEL_ARG_ADDRESS_*`, 0 when the platform cannot say).
+    ClKernel {
+        /// The new kernel's id.
+        kernel: u64,
+        /// The program.
+        program: u64,
+        /// The kernel function.
+        name: String,
+    },
+    /// Runs OpenCL kernel `kernel` on `queue` over an NDRange of `dims` (1-3) dimensions.
+    ClLaunch {
+        /// The queue (on the kernel's device).
+        queue: u64,
+        /// The kernel.
+        kernel: u64,
+        /// Dimensions, 1 to 3.
+        dims: u8,
+        /// The global offset per dimension.
+        offset: [u64; 3],
+        /// The global size per dimension.
+        global: [u64; 3],
+        /// The local size per dimension (all 0: the platform chooses).
+        local: [u64; 3],
+        /// Every argument, in order.
+        args: Vec<ClArg>,
+    },
+    /// Answers an OpenCL info query ([`cl_query`]) as the platform's bytes ([`Outcome::Data`]).
+    ClQuery {
+        /// One of [`cl_query`].
+        what: u8,
+        /// The kernel, program or event (unused for devices).
+        object: u64,
+        /// The device (for [`cl_query::KERNEL_ARG`]: the argument index).
+        device: u32,
+        /// The `cl_*_info` parameter.
+        param: u32,
+    },
+    /// Releases a program or kernel ([`cl_object`]).
+    ClRelease {
+        /// One of [`cl_object`].
+        what: u8,
+        /// Its id.
+        id: u64,
+    },
 }
 
 /// One member of a peer mesh, as a client describes it to the others.
@@ -375,6 +496,23 @@ pub mod code {
     pub const UNSUPPORTED: u16 = 5;
     /// A peer server failed, was lost or did not answer in time.
     pub const PEER: u16 = 6;
+    /// The first of the codes that carry an OpenCL error: `OPENCL_BASE + n` is the
+    /// platform's `cl_int` error `-n` (1 <= n <= 255).
+    pub const OPENCL_BASE: u16 = 0x100;
+
+    /// The code carrying OpenCL error `err` (negative); errors out of range map to
+    /// [`DEVICE`].
+    pub fn opencl(err: i32) -> u16 {
+        match err.checked_neg() {
+            Some(n @ 1..=255) => OPENCL_BASE + n as u16,
+            _ => DEVICE,
+        }
+    }
+
+    /// The OpenCL error a code carries, if it carries one.
+    pub fn as_opencl(code: u16) -> Option<i32> {
+        (OPENCL_BASE + 1..=OPENCL_BASE + 255).contains(&code).then(|| -((code - OPENCL_BASE) as i32))
+    }
 }
 
 /// The result of one command.
@@ -649,6 +787,11 @@ impl Command {
             Command::MigrateIn { .. } => 18,
             Command::WaitRemote { .. } => 19,
             Command::SetContentSize { .. } => 20,
+            Command::ClBuild { .. } => 21,
+            Command::ClKernel { .. } => 22,
+            Command::ClLaunch { .. } => 23,
+            Command::ClQuery { .. } => 24,
+            Command::ClRelease { .. } => 25,
         }
     }
 
@@ -754,6 +897,55 @@ impl Command {
                 e.u64(*buffer);
                 e.u64(*size_buffer);
             }
+            Command::ClBuild { program, device, source, options } => {
+                e.u64(*program);
+                e.u32(*device);
+                e.str(source);
+                e.str(options);
+            }
+            Command::ClKernel { kernel, program, name } => {
+                e.u64(*kernel);
+                e.u64(*program);
+                e.str(name);
+            }
+            Command::ClLaunch { queue, kernel, dims, offset, global, local, args } => {
+                e.u64(*queue);
+                e.u64(*kernel);
+                e.u8(*dims);
+                for v in offset.iter().chain(global).chain(local) {
+                    e.u64(*v);
+                }
+                e.u32(args.len() as u32);
+                for a in args {
+                    match a {
+                        ClArg::Mem { buffer, offset, len } => {
+                            e.u8(0);
+                            e.u64(*buffer);
+                            e.u64(*offset);
+                            e.u64(*len);
+                        }
+                        ClArg::NullMem => e.u8(1),
+                        ClArg::Value(v) => {
+                            e.u8(2);
+                            e.bytes(v);
+                        }
+                        ClArg::Local(n) => {
+                            e.u8(3);
+                            e.u64(*n);
+                        }
+                    }
+                }
+            }
+            Command::ClQuery { what, object, device, param } => {
+                e.u8(*what);
+                e.u64(*object);
+                e.u32(*device);
+                e.u32(*param);
+            }
+            Command::ClRelease { what, id } => {
+                e.u8(*what);
+                e.u64(*id);
+            }
         }
     }
 }
@@ -773,6 +965,7 @@ impl Outcome {
                     e.u8(match d.kind {
                         DeviceKind::Host => 0,
                         DeviceKind::Cuda => 1,
+                        DeviceKind::OpenCl => 2,
                     });
                     e.str(&d.name);
                     e.u64(d.memory);
@@ -1084,8 +1277,53 @@ fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
         },
         19 => Command::WaitRemote { peer: d.u32("peer")?, event: d.u64("event")? },
         20 => Command::SetContentSize { buffer: d.u64("buffer")?, size_buffer: d.u64("size buffer")? },
+        21 => Command::ClBuild {
+            program: d.u64("program")?,
+            device: d.u32("device")?,
+            source: d.str("OpenCL source", unbounded)?,
+            options: d.str("build options", MAX_OPTIONS)?,
+        },
+        22 => Command::ClKernel { kernel: d.u64("kernel")?, program: d.u64("program")?, name: d.str("kernel name", MAX_NAME)? },
+        23 => decode_cl_launch(d)?,
+        24 => {
+            let what = d.u8("query kind")?;
+            if what > cl_query::LAST {
+                return Err(WireError::UnknownTag { what: "OpenCL query", tag: what });
+            }
+            Command::ClQuery { what, object: d.u64("object")?, device: d.u32("device")?, param: d.u32("parameter")? }
+        }
+        25 => {
+            let what = d.u8("object kind")?;
+            if what > cl_object::KERNEL {
+                return Err(WireError::UnknownTag { what: "OpenCL object", tag: what });
+            }
+            Command::ClRelease { what, id: d.u64("object")? }
+        }
         t => return Err(WireError::UnknownTag { what: "command", tag: t }),
     })
+}
+
+fn decode_cl_launch(d: &mut Dec) -> Result<Command, WireError> {
+    let queue = d.u64("queue")?;
+    let kernel = d.u64("kernel")?;
+    let dims = d.u8("dimensions")?;
+    if !(1..=3).contains(&dims) {
+        return Err(WireError::TooLong { what: "NDRange dimensions", len: dims as u64, limit: 3 });
+    }
+    let mut three = |what| -> Result<[u64; 3], WireError> { Ok([d.u64(what)?, d.u64(what)?, d.u64(what)?]) };
+    let (offset, global, local) = (three("global offset")?, three("global size")?, three("local size")?);
+    let n = d.count("kernel arguments", MAX_ARGS, 1)?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        args.push(match d.u8("argument tag")? {
+            0 => ClArg::Mem { buffer: d.u64("buffer")?, offset: d.u64("buffer offset")?, len: d.u64("buffer part")? },
+            1 => ClArg::NullMem,
+            2 => ClArg::Value(d.bytes("argument value", MAX_ARG_BYTES)?),
+            3 => ClArg::Local(d.u64("local size")?),
+            t => return Err(WireError::UnknownTag { what: "OpenCL argument", tag: t }),
+        });
+    }
+    Ok(Command::ClLaunch { queue, kernel, dims, offset, global, local, args })
 }
 
 fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
@@ -1099,6 +1337,7 @@ fn decode_outcome(d: &mut Dec) -> Result<Outcome, WireError> {
                 let kind = match d.u8("device kind")? {
                     0 => DeviceKind::Host,
                     1 => DeviceKind::Cuda,
+                    2 => DeviceKind::OpenCl,
                     t => return Err(WireError::UnknownTag { what: "device kind", tag: t }),
                 };
                 list.push(DeviceInfo { kind, name: d.str("device name", MAX_NAME)?, memory: d.u64("device memory")? });
@@ -1427,6 +1666,54 @@ mod tests {
         assert_eq!(u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize, bytes.len() - 4);
         assert_eq!(bytes.len() - 4, WRITE_OVERHEAD + 3);
         assert_eq!(decode(&bytes[4..]).unwrap(), f);
+    }
+
+    #[test]
+    fn opencl_launches_round_trip_and_bad_ones_are_refused() {
+        let cmd = Command::ClLaunch {
+            queue: 1,
+            kernel: 2,
+            dims: 2,
+            offset: [1, 2, 0],
+            global: [64, 32, 1],
+            local: [8, 4, 1],
+            args: vec![ClArg::Mem { buffer: 5, offset: 128, len: 256 }, ClArg::NullMem, ClArg::Value(vec![1, 2, 3, 4]), ClArg::Local(512)],
+        };
+        let f = Frame::Command { seq: 3, ack: 0, cmd };
+        let bytes = f.encode();
+        assert_eq!(decode(&bytes[4..]).unwrap(), f);
+        // Dimensions outside 1-3 are refused.
+        let mut bad = bytes[4..].to_vec();
+        let dims_at = 1 + 8 + 8 + 1 + 8 + 8;
+        bad[dims_at] = 4;
+        assert!(matches!(decode(&bad), Err(WireError::TooLong { what: "NDRange dimensions", .. })));
+        // A by-value argument over the limit is refused before it is allocated.
+        let big = Frame::Command {
+            seq: 4,
+            ack: 0,
+            cmd: Command::ClLaunch {
+                queue: 1,
+                kernel: 2,
+                dims: 1,
+                offset: [0; 3],
+                global: [1; 3],
+                local: [0; 3],
+                args: vec![ClArg::Value(vec![0; MAX_ARG_BYTES + 1])],
+            },
+        };
+        assert!(matches!(decode(&big.encode()[4..]), Err(WireError::TooLong { what: "argument value", .. })));
+        // Unknown query kinds are refused.
+        let q = Frame::Command { seq: 5, ack: 0, cmd: Command::ClQuery { what: cl_query::LAST + 1, object: 0, device: 0, param: 0 } };
+        assert!(matches!(decode(&q.encode()[4..]), Err(WireError::UnknownTag { what: "OpenCL query", .. })));
+    }
+
+    #[test]
+    fn opencl_errors_travel_as_codes() {
+        assert_eq!(code::as_opencl(code::opencl(-11)), Some(-11));
+        assert_eq!(code::as_opencl(code::opencl(-255)), Some(-255));
+        assert_eq!(code::opencl(-1001), code::DEVICE);
+        assert_eq!(code::opencl(0), code::DEVICE);
+        assert_eq!(code::as_opencl(code::INVALID), None);
     }
 
     #[test]

@@ -201,8 +201,10 @@ fn malformed_oversized_and_mismatched_frames_close_the_connection() {
     assert!(refused_because(read(&mut s)).contains("bad magic"));
     // A version this server does not speak.
     let mut s = raw_connect(&d.addr, &d.tls());
-    s.write_all(&Frame::Hello { min_version: 3, max_version: 4, features: 0, max_frame: 1 << 20, nonce: [0; 16] }.encode()).unwrap();
-    assert!(refused_because(read(&mut s)).contains("the client speaks versions 3..=4; this server speaks 2"));
+    let (lo, hi) = (sucl_remote::wire::VERSION + 1, sucl_remote::wire::VERSION + 2);
+    s.write_all(&Frame::Hello { min_version: lo, max_version: hi, features: 0, max_frame: 1 << 20, nonce: [0; 16] }.encode()).unwrap();
+    let why = refused_because(read(&mut s));
+    assert!(why.contains(&format!("the client speaks versions {lo}..={hi}; this server speaks {}", sucl_remote::wire::VERSION)), "{why}");
     // After the handshake: a frame over the negotiated limit, and an undecodable one.
     for bad in [(8u32 << 20).to_le_bytes().to_vec(), vec![2, 0, 0, 0, 16, 0]] {
         let (mut s, n) = raw_greet(&d.addr, &d.tls());

@@ -5,7 +5,7 @@
 //! claims.
 
 use proptest::prelude::*;
-use sucl_remote::wire::{self, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, SessionStats, WireError};
+use sucl_remote::wire::{self, Arg, ClArg, Command, DeviceInfo, DeviceKind, Frame, Outcome, SessionStats, WireError};
 
 fn cfg(cases: u32) -> ProptestConfig {
     // SUCL_WIRE_FUZZ_SCALE multiplies the case counts (e.g. 10 for a longer local run).
@@ -39,6 +39,15 @@ fn arg() -> impl Strategy<Value = Arg> {
     ]
 }
 
+fn cl_arg() -> impl Strategy<Value = ClArg> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(buffer, offset, len)| ClArg::Mem { buffer, offset, len }),
+        Just(ClArg::NullMem),
+        proptest::collection::vec(any::<u8>(), 0..16).prop_map(ClArg::Value),
+        any::<u64>().prop_map(ClArg::Local),
+    ]
+}
+
 fn command() -> impl Strategy<Value = Command> {
     let small = proptest::collection::vec(any::<u8>(), 0..24);
     prop_oneof![
@@ -64,6 +73,31 @@ fn command() -> impl Strategy<Value = Command> {
         (any::<u64>(), any::<u64>()).prop_map(|(queue, event)| Command::WaitEvent { queue, event }),
         any::<u64>().prop_map(|event| Command::SyncEvent { event }),
         any::<u64>().prop_map(|queue| Command::Finish { queue }),
+        (any::<u64>(), any::<u32>(), text(12), text(6)).prop_map(|(program, device, source, options)| Command::ClBuild {
+            program,
+            device,
+            source,
+            options
+        }),
+        (any::<u64>(), any::<u64>(), name(8)).prop_map(|(kernel, program, name)| Command::ClKernel { kernel, program, name }),
+        (any::<u64>(), any::<u64>(), 1..=3u8, any::<[u64; 9]>(), proptest::collection::vec(cl_arg(), 0..4)).prop_map(
+            |(queue, kernel, dims, v, args)| Command::ClLaunch {
+                queue,
+                kernel,
+                dims,
+                offset: [v[0], v[1], v[2]],
+                global: [v[3], v[4], v[5]],
+                local: [v[6], v[7], v[8]],
+                args
+            }
+        ),
+        (0..=wire::cl_query::LAST, any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(what, object, device, param)| Command::ClQuery {
+            what,
+            object,
+            device,
+            param
+        }),
+        (0..=1u8, any::<u64>()).prop_map(|(what, id)| Command::ClRelease { what, id }),
     ]
 }
 
@@ -71,9 +105,13 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     prop_oneof![
         Just(Outcome::Done),
         proptest::collection::vec(any::<u8>(), 0..24).prop_map(Outcome::Data),
-        proptest::collection::vec((name(8), any::<u64>(), any::<bool>()), 0..3).prop_map(|v| Outcome::Devices(
+        proptest::collection::vec((name(8), any::<u64>(), 0..3u8), 0..3).prop_map(|v| Outcome::Devices(
             v.into_iter()
-                .map(|(name, memory, cuda)| DeviceInfo { kind: if cuda { DeviceKind::Cuda } else { DeviceKind::Host }, name, memory })
+                .map(|(name, memory, k)| DeviceInfo {
+                    kind: [DeviceKind::Host, DeviceKind::Cuda, DeviceKind::OpenCl][k as usize],
+                    name,
+                    memory
+                })
                 .collect()
         )),
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(executed, launches, bytes_in_use, buffers)| Outcome::Stats(

@@ -1,4 +1,4 @@
-//! `sucld`: serves this machine's devices (host queues, and CUDA GPUs with `--cuda`) to sucl
+//! `sucld`: serves this machine's devices (host queues, CUDA GPUs with `--cuda`, OpenCL devices with `--opencl`) to sucl
 //! clients over TCP. See `sucld --help`.
 
 use clap::Parser;
@@ -38,6 +38,10 @@ struct Args {
     /// Also offer this machine's CUDA GPUs (fails if none can be opened).
     #[arg(long)]
     cuda: bool,
+    /// Also serve the devices of this machine's OpenCL platforms (loaded at run time through
+    /// libOpenCL.so.1; PoCL's CPU device, NVIDIA's OpenCL, ...).
+    #[arg(long)]
+    opencl: bool,
     /// Largest frame in bytes (writes and reads are split to fit).
     #[arg(long, default_value_t = sucl_remote::wire::DEFAULT_MAX_FRAME)]
     max_frame: u32,
@@ -113,6 +117,9 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    // If the sucl OpenCL ICD is installed, the loader this daemon opens would offer it too;
+    // it must not serve itself (the ICD offers no platform while this is set).
+    std::env::set_var("SUCL_OPENCL_DISABLE", "1");
     if let Some(path) = &args.gen_token {
         Token::write_new(path)?;
         println!("wrote a new token to {}", path.display());
@@ -127,6 +134,7 @@ fn run(args: Args) -> Result<(), String> {
     cfg.listen = args.listen;
     cfg.host_devices = args.host_devices;
     cfg.cuda = args.cuda;
+    cfg.opencl = args.opencl;
     cfg.max_frame = args.max_frame;
     cfg.reconnect_window = Duration::from_millis(args.reconnect_window_ms);
     cfg.limits = Limits {

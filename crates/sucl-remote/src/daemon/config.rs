@@ -77,6 +77,9 @@ pub struct DaemonConfig {
     pub host_devices: u32,
     /// Whether to offer the machine's CUDA GPUs too.
     pub cuda: bool,
+    /// Whether to offer the devices of the machine's OpenCL platforms too (loaded at run time
+    /// through `libOpenCL.so.1`).
+    pub opencl: bool,
     /// Host memory each host device reports (sessions are limited by [`Limits::max_bytes`]).
     pub host_memory: u64,
     /// The host kernels clients may launch.
@@ -113,6 +116,7 @@ impl DaemonConfig {
             max_frame: wire::DEFAULT_MAX_FRAME,
             host_devices: 1,
             cuda: false,
+            opencl: false,
             host_memory: 1 << 34,
             kernels: KernelRegistry::with_builtins(),
             handshake_timeout: Duration::from_secs(5),

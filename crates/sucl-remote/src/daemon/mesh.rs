@@ -596,6 +596,9 @@ pub(super) fn receive_transfer(shared: &Shared, s: &Session, key: (u32, u64), id
                     Mem::Host(m) => m.bytes_mut()[at..at + n].copy_from_slice(&chunk[..*n]),
                     #[cfg(feature = "cuda")]
                     Mem::Cuda(m) => m.write(at, &chunk[..*n])?,
+                    Mem::OpenCl(m) => {
+                        m.write(at, &chunk[..*n])?;
+                    }
                 }
                 copied += *n as u64;
             }
@@ -634,7 +637,6 @@ pub(super) fn send_transfer(
     let total = range.len() as u64;
     let mut from = 0u64; // what the member holds
     let mut resumed = false;
-    #[cfg(feature = "cuda")]
     let mut staging = Vec::new();
     loop {
         let (out, link, generation, max_frame) = peer_link(shared, s, peer).map_err(|e| failed(code::PEER, format!("{what}: {e}")))?;
@@ -680,6 +682,12 @@ pub(super) fn send_transfer(
                 Mem::Cuda(m) => {
                     staging.resize(end - at, 0);
                     m.read_into(at..end, &mut staging)?;
+                    &staging
+                }
+                Mem::OpenCl(m) => {
+                    let (bytes, _) = m.read(at..end)?;
+                    staging.clear();
+                    staging.extend_from_slice(&bytes);
                     &staging
                 }
             };

@@ -50,6 +50,7 @@
 //! within the peer timeout is lost: every wait on it fails, naming it.
 
 mod accept;
+mod cl;
 mod config;
 mod exec;
 mod links;
@@ -100,6 +101,14 @@ impl Daemon {
                 .extend(crate::cuda::open_all().map_err(|e| io::Error::other(format!("CUDA devices: {e}")))?.into_iter().map(Served::Cuda));
             #[cfg(not(feature = "cuda"))]
             return Err(io::Error::other("this sucld was built without the `cuda` feature"));
+        }
+        if cfg.opencl {
+            let found =
+                crate::opencl::open_all(&[crate::opencl::SUCL_PLATFORM]).map_err(|e| io::Error::other(format!("OpenCL devices: {e}")))?;
+            if found.is_empty() {
+                warn!("--opencl: no local OpenCL platform offers a device (is an ICD such as pocl-opencl-icd installed?)");
+            }
+            devices.extend(found.into_iter().map(Served::OpenCl));
         }
         let listener = TcpListener::bind(cfg.listen)?;
         let addr = listener.local_addr()?;

@@ -14,6 +14,7 @@ pub(super) enum Served {
     },
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaServed),
+    OpenCl(crate::opencl::ClServed),
 }
 
 impl Served {
@@ -22,6 +23,7 @@ impl Served {
             Served::Host { name, memory } => DeviceInfo { kind: DeviceKind::Host, name: name.clone(), memory: *memory },
             #[cfg(feature = "cuda")]
             Served::Cuda(c) => c.info(),
+            Served::OpenCl(c) => c.info(),
         }
     }
 }
@@ -31,6 +33,7 @@ pub(super) enum Mem {
     Host(HostMem),
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaMem),
+    OpenCl(crate::opencl::ClMem),
 }
 
 impl Mem {
@@ -39,6 +42,7 @@ impl Mem {
             Mem::Host(m) => m.len(),
             #[cfg(feature = "cuda")]
             Mem::Cuda(m) => m.len(),
+            Mem::OpenCl(m) => m.len(),
         }
     }
 }
@@ -66,6 +70,14 @@ pub(super) struct Objects {
     /// Interprocess events and peers' mappings of the peer-memory path.
     #[cfg(feature = "cuda")]
     pub(super) peer_mem: PeerMemHandles,
+    /// OpenCL programs this session built, by id: (device, program).
+    pub(super) cl_programs: HashMap<u64, (u32, crate::opencl::ClProgram)>,
+    /// OpenCL kernels this session made, by id: (device, kernel).
+    pub(super) cl_kernels: HashMap<u64, (u32, crate::opencl::ClKernel)>,
+    /// The profiling times of the last OpenCL command on each queue.
+    pub(super) cl_last: HashMap<u64, [u64; 4]>,
+    /// The times an event was recorded behind (see [`crate::wire::cl_query::EVENT_PROFILE`]).
+    pub(super) cl_profiles: HashMap<u64, [u64; 4]>,
 }
 
 /// What the peer-memory path keeps open for a session (all closed when the session goes).
@@ -110,6 +122,7 @@ pub(super) fn content_len(o: &mut Objects, id: u64) -> Result<Option<u64>, Outco
         Mem::Host(m) => v.copy_from_slice(&m.bytes()[..8]),
         #[cfg(feature = "cuda")]
         Mem::Cuda(m) => v.copy_from_slice(&m.read(0..8)?),
+        Mem::OpenCl(m) => v.copy_from_slice(&m.read(0..8)?.0),
     }
     Ok(Some(u64::from_le_bytes(v)))
 }
@@ -120,6 +133,9 @@ pub(super) fn set_content_len(o: &mut Objects, sb: u64, n: u64) -> Result<(), Ou
         Mem::Host(m) => m.bytes_mut()[..8].copy_from_slice(&n.to_le_bytes()),
         #[cfg(feature = "cuda")]
         Mem::Cuda(m) => m.write(0, &n.to_le_bytes())?,
+        Mem::OpenCl(m) => {
+            m.write(0, &n.to_le_bytes())?;
+        }
     }
     Ok(())
 }
@@ -191,6 +207,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 Served::Host { .. } => Mem::Host(HostMem::zeroed(bytes as usize)),
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => Mem::Cuda(c.alloc(bytes as usize)?),
+                Served::OpenCl(c) => Mem::OpenCl(c.alloc(bytes as usize)?),
             };
             o.buffers.insert(id, Buf { device: d, mem, content: None });
             o.stats.bytes_in_use += bytes;
@@ -210,6 +227,9 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 Mem::Host(m) => m.bytes_mut()[r].copy_from_slice(&data),
                 #[cfg(feature = "cuda")]
                 Mem::Cuda(m) => m.write(r.start, &data)?,
+                Mem::OpenCl(m) => {
+                    m.write(r.start, &data)?;
+                }
             }
             Ok(Outcome::Done)
         }
@@ -225,6 +245,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 Mem::Host(m) => Ok(Outcome::Data(m.bytes()[r].to_vec())),
                 #[cfg(feature = "cuda")]
                 Mem::Cuda(m) => Ok(Outcome::Data(m.read(r)?)),
+                Mem::OpenCl(m) => Ok(Outcome::Data(m.read(r)?.0)),
             }
         }
         Command::Copy { src, src_offset, dst, dst_offset, len } => {
@@ -245,6 +266,11 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             buffer(o, id)?.content = (size_buffer != 0).then_some(size_buffer);
             Ok(Outcome::Done)
         }
+        Command::ClBuild { .. }
+        | Command::ClKernel { .. }
+        | Command::ClLaunch { .. }
+        | Command::ClQuery { .. }
+        | Command::ClRelease { .. } => super::cl::run(ctx, o, cmd),
         Command::Stats | Command::JoinMesh { .. } | Command::MigrateIn { .. } | Command::MigrateOut { .. } | Command::WaitRemote { .. } => {
             unreachable!("peer commands and stats run in exec")
         }
@@ -262,13 +288,18 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 }
                 #[cfg(feature = "cuda")]
                 Mem::Cuda(m) => m.fill(r, &pattern)?,
+                Mem::OpenCl(m) => {
+                    m.fill(r, &pattern)?;
+                }
             }
             Ok(Outcome::Done)
         }
         Command::Launch { queue, kernel, args, range } => launch(ctx, o, queue, &kernel, &args, range),
         #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
         Command::CompileCuda { device: d, name, source } => match device(ctx, d)? {
-            Served::Host { .. } => Err(failed(code::UNSUPPORTED, format!("device {d} is a host device; CUDA kernels need a CUDA device"))),
+            Served::Host { .. } | Served::OpenCl(_) => {
+                Err(failed(code::UNSUPPORTED, format!("device {d} is a host device; CUDA kernels need a CUDA device")))
+            }
             #[cfg(feature = "cuda")]
             Served::Cuda(c) => {
                 let k = c.compile(&name, &source)?;
@@ -281,8 +312,11 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             if o.events.len() >= limits.max_events as usize && !o.events.contains_key(&event) {
                 return Err(failed(code::LIMIT, format!("the session already holds {} events (its limit)", limits.max_events)));
             }
+            if let Some(t) = o.cl_last.get(&queue).copied() {
+                o.cl_profiles.insert(event, t);
+            }
             let ev = match device(ctx, d)? {
-                Served::Host { .. } => Ev::Done,
+                Served::Host { .. } | Served::OpenCl(_) => Ev::Done,
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => Ev::Cuda(c.record()?),
             };
@@ -305,7 +339,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 #[cfg(feature = "cuda")]
                 (Served::Cuda(c), Ev::Cuda(e)) => c.wait_for(e).map(|_| Outcome::Done),
                 #[cfg(feature = "cuda")]
-                (Served::Host { .. }, Ev::Cuda(e)) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
+                (Served::Host { .. } | Served::OpenCl(_), Ev::Cuda(e)) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
             }
         }
         Command::SyncEvent { event } => {
@@ -318,7 +352,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
         Command::Finish { queue } => {
             let d = *o.queues.get(&queue).ok_or_else(|| failed(code::INVALID, format!("queue {queue} does not exist")))?;
             match device(ctx, d)? {
-                Served::Host { .. } => Ok(Outcome::Done),
+                Served::Host { .. } | Served::OpenCl(_) => Ok(Outcome::Done),
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => c.synchronize().map(|_| Outcome::Done),
             }
@@ -345,6 +379,12 @@ pub(super) fn copy(o: &mut Objects, src: u64, src_offset: u64, dst: u64, dst_off
             Mem::Host(m) => m.bytes_mut().copy_within(rs, rd.start),
             #[cfg(feature = "cuda")]
             Mem::Cuda(m) => m.copy_within(rs, rd.start)?,
+            Mem::OpenCl(m) => {
+                if rs.start.max(rd.start) < rs.end.min(rd.start + rs.len()) {
+                    return Err(failed(code::opencl(-8), "copy: the source and destination regions overlap"));
+                }
+                m.copy_from(m, rs, rd.start)?;
+            }
         }
         return Ok(Outcome::Done);
     }
@@ -356,8 +396,8 @@ pub(super) fn copy(o: &mut Objects, src: u64, src_offset: u64, dst: u64, dst_off
         }
         #[cfg(feature = "cuda")]
         (Mem::Cuda(a), Mem::Cuda(b)) => b.copy_from(a, rs, rd.start).map(|_| Outcome::Done),
-        #[cfg(feature = "cuda")]
-        _ => Err(failed(code::INVALID, "copy between a host and a CUDA buffer")),
+        (Mem::OpenCl(a), Mem::OpenCl(b)) => b.copy_from(a, rs, rd.start).map(|_| Outcome::Done),
+        _ => Err(failed(code::INVALID, "copy between buffers of different kinds of device")),
     };
     o.buffers.insert(src, s);
     r
@@ -432,5 +472,6 @@ pub(super) fn launch(ctx: &Ctx, o: &mut Objects, queue: u64, kernel: &str, args:
                 .ok_or_else(|| failed(code::KERNEL, format!("no CUDA kernel `{kernel}` was compiled on device {d} in this session")))?;
             c.launch(k, &ptrs, range).map(|_| Outcome::Done)
         }
+        Served::OpenCl(_) => Err(failed(code::UNSUPPORTED, format!("device {d} is an OpenCL device: its kernels run with ClLaunch"))),
     }
 }

@@ -1,0 +1,154 @@
+//! The OpenCL commands of a session: programs built on the server, kernels, NDRange launches
+//! and info queries answered by the serving platform.
+
+use super::objects::*;
+use crate::opencl::{ClServed, KernelArg};
+use crate::wire::{cl_object, cl_query, code, failed, ClArg, Command, Outcome};
+
+fn cl_device<'a>(ctx: &Ctx<'a>, d: u32) -> Result<&'a ClServed, Outcome> {
+    match device(ctx, d)? {
+        Served::OpenCl(c) => Ok(c),
+        _ => Err(failed(code::UNSUPPORTED, format!("device {d} is not an OpenCL device"))),
+    }
+}
+
+/// Refuses one more program or kernel beyond the session's object limit (its buffer limit).
+fn room_for_one(ctx: &Ctx, o: &Objects) -> Result<(), Outcome> {
+    let limit = ctx.cfg.limits.max_buffers as usize;
+    if o.cl_programs.len() + o.cl_kernels.len() >= limit {
+        return Err(failed(code::LIMIT, format!("the session already holds {limit} OpenCL programs and kernels (its limit)")));
+    }
+    Ok(())
+}
+
+fn usize_of(v: u64, what: &str) -> Result<usize, Outcome> {
+    usize::try_from(v).map_err(|_| failed(code::INVALID, format!("{what} {v} does not fit this server's size_t")))
+}
+
+/// Runs one OpenCL command.
+pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, Outcome> {
+    match cmd {
+        Command::ClBuild { program, device: d, source, options } => {
+            let dev = cl_device(ctx, d)?;
+            if o.cl_programs.contains_key(&program) {
+                return Err(failed(code::INVALID, format!("program {program} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let (p, error) = dev.build(&source, &options)?;
+            o.cl_programs.insert(program, (d, p));
+            error.map_or(Ok(Outcome::Done), Err)
+        }
+        Command::ClKernel { kernel, program, name } => {
+            if o.cl_kernels.contains_key(&kernel) {
+                return Err(failed(code::INVALID, format!("kernel {kernel} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let (d, p) =
+                o.cl_programs.get(&program).ok_or_else(|| failed(code::opencl(-44), format!("program {program} does not exist")))?;
+            let (k, quals) = p.kernel(&name)?;
+            let mut answer = (quals.len() as u32).to_le_bytes().to_vec();
+            for q in quals {
+                answer.extend_from_slice(&q.to_le_bytes());
+            }
+            let d = *d;
+            o.cl_kernels.insert(kernel, (d, k));
+            Ok(Outcome::Data(answer))
+        }
+        Command::ClRelease { what, id } => {
+            let gone = match what {
+                cl_object::PROGRAM => o.cl_programs.remove(&id).is_some(),
+                _ => o.cl_kernels.remove(&id).is_some(),
+            };
+            if gone {
+                Ok(Outcome::Done)
+            } else {
+                Err(failed(code::INVALID, format!("OpenCL object {id} does not exist")))
+            }
+        }
+        Command::ClQuery { what, object, device: d, param } => query(ctx, o, what, object, d, param).map(Outcome::Data),
+        Command::ClLaunch { queue, kernel, dims, offset, global, local, args } => {
+            launch(ctx, o, queue, kernel, dims, offset, global, local, &args)
+        }
+        other => Err(failed(code::INVALID, format!("{other:?} is not an OpenCL command"))),
+    }
+}
+
+fn query(ctx: &Ctx, o: &mut Objects, what: u8, object: u64, d: u32, param: u32) -> Result<Vec<u8>, Outcome> {
+    let no_kernel = || failed(code::opencl(-48), format!("kernel {object} does not exist"));
+    match what {
+        cl_query::DEVICE => cl_device(ctx, d)?.device_info(param),
+        cl_query::KERNEL => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.info(param),
+        cl_query::KERNEL_WORK_GROUP => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.work_group_info(param),
+        cl_query::KERNEL_ARG => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.arg_info(d, param),
+        cl_query::PROGRAM_BUILD => o
+            .cl_programs
+            .get(&object)
+            .ok_or_else(|| failed(code::opencl(-44), format!("program {object} does not exist")))?
+            .1
+            .build_info(param),
+        cl_query::PROGRAM => {
+            o.cl_programs.get(&object).ok_or_else(|| failed(code::opencl(-44), format!("program {object} does not exist")))?.1.info(param)
+        }
+        cl_query::EVENT_PROFILE => {
+            let t = o.cl_profiles.get(&object).ok_or_else(|| {
+                failed(code::opencl(-7), format!("event {object} has no profiling times (no OpenCL command ran before it)"))
+            })?;
+            Ok(t.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+        w => Err(failed(code::INVALID, format!("unknown OpenCL query {w}"))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    ctx: &Ctx,
+    o: &mut Objects,
+    queue: u64,
+    kernel: u64,
+    dims: u8,
+    offset: [u64; 3],
+    global: [u64; 3],
+    local: [u64; 3],
+    args: &[ClArg],
+) -> Result<Outcome, Outcome> {
+    let qd = *o.queues.get(&queue).ok_or_else(|| failed(code::INVALID, format!("queue {queue} does not exist")))?;
+    let dev = cl_device(ctx, qd)?;
+    let (kd, k) = o.cl_kernels.get(&kernel).ok_or_else(|| failed(code::opencl(-48), format!("kernel {kernel} does not exist")))?;
+    if *kd != qd {
+        return Err(failed(code::opencl(-34), format!("kernel {kernel} was built for device {kd}, the queue is on device {qd}")));
+    }
+    let mut kargs = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        kargs.push(match a {
+            ClArg::Mem { buffer, offset, len } => {
+                let b = o
+                    .buffers
+                    .get(buffer)
+                    .ok_or_else(|| failed(code::opencl(-38), format!("argument {i}: buffer {buffer} does not exist")))?;
+                let Mem::OpenCl(m) = &b.mem else {
+                    return Err(failed(code::opencl(-38), format!("argument {i}: buffer {buffer} is not an OpenCL buffer")));
+                };
+                if b.device != qd {
+                    return Err(failed(code::opencl(-38), format!("argument {i}: buffer {buffer} lives on device {}", b.device)));
+                }
+                if *len == 0 && *offset == 0 {
+                    KernelArg::Mem(m, None)
+                } else {
+                    let r = span(&format!("argument {i}"), *offset, *len, m.len())?;
+                    KernelArg::Mem(m, Some((r.start, r.len())))
+                }
+            }
+            ClArg::NullMem => KernelArg::NullMem,
+            ClArg::Value(v) => KernelArg::Value(v),
+            ClArg::Local(n) => KernelArg::Local(usize_of(*n, "a local size")?),
+        });
+    }
+    let three =
+        |v: [u64; 3], what| -> Result<[usize; 3], Outcome> { Ok([usize_of(v[0], what)?, usize_of(v[1], what)?, usize_of(v[2], what)?]) };
+    let (off, glob, loc) = (three(offset, "an offset")?, three(global, "a global size")?, three(local, "a local size")?);
+    let local = (loc != [0; 3]).then_some(&loc);
+    let times = k.launch(dev, &kargs, dims as u32, &off, &glob, local)?;
+    o.stats.launches += 1;
+    o.cl_last.insert(queue, times);
+    Ok(Outcome::Done)
+}
