@@ -5,7 +5,8 @@
 # prefix (scripts/install-capi.sh), compiles the SYCL tests, applications and benchmark with
 # `acpp --acpp-targets=omp.library-only` (OpenMP devices) through pkg-config and CMake, and runs
 # them: every call on buffers and USM against serial references at 1-4 ranks under `sucl run`,
-# the bad-input cases, Halo and Transpose (sucl at 1, 2, 3 and 4 ranks; their MPI variants under
+# the bad-input cases, Halo and Transpose (sucl at 1, 2, 3 and 4 ranks, waiting for each step and
+# with every step submitted at once; their MPI variants under
 # mpirun at 2 ranks) with their checks, and the layer-cost benchmark briefly. Installs the Debian
 # packages it needs (cmake, g++, pkg-config, Boost.Context/Fiber, Open MPI) if missing. Exits
 # non-zero on any failure.
@@ -13,14 +14,15 @@
 #   scripts/ci-sycl.sh            # release build of the library
 #   scripts/ci-sycl.sh --debug    # debug build (quicker to build)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
 case "${1:-}" in
-  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   --debug) profile=debug; flags=(--debug); cargo_flags=() ;;
   "") profile=release; flags=(); cargo_flags=(--release) ;;
   *) echo "ci-sycl.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 esac
+
+cd "$(dirname "$0")/.."
+
 
 missing=()
 for p in cmake g++ pkg-config python3 libboost-context-dev libboost-fiber-dev libopenmpi-dev openmpi-bin; do
@@ -84,8 +86,10 @@ timeout 120 "$work/bad_input"
 timeout 120 "$work/cmake/bad_input_cmake"
 for n in 1 2 3 4; do
   echo "== Halo and Transpose through sucl, $n rank(s)"
-  timeout 300 "$sucl" run -n "$n" -- "$work/halo" --size 24 --steps 6 --warmup 2
-  timeout 300 "$sucl" run -n "$n" -- "$work/transpose" --size 24 --steps 4 --warmup 1
+  for mode in "" --ahead; do
+    timeout 300 "$sucl" run -n "$n" -- "$work/halo" --size 24 --steps 6 --warmup 2 $mode
+    timeout 300 "$sucl" run -n "$n" -- "$work/transpose" --size 24 --steps 4 --warmup 1 $mode
+  done
 done
 echo "== Halo and Transpose through MPI, 2 ranks"
 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 "$work/halo_mpi" --size 24 --steps 6 --warmup 2

@@ -5,8 +5,8 @@
 # crates/sucl-capi/examples/sycl, the MPI variants with Open MPI's compile and link flags.
 # usage: [BIN=target/bench/sycl] bench/sycl/build.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 case "${1:-}" in -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+cd "$(dirname "$0")/../.."
 BIN=${BIN:-target/bench/sycl}
 mkdir -p "$BIN"
 acpp_prefix="$(third_party/adaptivecpp/build-adaptivecpp.sh | tail -n1)"

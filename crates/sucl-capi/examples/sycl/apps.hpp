@@ -19,10 +19,12 @@ struct options {
     int steps = 50;  // timed steps (halo exchanges, or transposes)
     int warmup = 5;  // untimed steps before
     bool check = true;
+    bool ahead = false; // submit every step at once instead of waiting for each (sucl variants)
 };
 
-// Parses --size, --steps, --warmup, --no-check; prints `usage` for --help and exits.
-inline options parse(int argc, char **argv, const char *usage) {
+// Parses --size, --steps, --warmup, --no-check (and --ahead where `can_ahead`); prints `usage`
+// for --help and exits.
+inline options parse(int argc, char **argv, const char *usage, bool can_ahead = false) {
     options o;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -40,6 +42,7 @@ inline options parse(int argc, char **argv, const char *usage) {
         else if (a == "--steps") o.steps = int(value("--steps"));
         else if (a == "--warmup") o.warmup = int(value("--warmup"));
         else if (a == "--no-check") o.check = false;
+        else if (a == "--ahead" && can_ahead) o.ahead = true;
         else {
             std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
             std::exit(2);
@@ -58,6 +61,9 @@ inline options parse(int argc, char **argv, const char *usage) {
     "  --steps S    timed steps (default 50)\n"                                                            \
     "  --warmup W   untimed steps before them (default 5)\n"                                                \
     "  --no-check   skip the comparison with the serial reference\n"
+
+#define SUCL_APP_AHEAD_OPTION                                                                               \
+    "  --ahead      submit every step at once (the SYCL runtime orders them) instead of waiting for each\n"
 
 inline double seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -1,6 +1,7 @@
 // The cost of the SYCL layer: an all_reduce of one double (8 B) through sucl/sycl.hpp (on USM
 // and on a sycl::buffer, each submitted and waited for) beside the C call it wraps
-// (sucl_all_reduce on the same communicator), alternating in rounds.
+// (sucl_all_reduce on the same communicator), alternating in rounds; and, as the floor of any
+// command the SYCL runtime orders, an empty host command submitted and waited for.
 //
 //     sucl run -n 2 -- ./cost --iters 2000 --rounds 5
 //
@@ -48,7 +49,8 @@ int main(int argc, char **argv) {
         std::string a = argv[i];
         if (a == "--help" || a == "-h") {
             std::printf("cost: an 8-byte all_reduce through sucl/sycl.hpp (USM and buffer, submit + wait) beside the\n"
-                        "C call sucl_all_reduce it wraps, alternating in rounds; mean µs per call, max over ranks.\n\n"
+                        "C call sucl_all_reduce it wraps, and an empty SYCL host command (the runtime's floor), alternating\n"
+                        "in rounds; mean µs per call, max over ranks.\n\n"
                         "options:\n  --iters N   calls per round and variant (default 2000)\n"
                         "  --rounds R  rounds (default 5)\n\nexample: sucl run -n 2 -- ./cost --iters 2000 --rounds 5\n");
             return 0;
@@ -70,25 +72,31 @@ int main(int argc, char **argv) {
         double *in = s::malloc_shared<double>(1, q), *out = s::malloc_shared<double>(1, q);
         *in = host_in;
         s::buffer<double> bin(&host_in, s::range<1>(1)), bout(&host_out, s::range<1>(1));
-        std::vector<double> c_us, usm_us, buf_us;
+        std::vector<double> c_us, usm_us, buf_us, empty_us;
         for (int r = 0; r < rounds; r++) {
             c_us.push_back(1e6 * timed(c, iters, [&] {
                 ss::detail::check(sucl_all_reduce(c.handle(), in, out, 1, SUCL_FLOAT64, SUCL_SUM), "sucl_all_reduce");
             }));
             usm_us.push_back(1e6 * timed(c, iters, [&] { c.all_reduce(in, out, 1, ss::op::sum).wait(); }));
             buf_us.push_back(1e6 * timed(c, iters, [&] { c.all_reduce(bin, bout, 1, ss::op::sum).wait(); }));
+            empty_us.push_back(1e6 * timed(c, iters, [&] {
+                q.submit([&](s::handler &h) {
+                     ss::detail::enqueue(h, ss::path::host, [](const ss::detail::where &, s::interop_handle &) {});
+                 }).wait();
+            }));
             if (c.rank() == 0)
-                std::printf("round %d: C %.2f us, SYCL USM %.2f us, SYCL buffer %.2f us\n", r, c_us.back(), usm_us.back(),
-                            buf_us.back());
+                std::printf("round %d: C %.2f us, SYCL USM %.2f us, SYCL buffer %.2f us, empty SYCL command %.2f us\n", r,
+                            c_us.back(), usm_us.back(), buf_us.back(), empty_us.back());
         }
         const double want = c.size() * (c.size() + 1) / 2.0;
         s::host_accessor got(bout);
         bool right = *out == want && got[0] == want;
         if (c.rank() == 0) {
-            std::printf("| ranks | C sucl_all_reduce µs | SYCL USM µs | SYCL buffer µs | USM − C µs | buffer − C µs |\n");
-            std::printf("| --- | --- | --- | --- | --- | --- |\n");
-            double cm = median(c_us), um = median(usm_us), bm = median(buf_us);
-            std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c.size(), cm, um, bm, um - cm, bm - cm);
+            std::printf("| ranks | C sucl_all_reduce µs | SYCL USM µs | SYCL buffer µs | USM − C µs | buffer − C µs | empty SYCL "
+                        "command µs |\n");
+            std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+            double cm = median(c_us), um = median(usm_us), bm = median(buf_us), em = median(empty_us);
+            std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c.size(), cm, um, bm, um - cm, bm - cm, em);
             std::printf("results %s\n", right ? "right" : "WRONG");
         }
         s::free(in, q);

@@ -6,7 +6,8 @@
 //
 //     sucl run -n 4 -- ./halo --size 120 --steps 50
 //
-// Prints the time per step (mean over the timed steps, max over ranks); exits 1 when the grid
+// Waits for each step before submitting the next (as the MPI variant must); --ahead submits them
+// all at once. Prints the time per step (mean over the timed steps, max over ranks); exits 1 when the grid
 // differs from the serial reference, 2 on an error.
 #include "apps.hpp"
 
@@ -18,7 +19,7 @@ namespace ss = sucl::sycl;
 namespace {
 
 const char *kUsage = "halo: a 3-D 7-point stencil over slabs of planes, halos exchanged through sucl/sycl.hpp\n"
-                     "(sendrecv on USM) every step, checked against a serial run.\n\n" SUCL_APP_OPTIONS
+                     "(sendrecv on USM) every step, checked against a serial run.\n\n" SUCL_APP_OPTIONS SUCL_APP_AHEAD_OPTION
                      "\nexample: sucl run -n 4 -- ./halo --size 120 --steps 50\n";
 
 // One step: both halo exchanges, then the stencil from `in` into `out`; returns the kernel's event.
@@ -51,7 +52,10 @@ int run(const apps::options &o) {
     e.wait();
     c.barrier().wait();
     double t0 = apps::seconds();
-    for (int k = 0; k < o.steps; k++, std::swap(a, b)) e = step(q, c, a, b, nx, n, e);
+    for (int k = 0; k < o.steps; k++, std::swap(a, b)) {
+        e = step(q, c, a, b, nx, n, e);
+        if (!o.ahead) e.wait();
+    }
     e.wait();
     c.wait();
     double per_step = (apps::seconds() - t0) / o.steps, slowest = 0;
@@ -69,7 +73,7 @@ int run(const apps::options &o) {
         ss::detail::check(sucl_broadcast(c.handle(), &wrong, 1, SUCL_INT64, 0), "sucl_broadcast");
     }
     if (c.rank() == 0)
-        std::printf("halo sucl: %zu ranks, %zu^3 floats, %d steps: %.3f ms/step, check %s\n", P, n, o.steps, slowest * 1e3,
+        std::printf("halo sucl%s: %zu ranks, %zu^3 floats, %d steps: %.3f ms/step, check %s\n", o.ahead ? " --ahead" : "", P, n, o.steps, slowest * 1e3,
                     !o.check ? "skipped" : wrong ? "WRONG" : "ok");
     s::free(a, q);
     s::free(b, q);
@@ -79,7 +83,7 @@ int run(const apps::options &o) {
 } // namespace
 
 int main(int argc, char **argv) {
-    apps::options o = apps::parse(argc, argv, kUsage);
+    apps::options o = apps::parse(argc, argv, kUsage, true);
     try {
         return run(o);
     } catch (const std::exception &e) {

@@ -5,7 +5,8 @@
 //
 //     sucl run -n 4 -- ./transpose --size 120 --steps 50
 //
-// Prints the time per transpose (mean over the timed ones, max over ranks); exits 1 when B
+// Waits for each transpose before submitting the next (as the MPI variant must); --ahead submits
+// them all at once. Prints the time per transpose (mean over the timed ones, max over ranks); exits 1 when B
 // differs from the serial transpose, 2 on an error.
 #include "transpose_common.hpp"
 
@@ -17,7 +18,7 @@ namespace ss = sucl::sycl;
 namespace {
 
 const char *kUsage = "transpose: a distributed 3-D transpose by all-to-all through sucl/sycl.hpp on sycl::buffers,\n"
-                     "checked against a serial transpose.\n\n" SUCL_APP_OPTIONS
+                     "checked against a serial transpose.\n\n" SUCL_APP_OPTIONS SUCL_APP_AHEAD_OPTION
                      "\nexample: sucl run -n 4 -- ./transpose --size 120 --steps 50\n";
 
 int run(const apps::options &o) {
@@ -32,6 +33,7 @@ int run(const apps::options &o) {
         transpose::pack(q, a, send, P, nx, n);
         c.all_to_all(send, recv, block);
         transpose::unpack(q, recv, b, P, nx, n);
+        if (!o.ahead) q.wait();
     };
     for (int k = 0; k < o.warmup; k++) once();
     q.wait();
@@ -50,7 +52,7 @@ int run(const apps::options &o) {
         ss::detail::check(sucl_all_reduce(c.handle(), &wrong, &total, 1, SUCL_INT64, SUCL_SUM), "sucl_all_reduce");
     }
     if (c.rank() == 0)
-        std::printf("transpose sucl: %zu ranks, %zu^3 floats, %d transposes: %.3f ms/transpose, check %s\n", P, n, o.steps,
+        std::printf("transpose sucl%s: %zu ranks, %zu^3 floats, %d transposes: %.3f ms/transpose, check %s\n", o.ahead ? " --ahead" : "", P, n, o.steps,
                     slowest * 1e3, !o.check ? "skipped" : total ? "WRONG" : "ok");
     return total ? 1 : 0;
 }
@@ -58,7 +60,7 @@ int run(const apps::options &o) {
 } // namespace
 
 int main(int argc, char **argv) {
-    apps::options o = apps::parse(argc, argv, kUsage);
+    apps::options o = apps::parse(argc, argv, kUsage, true);
     try {
         return run(o);
     } catch (const std::exception &e) {

@@ -179,6 +179,10 @@ struct failures {
         std::lock_guard<std::mutex> g(lock);
         if (first) throw *first;
     }
+    bool any() {
+        std::lock_guard<std::mutex> g(lock);
+        return first.has_value();
+    }
     // Runs one C call on the thread that executes the command, unless an earlier one failed
     // (its peers are then failing too: starting more would only wait out more timeouts).
     template <class Call> void run(const char *what, Call &&call) noexcept {
@@ -350,8 +354,13 @@ class communicator {
         return c;
     }
 
-    /// Waits until every operation submitted so far ran; throws the first one's failure.
+    /// Waits until every operation submitted so far ran; throws the first one's failure (on
+    /// the device path including NCCL's asynchronous errors: sucl_synchronize_device).
     void wait() {
+        if (st_->p == path::cuda && !st_->failed->any())
+            on_pointers("sucl_synchronize_device", {}, [](s::handler &) {}, [c = st_->handle](const detail::where &w) {
+                return sucl_synchronize_device(c, w.stream);
+            });
         std::optional<s::event> last;
         {
             std::lock_guard<std::mutex> g(st_->chain_lock);
