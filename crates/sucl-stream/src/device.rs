@@ -865,7 +865,13 @@ impl DevicePath {
 
     /// Issues the operations enqueued since the last start as start `epoch` (see
     /// [`CommQueue::start`](crate::CommQueue::start)).
-    pub(crate) fn start(&mut self, epoch: u64) -> Result<()> {
+    pub(crate) fn start(&mut self, epoch: u64, bound: Duration) -> Result<()> {
+        // A buffer this batch sends from that an earlier start not yet waited for receives
+        // into: the staged path uploads received data at a wait, so put that wait on the stream
+        // first (the NCCL path's groups run in stream order, which gives the same order).
+        if let Some(writer) = self.earlier_upload_read() {
+            self.wait(writer, bound)?;
+        }
         let d = self;
         let rank = d.rank;
         let stream = d.queue.stream().clone();
@@ -1076,6 +1082,19 @@ fn issue_runs(
 }
 
 impl DevicePath {
+    /// The newest start not yet waited for whose uploads write device memory that an
+    /// operation enqueued since the last start reads (staged path only; `None` in the usual
+    /// program, which waits before reusing a buffer).
+    fn earlier_upload_read(&self) -> Option<u64> {
+        let Mode::Staged { pending, awaiting, .. } = &self.mode else { return None };
+        let overlaps = |a: &Copy, b: &Copy| a.dev < b.dev + b.bytes as u64 && b.dev < a.dev + a.bytes as u64;
+        awaiting
+            .iter()
+            .rev()
+            .find(|a| a.copies.iter().any(|up| pending.iter().flat_map(|so| &so.downloads).any(|down| overlaps(up, down))))
+            .map(|a| a.epoch)
+    }
+
     /// Holds later work on the stream until every operation started up to `epoch` completed
     /// (bounded by `bound`), then uploads the received data (see
     /// [`CommQueue::wait`](crate::CommQueue::wait)).

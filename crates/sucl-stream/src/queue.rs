@@ -660,7 +660,7 @@ impl CommQueue {
                 });
             }
             #[cfg(feature = "cuda")]
-            Path::Device(d) => d.start(epoch)?,
+            Path::Device(d) => d.start(epoch, self.timeout + SLACK)?,
         }
         self.started = epoch;
         self.outstanding.append(&mut self.unstarted);
