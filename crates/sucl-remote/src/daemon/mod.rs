@@ -1,6 +1,6 @@
 //! The daemon as a library: [`Daemon::start`] serves a node's devices on a TCP address until
 //! [`Daemon::shutdown`]. The `sucld` binary is a thin command line over it; a program that wants
-//! its own host kernels builds a [`DaemonConfig`] with its [`KernelRegistry`] and starts one.
+//! its own host kernels builds a [`DaemonConfig`] with its [`KernelRegistry`](crate::KernelRegistry) and starts one.
 //!
 //! A small pool of threads waits in `accept`; the thread that accepts a connection serves it
 //! and then, while too few others wait, waits in `accept` again (so a new connection — a
@@ -26,13 +26,13 @@
 //! imports only files listed after it, in the order accept, session, exec, peer_mem, mesh,
 //! state, links, objects, config, sync.
 //!
-//! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`]:
+//! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`](crate::wire::Command::JoinMesh):
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
 //! links to each other on first use (TLS, then a proof that they hold the key), one outgoing
 //! link per member and direction, each with its own sending thread. Over them go the bytes of
-//! migrations ([`Command::MigrateOut`] on the source, [`Command::MigrateIn`] on the
+//! migrations ([`Command::MigrateOut`](crate::wire::Command::MigrateOut) on the source, [`Command::MigrateIn`](crate::wire::Command::MigrateIn) on the
 //! destination, which answers the client) and completion notices: a member that reaches
-//! [`Command::WaitRemote`] subscribes to that event at its owner, which notifies it — and only
+//! [`Command::WaitRemote`](crate::wire::Command::WaitRemote) subscribes to that event at its owner, which notifies it — and only
 //! it — when the event completes, without the client.
 //!
 //! **Data path.** Between GPU daemons of one host a migration goes GPU to GPU through peer
@@ -41,12 +41,12 @@
 //! piece straight from the buffer (header and slice in one write) on the migrating command's
 //! thread; the destination's link reads the piece off the socket into a pooled staging chunk,
 //! and the receiving command copies chunks into the buffer as they come. The source's command
-//! completes when the destination confirms it holds every byte ([`Frame::PeerReceived`]).
+//! completes when the destination confirms it holds every byte ([`Frame::PeerReceived`](crate::wire::Frame::PeerReceived)).
 //!
 //! **Broken links.** The sending side makes a broken link again (authenticated as the first
 //! time). Peer frames are idempotent and waits re-send what they wait for whenever a link with
 //! that member broke or was made again: subscriptions again, and a migration's source asks how
-//! much arrived ([`Frame::PeerResume`]) and sends the rest. A member that cannot be reached
+//! much arrived ([`Frame::PeerResume`](crate::wire::Frame::PeerResume)) and sends the rest. A member that cannot be reached
 //! within the peer timeout is lost: every wait on it fails, naming it.
 
 mod accept;
