@@ -643,8 +643,12 @@ impl ShmBackend {
         let mut w = Waiter::new(self.cfg.timeout, self.cfg.backoff);
         let peer = self.engine.world_rank(j);
         let (engine, abort, rank) = (&mut self.engine, &self.abort, self.world_rank);
+        let mut rounds = 0u32;
         wait_until(word(&self.ctl), seq, || {
-            if engine.has_pending() {
+            // Every 64th round: the first rounds of a wait are a spin for a peer that is about
+            // to arrive, and a look at every channel there would add to a small collective.
+            rounds = rounds.wrapping_add(1);
+            if rounds.is_multiple_of(64) && engine.has_pending() {
                 engine.progress()?;
             }
             w.pause(abort, rank, &|| format!("{op} (waiting for rank {peer} {place})"), false).inspect_err(|e| {
