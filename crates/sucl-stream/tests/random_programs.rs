@@ -967,6 +967,27 @@ mod mpi {
     }
 }
 
+/// The programs the generator once found failing (`tests/programs/*.json`, shrunk), run over shm
+/// and tcp: each hung its ranks before its fix.
+#[test]
+fn programs_that_once_failed() {
+    if let Some(rank) = child_rank() {
+        return rank_main(rank);
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("tests/programs").map(|e| e.expect("entry").path()).collect();
+    files.sort();
+    assert!(!files.is_empty(), "no program in {}", dir.display());
+    for f in &files {
+        let p: Program = serde_json::from_str(&std::fs::read_to_string(f).expect("program file")).expect("program json");
+        for t in [Transport::Shm, Transport::Tcp] {
+            if let Err(why) = launch_once("programs_that_once_failed", t, p.ranks, &Work::Program(f)) {
+                panic!("{} fails over {t:?}: {why}", f.display());
+            }
+        }
+    }
+}
+
 #[test]
 fn random_programs_shm() {
     run_seeds("random_programs_shm", Transport::Shm, 0..240);
