@@ -749,8 +749,26 @@ impl ShmBackend {
         // loop ran 1.10–1.19 ×, and `wait_for` (inlined or not) in this two-pass shape 0.97–1.19 ×.
         let (n, me) = (self.lay.n, self.rank);
         for j in (0..n).filter(|&j| j != me) {
-            if !reached(&self.ctl.mailbox(j, h)[0], seq) {
-                self.wait_slow(j, |c| &c.mailbox(j, h)[0], seq, op, "in shared memory")?;
+            let a = &self.ctl.mailbox(j, h)[0];
+            if reached(a, seq) {
+                continue;
+            }
+            let mut wt = Waiter::new(self.cfg.timeout, self.cfg.backoff);
+            let mut rounds = 0u32;
+            while !reached(a, seq) {
+                // As in `wait_slow`: posted messages move while a peer is awaited, every 64th
+                // round (the wait stays written out here: see the measurement above).
+                rounds = rounds.wrapping_add(1);
+                if rounds.is_multiple_of(64) && self.engine.has_pending() {
+                    self.engine.progress()?;
+                }
+                let (wr, peer) = (self.world_rank, self.engine.world_rank(j));
+                if let Err(e) = wt.pause(&self.abort, wr, &|| format!("{op} (waiting for rank {peer} in shared memory)"), false) {
+                    if matches!(e, Error::Timeout { .. }) {
+                        self.abort.raise(e.abort_info());
+                    }
+                    return Err(e);
+                }
             }
         }
         let mut differs = 0;
