@@ -668,11 +668,10 @@ unsafe extern "C" fn cl_enqueue_read_buffer(
         let r = q.remote();
         enqueue(&q, nwait, wait, event, cl::COMMAND_READ_BUFFER, blocking != 0, move || {
             let id = store.place(&dev, false)?;
-            let data = read_chunks(r, id, at, size)?;
             // SAFETY: the application keeps `size` writable bytes at `host` until the read
-            // completes.
-            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.get(), size) };
-            Ok(())
+            // completes, and touches them only after it (the bytes go straight there).
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.get(), size) };
+            read_into(r, id, at, out)
         })
     })
 }
@@ -699,13 +698,13 @@ unsafe extern "C" fn cl_enqueue_write_buffer(
         }
         // The bytes are taken now: the host memory may be reused as soon as this returns.
         // SAFETY: the application passes `size` readable bytes at `host`.
-        let data = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) }.to_vec();
+        let r = q.remote();
+        let data = pieces(r, unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) });
         let (dev, store, at) = (q.device.clone(), m.store.clone(), m.base + offset);
         let whole = offset == 0 && size == store.size;
-        let r = q.remote();
         enqueue(&q, nwait, wait, event, cl::COMMAND_WRITE_BUFFER, blocking != 0, move || {
             let id = store.place(&dev, whole)?;
-            write_chunks(r, id, at, &data)?;
+            write_pieces(r, id, at, data)?;
             store.written(&dev);
             Ok(())
         })
