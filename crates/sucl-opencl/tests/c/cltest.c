@@ -152,14 +152,17 @@ static int info(void) {
 
 static int vadd(void) {
     setup(0);
-    enum { N = 1 << 20 };
+    /* 12 MiB a buffer: more 1 MiB pieces than the reads sent ahead, written and read from
+       an offset that is not a piece boundary. */
+    enum { N = 3 << 20 };
     float *a = malloc(N * 4), *b = malloc(N * 4), *c = malloc(N * 4);
     for (int i = 0; i < N; i++) { a[i] = (float)i; b[i] = (float)(2 * i) + 0.5f; }
     cl_int err;
     cl_mem A = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, N * 4, a, &err); CHECK(err);
     cl_mem B = clCreateBuffer(ctx, CL_MEM_READ_ONLY, N * 4, NULL, &err); CHECK(err);
     cl_mem C = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, N * 4, NULL, &err); CHECK(err);
-    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 0, N * 4, b, 0, NULL, NULL));
+    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 0, 4, b, 0, NULL, NULL));
+    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 4, N * 4 - 4, b + 1, 0, NULL, NULL));
     cl_kernel k = kernel("vadd");
     CHECK(clSetKernelArg(k, 0, sizeof A, &A));
     CHECK(clSetKernelArg(k, 1, sizeof B, &B));
@@ -168,6 +171,10 @@ static int vadd(void) {
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, C, CL_TRUE, 0, N * 4, c, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(c[i] == a[i] + b[i]);
+    memset(c, 0, N * 4);
+    CHECK(clEnqueueReadBuffer(q, C, CL_TRUE, 4, N * 4 - 4, c + 1, 0, NULL, NULL));
+    EXPECT(c[0] == 0.0f);
+    for (int i = 1; i < N; i++) EXPECT(c[i] == a[i] + b[i]);
     CHECK(clFinish(q));
     CHECK(clReleaseKernel(k));
     CHECK(clReleaseMemObject(A)); CHECK(clReleaseMemObject(B)); CHECK(clReleaseMemObject(C));
