@@ -728,6 +728,8 @@ pub(crate) struct Kernel {
     pub(crate) args: Mutex<Vec<Option<ArgVal>>>,
     /// Device position → the daemon's kernel.
     pub(crate) ids: Mutex<HashMap<usize, u64>>,
+    /// Argument index → the size its by-value type takes, once asked (`None`: not known).
+    pub(crate) value_sizes: Mutex<HashMap<u32, Option<usize>>>,
 }
 impl Data for Kernel {
     const KIND: Kind = Kind::Kernel;

@@ -193,6 +193,11 @@ static int ndrange(void) {
     cl_kernel k2 = kernel("ids2");
     int width = W;
     CHECK(clSetKernelArg(k2, 0, sizeof O, &O));
+    /* A by-value argument of the wrong size is refused at the call, as PoCL does. */
+    char narrow = 1;
+    long wide = 1;
+    EXPECT_CODE(clSetKernelArg(k2, 1, sizeof narrow, &narrow), CL_INVALID_ARG_SIZE);
+    EXPECT_CODE(clSetKernelArg(k2, 1, sizeof wide, &wide), CL_INVALID_ARG_SIZE);
     CHECK(clSetKernelArg(k2, 1, sizeof width, &width));
     size_t off[2] = {8, 6}, g[2] = {24, 20}, l[2] = {8, 4};
     CHECK(clEnqueueNDRangeKernel(q, k2, 2, off, g, l, 0, NULL, NULL));
