@@ -249,6 +249,31 @@ static int ndrange(void) {
     cl_uint nargs;
     CHECK(clGetKernelInfo(ks, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
     EXPECT(nargs == 3);
+    /* 200 by-value arguments (more than 64), as CL_DEVICE_MAX_PARAMETER_SIZE allows. */
+    enum { MANY = 200 };
+    static char src[MANY * 16 + 256];
+    int at = sprintf(src, "__kernel void many(__global int *out");
+    for (int i = 0; i < MANY; i++) at += sprintf(src + at, ", char a%d", i);
+    at += sprintf(src + at, ") { out[0] = a0 + a%d; }\n", MANY - 1);
+    cl_program pm = build(ctx, src);
+    cl_kernel km = clCreateKernel(pm, "many", &err); CHECK(err);
+    CHECK(clGetKernelInfo(km, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
+    EXPECT(nargs == MANY + 1);
+    cl_mem M = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, 4, NULL, &err); CHECK(err);
+    CHECK(clSetKernelArg(km, 0, sizeof M, &M));
+    for (int i = 0; i < MANY; i++) {
+        char c = (char)(i % 100);
+        CHECK(clSetKernelArg(km, i + 1, 1, &c));
+    }
+    cl_kernel_arg_address_qualifier aq;
+    CHECK(clGetKernelArgInfo(km, MANY, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, NULL));
+    EXPECT(aq == CL_KERNEL_ARG_ADDRESS_PRIVATE);
+    size_t one = 1;
+    int got = -1;
+    CHECK(clEnqueueNDRangeKernel(q, km, 1, NULL, &one, NULL, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, M, CL_TRUE, 0, 4, &got, 0, NULL, NULL));
+    EXPECT(got == 0 + (MANY - 1) % 100);
+    CHECK(clReleaseKernel(km)); CHECK(clReleaseProgram(pm)); CHECK(clReleaseMemObject(M));
     printf("ndrange ok\n");
     return 0;
 }
