@@ -218,6 +218,7 @@ pub const KERNEL_ARG_ADDRESS_GLOBAL: Uint = 0x119B;
 pub const KERNEL_ARG_ADDRESS_LOCAL: Uint = 0x119C;
 pub const KERNEL_ARG_ADDRESS_CONSTANT: Uint = 0x119D;
 pub const KERNEL_ARG_ADDRESS_PRIVATE: Uint = 0x119E;
+pub const KERNEL_ARG_TYPE_NAME: Uint = 0x1198;
 pub const KERNEL_GLOBAL_WORK_SIZE: Uint = 0x11B5;
 
 // Events.

@@ -668,11 +668,10 @@ unsafe extern "C" fn cl_enqueue_read_buffer(
         let r = q.remote();
         enqueue(&q, nwait, wait, event, cl::COMMAND_READ_BUFFER, blocking != 0, move || {
             let id = store.place(&dev, false)?;
-            let data = read_chunks(r, id, at, size)?;
             // SAFETY: the application keeps `size` writable bytes at `host` until the read
-            // completes.
-            unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.get(), size) };
-            Ok(())
+            // completes, and touches them only after it (the bytes go straight there).
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.get(), size) };
+            read_into(r, id, at, out)
         })
     })
 }
@@ -699,13 +698,13 @@ unsafe extern "C" fn cl_enqueue_write_buffer(
         }
         // The bytes are taken now: the host memory may be reused as soon as this returns.
         // SAFETY: the application passes `size` readable bytes at `host`.
-        let data = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) }.to_vec();
+        let r = q.remote();
+        let data = pieces(r, unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) });
         let (dev, store, at) = (q.device.clone(), m.store.clone(), m.base + offset);
         let whole = offset == 0 && size == store.size;
-        let r = q.remote();
         enqueue(&q, nwait, wait, event, cl::COMMAND_WRITE_BUFFER, blocking != 0, move || {
             let id = store.place(&dev, whole)?;
-            write_chunks(r, id, at, &data)?;
+            write_pieces(r, id, at, data)?;
             store.written(&dev);
             Ok(())
         })
@@ -1322,7 +1321,14 @@ fn make_kernel(p: Ref<Program>, name: &str) -> R<Ref<Kernel>> {
     p.kernels.fetch_add(1, Ordering::AcqRel);
     let mut ids = std::collections::HashMap::new();
     ids.insert(pos(&d), kid);
-    Ok(Ref::new(Kernel { program: p, name: name.into(), args: Mutex::new(vec![None; quals.len()]), quals, ids: Mutex::new(ids) }))
+    Ok(Ref::new(Kernel {
+        program: p,
+        name: name.into(),
+        args: Mutex::new(vec![None; quals.len()]),
+        quals,
+        ids: Mutex::new(ids),
+        value_sizes: Mutex::default(),
+    }))
 }
 
 unsafe extern "C" fn cl_create_kernel(program: Handle, name: *const c_char, errcode: *mut Int) -> Handle {
@@ -1407,6 +1413,9 @@ unsafe extern "C" fn cl_set_kernel_arg(kernel: Handle, index: Uint, size: usize,
                         Ok::<_, Int>(ArgVal::Value(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec()))
                     })?
                 } else {
+                    if qual == cl::KERNEL_ARG_ADDRESS_PRIVATE && value_size(&k, index).is_some_and(|want| want != size) {
+                        return Err(cl::INVALID_ARG_SIZE);
+                    }
                     // SAFETY: `size` readable bytes.
                     ArgVal::Value(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec())
                 }
@@ -1415,6 +1424,41 @@ unsafe extern "C" fn cl_set_kernel_arg(kernel: Handle, index: Uint, size: usize,
         lock(&k.args)[index as usize] = Some(v);
         Ok(())
     })
+}
+
+/// The size in bytes of by-value argument `index` of `k`, from its type name as the daemon's
+/// platform reports it (asked once per argument); `None` for types whose size this side
+/// cannot tell (structures, `size_t`, ...), which the daemon checks at launch instead.
+fn value_size(k: &Ref<Kernel>, index: Uint) -> Option<usize> {
+    if let Some(known) = lock(&k.value_sizes).get(&index) {
+        return *known;
+    }
+    let size = kernel_query(k, None, cl_query::KERNEL_ARG, Some(index), cl::KERNEL_ARG_TYPE_NAME).ok().and_then(|name| type_size(&name));
+    lock(&k.value_sizes).insert(index, size);
+    size
+}
+
+/// The size of an OpenCL C scalar or vector type named `name` (NUL-terminated or not).
+pub(crate) fn type_size(name: &[u8]) -> Option<usize> {
+    let name = std::str::from_utf8(name).ok()?.trim_end_matches('\0').trim();
+    let digits = name.find(|c: char| c.is_ascii_digit()).unwrap_or(name.len());
+    let (base, lanes) = name.split_at(digits);
+    let scalar = match base {
+        "char" | "uchar" => 1,
+        "short" | "ushort" | "half" => 2,
+        "int" | "uint" | "float" => 4,
+        "long" | "ulong" | "double" => 8,
+        _ => return None,
+    };
+    let lanes = match lanes {
+        "" => 1,
+        "2" => 2,
+        "3" | "4" => 4, // a 3-vector takes the room of a 4-vector
+        "8" => 8,
+        "16" => 16,
+        _ => return None,
+    };
+    Some(scalar * lanes)
 }
 
 fn kernel_query(k: &Ref<Kernel>, d: Option<&Ref<Device>>, what: u8, dev_or_arg: Option<u32>, param: Uint) -> R<Vec<u8>> {

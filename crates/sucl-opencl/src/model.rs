@@ -10,7 +10,7 @@ use crate::platform::{self, Device, Platform};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
-use sucl_remote::client::{next_transfer, Remote};
+use sucl_remote::client::{next_transfer, Remote, RemoteError};
 use sucl_remote::wire::{self, cl_query, Command, Outcome};
 
 /// Locks, ignoring poisoning (a panic is caught at the C boundary; the data stays usable).
@@ -471,32 +471,93 @@ impl Drop for Store {
     }
 }
 
+/// The most bytes one write or read frame carries (less where the frame limit is lower).
+/// Pieces this size keep the application's copy, the encryption, the daemon's decryption
+/// and its OpenCL write working on different pieces at once, and their buffers are
+/// reused by the allocator instead of being mapped (and faulted in) afresh.
+pub(crate) const PIECE: usize = 1 << 20;
+
+fn write_piece(r: &Remote) -> usize {
+    (r.max_frame() - wire::WRITE_OVERHEAD - 4).clamp(1, PIECE)
+}
+
+/// Copies `data` into pieces that each fit one write frame (the one copy the write makes
+/// on this side: each piece becomes its command's data as is).
+pub(crate) fn pieces(r: &Remote, data: &[u8]) -> Vec<Vec<u8>> {
+    data.chunks(write_piece(r)).map(<[u8]>::to_vec).collect()
+}
+
 /// Posts `data` into daemon buffer `id` at `offset`, split to fit frames.
 pub(crate) fn write_chunks(r: &Remote, id: u64, offset: usize, data: &[u8]) -> Result<(), Int> {
-    let chunk = (r.max_frame() - wire::WRITE_OVERHEAD - 4).max(1);
-    for (i, part) in data.chunks(chunk).enumerate() {
-        r.post_raw(Command::Write { buffer: id, offset: (offset + i * chunk) as u64, data: part.to_vec() })
-            .map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+    write_pieces(r, id, offset, pieces(r, data))
+}
+
+/// Posts pieces made by [`pieces`] into daemon buffer `id` from `offset` on.
+pub(crate) fn write_pieces(r: &Remote, id: u64, offset: usize, parts: Vec<Vec<u8>>) -> Result<(), Int> {
+    let mut at = offset;
+    for part in parts {
+        let n = part.len();
+        r.post_raw(Command::Write { buffer: id, offset: at as u64, data: part }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+        at += n;
     }
     Ok(())
 }
 
 /// Reads `len` bytes of daemon buffer `id` at `offset`.
 pub(crate) fn read_chunks(r: &Remote, id: u64, offset: usize, len: usize) -> Result<Vec<u8>, Int> {
-    let chunk = (r.max_frame() - wire::READ_REPLY_OVERHEAD - 4).max(1);
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        let take = chunk.min(len - out.len());
-        match r.call_raw(Command::Read { buffer: id, offset: (offset + out.len()) as u64, len: take as u64 }) {
-            Ok(Outcome::Data(d)) if d.len() == take => out.extend_from_slice(&d),
-            Ok(_) => return Err(cl::OUT_OF_RESOURCES),
-            Err(e) => {
-                error::report("reading a buffer", &e);
-                return Err(error::code(&e, cl::OUT_OF_RESOURCES));
+    let mut out = vec![0; len];
+    read_into(r, id, offset, &mut out)?;
+    Ok(out)
+}
+
+/// Reads sent ahead of the one being waited for: the daemon answers the next while this
+/// side copies the last, instead of one round trip per piece.
+const READS_AHEAD: usize = 8;
+
+/// Reads `out.len()` bytes of daemon buffer `id` at `offset` into `out`, piece by piece,
+/// with up to [`READS_AHEAD`] pieces asked for at once.
+pub(crate) fn read_into(r: &Remote, id: u64, offset: usize, out: &mut [u8]) -> Result<(), Int> {
+    let chunk = (r.max_frame() - wire::READ_REPLY_OVERHEAD - 4).clamp(1, PIECE);
+    let mut asked = VecDeque::with_capacity(READS_AHEAD);
+    let mut result: Result<(), Option<RemoteError>> = Ok(());
+    for (i, dst) in out.chunks_mut(chunk).enumerate() {
+        if result.is_err() {
+            break;
+        }
+        match r.send_raw(Command::Read { buffer: id, offset: (offset + i * chunk) as u64, len: dst.len() as u64 }) {
+            Ok(seq) => asked.push_back((seq, dst)),
+            Err(e) => result = Err(Some(e)),
+        }
+        if asked.len() == READS_AHEAD {
+            if let Some((seq, dst)) = asked.pop_front() {
+                result = result.and(take_read(r, seq, dst));
             }
         }
     }
-    Ok(out)
+    // Every read asked for is collected, so no answer is left waiting for nobody.
+    for (seq, dst) in asked {
+        result = result.and(take_read(r, seq, dst));
+    }
+    result.map_err(|e| match e {
+        Some(e) => {
+            error::report("reading a buffer", &e);
+            error::code(&e, cl::OUT_OF_RESOURCES)
+        }
+        None => cl::OUT_OF_RESOURCES,
+    })
+}
+
+/// Waits for the read sent as `seq` and copies its bytes to `dst`; `Err(None)` when the
+/// daemon answered with something else.
+fn take_read(r: &Remote, seq: u64, dst: &mut [u8]) -> Result<(), Option<RemoteError>> {
+    match r.answer_raw(seq) {
+        Ok(Outcome::Data(d)) if d.len() == dst.len() => {
+            dst.copy_from_slice(&d);
+            Ok(())
+        }
+        Ok(_) => Err(None),
+        Err(e) => Err(Some(e)),
+    }
 }
 
 /// One mapping of a buffer.
@@ -667,6 +728,8 @@ pub(crate) struct Kernel {
     pub(crate) args: Mutex<Vec<Option<ArgVal>>>,
     /// Device position → the daemon's kernel.
     pub(crate) ids: Mutex<HashMap<usize, u64>>,
+    /// Argument index → the size its by-value type takes, once asked (`None`: not known).
+    pub(crate) value_sizes: Mutex<HashMap<u32, Option<usize>>>,
 }
 impl Data for Kernel {
     const KIND: Kind = Kind::Kernel;

@@ -524,6 +524,20 @@ impl Remote {
         self.post(cmd)
     }
 
+    /// Sends one protocol command whose answer [`Remote::answer_raw`] collects later (low
+    /// level, as [`Remote::call_raw`]): commands sent before the first answer is awaited go
+    /// out back to back, and their answers come back the same way. Every sequence number
+    /// this returns must be collected once.
+    pub fn send_raw(&self, cmd: Command) -> Result<u64> {
+        self.conn.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.conn.submit(cmd, true)
+    }
+
+    /// Waits for the answer to the command [`Remote::send_raw`] sent as `seq`.
+    pub fn answer_raw(&self, seq: u64) -> Result<Outcome> {
+        self.answer(seq, "a raw command")
+    }
+
     /// A fresh id for an object of this session (buffers, queues, events, programs, kernels
     /// made with the raw commands).
     pub fn new_id(&self) -> u64 {
@@ -598,6 +612,12 @@ impl Remote {
     fn call(&self, cmd: Command, what: &str) -> Result<Outcome> {
         self.conn.round_trips.fetch_add(1, Ordering::Relaxed);
         let seq = self.conn.submit(cmd, true)?;
+        self.answer(seq, what)
+    }
+
+    /// Waits for the answer to command `seq`; a failure of an earlier command nobody waited
+    /// on is reported first.
+    fn answer(&self, seq: u64, what: &str) -> Result<Outcome> {
         let o = self.conn.wait(seq, what)?;
         if let Some(e) = self.conn.lock().deferred.take() {
             return Err(e);

@@ -35,8 +35,9 @@ pub const MIN_MAX_FRAME: u32 = 4096;
 pub const DEFAULT_MAX_FRAME: u32 = 16 << 20;
 /// The longest kernel or device name on the wire.
 pub const MAX_NAME: usize = 256;
-/// The most arguments one kernel launch carries.
-pub const MAX_ARGS: usize = 64;
+/// The most arguments one kernel launch carries: as many one-byte arguments as OpenCL's
+/// smallest `CL_DEVICE_MAX_PARAMETER_SIZE` (1024 bytes) holds.
+pub const MAX_ARGS: usize = 1024;
 /// The longest fill pattern.
 pub const MAX_PATTERN: usize = 64;
 /// The most devices one server lists.

@@ -152,14 +152,17 @@ static int info(void) {
 
 static int vadd(void) {
     setup(0);
-    enum { N = 1 << 20 };
+    /* 12 MiB a buffer: more 1 MiB pieces than the reads sent ahead, written and read from
+       an offset that is not a piece boundary. */
+    enum { N = 3 << 20 };
     float *a = malloc(N * 4), *b = malloc(N * 4), *c = malloc(N * 4);
     for (int i = 0; i < N; i++) { a[i] = (float)i; b[i] = (float)(2 * i) + 0.5f; }
     cl_int err;
     cl_mem A = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, N * 4, a, &err); CHECK(err);
     cl_mem B = clCreateBuffer(ctx, CL_MEM_READ_ONLY, N * 4, NULL, &err); CHECK(err);
     cl_mem C = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, N * 4, NULL, &err); CHECK(err);
-    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 0, N * 4, b, 0, NULL, NULL));
+    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 0, 4, b, 0, NULL, NULL));
+    CHECK(clEnqueueWriteBuffer(q, B, CL_FALSE, 4, N * 4 - 4, b + 1, 0, NULL, NULL));
     cl_kernel k = kernel("vadd");
     CHECK(clSetKernelArg(k, 0, sizeof A, &A));
     CHECK(clSetKernelArg(k, 1, sizeof B, &B));
@@ -168,6 +171,10 @@ static int vadd(void) {
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, C, CL_TRUE, 0, N * 4, c, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(c[i] == a[i] + b[i]);
+    memset(c, 0, N * 4);
+    CHECK(clEnqueueReadBuffer(q, C, CL_TRUE, 4, N * 4 - 4, c + 1, 0, NULL, NULL));
+    EXPECT(c[0] == 0.0f);
+    for (int i = 1; i < N; i++) EXPECT(c[i] == a[i] + b[i]);
     CHECK(clFinish(q));
     CHECK(clReleaseKernel(k));
     CHECK(clReleaseMemObject(A)); CHECK(clReleaseMemObject(B)); CHECK(clReleaseMemObject(C));
@@ -186,6 +193,11 @@ static int ndrange(void) {
     cl_kernel k2 = kernel("ids2");
     int width = W;
     CHECK(clSetKernelArg(k2, 0, sizeof O, &O));
+    /* A by-value argument of the wrong size is refused at the call, as PoCL does. */
+    char narrow = 1;
+    long wide = 1;
+    EXPECT_CODE(clSetKernelArg(k2, 1, sizeof narrow, &narrow), CL_INVALID_ARG_SIZE);
+    EXPECT_CODE(clSetKernelArg(k2, 1, sizeof wide, &wide), CL_INVALID_ARG_SIZE);
     CHECK(clSetKernelArg(k2, 1, sizeof width, &width));
     size_t off[2] = {8, 6}, g[2] = {24, 20}, l[2] = {8, 4};
     CHECK(clEnqueueNDRangeKernel(q, k2, 2, off, g, l, 0, NULL, NULL));
@@ -237,6 +249,31 @@ static int ndrange(void) {
     cl_uint nargs;
     CHECK(clGetKernelInfo(ks, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
     EXPECT(nargs == 3);
+    /* 200 by-value arguments (more than 64), as CL_DEVICE_MAX_PARAMETER_SIZE allows. */
+    enum { MANY = 200 };
+    static char src[MANY * 16 + 256];
+    int at = sprintf(src, "__kernel void many(__global int *out");
+    for (int i = 0; i < MANY; i++) at += sprintf(src + at, ", char a%d", i);
+    at += sprintf(src + at, ") { out[0] = a0 + a%d; }\n", MANY - 1);
+    cl_program pm = build(ctx, src);
+    cl_kernel km = clCreateKernel(pm, "many", &err); CHECK(err);
+    CHECK(clGetKernelInfo(km, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
+    EXPECT(nargs == MANY + 1);
+    cl_mem M = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, 4, NULL, &err); CHECK(err);
+    CHECK(clSetKernelArg(km, 0, sizeof M, &M));
+    for (int i = 0; i < MANY; i++) {
+        char c = (char)(i % 100);
+        CHECK(clSetKernelArg(km, i + 1, 1, &c));
+    }
+    cl_kernel_arg_address_qualifier aq;
+    CHECK(clGetKernelArgInfo(km, MANY, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof aq, &aq, NULL));
+    EXPECT(aq == CL_KERNEL_ARG_ADDRESS_PRIVATE);
+    size_t one = 1;
+    int got = -1;
+    CHECK(clEnqueueNDRangeKernel(q, km, 1, NULL, &one, NULL, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, M, CL_TRUE, 0, 4, &got, 0, NULL, NULL));
+    EXPECT(got == 0 + (MANY - 1) % 100);
+    CHECK(clReleaseKernel(km)); CHECK(clReleaseProgram(pm)); CHECK(clReleaseMemObject(M));
     printf("ndrange ok\n");
     return 0;
 }

@@ -23,6 +23,15 @@ pub(super) fn would_block(s: &Session, cmd: &Command) -> bool {
     }
 }
 
+/// Writes at least this large run on the session's executor thread, so that the connection's
+/// thread goes on receiving (and decrypting) the next piece while this one is copied into
+/// the device: a large upload keeps both busy instead of taking turns.
+const HAND_OFF_WRITE: usize = 256 << 10;
+
+fn carries_many_bytes(cmd: &Command) -> bool {
+    matches!(cmd, Command::Write { data, .. } if data.len() >= HAND_OFF_WRITE)
+}
+
 /// Runs queued commands in order until the queue is empty. On the connection's thread
 /// (`in_executor` false) it hands over to the executor at the first command that would block.
 pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
@@ -37,7 +46,7 @@ pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
                 st.draining = false;
                 return;
             }
-            if !in_executor && would_block(s, head) && hand_off(shared, s, &mut st) {
+            if !in_executor && (would_block(s, head) || carries_many_bytes(head)) && hand_off(shared, s, &mut st) {
                 return;
             }
             st.pending.pop_front().expect("a head was seen")
