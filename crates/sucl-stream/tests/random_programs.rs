@@ -1001,7 +1001,7 @@ fn random_programs_tcp() {
 #[cfg(feature = "mpi")]
 #[test]
 fn random_programs_mpi() {
-    run_seeds("random_programs_mpi", Transport::Mpi, 0..120);
+    run_seeds("random_programs_mpi", Transport::Mpi, 0..200);
 }
 
 /// Device buffers on CUDA streams, staged over shm (a skip without a GPU; a failure then under
