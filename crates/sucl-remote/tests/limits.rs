@@ -64,7 +64,9 @@ fn silent_connections_beyond_the_handshake_limit_are_closed_at_once_and_cost_no_
     // The first 8 hold a thread each; the other 32 are closed as they arrive.
     let closed = silent[8..].iter_mut().map(closed_by_server).filter(|c| *c).count();
     assert_eq!(closed, 32, "every connection over the limit is closed");
-    assert!(d.connection_threads() <= 8 + 3, "{} connection threads for 8 handshakes", d.connection_threads());
+    // The threads that closed them go back to the pool or end: on a loaded machine some are
+    // still on their way when the last connection is seen closed.
+    wait_until("the threads that closed the connections over the limit end", || d.connection_threads() <= 8 + 3);
     // Once those 8 go away, a client gets in.
     drop(silent);
     wait_until("the handshakes end", || d.connection_threads() <= 3);
