@@ -10,8 +10,6 @@
 #      passes `auditwheel show` for the manylinux tag MANYLINUX (default manylinux_2_34, the
 #      oldest glibc the wheel's symbols allow on this build host; see docs/guide/python.md).
 #      A release build of the whole stack from the sdist's sources: minutes, so it is optional.
-#      Known to fail today at the install from the sdist: maturin leaves out crates/sucl-mpi (an
-#      optional dependency of sucl-runtime the wheel does not enable) and cargo needs its manifest.
 # usage: scripts/ci-install.sh [--python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
