@@ -97,7 +97,7 @@ three() {
   pids=()
   [ "$rc" -eq 0 ] || { echo "$what failed" >&2; exit 1; }
 }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 scripts/free_port.py; }
 torchrun_rank() {
   RANK="$1" WORLD_SIZE=3 LOCAL_RANK="$1" LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
     timeout 300 "$work/collectives"

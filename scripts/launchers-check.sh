@@ -32,7 +32,8 @@ for b in "$SUCL" "$HELLO" "$PING"; do
 done
 { date -u; uname -a; $TORCHRUN --help >/dev/null 2>&1 && python3 -c 'import torch; print("torch", torch.__version__)'; } >"$LOGS/env.txt" 2>&1
 cat "$LOGS/env.txt"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+FREE_PORT="$(cd "$(dirname "$0")" && pwd)/free_port.py"
+port() { python3 "$FREE_PORT"; }
 
 # run NAME EXPECTED_LINES_REGEX EXPECTED_COUNT -- torchrun args...: one torchrun job, bounded.
 run() {

@@ -36,6 +36,7 @@ from ._sucl import (
     StreamQueue,
     SuclError,
     TimeoutError,
+    unused_port,
 )
 from ._sucl import init as _init
 
@@ -77,6 +78,7 @@ def _close_open():
 __all__ = [
     "init",
     "wait_all",
+    "unused_port",
     "Communicator",
     "Request",
     "StreamQueue",

@@ -271,3 +271,7 @@ def init(
     local_rank: Optional[int] = None,
 ) -> Communicator:
     """Joins the job and returns the world communicator (see ``sucl.init``)."""
+
+def unused_port() -> int:
+    """A TCP port free now and below the kernel's ephemeral range: for an ``address`` that must
+    be published before rank 0's ``init`` binds it (an ephemeral port may be taken in between)."""

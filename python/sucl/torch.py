@@ -19,7 +19,6 @@ stream (``record_stream``) until the call ran.
 import logging
 import os
 import secrets
-import socket
 import threading
 
 import torch
@@ -364,12 +363,6 @@ class ProcessGroupSucl(dist.ProcessGroup):
         return self._start([("recv", (t, src, tag)) for t in tensors], tensors)
 
 
-def _free_port(host):
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _create(store, rank, size, timeout):
     """torch's creator hook: one sucl communicator per process group, met through ``store``."""
     if rank == 0:
@@ -377,7 +370,7 @@ def _create(store, rank, size, timeout):
         if host == "localhost":
             host = "127.0.0.1"
         store.set("sucl/secret", secrets.token_hex(16))
-        store.set("sucl/addr", f"{host}:{_free_port(host)}")
+        store.set("sucl/addr", f"{host}:{_sucl.unused_port()}")
     addr = store.get("sucl/addr").decode()
     secret = store.get("sucl/secret").decode()
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if size == int(os.environ.get("WORLD_SIZE", -1)) else rank

@@ -3,12 +3,12 @@
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+import sucl
 
 from conftest import RANKS, run_job, sucl_run
 
@@ -96,9 +96,7 @@ def test_single_process_world_and_errors_hierarchy():
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 def test_every_collective_under_mpirun():
     # The wheel has no MPI: under mpirun the ranks meet at MASTER_ADDR:MASTER_PORT.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = sucl.unused_port()
     argv = ["mpirun", "-n", "2"] + (["--allow-run-as-root", "--oversubscribe"] if os.getuid() == 0 else [])
     argv += [sys.executable, str(RANKS / "collectives.py")]
     rc, out = run_job(argv, timeout=300, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -114,9 +112,7 @@ def test_ctrl_c_interrupts_a_blocked_call_and_aborts_the_job(mode):
 def interrupt_blocked_rank(mode):
     """Rank 0 blocks in a call rank 1 never joins; SIGINT must end it with KeyboardInterrupt
     long before SUCL_TIMEOUT, make later calls raise, and end rank 1's wait with the news."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{sucl.unused_port()}"
     env = dict(os.environ, SUCL_TIMEOUT="300", PYTHONUNBUFFERED="1")
     argv = [sys.executable, str(RANKS / "blocked.py")]
     ranks = [subprocess.Popen(argv + [str(r), address, mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in range(2)]

@@ -148,6 +148,38 @@ fn default_port(job: &str) -> u16 {
     20000 + (h % 12000) as u16
 }
 
+/// A TCP port free on every local address now, below the kernel's ephemeral range: for a
+/// store whose port must be named (`MASTER_PORT`) before rank 0 binds it.
+///
+/// A port from `bind(port 0)` is an ephemeral one, and between its release and the store's bind
+/// any outgoing connection on the host may take it ("Address already in use"); a port below the
+/// ephemeral range is only taken by whoever asks for it by number. Successive calls in one
+/// process return different ports, and processes start at different places.
+pub fn unused_loopback_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    // Linux's default ephemeral range starts at 32768; a host that lowered it gets what is left.
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_low.clamp(10_100, 65_536));
+    let span = high - low;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let start = std::process::id().wrapping_mul(7919).wrapping_add(nanos);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    // Consecutive calls are 97 ports apart, so a test that uses a few ports above the one it
+    // got (a port range) does not meet the next call's.
+    for probe in 0..span.min(2048) {
+        let port = low + start.wrapping_add(call.wrapping_mul(97)).wrapping_add(probe) % span;
+        let port = port as u16;
+        if std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free port in {low}-{}", high - 1)))
+}
+
 /// Detects the launch environment through `get` (normally `std::env::var`).
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
     detect_with(get, &|| false)
@@ -1135,5 +1167,18 @@ mod tests {
         let (addr, _server) = meet_through_agent_store(0, &agent, &net, Duration::from_secs(5), &mut JobSecret::given("s")).unwrap();
         let addr: SocketAddr = addr.parse().unwrap();
         assert!(addr.ip() == lo && addr.port() > p && addr.port() <= p.saturating_add(40), "{addr}");
+    }
+
+    #[test]
+    fn unused_loopback_ports_are_free_distinct_and_below_the_ephemeral_range() {
+        let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .map_or(32768, |s| s.split_whitespace().next().unwrap().parse().unwrap());
+        let ports: Vec<u16> = (0..64).map(|_| unused_loopback_port().unwrap()).collect();
+        for &p in &ports {
+            assert!((10_000..ephemeral_low.max(10_100)).contains(&p), "{p} is not below the ephemeral range");
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap_or_else(|e| panic!("{p} is not free: {e}"));
+        }
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "one process got a port twice: {ports:?}");
     }
 }

@@ -3,7 +3,6 @@
 //! meeting through the torchrun-style environment), with one or several worker threads per
 //! rank, print bit-identical results to one rank with one thread.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -101,7 +100,7 @@ fn start_with(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: 
 
 /// [`start_with`], with `SUCL_GRAPH_CPD` set to `cpd` if given.
 fn start_env(n: usize, rank_test: &str, timeout_s: &str, threads: usize, dump: Option<&std::path::Path>, cpd: Option<&str>) -> Vec<Reaped> {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = sucl_runtime::unused_loopback_port().expect("a free port for the store");
     let ranks: Vec<Reaped> = (0..n)
         .map(|r| {
             let mut cmd = Command::new(std::env::current_exe().unwrap());

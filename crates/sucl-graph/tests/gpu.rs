@@ -9,7 +9,6 @@
 
 #![cfg(feature = "cuda")]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -71,7 +70,7 @@ struct Launch<'a> {
 }
 
 fn start(l: &Launch<'_>) -> Vec<Reaped> {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = sucl_runtime::unused_loopback_port().expect("a free port for the store");
     (0..l.ranks)
         .map(|r| {
             let mut cmd = Command::new(std::env::current_exe().unwrap());

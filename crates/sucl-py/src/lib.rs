@@ -78,6 +78,13 @@ fn init(
     comm.map(Communicator::wrap).map_err(errors::to_py)
 }
 
+/// A TCP port free now and below the kernel's ephemeral range, for a rendezvous address that
+/// must be published before rank 0 binds it (an ephemeral port may be taken in between).
+#[pyfunction]
+fn unused_port() -> PyResult<u16> {
+    sucl::unused_loopback_port().map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
 fn explicit_env(rank: usize, size: usize, address: String, secret: Option<String>, local_rank: Option<usize>) -> PyResult<sucl::LaunchEnv> {
     if size == 0 || rank >= size {
         return Err(errors::invalid("rank", format!("{rank} is not in 0..{size}")));
@@ -107,6 +114,7 @@ fn explicit_env(rank: usize, size: usize, address: String, secret: Option<String
 #[pymodule]
 fn _sucl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(unused_port, m)?)?;
     m.add_class::<Communicator>()?;
     m.add_class::<Request>()?;
     m.add_class::<StreamQueue>()?;

@@ -89,7 +89,7 @@ macro_rules! with_dtype {
 }
 pub use interrupt::Interrupter;
 pub use nonblocking::{Request, Scope};
-pub use sucl_core::bootstrap::{LaunchEnv, Launcher};
+pub use sucl_core::bootstrap::{unused_loopback_port, LaunchEnv, Launcher};
 pub use sucl_core::store::{JobSecret, SecretSource};
 pub use sucl_core::{CollOp, DType, Element, Error, ReduceOp, Result};
 pub use unscoped::UnscopedRequest;

@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -65,7 +64,7 @@ pub fn spawn(mut cmd: Command) -> Reaped {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    sucl::unused_loopback_port().expect("a free port for the store")
 }
 
 /// Processes whose environment carries `marker` (e.g. `SUCL_JOB_ID=j123x`).

@@ -1,11 +1,10 @@
 //! Helpers shared by the multi-process tests of sucl-runtime.
 
-use std::net::TcpListener;
 use std::process::Child;
 
 /// A free TCP port on loopback (for the rendezvous store of a test's ranks).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    sucl_runtime::unused_loopback_port().expect("a free port for the store")
 }
 
 /// Kills and reaps the child when dropped, so a failing test leaves no process behind.

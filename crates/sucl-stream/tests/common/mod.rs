@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,7 +32,7 @@ pub struct Outcome {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    sucl_runtime::unused_loopback_port().expect("a free port for the store")
 }
 
 /// Runs test `name` of this binary as `n` ranks with `env`; returns every rank's outcome.
