@@ -696,13 +696,29 @@ unsafe extern "C" fn cl_enqueue_write_buffer(
         if m.flags & (cl::MEM_HOST_READ_ONLY | cl::MEM_HOST_NO_ACCESS) != 0 {
             return Err(cl::INVALID_OPERATION);
         }
-        // The bytes are taken now: the host memory may be reused as soon as this returns.
-        // SAFETY: the application passes `size` readable bytes at `host`.
         let r = q.remote();
-        let data = pieces(r, unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) });
         let (dev, store, at) = (q.device.clone(), m.store.clone(), m.base + offset);
         let whole = offset == 0 && size == store.size;
-        enqueue(&q, nwait, wait, event, cl::COMMAND_WRITE_BUFFER, blocking != 0, move || {
+        if blocking != 0 {
+            // The call waits for the command, so the command reads the application's bytes
+            // piece by piece as it sends them, rather than copying all of them first.
+            // SAFETY: the application passes `size` readable bytes at `host`, left alone until
+            // this call returns; `release` below runs before it returns.
+            let bytes = Arc::new(unsafe { BorrowedHost::new(host.cast::<u8>(), size) });
+            let reader = bytes.clone();
+            let r2 = enqueue(&q, nwait, wait, event, cl::COMMAND_WRITE_BUFFER, true, move || {
+                let id = store.place(&dev, whole)?;
+                reader.with(|data| write_chunks(r, id, at, data)).unwrap_or(Err(cl::OUT_OF_RESOURCES))?;
+                store.written(&dev);
+                Ok(())
+            });
+            bytes.release();
+            return r2;
+        }
+        // The bytes are taken now: the host memory may be reused as soon as this returns.
+        // SAFETY: the application passes `size` readable bytes at `host`.
+        let data = pieces(r, unsafe { std::slice::from_raw_parts(host.cast::<u8>(), size) });
+        enqueue(&q, nwait, wait, event, cl::COMMAND_WRITE_BUFFER, false, move || {
             let id = store.place(&dev, whole)?;
             write_pieces(r, id, at, data)?;
             store.written(&dev);

@@ -484,12 +484,57 @@ fn write_piece(r: &Remote) -> usize {
 /// Copies `data` into pieces that each fit one write frame (the one copy the write makes
 /// on this side: each piece becomes its command's data as is).
 pub(crate) fn pieces(r: &Remote, data: &[u8]) -> Vec<Vec<u8>> {
-    data.chunks(write_piece(r)).map(<[u8]>::to_vec).collect()
+    data.chunks(write_piece(r))
+        .map(|chunk| {
+            let mut piece = r.data_buffer(chunk.len());
+            piece.extend_from_slice(chunk);
+            piece
+        })
+        .collect()
 }
 
-/// Posts `data` into daemon buffer `id` at `offset`, split to fit frames.
+/// Posts `data` into daemon buffer `id` at `offset`, split to fit frames: each piece is
+/// copied into a reused data buffer just before it is posted (never a copy of the whole).
 pub(crate) fn write_chunks(r: &Remote, id: u64, offset: usize, data: &[u8]) -> Result<(), Int> {
-    write_pieces(r, id, offset, pieces(r, data))
+    let mut at = offset;
+    for chunk in data.chunks(write_piece(r)) {
+        let mut piece = r.data_buffer(chunk.len());
+        piece.extend_from_slice(chunk);
+        r.post_raw(Command::Write { buffer: id, offset: at as u64, data: piece }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+        at += chunk.len();
+    }
+    Ok(())
+}
+
+/// The application's bytes of a blocking write, read by the command while the call that
+/// passed them still waits (the memory is the application's again once the call returns).
+pub(crate) struct BorrowedHost {
+    ptr: usize,
+    len: usize,
+    /// Whether the call is still waiting; held while the bytes are read.
+    waiting: Mutex<bool>,
+}
+
+impl BorrowedHost {
+    /// # Safety
+    /// `ptr` must point to `len` readable bytes until [`BorrowedHost::release`] returns.
+    pub(crate) unsafe fn new(ptr: *const u8, len: usize) -> BorrowedHost {
+        BorrowedHost { ptr: ptr as usize, len, waiting: Mutex::new(true) }
+    }
+
+    /// Runs `f` on the bytes if the call still waits; `None` once it has returned (a command
+    /// run after its blocking call gave up, on a timeout, must not read the memory).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let waiting = lock(&self.waiting);
+        // SAFETY: while `waiting` is true and its lock held, `release` has not returned, so
+        // the bytes are readable (the contract of `new`).
+        (*waiting).then(|| f(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }))
+    }
+
+    /// The call returns: from now on the bytes are not read (waits for a read under way).
+    pub(crate) fn release(&self) {
+        *lock(&self.waiting) = false;
+    }
 }
 
 /// Posts pieces made by [`pieces`] into daemon buffer `id` from `offset` on.

@@ -12,7 +12,7 @@
 use crate::auth::{random, Nonces, SessionSecret, Token};
 use crate::transport::{self, Link, Pin, Tls};
 use crate::wire::{
-    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Frame, Outcome, PeerSpec, ReadError, SessionStats,
+    self, read_frame, write_frame, Arg, Command, DeviceInfo, DeviceKind, Encoded, Frame, Outcome, PeerSpec, ReadError, SessionStats,
     HANDSHAKE_MAX_FRAME, VERSION,
 };
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -240,7 +240,7 @@ struct State {
     /// The connection commands are written to (`None` while it is being made again).
     writer: Option<Link>,
     /// Frames not yet written to `writer`, oldest first (each is in `unanswered` too).
-    outq: VecDeque<Arc<Vec<u8>>>,
+    outq: VecDeque<Arc<Encoded>>,
     /// Bytes in `outq`.
     outq_bytes: usize,
     /// A thread is writing `outq` (one at a time: frames go out in order).
@@ -258,7 +258,7 @@ struct State {
     next_seq: u64,
     /// Commands sent whose replies have not arrived (encoded frames, oldest first; empty once
     /// the server said it holds them).
-    unanswered: VecDeque<(u64, Arc<Vec<u8>>)>,
+    unanswered: VecDeque<(u64, Arc<Encoded>)>,
     last_reply: u64,
     /// Sequence numbers someone waits on, and the replies that came for them.
     awaited: HashSet<u64>,
@@ -287,7 +287,15 @@ struct Conn {
     next_id: AtomicU64,
     /// Calls that waited for their answer (client round trips).
     round_trips: AtomicU64,
+    /// Data buffers of writes whose replies came, for the next writes ([`Remote::data_buffer`]).
+    spare: Mutex<Vec<Vec<u8>>>,
 }
+
+/// The most data buffers kept for reuse, and the largest one kept: a large upload cycles
+/// through a few buffers instead of mapping (and faulting in) fresh memory for every piece,
+/// and an idle session holds at most a few MiB.
+const SPARE_BUFFERS: usize = 8;
+const SPARE_BUFFER_MAX: usize = 2 << 20;
 
 /// One server's session. Clones share it; when the last clone (buffers and meshes hold
 /// clones too) is dropped, the session is closed: commands already posted get a bounded
@@ -377,7 +385,7 @@ const PIPELINE_BYTES: usize = 16 << 10;
 /// commands the server already holds) that fit in [`PIPELINE_BYTES`]; returns the last
 /// sequence number appended (0: none). The frames form an unbroken run of sequence numbers,
 /// so the server never sees one skipped.
-fn pipeline(unanswered: &VecDeque<(u64, Arc<Vec<u8>>)>, out: &mut Vec<u8>) -> u64 {
+fn pipeline(unanswered: &VecDeque<(u64, Arc<Encoded>)>, out: &mut Vec<u8>) -> u64 {
     let mut budget = PIPELINE_BYTES;
     let mut upto = 0;
     for (seq, frame) in unanswered.iter().filter(|(_, f)| !f.is_empty()) {
@@ -385,7 +393,7 @@ fn pipeline(unanswered: &VecDeque<(u64, Arc<Vec<u8>>)>, out: &mut Vec<u8>) -> u6
             break;
         }
         budget -= frame.len();
-        out.extend_from_slice(frame);
+        frame.append_to(out);
         upto = *seq;
     }
     upto
@@ -463,6 +471,7 @@ impl Remote {
             received: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
+            spare: Mutex::new(Vec::new()),
         });
         {
             let mut st = conn.lock();
@@ -542,6 +551,16 @@ impl Remote {
     /// made with the raw commands).
     pub fn new_id(&self) -> u64 {
         self.id()
+    }
+
+    /// An empty buffer with room for `len` bytes, for the data of a [`Command::Write`]: one
+    /// whose write was answered when there is one that big, else a new one.
+    pub fn data_buffer(&self, len: usize) -> Vec<u8> {
+        let mut spare = self.conn.spare.lock().unwrap_or_else(|p| p.into_inner());
+        match spare.iter().position(|b| b.capacity() >= len) {
+            Some(i) => spare.swap_remove(i),
+            None => Vec::with_capacity(len),
+        }
     }
 
     /// The largest frame in force on this session (split writes and reads to fit).
@@ -699,8 +718,9 @@ impl Conn {
         st.writing = true;
         while let Some(link) = st.writer.clone().filter(|_| !st.outq.is_empty()) {
             let generation = st.generation;
-            // Up to four frames in one vectored write, without copying them together.
-            let mut batch: [Option<Arc<Vec<u8>>>; transport::MAX_PARTS] = Default::default();
+            // Up to four frames (two parts each) in one vectored write, without copying them
+            // together.
+            let mut batch: [Option<Arc<Encoded>>; transport::MAX_PARTS / 2] = Default::default();
             for slot in batch.iter_mut() {
                 match st.outq.pop_front() {
                     Some(f) => *slot = Some(f),
@@ -715,9 +735,11 @@ impl Conn {
             drop(st);
             let mut parts: [&[u8]; transport::MAX_PARTS] = [&[]; transport::MAX_PARTS];
             let mut n = 0;
-            for (p, f) in parts.iter_mut().zip(batch.iter().flatten()) {
-                *p = f.as_slice();
-                n += 1;
+            for f in batch.iter().flatten() {
+                for part in f.parts() {
+                    parts[n] = part;
+                    n += 1;
+                }
             }
             let written = link.write_parts(&parts[..n]);
             st = self.lock();
@@ -814,7 +836,9 @@ impl Conn {
                 Ok(Frame::Reply { seq, outcome }) if seq == st.last_reply + 1 => {
                     st.last_reply = seq;
                     while st.unanswered.front().is_some_and(|(s, _)| *s <= seq) {
-                        st.unanswered.pop_front();
+                        if let Some((_, frame)) = st.unanswered.pop_front() {
+                            self.keep_spare(frame);
+                        }
                     }
                     if st.awaited.remove(&seq) {
                         st.replies.insert(seq, outcome);
@@ -842,6 +866,19 @@ impl Conn {
         }
     }
 
+    /// Keeps an answered write's data buffer for [`Remote::data_buffer`] (within bounds).
+    fn keep_spare(&self, frame: Arc<Encoded>) {
+        let Ok(Encoded { mut bulk, .. }) = Arc::try_unwrap(frame) else { return };
+        if bulk.capacity() == 0 || bulk.capacity() > SPARE_BUFFER_MAX {
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < SPARE_BUFFERS {
+            bulk.clear();
+            spare.push(bulk);
+        }
+    }
+
     fn submit(self: &Arc<Self>, cmd: Command, awaited: bool) -> Result<u64> {
         let deadline = Instant::now() + self.opts.call_timeout;
         let seen = self.received.load(Ordering::Relaxed);
@@ -856,9 +893,8 @@ impl Conn {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        let mut out = Vec::new();
-        Frame::Command { seq, ack: st.last_reply, cmd }.encode_into(&mut out);
-        let frame = Arc::new(out);
+        // Write data stays in its own buffer, sent behind the frame's head.
+        let frame = Arc::new(Frame::Command { seq, ack: st.last_reply, cmd }.encode_split());
         if awaited {
             st.awaited.insert(seq);
         }
@@ -1028,7 +1064,7 @@ impl Conn {
                 // unanswered until their replies come.
                 for (seq, frame) in st.unanswered.iter_mut() {
                     if *seq <= last_received && !frame.is_empty() {
-                        *frame = Arc::new(Vec::new());
+                        *frame = Arc::new(Encoded::default());
                     }
                 }
                 self.install(&mut st, s, sent.max(last_received)).map_err(|why| RemoteError::Connect { server: server.into(), why })?;
@@ -1441,8 +1477,9 @@ mod tests {
         // Commands 1-2 the server holds (placeholders); 3-6 wait for it; 5 is too big to fit
         // after 3 and 4, so 6 (which would fit) must not go either: the server would see 5
         // skipped.
-        let frame = |n: usize| Arc::new(vec![7u8; n]);
-        let q: VecDeque<(u64, Arc<Vec<u8>>)> = VecDeque::from(vec![
+        // Frames with data are two parts (head and data); others one.
+        let frame = |n: usize| Arc::new(Encoded { head: vec![7u8; n.min(40)], bulk: vec![8u8; n.saturating_sub(40)] });
+        let q: VecDeque<(u64, Arc<Encoded>)> = VecDeque::from(vec![
             (1, Arc::default()),
             (2, Arc::default()),
             (3, frame(100)),
@@ -1453,6 +1490,8 @@ mod tests {
         let mut out = vec![9u8];
         assert_eq!(pipeline(&q, &mut out), 4);
         assert_eq!(out.len(), 1 + 100 + 200, "the frames of 3 and 4, after what was there");
+        let whole = |n: usize| [vec![7u8; n.min(40)], vec![8u8; n.saturating_sub(40)]].concat();
+        assert_eq!(out, [vec![9u8], whole(100), whole(200)].concat(), "each frame's head, then its data");
         // Nothing to send, or a first command over the budget: none go.
         let mut out = Vec::new();
         assert_eq!(pipeline(&VecDeque::from(vec![(1, Arc::default())]), &mut out), 0);

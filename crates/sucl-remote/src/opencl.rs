@@ -374,12 +374,16 @@ impl ClMem {
     }
 
     pub(crate) fn read(&self, r: std::ops::Range<usize>) -> Result<(Vec<u8>, [u64; 4]), Outcome> {
-        let mut v = vec![0u8; r.len()];
-        // SAFETY: the range was checked by the caller; `v` has its length and lives through
-        // the wait.
+        // Not zeroed first: the platform writes every byte (a pass over the data saved).
+        let mut v = Vec::<u8>::with_capacity(r.len());
+        // SAFETY: the range was checked by the caller; `v` has room for `r.len()` bytes and
+        // lives through the wait inside `run`.
         let t = ClServed::run(&self.api, "clEnqueueReadBuffer", |ev| unsafe {
             (self.api.read_buffer)(self.queue, self.mem, 0, r.start, r.len(), v.as_mut_ptr().cast(), 0, ptr::null(), ev)
         })?;
+        // SAFETY: the blocking read completed without error (`run` waited for its event and
+        // checked its status), so the platform wrote all `r.len()` bytes.
+        unsafe { v.set_len(r.len()) };
         Ok((v, t))
     }
 

@@ -742,7 +742,7 @@ struct Parts<'a> {
 }
 
 /// The most slices one [`Link::write_parts`] takes.
-pub const MAX_PARTS: usize = 4;
+pub const MAX_PARTS: usize = 8;
 
 impl<'a> Parts<'a> {
     fn new(parts: &[&'a [u8]]) -> Parts<'a> {

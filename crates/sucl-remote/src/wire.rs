@@ -951,6 +951,40 @@ impl Command {
     }
 }
 
+/// One encoded frame in two parts which, written one after the other, are the frame: `head`,
+/// and `bulk`, the bytes of write or read data kept in the buffer they arrived in (a large
+/// frame is sent without first copying its data behind its header).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Encoded {
+    /// The length prefix and every field, up to and including the data's byte count.
+    pub head: Vec<u8>,
+    /// The data (empty for frames without any).
+    pub bulk: Vec<u8>,
+}
+
+impl Encoded {
+    /// The frame's length on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.bulk.len()
+    }
+
+    /// Whether nothing is left of it (a placeholder).
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.bulk.is_empty()
+    }
+
+    /// The two parts, in order.
+    pub fn parts(&self) -> [&[u8]; 2] {
+        [&self.head, &self.bulk]
+    }
+
+    /// Appends the whole frame to `out`.
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&self.bulk);
+    }
+}
+
 impl Outcome {
     fn encode(&self, e: &mut Enc) {
         match self {
@@ -1124,6 +1158,27 @@ impl Frame {
         }
         let body = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&body.to_le_bytes());
+    }
+
+    /// This frame as [`Encoded`]: write or read data (its last field) moved into `bulk`, not
+    /// copied behind the head.
+    pub fn encode_split(mut self) -> Encoded {
+        let bulk = match &mut self {
+            Frame::Command { cmd: Command::Write { data, .. }, .. } => std::mem::take(data),
+            Frame::Reply { outcome: Outcome::Data(d), .. } => std::mem::take(d),
+            _ => Vec::new(),
+        };
+        let mut head = Vec::new();
+        self.encode_into(&mut head);
+        if !bulk.is_empty() {
+            // The head ends with the (empty) byte string's count: it and the frame's length
+            // now count the bulk bytes that follow the head.
+            let n = head.len();
+            head[n - 4..].copy_from_slice(&(bulk.len() as u32).to_le_bytes());
+            let body = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) + bulk.len() as u32;
+            head[..4].copy_from_slice(&body.to_le_bytes());
+        }
+        Encoded { head, bulk }
     }
 
     /// This frame, length prefix included.
@@ -1633,6 +1688,9 @@ pub mod fuzz {
             let once = frame.encode();
             let again = decode(&once[4..]).expect("an encoded frame decodes");
             assert_eq!(again.encode(), once, "{frame:?} does not survive encode and decode");
+            let mut joined = Vec::new();
+            again.encode_split().append_to(&mut joined);
+            assert_eq!(joined, once, "{frame:?} split in two parts is not the frame");
         }
         for limit in [HANDSHAKE_MAX_FRAME, MIN_MAX_FRAME] {
             let mut r = bytes;
@@ -1659,6 +1717,29 @@ pub mod fuzz {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_split_around_its_data_is_the_frame() {
+        let frames = [
+            Frame::Command { seq: 7, ack: 3, cmd: Command::Write { buffer: 1, offset: 2, data: vec![9; 70_001] } },
+            Frame::Command { seq: 8, ack: 3, cmd: Command::Write { buffer: 1, offset: 2, data: vec![] } },
+            Frame::Reply { seq: 9, outcome: Outcome::Data((0..=255).collect()) },
+            Frame::Reply { seq: 10, outcome: Outcome::Done },
+            Frame::Command { seq: 11, ack: 0, cmd: Command::Read { buffer: 4, offset: 5, len: 6 } },
+        ];
+        for f in frames {
+            let whole = f.encode();
+            let split = f.clone().encode_split();
+            let carries_data = matches!(&f, Frame::Reply { outcome: Outcome::Data(d), .. } if !d.is_empty())
+                || matches!(&f, Frame::Command { cmd: Command::Write { data, .. }, .. } if !data.is_empty());
+            assert_eq!(split.bulk.is_empty(), !carries_data, "{f:?}: data moved apart only where there is some");
+            let mut joined = Vec::new();
+            split.append_to(&mut joined);
+            assert_eq!(joined, whole, "{f:?}");
+            assert_eq!(split.len(), whole.len());
+            assert_eq!(decode(&joined[4..]).unwrap(), f);
+        }
+    }
 
     #[test]
     fn a_write_command_round_trips() {

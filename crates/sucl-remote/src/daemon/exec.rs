@@ -5,7 +5,6 @@ use super::objects::*;
 use super::peer_mem;
 use super::state::*;
 use crate::wire::{code, failed, Command, Frame, Outcome, SessionStats};
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,12 +51,12 @@ pub(super) fn drain(shared: &Arc<Shared>, s: &Arc<Session>, in_executor: bool) {
             st.pending.pop_front().expect("a head was seen")
         };
         let outcome = execute(shared, s, cmd);
-        let mut reply = Vec::new();
-        Frame::Reply { seq, outcome }.encode_into(&mut reply);
+        // Read data goes out from the buffer it was read into, behind the reply's head.
+        let reply = Frame::Reply { seq, outcome }.encode_split();
         let mut st = lock(&s.state);
         let conn = lock(&s.binding).conn.clone();
-        if let Some(mut c) = conn {
-            if c.write_all(&reply).is_err() {
+        if let Some(c) = conn {
+            if c.write_parts(&reply.parts()).is_err() {
                 c.shutdown(); // the client re-attaches; the reply stays retained
             }
         }

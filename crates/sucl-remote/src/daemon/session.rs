@@ -115,11 +115,11 @@ pub(super) fn attach_session(
             conn.write_all(out)?;
             out.clear();
             if reply.len() > RESEND_BATCH {
-                conn.write_all(reply)?; // a large reply goes as it is, not copied
+                conn.write_parts(&reply.parts())?; // a large reply goes as it is, not copied
                 continue;
             }
         }
-        out.extend_from_slice(reply);
+        reply.append_to(out);
     }
     if !out.is_empty() {
         conn.write_all(out)?;

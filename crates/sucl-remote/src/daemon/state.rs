@@ -6,7 +6,7 @@ use super::objects::*;
 pub(super) use super::sync::lock;
 use crate::auth::SessionSecret;
 use crate::transport::Link;
-use crate::wire::Command;
+use crate::wire::{Command, Encoded};
 use std::collections::{HashMap, VecDeque};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +28,7 @@ pub(super) struct SessionState {
     /// and ends once it has nothing to run while the session is detached).
     pub(super) executor: bool,
     /// Encoded reply frames the client has not acknowledged, oldest first.
-    pub(super) retained: VecDeque<(u64, Vec<u8>)>,
+    pub(super) retained: VecDeque<(u64, Encoded)>,
 }
 
 /// The connection a session is bound to, guarded apart from the state so that a re-attaching
