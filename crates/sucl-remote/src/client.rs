@@ -835,12 +835,15 @@ impl Conn {
             return match f {
                 Ok(Frame::Reply { seq, outcome }) if seq == st.last_reply + 1 => {
                     st.last_reply = seq;
+                    // Senders may wait for room below the in-flight limit.
+                    let was_full = st.unanswered.len() >= st.keys.max_inflight as usize;
                     while st.unanswered.front().is_some_and(|(s, _)| *s <= seq) {
                         if let Some((_, frame)) = st.unanswered.pop_front() {
                             self.keep_spare(frame);
                         }
                     }
-                    if st.awaited.remove(&seq) {
+                    let awaited = st.awaited.remove(&seq);
+                    if awaited {
                         st.replies.insert(seq, outcome);
                     } else if let Outcome::Failed { code, message } = outcome {
                         if st.deferred.is_none() {
@@ -848,7 +851,12 @@ impl Conn {
                                 Some(RemoteError::Failed { server: self.server.clone(), what: format!("command {seq}"), code, message });
                         }
                     }
-                    self.changed.notify_all();
+                    // Only a reply someone waits for, room for a sender, or the last answer
+                    // (which `close` waits for) wakes the waiting threads: a reply to a posted
+                    // command alone would wake a caller that then sleeps again.
+                    if awaited || was_full || st.unanswered.is_empty() {
+                        self.changed.notify_all();
+                    }
                     continue;
                 }
                 Ok(Frame::Reply { seq, .. }) if seq <= st.last_reply => continue, // already had it
