@@ -235,7 +235,7 @@ row() {
         pr=$(awk -v a="${rd[$label]}" -v b="${wr[tcp]}" 'BEGIN {printf "%.0f %%", 100 * a / b}')
     fi
     [ "$label" = tcp ] && over="(round trip)"
-    printf '| %-12s | %9s | %-13s | %-12s | %6s | %6s | %6s | %6s |\n' "$name" "${lat[$label]}" \
+    printf '| %-12s | %10s | %-14s | %26s | %10s | %19s | %9s | %19s |\n' "$name" "${lat[$label]}" \
         "${lat_spread[$label]:-}" "$over" "${wr[$label]}" "$pw" "${rd[$label]}" "$pr"
 }
 
@@ -244,14 +244,14 @@ table() {
     echo
     echo "# $where — $(date -u '+%F %T UTC'), $(nproc)-core $(uname -m), load average$(uptime | sed 's/.*load average//')"
     echo "# ITERS=$ITERS kernels per latency run, REPS=$REPS runs/transfers per figure, MIB=$MIB"
-    echo "| path         | lat µs    | run medians   | µs over RTT  | write  | % str. | read   | % str. |"
-    echo "|--------------|-----------|---------------|--------------|--------|--------|--------|--------|"
+    echo "| path         | latency µs | run medians µs | µs over the raw round trip | write GB/s | % of raw TCP stream | read GB/s | % of raw TCP stream |"
+    echo "|--------------|-----------:|----------------|---------------------------:|-----------:|--------------------:|----------:|--------------------:|"
     row tcp "raw TCP"
     row direct "PoCL direct"
     row PoCL-R "PoCL-R"
     row "sucl TLS on" "sucl TLS on"
     row "sucl TLS off" "sucl TLS off"
-    echo "# lat: median of the run medians (µs); write/read: GB/s (10^9 B/s); % str.: of the raw TCP stream"
+    echo "# latency: median of $REPS runs' medians of $ITERS kernels; write/read: median of $REPS transfers of $MIB MiB, GB/s = 10^9 B/s"
 }
 
 any_failed() {
