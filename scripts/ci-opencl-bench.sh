@@ -50,9 +50,9 @@ fail() { echo "ci-opencl-bench: $*" >&2; exit 1; }
 bash "$bench" --help | grep -q -- --veth || fail "latency-bandwidth.sh --help"
 bash bench/opencl/build-pocl-r.sh --help | grep -q -- --prefix || fail "build-pocl-r.sh --help"
 status=0; REPS=0 bash "$bench" >"$tmp/out" 2>&1 || status=$?
-[ "$status" = 2 ] && grep -q 'REPS must be a positive integer' "$tmp/out" || fail "REPS=0 was not refused (exit $status)"
+if [ "$status" != 2 ] || ! grep -q 'REPS must be a positive integer' "$tmp/out"; then fail "REPS=0 was not refused (exit $status)"; fi
 status=0; bash bench/opencl/build-pocl-r.sh "$tmp" >"$tmp/out" 2>&1 || status=$?
-[ "$status" = 1 ] && grep -q 'not a pocl source tree' "$tmp/out" || fail "build-pocl-r.sh accepted a non-pocl directory"
+if [ "$status" != 1 ] || ! grep -q 'not a pocl source tree' "$tmp/out"; then fail "build-pocl-r.sh accepted a non-pocl directory"; fi
 
 # Every networked row of a table must carry figures: "| name | number | ... | number |".
 rows_measured() {

@@ -14,7 +14,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: bench/opencl/build-pocl-r.sh [--prefix DIR] [--jobs N] POCL_SOURCE_DIR
+usage: bench/opencl/build-pocl-r.sh [--prefix DIR] [--jobs N] [--source-id S] POCL_SOURCE_DIR
 
 Builds PoCL-R (libpocl with only the remote client driver, and pocld) from POCL_SOURCE_DIR,
 a pocl source tree (tested with release v7.0, commit 85654efe8989). Installs into DIR
@@ -25,6 +25,8 @@ with apt-get when missing and running as root); no LLVM, no network.
 
   --prefix DIR   where to build and install (default /work/pocl-r)
   --jobs N       parallel compile jobs (default: nproc)
+  --source-id S  what the source is (e.g. "v7.0 85654efe8989"), recorded in DIR/VERSION;
+                 default: `git describe` of POCL_SOURCE_DIR when it is a git checkout
   -h, --help     this text
 EOF
 }
@@ -32,19 +34,22 @@ EOF
 prefix=/work/pocl-r
 jobs=$(nproc)
 src=
+source_id=
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
         --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
         --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
+        --source-id) source_id=${2:?--source-id needs a text}; shift 2 ;;
         -*) echo "build-pocl-r.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
         *) [ -z "$src" ] || { echo "build-pocl-r.sh: one source directory only" >&2; exit 2; }; src=$1; shift ;;
     esac
 done
 [ -n "$src" ] || { usage >&2; exit 2; }
 src=$(cd "$src" && pwd)
-[ -f "$src/pocld/pocld.cc" ] && [ -d "$src/lib/CL/devices/remote" ] \
-    || { echo "build-pocl-r.sh: $src is not a pocl source tree with the remote driver" >&2; exit 1; }
+if [ ! -f "$src/pocld/pocld.cc" ] || [ ! -d "$src/lib/CL/devices/remote" ]; then
+    echo "build-pocl-r.sh: $src is not a pocl source tree with the remote driver" >&2; exit 1
+fi
 
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -68,7 +73,10 @@ mkdir -p "$prefix/lib" "$prefix/bin"
 cp -a "$prefix/build/lib/CL/"libpocl.so* "$prefix/lib/"
 cp "$prefix/build/pocld/pocld" "$prefix/bin/pocld"
 version=$(sed -n 's/^#define POCL_VERSION_FULL "\(.*\)"/\1/p' "$prefix/build/pocl_version.h" 2>/dev/null || true)
-commit=$(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null || echo "not a git checkout")
-printf 'PoCL-R %s (source %s, %s)\n' "${version:-?}" "$src" "$commit" | tee "$prefix/VERSION"
+if [ -z "$source_id" ]; then
+    source_id=$(git -C "$src" describe --tags --always 2>/dev/null || echo "not a git checkout")
+    source_id="$source_id $(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null || true)"
+fi
+printf 'PoCL-R %s (source %s: %s; no LLVM, remote client + pocld)\n' "${version:-?}" "$src" "$source_id" | tee "$prefix/VERSION"
 echo "client: OCL_ICD_VENDORS=$prefix/lib/libpocl.so POCL_DEVICES=remote POCL_REMOTE0_PARAMETERS=HOST:PORT/0"
 echo "server: $prefix/bin/pocld -a HOST -p PORT   (listens on PORT, PORT+1 and PORT+2)"

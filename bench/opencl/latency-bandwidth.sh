@@ -73,6 +73,7 @@ work=$(mktemp -d)
 daemon=
 netns_srv=; netns_cli=
 stdin_fd=
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
     stop_daemon
     [ -n "$stdin_fd" ] && exec {stdin_fd}>&-
@@ -119,43 +120,54 @@ client() {
     fi
 }
 
-declare -A lat lat_spread wr rd
+declare -A lat lat_spread wr rd beside
 pocld_port=; sucl_env=(); platform=
+# tcp_stream: the raw TCP stream (GB/s, median of REPS) between the current two ends.
+tcp_stream() {
+    local out ns=()
+    [ -n "$netns_srv" ] && ns=(--addr "$addr" --server-netns "$netns_srv" --client-netns "$netns_cli")
+    out=$(timeout -k 5 "$TIMEOUT" "$work/tcpbase" "${ns[@]}" stream "$MIB" "$REPS") || { echo "# raw TCP stream failed" >&2; return 1; }
+    sed -n 's/.* \([0-9.]*\) GB\/s.*/\1/p' <<<"$out"
+}
+
 # measure LABEL ENV... : REPS latency runs and one bandwidth run of clbench (platform from
-# $platform); fills lat/wr/rd[LABEL], or leaves them "failed".
+# $platform), the bandwidth run right after a raw TCP stream on the same ends (the machine is
+# shared: its load drifts, so each row's percentage is taken against the stream beside it);
+# fills lat/wr/rd/beside[LABEL], or leaves them "failed".
 measure() {
     local label=$1; shift
-    local runs=() out i
-    lat[$label]=failed; lat_spread[$label]=; wr[$label]=failed; rd[$label]=failed
-    for i in $(seq "$REPS"); do
+    local runs=() out
+    lat[$label]=failed; lat_spread[$label]=; wr[$label]=failed; rd[$label]=failed; beside[$label]=failed
+    for _ in $(seq "$REPS"); do
         out=$(client "$label" "$@" -- "$work/clbench" "$platform" latency "$ITERS") || return 0
         runs+=("$(sed -n 's/.*median \([0-9.]*\) us.*/\1/p' <<<"$out")")
     done
     lat[$label]=$(printf '%s\n' "${runs[@]}" | median)
     lat_spread[$label]=$(printf '%s\n' "${runs[@]}" | spread)
+    beside[$label]=$(tcp_stream) || beside[$label]=failed
     out=$(client "$label" "$@" -- "$work/clbench" "$platform" bandwidth "$MIB" "$REPS") || return 0
     wr[$label]=$(sed -n 's/.*write \([0-9.]*\) GB.*/\1/p' <<<"$out")
     rd[$label]=$(sed -n 's/.*read \([0-9.]*\) GB.*/\1/p' <<<"$out")
 }
 
 measure_tcp() {
-    local runs=() out i ns=()
+    local runs=() out ns=()
     [ -n "$netns_srv" ] && ns=(--addr "$addr" --server-netns "$netns_srv" --client-netns "$netns_cli")
-    lat[tcp]=failed; wr[tcp]=failed; rd[tcp]=failed
-    for i in $(seq "$REPS"); do
+    lat[tcp]=failed; wr[tcp]=failed; rd[tcp]=failed; beside[tcp]=failed
+    for _ in $(seq "$REPS"); do
         out=$(timeout -k 5 "$TIMEOUT" "$work/tcpbase" "${ns[@]}" rtt "$ITERS") || { echo "# raw TCP round trip failed" >&2; return 0; }
         runs+=("$(sed -n 's/.*median \([0-9.]*\) us.*/\1/p' <<<"$out")")
     done
     lat[tcp]=$(printf '%s\n' "${runs[@]}" | median)
     lat_spread[tcp]=$(printf '%s\n' "${runs[@]}" | spread)
-    out=$(timeout -k 5 "$TIMEOUT" "$work/tcpbase" "${ns[@]}" stream "$MIB" "$REPS") || { echo "# raw TCP stream failed" >&2; return 0; }
-    wr[tcp]=$(sed -n 's/.* \([0-9.]*\) GB\/s.*/\1/p' <<<"$out"); rd[tcp]=${wr[tcp]}
+    wr[tcp]=$(tcp_stream) || { wr[tcp]=failed; return 0; }
+    rd[tcp]=${wr[tcp]}; beside[tcp]=${wr[tcp]}
 }
 
 # A port base below the ephemeral range with PORT..PORT+2 free on the server side.
 free_port() {
-    local p tries
-    for tries in $(seq 50); do
+    local p
+    for _ in $(seq 50); do
         p=$((20000 + RANDOM % 10000))
         "${srv[@]}" ss -Hltn "( sport = :$p or sport = :$((p + 1)) or sport = :$((p + 2)) )" | grep -q . || { echo "$p"; return; }
     done
@@ -164,12 +176,11 @@ free_port() {
 
 # start_pocld: starts pocld on a free port base (it listens on PORT..PORT+2); sets pocld_port.
 start_pocld() {
-    local i
     pocld_port=$(free_port) || return 1
     "${srv[@]}" env -u OCL_ICD_VENDORS -u POCL_DEVICES "$pocl_r/bin/pocld" -a "$addr" -p "$pocld_port" \
         </dev/null >"$work/pocld.log" 2>&1 &
     daemon=$!
-    for i in $(seq 100); do
+    for _ in $(seq 100); do
         "${srv[@]}" ss -Hltn "( sport = :$pocld_port )" | grep -q . && return 0
         kill -0 "$daemon" 2>/dev/null || break
         sleep 0.1
@@ -182,12 +193,12 @@ start_pocld() {
 # start_sucld on|off: starts sucld serving the OpenCL devices; sets sucl_env, the client's
 # environment (VAR=value words).
 start_sucld() {
-    local tls=$1 flags i
+    local tls=$1 flags
     if [ "$tls" = on ]; then flags=(--tls-ephemeral); else flags=(--no-tls); fi
     "${srv[@]}" env -u OCL_ICD_VENDORS "$SUCLD" --token-file "$work/token" --listen "$addr:0" --opencl \
         --host-devices 0 "${flags[@]}" --print-address >"$work/sucld.out" 2>"$work/sucld.log" </dev/null &
     daemon=$!
-    for i in $(seq 300); do
+    for _ in $(seq 300); do
         grep -q '^tls ' "$work/sucld.out" 2>/dev/null && break
         kill -0 "$daemon" 2>/dev/null || break
         sleep 0.1
@@ -230,13 +241,13 @@ row() {
     if [ "${lat[$label]}" != failed ] && [ "${lat[tcp]}" != failed ]; then
         over=$(awk -v a="${lat[$label]}" -v b="${lat[tcp]}" 'BEGIN {printf "%+.1f", a - b}')
     fi
-    if [ "${wr[$label]}" != failed ] && [ "${wr[tcp]}" != failed ]; then
-        pw=$(awk -v a="${wr[$label]}" -v b="${wr[tcp]}" 'BEGIN {printf "%.0f %%", 100 * a / b}')
-        pr=$(awk -v a="${rd[$label]}" -v b="${wr[tcp]}" 'BEGIN {printf "%.0f %%", 100 * a / b}')
+    if [ "${wr[$label]}" != failed ] && [ "${beside[$label]}" != failed ]; then
+        pw=$(awk -v a="${wr[$label]}" -v b="${beside[$label]}" 'BEGIN {printf "%.0f %%", 100 * a / b}')
+        pr=$(awk -v a="${rd[$label]}" -v b="${beside[$label]}" 'BEGIN {printf "%.0f %%", 100 * a / b}')
     fi
     [ "$label" = tcp ] && over="(round trip)"
-    printf '| %-12s | %10s | %-14s | %26s | %10s | %19s | %9s | %19s |\n' "$name" "${lat[$label]}" \
-        "${lat_spread[$label]:-}" "$over" "${wr[$label]}" "$pw" "${rd[$label]}" "$pr"
+    printf '| %-12s | %10s | %-14s | %15s | %10s | %9s | %15s | %17s | %16s |\n' "$name" "${lat[$label]}" \
+        "${lat_spread[$label]:-}" "$over" "${wr[$label]}" "${rd[$label]}" "${beside[$label]}" "$pw" "$pr"
 }
 
 table() {
@@ -244,14 +255,15 @@ table() {
     echo
     echo "# $where — $(date -u '+%F %T UTC'), $(nproc)-core $(uname -m), load average$(uptime | sed 's/.*load average//')"
     echo "# ITERS=$ITERS kernels per latency run, REPS=$REPS runs/transfers per figure, MIB=$MIB"
-    echo "| path         | latency µs | run medians µs | µs over the raw round trip | write GB/s | % of raw TCP stream | read GB/s | % of raw TCP stream |"
-    echo "|--------------|-----------:|----------------|---------------------------:|-----------:|--------------------:|----------:|--------------------:|"
+    echo "| path         | latency µs | run medians µs | over raw RTT µs | write GB/s | read GB/s | raw stream GB/s | write % of stream | read % of stream |"
+    echo "|--------------|-----------:|----------------|----------------:|-----------:|----------:|----------------:|------------------:|-----------------:|"
     row tcp "raw TCP"
     row direct "PoCL direct"
     row PoCL-R "PoCL-R"
     row "sucl TLS on" "sucl TLS on"
     row "sucl TLS off" "sucl TLS off"
-    echo "# latency: median of $REPS runs' medians of $ITERS kernels; write/read: median of $REPS transfers of $MIB MiB, GB/s = 10^9 B/s"
+    echo "# latency: median of $REPS runs' medians of $ITERS kernels; write/read: median of $REPS transfers of $MIB MiB, GB/s = 10^9 B/s;"
+    echo "# raw stream: the raw TCP stream (median of $REPS) measured just before that row's transfers, which its percentages divide by"
 }
 
 any_failed() {
@@ -261,7 +273,7 @@ any_failed() {
 }
 
 measure_all() {
-    lat=(); lat_spread=(); wr=(); rd=()
+    lat=(); lat_spread=(); wr=(); rd=(); beside=()
     measure_tcp
     [ -z "$netns_srv" ] && platform=Portable measure direct -u OCL_ICD_VENDORS -u POCL_DEVICES
     measure_pocl_r
