@@ -59,7 +59,7 @@ rows_measured() {
   local file=$1; shift
   local name
   for name in "$@"; do
-    grep -E "^\| $name +\| +[0-9.]+ \|.*\| +[0-9.]+ \| +[0-9]+ % \|$" "$file" >/dev/null \
+    grep -E "^\| $name +\| +[0-9.]+ \|.*\| +[0-9.]+ \| +[0-9]+ % \| +[0-9]+ % \|$" "$file" >/dev/null \
       || fail "row '$name' not measured in: $(cat "$file")"
   done
 }
