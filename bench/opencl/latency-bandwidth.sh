@@ -215,7 +215,7 @@ start_sucld() {
 
 measure_sucl() {
     local tls=$1 label="sucl TLS $1"
-    lat[$label]=failed; wr[$label]=failed; rd[$label]=failed
+    lat[$label]=failed; wr[$label]=failed; rd[$label]=failed; beside[$label]=failed
     start_sucld "$tls" || return 0
     platform=sucl measure "$label" OCL_ICD_VENDORS="$SUCL_ICD" "${sucl_env[@]}"
     stop_daemon
@@ -227,7 +227,7 @@ measure_pocl_r() {
         echo "# PoCL-R skipped: POCL_R_PREFIX is unset or lacks bin/pocld and lib/libpocl.so (build it with bench/opencl/build-pocl-r.sh)"
         return 0
     fi
-    lat[$label]=failed; wr[$label]=failed; rd[$label]=failed
+    lat[$label]=failed; wr[$label]=failed; rd[$label]=failed; beside[$label]=failed
     start_pocld || return 0
     platform=Portable measure "$label" OCL_ICD_VENDORS="$pocl_r/lib/libpocl.so" POCL_DEVICES=remote \
         POCL_REMOTE0_PARAMETERS="$addr:$pocld_port/0"
