@@ -59,6 +59,14 @@ if [ "$veth" = 1 ] && [ "$(id -u)" != 0 ]; then
     echo "latency-bandwidth.sh: --veth needs root (ip netns, ip link)" >&2; exit 2
 fi
 
+missing=()
+for tool in cc timeout mkfifo ss; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+[ "$veth" = 0 ] || command -v ip >/dev/null || missing+=(ip)
+[ -e /usr/include/CL/cl.h ] || missing+=("CL/cl.h (opencl-c-headers)")
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "latency-bandwidth.sh: missing ${missing[*]} (Debian: gcc coreutils iproute2 opencl-c-headers ocl-icd-opencl-dev)" >&2
+    exit 2
+fi
 SUCLD=${SUCLD:-$PWD/target/release/sucld}
 SUCL_ICD=${SUCL_ICD:-$PWD/target/release/libsucl_opencl.so}
 [ -x "$SUCLD" ] || cargo build --release -q -p sucl-remote --bin sucld
