@@ -1557,8 +1557,64 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Resul
         return Err(WireError::TooLong { what: "frame length", len: len as u64, limit: max_frame as u64 }.into());
     }
     buf.clear();
-    read_growing(r, buf, len as usize)?;
+    let len = len as usize;
+    if len >= DATA_APART {
+        return read_data_apart(r, buf, len);
+    }
+    read_growing(r, buf, len)?;
     Ok(decode(buf)?)
+}
+
+/// Frames at least this long that carry write or read data have the data read straight into
+/// a buffer of its own, which becomes the decoded frame's data (no copy out of `buf`).
+const DATA_APART: usize = 64 << 10;
+
+/// The bytes before the data of a frame that carries write or read data, judged from its
+/// first [`WRITE_OVERHEAD`]` - 20` bytes; `None` for other frames.
+fn data_head_len(first: &[u8]) -> Option<usize> {
+    match first {
+        [17, _, _, _, _, _, _, _, _, 1, ..] => Some(READ_REPLY_OVERHEAD), // a reply with data
+        [16, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, _, 5, ..] => Some(WRITE_OVERHEAD), // a write
+        _ => None,
+    }
+}
+
+/// Reads the body of a frame of `len` (≥ [`DATA_APART`]) bytes: when it carries data, its head
+/// into `buf` and its data into a buffer of its own; otherwise all of it into `buf`.
+fn read_data_apart(r: &mut impl Read, buf: &mut Vec<u8>, len: usize) -> Result<Frame, ReadError> {
+    const PEEK: usize = WRITE_OVERHEAD - 20;
+    read_growing(r, buf, PEEK)?;
+    let Some(head) = data_head_len(buf) else {
+        read_growing(r, buf, len - PEEK)?;
+        return Ok(decode(buf)?);
+    };
+    if head > PEEK {
+        read_growing(r, buf, head - PEEK)?;
+    }
+    let count = u32::from_le_bytes([buf[head - 4], buf[head - 3], buf[head - 2], buf[head - 1]]) as usize;
+    if head + count != len {
+        // The data's count disagrees with the frame's length: the whole body decides (and
+        // the decoder says what is wrong with it).
+        read_growing(r, buf, len - buf.len())?;
+        return Ok(decode(buf)?);
+    }
+    // The head decodes as the same frame with no data; the data, read apart, is then put in.
+    // Its room is the count, within the frame limit the length passed: unwritten room costs
+    // no memory until bytes arrive in it.
+    let mut data = Vec::with_capacity(count);
+    data.extend_from_slice(&buf[head..]);
+    buf.truncate(head);
+    buf[head - 4..head].copy_from_slice(&0u32.to_le_bytes());
+    let mut frame = decode(buf)?;
+    let want = count - data.len();
+    if r.take(want as u64).read_to_end(&mut data)? < want {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed inside a frame").into());
+    }
+    match &mut frame {
+        Frame::Command { cmd: Command::Write { data: d, .. }, .. } | Frame::Reply { outcome: Outcome::Data(d), .. } => *d = data,
+        _ => unreachable!("data_head_len matched only writes and replies with data"),
+    }
+    Ok(frame)
 }
 
 impl ReadError {
@@ -1717,6 +1773,37 @@ pub mod fuzz {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_data_frames_are_read_with_their_data_apart() {
+        let frames = [
+            Frame::Command { seq: 7, ack: 3, cmd: Command::Write { buffer: 1, offset: 2, data: (0..200_000).map(|i| i as u8).collect() } },
+            Frame::Reply { seq: 9, outcome: Outcome::Data((0..DATA_APART + 5).map(|i| (i * 7) as u8).collect()) },
+            Frame::Reply { seq: 10, outcome: Outcome::Failed { code: 3, message: "x".repeat(4000) } },
+            Frame::Command {
+                seq: 11,
+                ack: 0,
+                cmd: Command::ClBuild { program: 1, device: 0, source: "y".repeat(DATA_APART), options: String::new() },
+            },
+        ];
+        let mut stream = Vec::new();
+        for f in &frames {
+            f.encode_into(&mut stream);
+        }
+        let (mut r, mut buf) = (&stream[..], Vec::new());
+        for f in &frames {
+            assert_eq!(&read_frame(&mut r, &mut buf, 1 << 20).unwrap(), f);
+        }
+        assert!(r.is_empty());
+        // Cut short inside the data: an error, not a frame.
+        let mut one = frames[0].encode();
+        one.truncate(one.len() - 1);
+        assert!(read_frame(&mut &one[..], &mut buf, 1 << 20).is_err());
+        // A data count that disagrees with the frame's length: refused as malformed.
+        let mut bad = frames[1].encode();
+        bad[4 + READ_REPLY_OVERHEAD - 4] ^= 1;
+        assert!(matches!(read_frame(&mut &bad[..], &mut buf, 1 << 20), Err(ReadError::Wire(_))));
+    }
 
     #[test]
     fn a_frame_split_around_its_data_is_the_frame() {
