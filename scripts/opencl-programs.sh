@@ -2,7 +2,7 @@
 # Public OpenCL programs, unchanged, through sucl's ICD (libsucl_opencl.so → sucld → PoCL's CPU
 # device) and on PoCL directly, with their results checked:
 #   pyopencl   Debian's python3-pyopencl with the examples and tests of python-pyopencl-doc:
-#              demo.py (asserts its result) on one daemon; the test suite test_wrapper.py under
+#              demo.py (asserts its result) on one daemon; its tests (test_wrapper.py by default) under
 #              pytest on one daemon, every test that passes on PoCL must pass through sucl,
 #              except those the ICD refuses by design (program binaries, separate compilation).
 #   migration  PoCL's own multi-device test tests/runtime/test_buffer_migration.c (a buffer
@@ -25,6 +25,9 @@ env: SUCLD, SUCL_OPENCL_LIB  the binaries (default target/release, built if miss
      PYOPENCL_EXAMPLES       pyopencl's examples and tests
                              (default /usr/share/doc/python-pyopencl-doc/examples)
      PYTHON                  a Python with pyopencl, numpy and pytest (default /usr/bin/python3)
+     PYOPENCL_TESTS          pyopencl's test files to compare (default test_wrapper.py; all:
+                             "test_wrapper.py test_array.py test_algorithm.py test_clmath.py
+                             test_clrandom.py test_enqueue_copy.py test_arrays_in_structs.py")
      WORK                    keep outputs here (default: a temporary directory, removed)
 Exits non-zero when a program's result is wrong or a check fails.
 EOF
@@ -53,11 +56,12 @@ WORK=${WORK:-$SUCL_DAEMON_DIR/work}
 mkdir -p "$WORK"
 PYTHON=${PYTHON:-/usr/bin/python3}
 PYOPENCL_EXAMPLES=${PYOPENCL_EXAMPLES:-/usr/share/doc/python-pyopencl-doc/examples}
+PYOPENCL_TESTS=${PYOPENCL_TESTS:-test_wrapper.py}
 failed=()
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; failed+=("$1"); }
 
-# pyopencl: demo.py, then test_wrapper.py compared test by test.
+# pyopencl: demo.py, then its tests (PYOPENCL_TESTS) compared test by test.
 run_pyopencl() {
   [ -e "$PYOPENCL_EXAMPLES/demo.py" ] || { fail pyopencl "no $PYOPENCL_EXAMPLES/demo.py (apt-get install python-pyopencl-doc)"; return; }
   "$PYTHON" -c 'import pyopencl, pytest' || { fail pyopencl "$PYTHON lacks pyopencl or pytest"; return; }
@@ -76,20 +80,21 @@ run_pyopencl() {
   for where in pocl sucl; do
     local select=portable
     [ "$where" = sucl ] && select=sucl
-    (cd "$ex" && run_on "$where" env PYOPENCL_TEST=$select timeout 900 "$PYTHON" -m pytest -q -p no:cacheprovider \
-      --junitxml="$WORK/wrapper.$where.xml" test_wrapper.py >"$WORK/wrapper.$where.log" 2>&1) || true
-    tail -1 "$WORK/wrapper.$where.log" | sed "s/^/pyopencl test_wrapper.py on $where: /"
+    # shellcheck disable=SC2086 # PYOPENCL_TESTS is a list of file names
+    (cd "$ex" && run_on "$where" env PYOPENCL_TEST=$select timeout 3600 "$PYTHON" -m pytest -q -p no:cacheprovider \
+      --junitxml="$WORK/pytest.$where.xml" $PYOPENCL_TESTS >"$WORK/pytest.$where.log" 2>&1) || true
+    tail -1 "$WORK/pytest.$where.log" | sed "s/^/pyopencl tests on $where: /"
   done
   # Out of scope by design (docs/guide/opencl.md): program binaries and separate compilation
   # (refused), images and SVM (reported absent, so pyopencl skips those tests).
-  if "$PYTHON" - "$WORK/wrapper.pocl.xml" "$WORK/wrapper.sucl.xml" test_can_build_and_run_binary test_compile_link <<'PY'; then
+  if "$PYTHON" - "$WORK/pytest.pocl.xml" "$WORK/pytest.sucl.xml" test_can_build_and_run_binary test_compile_link <<'PY'; then
 import re, sys, xml.etree.ElementTree as ET
 def outcomes(path):
     out = {}
     for case in ET.parse(path).iter("testcase"):
         # The same test on either platform: drop the device and platform from its name.
         name = re.sub(r"<context factory for <pyopencl.Device '[^']*' on '[^']*'>>", "ctx", case.get("name"))
-        name = re.sub(r"<pyopencl.Platform '[^']*'[^>]*>", "platform", name)
+        name = case.get("classname") + "::" + re.sub(r"<pyopencl.Platform '[^']*'[^>]*>", "platform", name)
         bad = [(c.tag, c.get("message") or "") for c in case if c.tag in ("failure", "error", "skipped")]
         out[name] = bad[0] if bad else ("passed", "")
     return out
@@ -97,13 +102,13 @@ pocl, sucl = outcomes(sys.argv[1]), outcomes(sys.argv[2])
 refused = set(sys.argv[3:])
 def out_of_scope(name, outcome):
     kind, message = outcome
-    if name.split("[")[0] in refused:
+    if name.split("::")[-1].split("[")[0] in refused:
         return True
     return kind == "skipped" and re.search(r"image|svm", message, re.I) is not None
 passed_pocl = [t for t, o in pocl.items() if o[0] == "passed"]
 lost = [t for t in passed_pocl if sucl.get(t, ("missing", ""))[0] != "passed"]
 allowed = [t for t in lost if out_of_scope(t, sucl.get(t, ("missing", "")))]
-print(f"pyopencl test_wrapper.py: {len(passed_pocl)} of {len(pocl)} pass on PoCL, "
+print(f"pyopencl tests: {len(passed_pocl)} of {len(pocl)} pass on PoCL, "
       f"{sum(1 for o in sucl.values() if o[0] == 'passed')} of {len(sucl)} through sucl")
 for t in allowed:
     print(f"  out of scope through sucl: {t} ({sucl[t][0]}: {sucl[t][1][:70]})")
@@ -112,9 +117,9 @@ for t in lost:
         print(f"  passes on PoCL, not through sucl: {t} {sucl.get(t)}")
 sys.exit(1 if len(lost) > len(allowed) or not passed_pocl else 0)
 PY
-    pass "pyopencl test_wrapper.py: nothing that passes on PoCL fails through sucl (beyond the refused)"
+    pass "pyopencl $PYOPENCL_TESTS: nothing that passes on PoCL fails through sucl (beyond the out of scope)"
   else
-    fail pyopencl "test_wrapper.py (logs: $WORK/wrapper.*.log)"
+    fail pyopencl "$PYOPENCL_TESTS (logs: $WORK/pytest.*.log)"
   fi
   stop_daemons
 }
