@@ -68,7 +68,9 @@ run_pyopencl() {
   local ex=$WORK/pyopencl
   rm -rf "$ex" && cp -r "$PYOPENCL_EXAMPLES" "$ex"
   export PYOPENCL_NO_CACHE=1
-  start_daemons 1 "$(nproc)"
+  # test_array's test_zeros_large_array holds three 2 GiB arrays: more than sucld's default
+  # session limit (1 GiB), which the device's CL_DEVICE_MAX_MEM_ALLOC_SIZE does not show.
+  SUCLD_ARGS="--max-session-bytes $((8 << 30))" start_daemons 1 "$(nproc)"
   for where in pocl sucl; do
     if (cd "$ex" && run_on "$where" env PYOPENCL_CTX=0 timeout 300 "$PYTHON" demo.py >"$WORK/demo.$where.log" 2>&1); then
       pass "pyopencl demo.py on $where"

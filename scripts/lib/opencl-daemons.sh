@@ -1,6 +1,7 @@
 # Sourced by the OpenCL program scripts: starts `sucld --opencl` daemons on loopback (TLS and a
 # token, one PoCL CPU device each) and sets what a client needs to see them through the ICD.
 #   SUCLD=<sucld binary>  SUCL_OPENCL_LIB=<libsucl_opencl.so>  (defaults: target/release)
+#   SUCLD_ARGS="..."          more sucld options (e.g. --max-session-bytes)
 #   start_daemons N THREADS   N daemons, each PoCL limited to THREADS threads
 #                             (POCL_MAX_PTHREAD_COUNT); exports SUCL_REMOTE, SUCL_REMOTE_TLS_PIN,
 #                             SUCL_REMOTE_TOKEN_FILE
@@ -36,7 +37,7 @@ start_daemons() {
     out=$SUCL_DAEMON_DIR/daemon$i.out
     : >"$out"
     env -u OCL_ICD_VENDORS POCL_MAX_PTHREAD_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
-      --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral --print-address \
+      --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral --print-address ${SUCLD_ARGS:-} \
       >"$out" 2>"$SUCL_DAEMON_DIR/daemon$i.err" &
     SUCL_DAEMON_PIDS+=($!)
   done
