@@ -5,8 +5,10 @@
 # reference. The machine's cores are split evenly between the daemons' PoCL devices
 # (POCL_MAX_PTHREAD_COUNT = CORES / daemons, at least 1: with fewer cores than daemons they
 # oversubscribe). Also the same strip on PoCL directly (one device, all CORES threads) as the
-# baseline without sucl. Prints a markdown table: median ms per step over REPS runs and the
-# efficiency t(1)/t(N).
+# baseline without sucl. Prints a markdown table: median ms per step over REPS runs, the
+# efficiency t(1)/t(N), and the throughput ratio N*t(1)/t(N) (the same measure when every
+# daemon has its own cores; the one that means something when N daemons share fewer cores,
+# as on a 2-core machine, where t(1)/t(N) cannot exceed CORES/N).
 set -euo pipefail
 
 usage() {
@@ -49,9 +51,9 @@ echo "# stencil weak scaling, $(date -u +%F), $(nproc)-core $(uname -m), load av
 echo "# strip ${ROWS}x${NX} f32 per device, $STEPS steps, median of $REPS; CORES=$CORES"
 pocl_ms=$(median_ms on_pocl POCL_MAX_PTHREAD_COUNT="$CORES" POCL_DEVICES=pthread "$bin" --platform Portable --devices 1)
 echo
-echo "| daemons | PoCL threads each | ms/step | Mcells/s | efficiency t(1)/t(N) |"
-echo "|---|---|---|---|---|"
-echo "| PoCL directly, 1 device | $CORES | $pocl_ms | $(awk -v ms="$pocl_ms" -v c=$((ROWS * NX)) 'BEGIN {printf "%.0f", c / ms / 1e3}') | |"
+echo "| daemons | PoCL threads each | ms/step | Mcells/s | efficiency t(1)/t(N) | throughput N·t(1)/t(N) |"
+echo "|---|---|---|---|---|---|"
+echo "| PoCL directly, 1 device | $CORES | $pocl_ms | $(awk -v ms="$pocl_ms" -v c=$((ROWS * NX)) 'BEGIN {printf "%.0f", c / ms / 1e3}') | | |"
 t1=
 for n in $DAEMONS; do
   threads=$((CORES / n))
@@ -63,6 +65,6 @@ for n in $DAEMONS; do
   note=""
   [ $((threads * n)) -gt "$CORES" ] && note=" (oversubscribed)"
   awk -v n="$n" -v th="$threads" -v ms="$ms" -v t1="$t1" -v c=$((ROWS * NX)) -v note="$note" \
-    'BEGIN {printf "| %d | %d%s | %s | %.0f | %.2f |\n", n, th, note, ms, n * c / ms / 1e3, t1 / ms}'
+    'BEGIN {printf "| %d | %d%s | %s | %.0f | %.2f | %.2f |\n", n, th, note, ms, n * c / ms / 1e3, t1 / ms, n * t1 / ms}'
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
