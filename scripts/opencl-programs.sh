@@ -191,9 +191,9 @@ run_hashcat() {
 }
 
 echo "# $(date -u +%F) $(nproc)-core $(uname -m); sucld $SUCLD; ICD $SUCL_OPENCL_LIB"
-wants pyopencl && run_pyopencl
-wants migration && run_migration
-wants hashcat && run_hashcat
+for program in pyopencl migration hashcat; do
+  if wants "$program"; then "run_$program"; fi
+done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]}"
   exit 1
