@@ -82,6 +82,7 @@ run_pyopencl() {
   for where in pocl sucl; do
     local select=portable
     [ "$where" = sucl ] && select=sucl
+    rm -f "$WORK/pytest.$where.xml"
     # shellcheck disable=SC2086 # PYOPENCL_TESTS is a list of file names
     (cd "$ex" && run_on "$where" env PYOPENCL_TEST=$select timeout 3600 "$PYTHON" -m pytest -q -p no:cacheprovider \
       --junitxml="$WORK/pytest.$where.xml" $PYOPENCL_TESTS >"$WORK/pytest.$where.log" 2>&1) || true
