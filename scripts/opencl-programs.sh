@@ -2,9 +2,10 @@
 # Public OpenCL programs, unchanged, through sucl's ICD (libsucl_opencl.so → sucld → PoCL's CPU
 # device) and on PoCL directly, with their results checked:
 #   pyopencl   Debian's python3-pyopencl with the examples and tests of python-pyopencl-doc:
-#              demo.py (asserts its result) on one daemon; its tests (test_wrapper.py by default) under
-#              pytest on one daemon, every test that passes on PoCL must pass through sucl,
-#              except those the ICD refuses by design (program binaries, separate compilation).
+#              demo.py and 3 more examples (each asserts its result) on one daemon; its tests
+#              (test_wrapper.py by default) under pytest on one daemon: every test that passes
+#              on PoCL must pass through sucl, except those out of scope by design (program
+#              binaries and separate compilation are refused; images and SVM are absent).
 #   migration  PoCL's own multi-device test tests/runtime/test_buffer_migration.c (a buffer
 #              handed from device to device, forward and back, checked on the host), built
 #              from a PoCL source tree with its helper library poclu; on 2 daemons (and
@@ -71,13 +72,17 @@ run_pyopencl() {
   # test_array's test_zeros_large_array holds three 2 GiB arrays: more than sucld's default
   # session limit (1 GiB), which the device's CL_DEVICE_MAX_MEM_ALLOC_SIZE does not show.
   SUCLD_ARGS="--max-session-bytes $((8 << 30))" start_daemons 1 "$(nproc)"
-  for where in pocl sucl; do
-    if (cd "$ex" && run_on "$where" env PYOPENCL_CTX=0 timeout 300 "$PYTHON" demo.py >"$WORK/demo.$where.log" 2>&1); then
-      pass "pyopencl demo.py on $where"
-    else
-      fail pyopencl "demo.py on $where (log: $WORK/demo.$where.log)"
-      tail -5 "$WORK/demo.$where.log"
-    fi
+  # The examples that assert their own results.
+  local demo where
+  for demo in demo.py demo_elementwise_complex.py demo_meta_template.py demo-struct-reduce.py; do
+    for where in pocl sucl; do
+      if (cd "$ex" && run_on "$where" env PYOPENCL_CTX=0 timeout 300 "$PYTHON" "$demo" >"$WORK/$demo.$where.log" 2>&1); then
+        pass "pyopencl $demo on $where"
+      else
+        fail pyopencl "$demo on $where (log: $WORK/$demo.$where.log)"
+        tail -5 "$WORK/$demo.$where.log"
+      fi
+    done
   done
   for where in pocl sucl; do
     local select=portable
