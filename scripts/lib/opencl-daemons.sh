@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the OpenCL program scripts: starts `sucld --opencl` daemons on loopback (TLS and a
 # token, one PoCL CPU device each) and sets what a client needs to see them through the ICD.
 #   SUCLD=<sucld binary>  SUCL_OPENCL_LIB=<libsucl_opencl.so>  (defaults: target/release)
@@ -36,6 +37,7 @@ start_daemons() {
   for ((i = 0; i < n; i++)); do
     out=$SUCL_DAEMON_DIR/daemon$i.out
     : >"$out"
+    # shellcheck disable=SC2086 # SUCLD_ARGS is a list of options
     env -u OCL_ICD_VENDORS POCL_MAX_PTHREAD_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
       --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral --print-address ${SUCLD_ARGS:-} \
       >"$out" 2>"$SUCL_DAEMON_DIR/daemon$i.err" &
