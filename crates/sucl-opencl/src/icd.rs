@@ -1623,6 +1623,10 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
         let (dev, qid) = (q.device.clone(), q.id);
         let r = q.remote();
         enqueue(&q, nwait, wait, event, cl::COMMAND_NDRANGE_KERNEL, false, move || {
+            // The launch keeps its kernel until it has been posted: the application may
+            // release the kernel while the launch is held behind a user event, and releasing
+            // it frees the daemon's kernel (posted after the launch, it runs after it there).
+            let _kernel = &k;
             let mut wire_args = Vec::with_capacity(args.len());
             for a in &args {
                 wire_args.push(match a {

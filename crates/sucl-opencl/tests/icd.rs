@@ -230,6 +230,11 @@ fn events_user_events_callbacks_profiling_and_an_out_of_order_queue() {
 }
 
 #[test]
+fn a_kernel_released_while_its_launch_is_held_still_runs() {
+    scenario("held_release", 1);
+}
+
+#[test]
 fn a_failing_build_returns_its_log() {
     scenario("build_fail", 1);
 }

@@ -565,6 +565,39 @@ static int multi(void) {
     return 0;
 }
 
+/* A kernel released by the application while a command that uses it is held behind a user
+ * event: the command still runs (the specification keeps the kernel for the commands that
+ * use it), as pyopencl does with the kernel objects it makes for each call. */
+static int held_release(void) {
+    setup(0);
+    cl_int err;
+    enum { N = 4096 };
+    float x[N], back[N];
+    for (int i = 0; i < N; i++) x[i] = (float)i;
+    cl_mem X = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof x, x, &err); CHECK(err);
+    cl_event gate = clCreateUserEvent(ctx, &err); CHECK(err);
+    cl_kernel k = kernel("scale");
+    float factor = 2.0f;
+    CHECK(clSetKernelArg(k, 0, sizeof X, &X));
+    CHECK(clSetKernelArg(k, 1, sizeof factor, &factor));
+    size_t g = N;
+    cl_event scaled;
+    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 1, &gate, &scaled));
+    CHECK(clReleaseKernel(k));
+    CHECK(clSetUserEventStatus(gate, CL_COMPLETE));
+    CHECK(clFinish(q));
+    cl_int st;
+    CHECK(clGetEventInfo(scaled, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+    EXPECT(st == CL_COMPLETE);
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 2.0f * x[i]);
+    CHECK(clReleaseEvent(scaled));
+    CHECK(clReleaseEvent(gate));
+    CHECK(clReleaseMemObject(X));
+    printf("held release ok\n");
+    return 0;
+}
+
 static int kill_wait(void) {
     setup(0);
     cl_int err;
@@ -615,6 +648,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "ndrange")) return ndrange();
     if (!strcmp(s, "buffers")) return buffers();
     if (!strcmp(s, "events")) return events();
+    if (!strcmp(s, "held_release")) return held_release();
     if (!strcmp(s, "build_fail")) return build_fail();
     if (!strcmp(s, "bad_input")) return bad_input();
     if (!strcmp(s, "multi")) return multi();
