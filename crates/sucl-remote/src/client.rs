@@ -855,6 +855,8 @@ impl Conn {
                     // (which `close` waits for) wakes the waiting threads: a reply to a posted
                     // command alone would wake a caller that then sleeps again.
                     if awaited || was_full || st.unanswered.is_empty() {
+                        // Woken after the lock is let go, the waiter does not block on it at once.
+                        drop(st);
                         self.changed.notify_all();
                     }
                     continue;
