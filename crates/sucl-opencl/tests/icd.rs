@@ -235,6 +235,11 @@ fn a_failing_build_returns_its_log() {
 }
 
 #[test]
+fn separate_compilation_and_linking_with_headers_libraries_and_failures() {
+    scenario("compile_link", 1);
+}
+
+#[test]
 fn bad_input_gets_the_specifications_codes() {
     scenario("bad_input", 1);
 }

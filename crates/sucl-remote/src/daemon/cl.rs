@@ -38,6 +38,38 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             o.cl_programs.insert(program, (d, p));
             error.map_or(Ok(Outcome::Done), Err)
         }
+        Command::ClCompile { program, device: d, source, options, headers } => {
+            let dev = cl_device(ctx, d)?;
+            if o.cl_programs.contains_key(&program) {
+                return Err(failed(code::INVALID, format!("program {program} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let (p, error) = dev.compile(&source, &options, &headers)?;
+            o.cl_programs.insert(program, (d, p));
+            error.map_or(Ok(Outcome::Done), Err)
+        }
+        Command::ClLink { program, device: d, options, inputs } => {
+            let dev = cl_device(ctx, d)?;
+            if o.cl_programs.contains_key(&program) {
+                return Err(failed(code::INVALID, format!("program {program} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let mut linked = Vec::with_capacity(inputs.len());
+            for id in &inputs {
+                match o.cl_programs.get(id) {
+                    Some((pd, p)) if *pd == d => linked.push(p),
+                    Some((pd, _)) => {
+                        return Err(failed(code::opencl(-44), format!("program {id} is of device {pd}, the link is for device {d}")))
+                    }
+                    None => return Err(failed(code::opencl(-44), format!("program {id} does not exist"))),
+                }
+            }
+            let (p, error) = dev.link(&linked, &options)?;
+            if let Some(p) = p {
+                o.cl_programs.insert(program, (d, p));
+            }
+            error.map_or(Ok(Outcome::Done), Err)
+        }
         Command::ClKernel { kernel, program, name } => {
             if o.cl_kernels.contains_key(&kernel) {
                 return Err(failed(code::INVALID, format!("kernel {kernel} already exists")));
