@@ -565,6 +565,30 @@ static int compile_link(void) {
     return 0;
 }
 
+/* The device's memory sizes are those the daemon's session limit (argv[2] bytes) allows, and
+   a buffer of CL_DEVICE_MAX_MEM_ALLOC_SIZE bytes can be made and used. */
+static int mem_limit(const char *limit_arg) {
+    cl_ulong limit = strtoull(limit_arg, NULL, 10), global = 0, max_alloc = 0;
+    find_sucl();
+    CHECK(clGetDeviceInfo(devices[0], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL));
+    CHECK(clGetDeviceInfo(devices[0], CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL));
+    printf("limit %llu, global %llu, max alloc %llu\n", (unsigned long long)limit, (unsigned long long)global,
+           (unsigned long long)max_alloc);
+    EXPECT(global == limit); /* PoCL's device has more than the limit */
+    EXPECT(max_alloc > 0 && max_alloc <= limit);
+    cl_int err;
+    ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
+    q = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, max_alloc, NULL, &err); CHECK(err);
+    int v = 42, back = 0;
+    CHECK(clEnqueueWriteBuffer(q, big, CL_TRUE, max_alloc - sizeof v, sizeof v, &v, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, big, CL_TRUE, max_alloc - sizeof v, sizeof v, &back, 0, NULL, NULL));
+    EXPECT(back == 42);
+    CHECK(clReleaseMemObject(big)); CHECK(clReleaseCommandQueue(q)); CHECK(clReleaseContext(ctx));
+    printf("mem_limit ok\n");
+    return 0;
+}
+
 static int bad_input(void) {
     setup(0);
     cl_int err;
@@ -708,6 +732,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "build_fail")) return build_fail();
     if (!strcmp(s, "bad_input")) return bad_input();
     if (!strcmp(s, "compile_link")) return compile_link();
+    if (!strcmp(s, "mem_limit") && argc > 2) return mem_limit(argv[2]);
     if (!strcmp(s, "multi")) return multi();
     if (!strcmp(s, "kill")) return kill_wait();
     if (!strcmp(s, "no_platform")) return no_platform();
