@@ -940,6 +940,26 @@ unsafe extern "C" fn cl_enqueue_write_buffer_rect(
     })
 }
 
+/// Whether a rectangular copy within one buffer (row pitch `rp`, slice pitch `sp`) from
+/// box `src` to box `dst` of size `region` overlaps, as the OpenCL specification's overlap
+/// test decides it (the boxes intersect, or one wraps past a row or slice into the other's
+/// span).
+fn boxes_overlap(src: [usize; 3], dst: [usize; 3], region: [usize; 3], rp: usize, sp: usize) -> bool {
+    if (0..3).all(|i| src[i] < dst[i] + region[i] && dst[i] < src[i] + region[i]) {
+        return true;
+    }
+    let start = |o: [usize; 3]| o[2] * sp + o[1] * rp + o[0];
+    let extent = region[2] * sp + region[1] * rp + region[0];
+    let (s0, d0) = (start(src), start(dst));
+    let spans_meet = (s0 <= d0 && d0 < s0 + extent) || (d0 <= s0 && s0 < d0 + extent);
+    // How far a box runs past the end of its row (x) or slice (y).
+    let past = |o: usize, n: usize, room: usize| (o + n).saturating_sub(room);
+    let wraps_x = past(src[0], region[0], rp) > dst[0] || past(dst[0], region[0], rp) > src[0];
+    let height = if rp == 0 { 0 } else { sp / rp };
+    let wraps_y = region[2] > 1 && (past(src[1], region[1], height) > dst[1] || past(dst[1], region[1], height) > src[1]);
+    (wraps_x || wraps_y) && spans_meet
+}
+
 unsafe extern "C" fn cl_enqueue_copy_buffer_rect(
     q: Handle,
     src: Handle,
@@ -958,8 +978,20 @@ unsafe extern "C" fn cl_enqueue_copy_buffer_rect(
     status(|| {
         let (q, s) = queue_mem(q, src)?;
         let (_, d) = queue_mem(q.handle(), dst)?;
-        let rc = rect(s.size, d.size, three(src_origin)?, three(dst_origin)?, three(region)?, srp, ssp, drp, dsp)?;
-        if Arc::ptr_eq(&s.store, &d.store) {
+        let (so, dof, reg) = (three(src_origin)?, three(dst_origin)?, three(region)?);
+        let rc = rect(s.size, d.size, so, dof, reg, srp, ssp, drp, dsp)?;
+        if s.same(&d) {
+            // One buffer: one geometry, and the specification's test of the two boxes.
+            let row = |p: usize| if p == 0 { reg[0] } else { p };
+            let (rp, drp) = (row(srp), row(drp));
+            let (sp, dsp) = (if ssp == 0 { reg[1] * rp } else { ssp }, if dsp == 0 { reg[1] * drp } else { dsp });
+            if rp != drp && sp != dsp {
+                return Err(cl::INVALID_VALUE);
+            }
+            if boxes_overlap(so, dof, reg, rp, sp) {
+                return Err(cl::MEM_COPY_OVERLAP);
+            }
+        } else if Arc::ptr_eq(&s.store, &d.store) {
             let overlap = rc.rows.iter().any(|(a, _)| {
                 rc.rows.iter().any(|(_, b)| {
                     let (a, b) = (s.base + a, d.base + b);

@@ -256,6 +256,11 @@ fn device_memory_sizes_are_those_the_daemons_session_limit_allows() {
 }
 
 #[test]
+fn copy_rect_overlap_follows_the_specifications_test() {
+    scenario("copy_rect_overlap", 1);
+}
+
+#[test]
 fn bad_input_gets_the_specifications_codes() {
     scenario("bad_input", 1);
 }

@@ -589,6 +589,33 @@ static int mem_limit(const char *limit_arg) {
     return 0;
 }
 
+/* CL_MEM_COPY_OVERLAP for a rectangular copy within one buffer follows the specification's
+   overlap test (boxes that meet, or one running past its row or slice into the other's span),
+   not the bytes the rows happen to touch. */
+static int copy_rect_overlap(void) {
+    find_sucl();
+    cl_int err;
+    ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
+    q = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    size_t w = 438, h = 353, d = 408;
+    cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_WRITE, w * h * d, NULL, &err); CHECK(err);
+    size_t so[3] = {14, 69, 100}, dof[3] = {176, 181, 171}, reg[3] = {224, 5, 226};
+    /* Rows of 438 bytes in slices of 353 rows: the boxes are apart. */
+    CHECK(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, w * h, w, w * h, 0, NULL, NULL));
+    /* Slices of 5 rows: the source runs past its slice into the destination's span. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, 0, w, 0, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    /* Rows as wide as the region (224): the destination runs past its row. No two rows of
+       this copy touch the same bytes, but the specification's test says they overlap. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, 0, 224 * h, 0, 224 * h, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, 0, 0, 0, 0, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    /* One buffer, two geometries. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, w * h, w + 1, (w + 1) * h, 0, NULL, NULL), CL_INVALID_VALUE);
+    CHECK(clFinish(q));
+    CHECK(clReleaseMemObject(b)); CHECK(clReleaseCommandQueue(q)); CHECK(clReleaseContext(ctx));
+    printf("copy_rect_overlap ok\n");
+    return 0;
+}
+
 static int bad_input(void) {
     setup(0);
     cl_int err;
@@ -732,6 +759,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "build_fail")) return build_fail();
     if (!strcmp(s, "bad_input")) return bad_input();
     if (!strcmp(s, "compile_link")) return compile_link();
+    if (!strcmp(s, "copy_rect_overlap")) return copy_rect_overlap();
     if (!strcmp(s, "mem_limit") && argc > 2) return mem_limit(argv[2]);
     if (!strcmp(s, "multi")) return multi();
     if (!strcmp(s, "kill")) return kill_wait();
