@@ -955,7 +955,7 @@ fn boxes_overlap(src: [usize; 3], dst: [usize; 3], region: [usize; 3], rp: usize
     // How far a box runs past the end of its row (x) or slice (y).
     let past = |o: usize, n: usize, room: usize| (o + n).saturating_sub(room);
     let wraps_x = past(src[0], region[0], rp) > dst[0] || past(dst[0], region[0], rp) > src[0];
-    let height = if rp == 0 { 0 } else { sp / rp };
+    let height = sp.checked_div(rp).unwrap_or(0);
     let wraps_y = region[2] > 1 && (past(src[1], region[1], height) > dst[1] || past(dst[1], region[1], height) > src[1]);
     (wraps_x || wraps_y) && spans_meet
 }

@@ -638,6 +638,14 @@ impl Data for Program {
     const KIND: Kind = Kind::Program;
 }
 
+/// The source a daemon compiles for `source`: the devices report no image support, so the
+/// compiler must not say it has some (`__IMAGE_SUPPORT__`, which the daemon's platform
+/// defines when its device has images); `#line 1` keeps the log's line numbers the
+/// application's.
+fn device_source(source: &str) -> String {
+    format!("#undef __IMAGE_SUPPORT__\n#line 1\n{source}")
+}
+
 /// What one kind of program making (build, compile, link) is called and answers.
 struct Making {
     /// What a success makes (`CL_PROGRAM_BINARY_TYPE_*`).
@@ -666,7 +674,7 @@ impl Program {
         self.make(devices, options, &how, |program, d| Command::ClBuild {
             program,
             device: d.index,
-            source: self.source.clone(),
+            source: device_source(&self.source),
             options: options.into(),
         })
     }
@@ -686,7 +694,7 @@ impl Program {
         self.make(devices, options, &how, |program, d| Command::ClCompile {
             program,
             device: d.index,
-            source: self.source.clone(),
+            source: device_source(&self.source),
             options: options.into(),
             headers: headers.to_vec(),
         })

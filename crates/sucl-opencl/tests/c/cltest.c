@@ -463,7 +463,7 @@ static int build_fail(void) {
     find_sucl();
     cl_int err;
     ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
-    const char *src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
+    const char *src = "/* the error is on line 2 */\n__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
     cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err); CHECK(err);
     EXPECT_CODE(clBuildProgram(p, 1, devices, "", NULL, NULL), CL_BUILD_PROGRAM_FAILURE);
     cl_build_status bs;
@@ -473,6 +473,7 @@ static int build_fail(void) {
     CHECK(clGetProgramBuildInfo(p, devices[0], CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL));
     printf("log: %s\n", log);
     EXPECT(strstr(log, "undeclared_thing") != NULL);
+    EXPECT(strstr(log, ":2:") != NULL); /* the application's line numbers */
     clCreateKernel(p, "broken", &err);
     EXPECT(err == CL_INVALID_PROGRAM_EXECUTABLE);
     printf("build_fail ok\n");
@@ -524,6 +525,19 @@ static int compile_link(void) {
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x, x, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(x[i] == 3 * i + 7);
+    /* The devices have no images, so the compiler does not say it has some. */
+    const char *img_src =
+        "__kernel void img(__global int *x) {\n"
+        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n}\n";
+    cl_program ip = clCreateProgramWithSource(ctx, 1, &img_src, NULL, &err); CHECK(err);
+    CHECK(clBuildProgram(ip, 0, NULL, NULL, NULL, NULL));
+    cl_kernel ik = clCreateKernel(ip, "img", &err); CHECK(err);
+    CHECK(clSetKernelArg(ik, 0, sizeof X, &X));
+    x[0] = 99;
+    CHECK(clEnqueueTask(q, ik, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x[0], x, 0, NULL, NULL));
+    EXPECT(x[0] == 0);
+    CHECK(clReleaseKernel(ik)); CHECK(clReleaseProgram(ip));
     /* A compilation that fails: its code, status and log. */
     const char *bad_src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
     cl_program bad = clCreateProgramWithSource(ctx, 1, &bad_src, NULL, &err); CHECK(err);
