@@ -638,12 +638,12 @@ impl Data for Program {
     const KIND: Kind = Kind::Program;
 }
 
-/// The source a daemon compiles for `source`: the devices report no image support, so the
-/// compiler must not say it has some (`__IMAGE_SUPPORT__`, which the daemon's platform
-/// defines when its device has images); `#line 1` keeps the log's line numbers the
-/// application's.
+/// The source a daemon compiles for `source`: the compiler must say what the devices report,
+/// OpenCL 1.2 (`__OPENCL_VERSION__`, which the daemon's platform sets to its own version) and
+/// no image support (`__IMAGE_SUPPORT__`, defined when the daemon's device has images);
+/// `#line 1` keeps the log's line numbers the application's.
 fn device_source(source: &str) -> String {
-    format!("#undef __IMAGE_SUPPORT__\n#line 1\n{source}")
+    format!("#undef __IMAGE_SUPPORT__\n#undef __OPENCL_VERSION__\n#define __OPENCL_VERSION__ 120\n#line 1\n{source}")
 }
 
 /// What one kind of program making (build, compile, link) is called and answers.

@@ -525,18 +525,19 @@ static int compile_link(void) {
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x, x, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(x[i] == 3 * i + 7);
-    /* The devices have no images, so the compiler does not say it has some. */
+    /* The devices report OpenCL 1.2 and no images: so does the compiler. */
     const char *img_src =
         "__kernel void img(__global int *x) {\n"
-        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n}\n";
+        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n x[1] = __OPENCL_VERSION__;\n}\n";
     cl_program ip = clCreateProgramWithSource(ctx, 1, &img_src, NULL, &err); CHECK(err);
     CHECK(clBuildProgram(ip, 0, NULL, NULL, NULL, NULL));
     cl_kernel ik = clCreateKernel(ip, "img", &err); CHECK(err);
     CHECK(clSetKernelArg(ik, 0, sizeof X, &X));
     x[0] = 99;
     CHECK(clEnqueueTask(q, ik, 0, NULL, NULL));
-    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x[0], x, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, 2 * sizeof x[0], x, 0, NULL, NULL));
     EXPECT(x[0] == 0);
+    EXPECT(x[1] == 120);
     CHECK(clReleaseKernel(ik)); CHECK(clReleaseProgram(ip));
     /* A compilation that fails: its code, status and log. */
     const char *bad_src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
