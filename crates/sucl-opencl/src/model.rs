@@ -646,6 +646,17 @@ fn device_source(source: &str) -> String {
     format!("#undef __IMAGE_SUPPORT__\n#undef __OPENCL_VERSION__\n#define __OPENCL_VERSION__ 120\n#line 1\n{source}")
 }
 
+/// The build or compile options a daemon gets for `options`: without `-cl-std`, the
+/// specification's default for the devices' version, OpenCL C 1.2 (a platform of a later
+/// version may default to its own, which these devices do not report).
+fn device_options(options: &str) -> String {
+    if options.split_whitespace().any(|o| o.starts_with("-cl-std=")) {
+        options.to_string()
+    } else {
+        format!("{options} -cl-std=CL1.2")
+    }
+}
+
 /// What one kind of program making (build, compile, link) is called and answers.
 struct Making {
     /// What a success makes (`CL_PROGRAM_BINARY_TYPE_*`).
@@ -675,7 +686,7 @@ impl Program {
             program,
             device: d.index,
             source: device_source(&self.source),
-            options: options.into(),
+            options: device_options(options),
         })
     }
 
@@ -695,7 +706,7 @@ impl Program {
             program,
             device: d.index,
             source: device_source(&self.source),
-            options: options.into(),
+            options: device_options(options),
             headers: headers.to_vec(),
         })
     }
@@ -738,7 +749,7 @@ impl Program {
         how: &Making,
         command: impl Fn(u64, &Ref<Device>) -> Command,
     ) -> Result<(), Int> {
-        if options.len() > wire::MAX_OPTIONS {
+        if device_options(options).len() > wire::MAX_OPTIONS {
             return Err(how.bad_options);
         }
         let p = plat();

@@ -528,16 +528,21 @@ static int compile_link(void) {
     /* The devices report OpenCL 1.2 and no images: so does the compiler. */
     const char *img_src =
         "__kernel void img(__global int *x) {\n"
-        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n x[1] = __OPENCL_VERSION__;\n}\n";
+        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n x[1] = __OPENCL_VERSION__;\n"
+        " x[2] = __OPENCL_C_VERSION__;\n}\n";
     cl_program ip = clCreateProgramWithSource(ctx, 1, &img_src, NULL, &err); CHECK(err);
     CHECK(clBuildProgram(ip, 0, NULL, NULL, NULL, NULL));
     cl_kernel ik = clCreateKernel(ip, "img", &err); CHECK(err);
     CHECK(clSetKernelArg(ik, 0, sizeof X, &X));
     x[0] = 99;
     CHECK(clEnqueueTask(q, ik, 0, NULL, NULL));
-    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, 2 * sizeof x[0], x, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, 3 * sizeof x[0], x, 0, NULL, NULL));
     EXPECT(x[0] == 0);
     EXPECT(x[1] == 120);
+    EXPECT(x[2] == 120); /* no -cl-std: OpenCL C 1.2 */
+    size_t optlen = 0;
+    CHECK(clGetProgramBuildInfo(ip, devices[0], CL_PROGRAM_BUILD_OPTIONS, 0, NULL, &optlen));
+    EXPECT(optlen == 1); /* the application's options (none), not what the daemon got */
     CHECK(clReleaseKernel(ik)); CHECK(clReleaseProgram(ip));
     /* A compilation that fails: its code, status and log. */
     const char *bad_src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
