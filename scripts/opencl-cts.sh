@@ -20,6 +20,7 @@ options:
   --out OUT_DIR       where results and logs go (default ./cts-results)
   --sucld PATH        the daemon (default target/release/sucld)
   --icd PATH          the ICD library (default target/release/libsucl_opencl.so)
+  --daemon-arg ARG    one more option for sucld (repeatable), e.g. --daemon-arg=--max-session-bytes=8589934592
   --table             print the table of what OUT_DIR holds for SUITE and run nothing
   -h, --help          this text
 
@@ -37,6 +38,7 @@ out="cts-results"
 sucld="$repo/target/release/sucld"
 icd="$repo/target/release/libsucl_opencl.so"
 table_only=0
+daemon_args=()
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +48,8 @@ while [ $# -gt 0 ]; do
     --sucld) sucld="$2"; shift 2 ;;
     --icd) icd="$2"; shift 2 ;;
     --table) table_only=1; shift ;;
+    --daemon-arg) daemon_args+=("$2"); shift 2 ;;
+    --daemon-arg=*) daemon_args+=("${1#--daemon-arg=}"); shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "opencl-cts: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
@@ -118,7 +122,7 @@ start_daemon() {
   rm -f "$fifo"
   mkfifo "$fifo"
   env -u OCL_ICD_VENDORS "$sucld" --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral \
-    --print-address --token-file "$tmp/token" >"$fifo" 2>>"$logs/sucld.log" &
+    --print-address --token-file "$tmp/token" "${daemon_args[@]}" >"$fifo" 2>>"$logs/sucld.log" &
   daemon_pid=$!
   local address pin
   exec 3<"$fifo"
