@@ -17,6 +17,8 @@ pub const OUT_OF_HOST_MEMORY: Int = -6;
 pub const PROFILING_INFO_NOT_AVAILABLE: Int = -7;
 pub const MEM_COPY_OVERLAP: Int = -8;
 pub const BUILD_PROGRAM_FAILURE: Int = -11;
+pub const COMPILE_PROGRAM_FAILURE: Int = -15;
+pub const LINK_PROGRAM_FAILURE: Int = -17;
 pub const MAP_FAILURE: Int = -12;
 pub const MISALIGNED_SUB_BUFFER_OFFSET: Int = -13;
 pub const EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST: Int = -14;
@@ -86,6 +88,7 @@ pub const DEVICE_MEM_BASE_ADDR_ALIGN: Uint = 0x1019;
 pub const DEVICE_GLOBAL_MEM_SIZE: Uint = 0x101F;
 pub const DEVICE_MAX_MEM_ALLOC_SIZE: Uint = 0x1010;
 pub const DEVICE_HOST_UNIFIED_MEMORY: Uint = 0x1035;
+pub const DEVICE_EXECUTION_CAPABILITIES: Uint = 0x1029;
 pub const DEVICE_QUEUE_PROPERTIES: Uint = 0x102A;
 pub const DEVICE_NAME: Uint = 0x102B;
 pub const DEVICE_VERSION: Uint = 0x102F;
@@ -148,6 +151,8 @@ pub const CONTEXT_INTEROP_USER_SYNC: isize = 0x1085;
 // Queues.
 pub const QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE: u64 = 1;
 pub const QUEUE_PROFILING_ENABLE: u64 = 2;
+/// `CL_EXEC_KERNEL`: the device runs OpenCL kernels (`CL_DEVICE_EXECUTION_CAPABILITIES`).
+pub const EXEC_KERNEL: u64 = 1;
 pub const QUEUE_CONTEXT: Uint = 0x1090;
 pub const QUEUE_DEVICE: Uint = 0x1091;
 pub const QUEUE_REFERENCE_COUNT: Uint = 0x1092;
@@ -205,6 +210,8 @@ pub const BUILD_SUCCESS: Int = 0;
 pub const BUILD_NONE: Int = -1;
 pub const BUILD_ERROR: Int = -2;
 pub const PROGRAM_BINARY_TYPE_NONE: Uint = 0;
+pub const PROGRAM_BINARY_TYPE_COMPILED_OBJECT: Uint = 1;
+pub const PROGRAM_BINARY_TYPE_LIBRARY: Uint = 2;
 pub const PROGRAM_BINARY_TYPE_EXECUTABLE: Uint = 4;
 
 // Kernels.

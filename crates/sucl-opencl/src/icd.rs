@@ -264,6 +264,8 @@ fn device_info(p: &platform::Platform, d: &Ref<Device>, param: Uint) -> R<Vec<u8
             bytes(0u64)
         }
         cl::DEVICE_QUEUE_PROPERTIES => bytes(cl::QUEUE_PROFILING_ENABLE | cl::QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE),
+        // Native kernels (host functions) are not offered: kernels only.
+        cl::DEVICE_EXECUTION_CAPABILITIES => bytes(cl::EXEC_KERNEL),
         cl::DEVICE_OPENCL_C_ALL_VERSIONS | cl::DEVICE_OPENCL_C_FEATURES => Vec::new(),
         _ => d.info(p, param)?,
     })
@@ -954,6 +956,26 @@ unsafe extern "C" fn cl_enqueue_write_buffer_rect(
     })
 }
 
+/// Whether a rectangular copy within one buffer (row pitch `rp`, slice pitch `sp`) from
+/// box `src` to box `dst` of size `region` overlaps, as the OpenCL specification's overlap
+/// test decides it (the boxes intersect, or one wraps past a row or slice into the other's
+/// span).
+fn boxes_overlap(src: [usize; 3], dst: [usize; 3], region: [usize; 3], rp: usize, sp: usize) -> bool {
+    if (0..3).all(|i| src[i] < dst[i] + region[i] && dst[i] < src[i] + region[i]) {
+        return true;
+    }
+    let start = |o: [usize; 3]| o[2] * sp + o[1] * rp + o[0];
+    let extent = region[2] * sp + region[1] * rp + region[0];
+    let (s0, d0) = (start(src), start(dst));
+    let spans_meet = (s0 <= d0 && d0 < s0 + extent) || (d0 <= s0 && s0 < d0 + extent);
+    // How far a box runs past the end of its row (x) or slice (y).
+    let past = |o: usize, n: usize, room: usize| (o + n).saturating_sub(room);
+    let wraps_x = past(src[0], region[0], rp) > dst[0] || past(dst[0], region[0], rp) > src[0];
+    let height = sp.checked_div(rp).unwrap_or(0);
+    let wraps_y = region[2] > 1 && (past(src[1], region[1], height) > dst[1] || past(dst[1], region[1], height) > src[1]);
+    (wraps_x || wraps_y) && spans_meet
+}
+
 unsafe extern "C" fn cl_enqueue_copy_buffer_rect(
     q: Handle,
     src: Handle,
@@ -972,8 +994,20 @@ unsafe extern "C" fn cl_enqueue_copy_buffer_rect(
     status(|| {
         let (q, s) = queue_mem(q, src)?;
         let (_, d) = queue_mem(q.handle(), dst)?;
-        let rc = rect(s.size, d.size, three(src_origin)?, three(dst_origin)?, three(region)?, srp, ssp, drp, dsp)?;
-        if Arc::ptr_eq(&s.store, &d.store) {
+        let (so, dof, reg) = (three(src_origin)?, three(dst_origin)?, three(region)?);
+        let rc = rect(s.size, d.size, so, dof, reg, srp, ssp, drp, dsp)?;
+        if s.same(&d) {
+            // One buffer: one geometry, and the specification's test of the two boxes.
+            let row = |p: usize| if p == 0 { reg[0] } else { p };
+            let (rp, drp) = (row(srp), row(drp));
+            let (sp, dsp) = (if ssp == 0 { reg[1] * rp } else { ssp }, if dsp == 0 { reg[1] * drp } else { dsp });
+            if rp != drp && sp != dsp {
+                return Err(cl::INVALID_VALUE);
+            }
+            if boxes_overlap(so, dof, reg, rp, sp) {
+                return Err(cl::MEM_COPY_OVERLAP);
+            }
+        } else if Arc::ptr_eq(&s.store, &d.store) {
             let overlap = rc.rows.iter().any(|(a, _)| {
                 rc.rows.iter().any(|(_, b)| {
                     let (a, b) = (s.base + a, d.base + b);
@@ -1224,16 +1258,11 @@ unsafe extern "C" fn cl_build_program(
             return Err(cl::INVALID_VALUE);
         }
         let ds = program_devices(&p, n, devices)?;
-        if p.kernels.load(Ordering::Acquire) > 0 {
+        // A linked program has no source to build again.
+        if p.source.is_empty() || p.kernels.load(Ordering::Acquire) > 0 {
             return Err(cl::INVALID_OPERATION);
         }
-        let opts = if options.is_null() {
-            String::new()
-        } else {
-            // SAFETY: a NUL-terminated option string.
-            unsafe { CStr::from_ptr(options) }.to_string_lossy().into_owned()
-        };
-        let r = p.build(&ds, &opts);
+        let r = p.build(&ds, &options_of(options));
         if let Some(f) = notify {
             // SAFETY: the application's build callback with its data; the build is over.
             error::guard((), || unsafe { f(p.handle(), user) });
@@ -1242,28 +1271,102 @@ unsafe extern "C" fn cl_build_program(
     })
 }
 
-unsafe extern "C" fn cl_compile_program(program: Handle) -> Int {
+/// An option string (null: none).
+fn options_of(options: *const c_char) -> String {
+    if options.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated option string.
+        unsafe { CStr::from_ptr(options) }.to_string_lossy().into_owned()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn cl_compile_program(
+    program: Handle,
+    n: Uint,
+    devices: *const Handle,
+    options: *const c_char,
+    nheaders: Uint,
+    headers: *const Handle,
+    names: *const *const c_char,
+    notify: Option<cl::ProgramCallback>,
+    user: *mut c_void,
+) -> Int {
     status(|| {
-        obj::<Program>(program, cl::INVALID_PROGRAM)?;
-        Err(cl::INVALID_OPERATION) // separate compilation and linking are not offered
+        let p: Ref<Program> = obj(program, cl::INVALID_PROGRAM)?;
+        if (notify.is_none() && !user.is_null()) || (nheaders == 0) != headers.is_null() || (nheaders == 0) != names.is_null() {
+            return Err(cl::INVALID_VALUE);
+        }
+        let ds = program_devices(&p, n, devices)?;
+        let mut embedded = Vec::with_capacity(nheaders as usize);
+        for (i, h) in list(nheaders, headers)?.iter().enumerate() {
+            let header: Ref<Program> = obj(*h, cl::INVALID_VALUE)?;
+            // SAFETY: `nheaders` include names, each NUL-terminated (checked non-null).
+            let name = unsafe { *names.add(i) };
+            if name.is_null() {
+                return Err(cl::INVALID_VALUE);
+            }
+            // SAFETY: as above.
+            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+            embedded.push((name, header.source.clone()));
+        }
+        if p.source.is_empty() || p.kernels.load(Ordering::Acquire) > 0 {
+            return Err(cl::INVALID_OPERATION); // a linked program has no source to compile
+        }
+        let r = p.compile(&ds, &options_of(options), &embedded);
+        if let Some(f) = notify {
+            // SAFETY: the application's callback with its data; the compilation is over.
+            error::guard((), || unsafe { f(p.handle(), user) });
+        }
+        r
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn cl_link_program(
     ctx: Handle,
-    _n: Uint,
-    _d: *const Handle,
-    _o: *const c_char,
-    _np: Uint,
-    _p: *const Handle,
-    _f: *const c_void,
-    _u: *mut c_void,
+    n: Uint,
+    devices: *const Handle,
+    options: *const c_char,
+    nprograms: Uint,
+    programs: *const Handle,
+    notify: Option<cl::ProgramCallback>,
+    user: *mut c_void,
     errcode: *mut Int,
 ) -> Handle {
-    error::create(errcode, || {
-        obj::<Context>(ctx, cl::INVALID_CONTEXT)?;
-        Err(cl::INVALID_OPERATION)
-    })
+    let mut code = cl::SUCCESS;
+    let h = error::create(errcode, || {
+        let c: Ref<Context> = obj(ctx, cl::INVALID_CONTEXT)?;
+        if (notify.is_none() && !user.is_null()) || nprograms == 0 || programs.is_null() {
+            return Err(cl::INVALID_VALUE);
+        }
+        let mut inputs = Vec::with_capacity(nprograms as usize);
+        for h in list(nprograms, programs)? {
+            let p: Ref<Program> = obj(*h, cl::INVALID_PROGRAM)?;
+            if !p.ctx.same(&c) {
+                return Err(cl::INVALID_PROGRAM);
+            }
+            inputs.push(p);
+        }
+        let linked = Ref::new(Program::linked(c));
+        let ds = program_devices(&linked, n, devices)?;
+        match linked.link(&ds, &options_of(options), &inputs) {
+            Ok(()) => {}
+            // The program is returned, with its log, when the link itself failed.
+            Err(cl::LINK_PROGRAM_FAILURE) => code = cl::LINK_PROGRAM_FAILURE,
+            Err(e) => return Err(e),
+        }
+        if let Some(f) = notify {
+            // SAFETY: the application's callback with its data; the link is over.
+            error::guard((), || unsafe { f(linked.handle(), user) });
+        }
+        Ok(linked.into_handle())
+    });
+    if !h.is_null() && code != cl::SUCCESS {
+        put(errcode, code);
+    }
+    h
 }
 
 unsafe extern "C" fn cl_unload_compiler() -> Int {
@@ -1317,10 +1420,7 @@ unsafe extern "C" fn cl_get_program_build_info(
             cl::PROGRAM_BUILD_STATUS => bytes(b.as_ref().map_or(cl::BUILD_NONE, |b| b.status)),
             cl::PROGRAM_BUILD_OPTIONS => cstr(b.as_ref().map_or("", |b| &b.options)),
             cl::PROGRAM_BUILD_LOG => cstr(b.as_ref().map_or("", |b| &b.log)),
-            cl::PROGRAM_BINARY_TYPE => bytes(match &b {
-                Some(b) if b.status == cl::BUILD_SUCCESS => cl::PROGRAM_BINARY_TYPE_EXECUTABLE,
-                _ => cl::PROGRAM_BINARY_TYPE_NONE,
-            }),
+            cl::PROGRAM_BINARY_TYPE => bytes(b.as_ref().map_or(cl::PROGRAM_BINARY_TYPE_NONE, |b| b.binary)),
             cl::PROGRAM_BUILD_GLOBAL_VARIABLE_TOTAL_SIZE => bytes(0usize),
             _ => return Err(cl::INVALID_VALUE),
         };

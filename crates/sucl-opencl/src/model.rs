@@ -3,7 +3,7 @@
 //! kept coherent across daemons by server-to-server migration, programs built on the daemons,
 //! kernels and events.
 
-use crate::cl::{self, Int};
+use crate::cl::{self, Int, Uint};
 use crate::error;
 use crate::object::{Data, Kind, Ref};
 use crate::platform::{self, Device, Platform};
@@ -659,7 +659,7 @@ impl Mem {
 // ---------------------------------------------------------------------------------------------
 // Programs and kernels
 
-/// One device's build of a program.
+/// One device's build, compilation or link of a program.
 #[derive(Clone)]
 pub(crate) struct Build {
     pub(crate) status: Int,
@@ -667,9 +667,11 @@ pub(crate) struct Build {
     pub(crate) options: String,
     /// The daemon's program (also kept when the build failed).
     pub(crate) id: Option<u64>,
+    /// What a successful one made (`CL_PROGRAM_BINARY_TYPE_*`; `NONE` when it failed).
+    pub(crate) binary: Uint,
 }
 
-/// A program from OpenCL C source.
+/// A program from OpenCL C source, or linked from compiled ones (no source).
 pub(crate) struct Program {
     pub(crate) ctx: Ref<Context>,
     pub(crate) source: String,
@@ -681,27 +683,150 @@ impl Data for Program {
     const KIND: Kind = Kind::Program;
 }
 
+/// The source a daemon compiles for `source`: the compiler must say what the devices report,
+/// OpenCL 1.2 (`__OPENCL_VERSION__`, which the daemon's platform sets to its own version) and
+/// no image support (`__IMAGE_SUPPORT__`, defined when the daemon's device has images);
+/// `#line 1` keeps the log's line numbers the application's.
+fn device_source(source: &str) -> String {
+    format!("#undef __IMAGE_SUPPORT__\n#undef __OPENCL_VERSION__\n#define __OPENCL_VERSION__ 120\n#line 1\n{source}")
+}
+
+/// The build or compile options a daemon gets for `options`: without `-cl-std`, the
+/// specification's default for the devices' version, OpenCL C 1.2 (a platform of a later
+/// version may default to its own, which these devices do not report).
+fn device_options(options: &str) -> String {
+    if options.split_whitespace().any(|o| o.starts_with("-cl-std=")) {
+        options.to_string()
+    } else {
+        format!("{options} -cl-std=CL1.2")
+    }
+}
+
+/// What one kind of program making (build, compile, link) is called and answers.
+struct Making {
+    /// What a success makes (`CL_PROGRAM_BINARY_TYPE_*`).
+    binary: Uint,
+    /// The code of a failure that leaves a program with a log.
+    failure: Int,
+    /// The code for options the platform refused.
+    bad_options: Int,
+    what: &'static str,
+}
+
 impl Program {
+    /// A program of `ctx` with no source and nothing built yet (a link's result).
+    pub(crate) fn linked(ctx: Ref<Context>) -> Program {
+        Program { ctx, source: String::new(), builds: Mutex::new(HashMap::new()), kernels: Default::default() }
+    }
+
     /// Builds for `devices`: every device's build runs on its daemon.
     pub(crate) fn build(&self, devices: &[Ref<Device>], options: &str) -> Result<(), Int> {
+        let how = Making {
+            binary: cl::PROGRAM_BINARY_TYPE_EXECUTABLE,
+            failure: cl::BUILD_PROGRAM_FAILURE,
+            bad_options: cl::INVALID_BUILD_OPTIONS,
+            what: "building a program",
+        };
+        self.make(devices, options, &how, |program, d| Command::ClBuild {
+            program,
+            device: d.index,
+            source: device_source(&self.source),
+            options: device_options(options),
+        })
+    }
+
+    /// Compiles for `devices` into compiled objects (`clCompileProgram`), with the embedded
+    /// headers (include name, source).
+    pub(crate) fn compile(&self, devices: &[Ref<Device>], options: &str, headers: &[(String, String)]) -> Result<(), Int> {
+        if headers.len() > wire::MAX_PROGRAM_INPUTS || headers.iter().any(|(name, _)| name.len() > wire::MAX_NAME) {
+            return Err(cl::OUT_OF_RESOURCES); // more than the daemon takes
+        }
+        let how = Making {
+            binary: cl::PROGRAM_BINARY_TYPE_COMPILED_OBJECT,
+            failure: cl::COMPILE_PROGRAM_FAILURE,
+            bad_options: cl::INVALID_COMPILER_OPTIONS,
+            what: "compiling a program",
+        };
+        self.make(devices, options, &how, |program, d| Command::ClCompile {
+            program,
+            device: d.index,
+            source: device_source(&self.source),
+            options: device_options(options),
+            headers: headers.to_vec(),
+        })
+    }
+
+    /// Links `inputs` (each compiled or a library for every one of `devices`) into this
+    /// (new) program: an executable, or a library with `-create-library`.
+    pub(crate) fn link(&self, devices: &[Ref<Device>], options: &str, inputs: &[Ref<Program>]) -> Result<(), Int> {
+        if inputs.len() > wire::MAX_PROGRAM_INPUTS {
+            return Err(cl::OUT_OF_RESOURCES); // more than the daemon takes in one link
+        }
+        let library = options.split_whitespace().any(|o| o == "-create-library");
+        let how = Making {
+            binary: if library { cl::PROGRAM_BINARY_TYPE_LIBRARY } else { cl::PROGRAM_BINARY_TYPE_EXECUTABLE },
+            failure: cl::LINK_PROGRAM_FAILURE,
+            bad_options: cl::INVALID_LINKER_OPTIONS,
+            what: "linking programs",
+        };
+        let mut ids = Vec::with_capacity(devices.len());
+        for d in devices {
+            let mut on_d = Vec::with_capacity(inputs.len());
+            for p in inputs {
+                on_d.push(p.linkable(d).ok_or(cl::INVALID_OPERATION)?);
+            }
+            ids.push(on_d);
+        }
+        self.make(devices, options, &how, |program, d| Command::ClLink {
+            program,
+            device: d.index,
+            options: options.into(),
+            inputs: ids[devices.iter().position(|x| x.same(d)).expect("one of devices")].clone(),
+        })
+    }
+
+    /// Runs `command` (a new daemon program's id, the device) on each device's daemon and
+    /// records what it made.
+    fn make(
+        &self,
+        devices: &[Ref<Device>],
+        options: &str,
+        how: &Making,
+        command: impl Fn(u64, &Ref<Device>) -> Command,
+    ) -> Result<(), Int> {
+        if device_options(options).len() > wire::MAX_OPTIONS {
+            return Err(how.bad_options);
+        }
         let p = plat();
         let mut failed = false;
         for d in devices {
             let r = p.remote(d);
             let id = r.new_id();
-            let cmd = Command::ClBuild { program: id, device: d.index, source: self.source.clone(), options: options.into() };
-            let b = match r.call_raw(cmd) {
-                Ok(_) => {
-                    let log = query(r, cl_query::PROGRAM_BUILD, id, d.index, cl::PROGRAM_BUILD_LOG).map(|v| text(&v)).unwrap_or_default();
-                    Build { status: cl::BUILD_SUCCESS, log, options: options.into(), id: Some(id) }
-                }
-                Err(e) if error::code(&e, 0) == cl::BUILD_PROGRAM_FAILURE => {
+            let log_of = || query(r, cl_query::PROGRAM_BUILD, id, d.index, cl::PROGRAM_BUILD_LOG).map(|v| text(&v));
+            let b = match r.call_raw(command(id, d)) {
+                Ok(_) => Build {
+                    status: cl::BUILD_SUCCESS,
+                    log: log_of().unwrap_or_default(),
+                    options: options.into(),
+                    id: Some(id),
+                    binary: how.binary,
+                },
+                Err(e) if error::code(&e, 0) == how.failure => {
                     failed = true;
-                    Build { status: cl::BUILD_ERROR, log: error::message(&e), options: options.into(), id: Some(id) }
+                    // A failed link may leave no program on the daemon: asking for its log tells.
+                    let kept = log_of().is_ok();
+                    let id = kept.then_some(id);
+                    Build {
+                        status: cl::BUILD_ERROR,
+                        log: error::message(&e),
+                        options: options.into(),
+                        id,
+                        binary: cl::PROGRAM_BINARY_TYPE_NONE,
+                    }
                 }
-                Err(e) if error::code(&e, 0) == cl::INVALID_BUILD_OPTIONS => return Err(cl::INVALID_BUILD_OPTIONS),
+                Err(e) if error::code(&e, 0) == how.bad_options => return Err(how.bad_options),
                 Err(e) => {
-                    error::report("building a program", &e);
+                    error::report(how.what, &e);
                     return Err(error::code(&e, cl::OUT_OF_RESOURCES));
                 }
             };
@@ -710,21 +835,34 @@ impl Program {
             }
         }
         if failed {
-            Err(cl::BUILD_PROGRAM_FAILURE)
+            Err(how.failure)
         } else {
             Ok(())
         }
     }
 
-    /// The successful build for `d`.
-    pub(crate) fn built(&self, d: &Ref<Device>) -> Option<u64> {
-        lock(&self.builds).get(&pos(d)).filter(|b| b.status == cl::BUILD_SUCCESS).and_then(|b| b.id)
+    /// The daemon's compiled object or library for `d`, which a link can take.
+    fn linkable(&self, d: &Ref<Device>) -> Option<u64> {
+        let builds = lock(&self.builds);
+        let b = builds.get(&pos(d)).filter(|b| b.status == cl::BUILD_SUCCESS)?;
+        [cl::PROGRAM_BINARY_TYPE_COMPILED_OBJECT, cl::PROGRAM_BINARY_TYPE_LIBRARY].contains(&b.binary).then_some(b.id?)
     }
 
-    /// Any successful build: (device, daemon program).
+    /// The successful build for `d` that made an executable.
+    pub(crate) fn built(&self, d: &Ref<Device>) -> Option<u64> {
+        lock(&self.builds)
+            .get(&pos(d))
+            .filter(|b| b.status == cl::BUILD_SUCCESS && b.binary == cl::PROGRAM_BINARY_TYPE_EXECUTABLE)
+            .and_then(|b| b.id)
+    }
+
+    /// Any successful build of an executable: (device, daemon program).
     pub(crate) fn any_built(&self) -> Option<(Ref<Device>, u64)> {
         let builds = lock(&self.builds);
-        builds.iter().find(|(_, b)| b.status == cl::BUILD_SUCCESS).map(|(at, b)| (plat().devices[*at].clone(), b.id.expect("built")))
+        builds
+            .iter()
+            .find(|(_, b)| b.status == cl::BUILD_SUCCESS && b.binary == cl::PROGRAM_BINARY_TYPE_EXECUTABLE)
+            .and_then(|(at, b)| Some((plat().devices[*at].clone(), b.id?)))
     }
 }
 
@@ -783,6 +921,9 @@ impl Data for Kernel {
 impl Kernel {
     /// Makes the kernel on `d`'s daemon: (daemon kernel id, address qualifiers).
     pub(crate) fn make(d: &Ref<Device>, program: u64, name: &str) -> Result<(u64, Vec<u32>), Int> {
+        if name.len() > wire::MAX_CL_KERNEL_NAME {
+            return Err(cl::INVALID_KERNEL_NAME); // longer than any name the daemon takes
+        }
         let r = plat().remote(d);
         let id = r.new_id();
         let v = match r.call_raw(Command::ClKernel { kernel: id, program, name: name.into() }) {

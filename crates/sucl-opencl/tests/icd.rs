@@ -76,10 +76,11 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(token: &Path) -> Daemon {
+    fn start(token: &Path, extra: &[&str]) -> Daemon {
         let mut child = Command::new(sucld())
             .args(["--listen", "127.0.0.1:0", "--opencl", "--host-devices", "0", "--tls-ephemeral", "--print-address", "--token-file"])
             .arg(token)
+            .args(extra)
             .env_remove("OCL_ICD_VENDORS")
             .env("POCL_MAX_PTHREAD_COUNT", "2")
             .stdout(Stdio::piped())
@@ -116,6 +117,11 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: usize) -> Option<Cluster> {
+        Cluster::with_args(n, &[])
+    }
+
+    /// `n` daemons started with the extra options `extra`.
+    fn with_args(n: usize, extra: &[&str]) -> Option<Cluster> {
         if !has_opencl() {
             return None;
         }
@@ -123,7 +129,7 @@ impl Cluster {
         let token = dir.0.join("token");
         let st = Command::new(sucld()).arg("--gen-token").arg(&token).stdout(Stdio::null()).status().expect("sucld --gen-token");
         assert!(st.success());
-        let daemons = (0..n).map(|_| Daemon::start(&token)).collect();
+        let daemons = (0..n).map(|_| Daemon::start(&token, extra)).collect();
         Some(Cluster { dir, daemons })
     }
 
@@ -237,6 +243,26 @@ fn a_kernel_released_while_its_launch_is_held_still_runs() {
 #[test]
 fn a_failing_build_returns_its_log() {
     scenario("build_fail", 1);
+}
+
+#[test]
+fn separate_compilation_and_linking_with_headers_libraries_and_failures() {
+    scenario("compile_link", 1);
+}
+
+#[test]
+fn device_memory_sizes_are_those_the_daemons_session_limit_allows() {
+    let limit = (48u64 << 20).to_string();
+    let Some(c) = Cluster::with_args(1, &["--max-session-bytes", &limit]) else { return };
+    let mut cmd = c.command("mem_limit");
+    cmd.arg(&limit);
+    let o = run_bounded(cmd, Duration::from_secs(120));
+    assert_ran(&o, "mem_limit");
+}
+
+#[test]
+fn copy_rect_overlap_follows_the_specifications_test() {
+    scenario("copy_rect_overlap", 1);
 }
 
 #[test]

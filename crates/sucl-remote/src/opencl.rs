@@ -52,6 +52,28 @@ struct Api {
     fill_buffer: unsafe extern "C" fn(Handle, Handle, *const c_void, usize, usize, usize, u32, *const Handle, *mut Handle) -> ClInt,
     create_program_with_source: unsafe extern "C" fn(Handle, u32, *const *const c_char, *const usize, *mut ClInt) -> Handle,
     build_program: unsafe extern "C" fn(Handle, u32, *const Handle, *const c_char, *const c_void, *mut c_void) -> ClInt,
+    compile_program: unsafe extern "C" fn(
+        Handle,
+        u32,
+        *const Handle,
+        *const c_char,
+        u32,
+        *const Handle,
+        *const *const c_char,
+        *const c_void,
+        *mut c_void,
+    ) -> ClInt,
+    link_program: unsafe extern "C" fn(
+        Handle,
+        u32,
+        *const Handle,
+        *const c_char,
+        u32,
+        *const Handle,
+        *const c_void,
+        *mut c_void,
+        *mut ClInt,
+    ) -> Handle,
     get_program_build_info: unsafe extern "C" fn(Handle, Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
     get_program_info: unsafe extern "C" fn(Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
     release_program: unsafe extern "C" fn(Handle) -> ClInt,
@@ -79,10 +101,14 @@ pub(crate) fn error_name(e: ClInt) -> &'static str {
         -6 => "CL_OUT_OF_HOST_MEMORY",
         -11 => "CL_BUILD_PROGRAM_FAILURE",
         -13 => "CL_MISALIGNED_SUB_BUFFER_OFFSET",
+        -15 => "CL_COMPILE_PROGRAM_FAILURE",
+        -17 => "CL_LINK_PROGRAM_FAILURE",
         -30 => "CL_INVALID_VALUE",
         -33 => "CL_INVALID_DEVICE",
         -38 => "CL_INVALID_MEM_OBJECT",
         -43 => "CL_INVALID_BUILD_OPTIONS",
+        -66 => "CL_INVALID_COMPILER_OPTIONS",
+        -67 => "CL_INVALID_LINKER_OPTIONS",
         -44 => "CL_INVALID_PROGRAM",
         -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
         -46 => "CL_INVALID_KERNEL_NAME",
@@ -138,6 +164,8 @@ impl Api {
             fill_buffer: sym!("clEnqueueFillBuffer"),
             create_program_with_source: sym!("clCreateProgramWithSource"),
             build_program: sym!("clBuildProgram"),
+            compile_program: sym!("clCompileProgram"),
+            link_program: sym!("clLinkProgram"),
             get_program_build_info: sym!("clGetProgramBuildInfo"),
             get_program_info: sym!("clGetProgramInfo"),
             release_program: sym!("clReleaseProgram"),
@@ -310,15 +338,94 @@ impl ClServed {
         let prog = ClProgram { api: self.api.clone(), program, device: self.device };
         // SAFETY: a valid program for this device; options NUL-terminated; no callback.
         let e = unsafe { (self.api.build_program)(program, 1, &self.device, opts.as_ptr(), ptr::null(), ptr::null_mut()) };
-        if e == CL_SUCCESS {
-            return Ok((prog, None));
+        Ok(prog.outcome(e, "clBuildProgram"))
+    }
+
+    /// A program from `source` (on this device's context).
+    fn program_from(&self, source: &str) -> Result<ClProgram, Outcome> {
+        let src = CString::new(source).map_err(|_| failed(code::opencl(-30), "an OpenCL source holds a NUL byte"))?;
+        let mut e = 0;
+        let p = src.as_ptr();
+        // SAFETY: one NUL-terminated source string (lengths null: NUL-terminated).
+        let program = unsafe { (self.api.create_program_with_source)(self.context, 1, &p, ptr::null(), &mut e) };
+        check(e, "clCreateProgramWithSource")?;
+        Ok(ClProgram { api: self.api.clone(), program, device: self.device })
+    }
+
+    /// Compiles `source` with `options` and the embedded `headers` (include name, source)
+    /// into a compiled object: the program (kept whether or not it compiled) and the
+    /// compilation's error, if it failed.
+    pub(crate) fn compile(
+        &self,
+        source: &str,
+        options: &str,
+        headers: &[(String, String)],
+    ) -> Result<(ClProgram, Option<Outcome>), Outcome> {
+        // As for `build`: the argument qualifiers come from the compilation.
+        let options = if options.contains("-cl-kernel-arg-info") { options.to_string() } else { format!("{options} -cl-kernel-arg-info") };
+        let opts = CString::new(options).map_err(|_| failed(code::opencl(-66), "the compile options hold a NUL byte"))?;
+        let names = headers
+            .iter()
+            .map(|(n, _)| CString::new(n.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| failed(code::opencl(-30), "a header name holds a NUL byte"))?;
+        // The header programs live until the compilation is over (dropped at the end).
+        let header_programs = headers.iter().map(|(_, src)| self.program_from(src)).collect::<Result<Vec<_>, _>>()?;
+        let prog = self.program_from(source)?;
+        let handles: Vec<Handle> = header_programs.iter().map(|p| p.program).collect();
+        let name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let (hp, np) = if headers.is_empty() { (ptr::null(), ptr::null()) } else { (handles.as_ptr(), name_ptrs.as_ptr()) };
+        // SAFETY: a valid program for this device; options and names NUL-terminated; the
+        // header programs and names (as many as `headers`) live through the call; no callback.
+        let e = unsafe {
+            (self.api.compile_program)(
+                prog.program,
+                1,
+                &self.device,
+                opts.as_ptr(),
+                headers.len() as u32,
+                hp,
+                np,
+                ptr::null(),
+                ptr::null_mut(),
+            )
+        };
+        if e != CL_SUCCESS && e != -15 {
+            // Bad options and the like: no compiled program to keep.
+            check(e, "clCompileProgram")?;
         }
-        let log = prog.build_info(CL_PROGRAM_BUILD_LOG).map(|l| text(&l)).unwrap_or_default();
-        let mut log: String = log.chars().take(3800).collect();
-        if log.is_empty() {
-            log = format!("clBuildProgram: {} ({e})", error_name(e));
+        Ok(prog.outcome(e, "clCompileProgram"))
+    }
+
+    /// Links `inputs` (compiled objects and libraries of this device) with `options`: the
+    /// program, if the platform made one (a failed link may leave one, with its log), and the
+    /// link's error, if it failed.
+    pub(crate) fn link(&self, inputs: &[&ClProgram], options: &str) -> Result<(Option<ClProgram>, Option<Outcome>), Outcome> {
+        let opts = CString::new(options).map_err(|_| failed(code::opencl(-67), "the link options hold a NUL byte"))?;
+        let handles: Vec<Handle> = inputs.iter().map(|p| p.program).collect();
+        let mut e = 0;
+        // SAFETY: a valid context and device; `handles` are valid programs of this context
+        // (the session's, alive through the call); options NUL-terminated; no callback.
+        let program = unsafe {
+            (self.api.link_program)(
+                self.context,
+                1,
+                &self.device,
+                opts.as_ptr(),
+                handles.len() as u32,
+                handles.as_ptr(),
+                ptr::null(),
+                ptr::null_mut(),
+                &mut e,
+            )
+        };
+        if program.is_null() {
+            check(e, "clLinkProgram")?;
+            return Err(failed(code::opencl(-17), "clLinkProgram returned no program"));
         }
-        Ok((prog, Some(failed(code::opencl(e), log))))
+        let prog = ClProgram { api: self.api.clone(), program, device: self.device };
+        let (prog, error) = prog.outcome(e, "clLinkProgram");
+        Ok((Some(prog), error))
     }
 }
 
@@ -448,6 +555,20 @@ unsafe impl Send for ClProgram {}
 unsafe impl Sync for ClProgram {}
 
 impl ClProgram {
+    /// This program with the error of the build, compilation or link (`what`) that
+    /// returned `e`, if it failed: its code, and the program's log as the message.
+    fn outcome(self, e: ClInt, what: &str) -> (ClProgram, Option<Outcome>) {
+        if e == CL_SUCCESS {
+            return (self, None);
+        }
+        let log = self.build_info(CL_PROGRAM_BUILD_LOG).map(|l| text(&l)).unwrap_or_default();
+        let mut log: String = log.chars().take(3800).collect();
+        if log.is_empty() {
+            log = format!("{what}: {} ({e})", error_name(e));
+        }
+        (self, Some(failed(code::opencl(e), log)))
+    }
+
     pub(crate) fn build_info(&self, param: u32) -> Result<Vec<u8>, Outcome> {
         // SAFETY: a valid program and device; `info` passes a buffer of the size it says.
         info("clGetProgramBuildInfo", |s, v, r| unsafe { (self.api.get_program_build_info)(self.program, self.device, param, s, v, r) })

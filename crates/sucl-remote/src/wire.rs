@@ -24,7 +24,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
 /// The protocol version this build speaks (it speaks exactly one). Version 2 added the
 /// peer-memory migration frames ([`Frame::PeerMemOffer`] and its answers) and the migration
 /// counters of [`SessionStats`]; version 3 added OpenCL devices ([`DeviceKind::OpenCl`]) and
-/// their commands ([`Command::ClBuild`], [`Command::ClKernel`], [`Command::ClLaunch`],
+/// their commands ([`Command::ClBuild`], [`Command::ClCompile`], [`Command::ClLink`],
+/// [`Command::ClKernel`], [`Command::ClLaunch`],
 /// [`Command::ClQuery`], [`Command::ClRelease`]).
 pub const VERSION: u16 = 3;
 /// The largest frame either side accepts before the handshake has negotiated a limit.
@@ -46,6 +47,12 @@ pub const MAX_DEVICES: usize = 256;
 pub const MAX_ARG_BYTES: usize = 1024;
 /// The longest OpenCL build option string.
 pub const MAX_OPTIONS: usize = 4096;
+/// The most headers one [`Command::ClCompile`] carries, and the most programs one
+/// [`Command::ClLink`] links.
+pub const MAX_PROGRAM_INPUTS: usize = 4096;
+/// The longest OpenCL kernel name ([`Command::ClKernel`]; OpenCL sets no limit, and the
+/// conformance tests use names of 2048 characters).
+pub const MAX_CL_KERNEL_NAME: usize = 4096;
 /// The bytes a [`Frame::Command`] carrying a write needs besides its data (tags, sequence
 /// numbers, ids, offsets and the data's count), so that a client can split large writes.
 pub const WRITE_OVERHEAD: usize = 1 + 8 + 8 + 1 + 8 + 8 + 4;
@@ -421,6 +428,37 @@ pub enum Command {
         /// The build options (at most [`MAX_OPTIONS`] bytes).
         options: String,
     },
+    /// Compiles OpenCL C `source` with `options` for OpenCL device `device` into program
+    /// `program` (an id the client chose), a compiled object for [`Command::ClLink`]
+    /// (`clCompileProgram`); `headers` are the embedded headers, (include name, source).
+    /// Kept and answered as [`Command::ClBuild`] is, failing with
+    /// [`code::opencl`]`(CL_COMPILE_PROGRAM_FAILURE)` and the log.
+    ClCompile {
+        /// The new program's id.
+        program: u64,
+        /// The device.
+        device: u32,
+        /// The OpenCL C source.
+        source: String,
+        /// The compile options (at most [`MAX_OPTIONS`] bytes).
+        options: String,
+        /// The embedded headers (at most [`MAX_PROGRAM_INPUTS`]): include name, source.
+        headers: Vec<(String, String)>,
+    },
+    /// Links the compiled objects and libraries `inputs` (programs of `device`) with
+    /// `options` into program `program` (an id the client chose), an executable or, with
+    /// `-create-library`, a library (`clLinkProgram`). A failed link that leaves a program
+    /// keeps it (its log readable) and fails with [`code::opencl`]`(CL_LINK_PROGRAM_FAILURE)`.
+    ClLink {
+        /// The new program's id.
+        program: u64,
+        /// The device.
+        device: u32,
+        /// The link options (at most [`MAX_OPTIONS`] bytes).
+        options: String,
+        /// The programs linked (at most [`MAX_PROGRAM_INPUTS`]).
+        inputs: Vec<u64>,
+    },
     /// Creates kernel `kernel` (an id the client chose) from function `name` of built program
     /// `program`; answers [`Outcome::Data`]: its argument count (`u32`), then each argument's
     /// address qualifier (`u32`, `CL_KERNEL_ARG_ADDRESS_*`, 0 when the platform cannot say).
@@ -429,7 +467,7 @@ pub enum Command {
         kernel: u64,
         /// The program.
         program: u64,
-        /// The kernel function.
+        /// The kernel function (at most [`MAX_CL_KERNEL_NAME`] bytes).
         name: String,
     },
     /// Runs OpenCL kernel `kernel` on `queue` over an NDRange of `dims` (1-3) dimensions.
@@ -793,6 +831,8 @@ impl Command {
             Command::ClLaunch { .. } => 23,
             Command::ClQuery { .. } => 24,
             Command::ClRelease { .. } => 25,
+            Command::ClCompile { .. } => 26,
+            Command::ClLink { .. } => 27,
         }
     }
 
@@ -946,6 +986,26 @@ impl Command {
             Command::ClRelease { what, id } => {
                 e.u8(*what);
                 e.u64(*id);
+            }
+            Command::ClCompile { program, device, source, options, headers } => {
+                e.u64(*program);
+                e.u32(*device);
+                e.str(source);
+                e.str(options);
+                e.u32(headers.len() as u32);
+                for (name, source) in headers {
+                    e.str(name);
+                    e.str(source);
+                }
+            }
+            Command::ClLink { program, device, options, inputs } => {
+                e.u64(*program);
+                e.u32(*device);
+                e.str(options);
+                e.u32(inputs.len() as u32);
+                for id in inputs {
+                    e.u64(*id);
+                }
             }
         }
     }
@@ -1339,7 +1399,7 @@ fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
             source: d.str("OpenCL source", unbounded)?,
             options: d.str("build options", MAX_OPTIONS)?,
         },
-        22 => Command::ClKernel { kernel: d.u64("kernel")?, program: d.u64("program")?, name: d.str("kernel name", MAX_NAME)? },
+        22 => Command::ClKernel { kernel: d.u64("kernel")?, program: d.u64("program")?, name: d.str("kernel name", MAX_CL_KERNEL_NAME)? },
         23 => decode_cl_launch(d)?,
         24 => {
             let what = d.u8("query kind")?;
@@ -1354,6 +1414,28 @@ fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
                 return Err(WireError::UnknownTag { what: "OpenCL object", tag: what });
             }
             Command::ClRelease { what, id: d.u64("object")? }
+        }
+        26 => {
+            let (program, device) = (d.u64("program")?, d.u32("device")?);
+            let source = d.str("OpenCL source", unbounded)?;
+            let options = d.str("compile options", MAX_OPTIONS)?;
+            // Each header is at least its two string counts.
+            let n = d.count("embedded headers", MAX_PROGRAM_INPUTS, 8)?;
+            let mut headers = Vec::with_capacity(n);
+            for _ in 0..n {
+                headers.push((d.str("header name", MAX_NAME)?, d.str("header source", unbounded)?));
+            }
+            Command::ClCompile { program, device, source, options, headers }
+        }
+        27 => {
+            let (program, device) = (d.u64("program")?, d.u32("device")?);
+            let options = d.str("link options", MAX_OPTIONS)?;
+            let n = d.count("linked programs", MAX_PROGRAM_INPUTS, 8)?;
+            let mut inputs = Vec::with_capacity(n);
+            for _ in 0..n {
+                inputs.push(d.u64("linked program")?);
+            }
+            Command::ClLink { program, device, options, inputs }
         }
         t => return Err(WireError::UnknownTag { what: "command", tag: t }),
     })
@@ -1874,6 +1956,31 @@ mod tests {
         // Unknown query kinds are refused.
         let q = Frame::Command { seq: 5, ack: 0, cmd: Command::ClQuery { what: cl_query::LAST + 1, object: 0, device: 0, param: 0 } };
         assert!(matches!(decode(&q.encode()[4..]), Err(WireError::UnknownTag { what: "OpenCL query", .. })));
+    }
+
+    #[test]
+    fn opencl_compiles_links_and_long_kernel_names_round_trip_and_too_many_inputs_are_refused() {
+        let compile = Command::ClCompile {
+            program: 1,
+            device: 0,
+            source: "#include \"h.h\"\nkernel void k() {}".into(),
+            options: "-DX=1".into(),
+            headers: vec![("h.h".into(), "#define Y 2".into()), ("sub/i.h".into(), String::new())],
+        };
+        // A link of as many programs as the conformance tests link (257) and a kernel name of
+        // 2048 characters fit.
+        let link = Command::ClLink { program: 2, device: 0, options: "-create-library".into(), inputs: (0..257).collect() };
+        let kernel = Command::ClKernel { kernel: 3, program: 2, name: "k".repeat(2048) };
+        for (seq, cmd) in [compile, link, kernel].into_iter().enumerate() {
+            let f = Frame::Command { seq: seq as u64, ack: 0, cmd };
+            assert_eq!(decode(&f.encode()[4..]).unwrap(), f);
+        }
+        let many = Frame::Command {
+            seq: 9,
+            ack: 0,
+            cmd: Command::ClLink { program: 2, device: 0, options: String::new(), inputs: vec![1; MAX_PROGRAM_INPUTS + 1] },
+        };
+        assert!(matches!(decode(&many.encode()[4..]), Err(WireError::TooLong { what: "linked programs", .. })));
     }
 
     #[test]

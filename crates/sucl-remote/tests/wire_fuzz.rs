@@ -98,6 +98,10 @@ fn command() -> impl Strategy<Value = Command> {
             param
         }),
         (0..=1u8, any::<u64>()).prop_map(|(what, id)| Command::ClRelease { what, id }),
+        (any::<u64>(), any::<u32>(), text(12), text(6), proptest::collection::vec((name(6), text(8)), 0..3))
+            .prop_map(|(program, device, source, options, headers)| Command::ClCompile { program, device, source, options, headers }),
+        (any::<u64>(), any::<u32>(), text(6), proptest::collection::vec(any::<u64>(), 0..4))
+            .prop_map(|(program, device, options, inputs)| Command::ClLink { program, device, options, inputs }),
     ]
 }
 

@@ -135,6 +135,10 @@ static int info(void) {
         EXPECT(mem > 0);
         CHECK(clGetDeviceInfo(devices[i], CL_DEVICE_IMAGE_SUPPORT, sizeof img, &img, NULL));
         EXPECT(img == CL_FALSE);
+        /* Native kernels are not offered (clEnqueueNativeKernel is refused): kernels only. */
+        cl_device_exec_capabilities exec = 0;
+        CHECK(clGetDeviceInfo(devices[i], CL_DEVICE_EXECUTION_CAPABILITIES, sizeof exec, &exec, NULL));
+        EXPECT(exec == CL_EXEC_KERNEL);
         CHECK(clGetDeviceInfo(devices[i], CL_DEVICE_PLATFORM, sizeof p, &p, NULL));
         EXPECT(p == platform);
         CHECK(clGetDeviceInfo(devices[i], CL_DEVICE_VERSION, sizeof s, s, NULL));
@@ -459,7 +463,7 @@ static int build_fail(void) {
     find_sucl();
     cl_int err;
     ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
-    const char *src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
+    const char *src = "/* the error is on line 2 */\n__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
     cl_program p = clCreateProgramWithSource(ctx, 1, &src, NULL, &err); CHECK(err);
     EXPECT_CODE(clBuildProgram(p, 1, devices, "", NULL, NULL), CL_BUILD_PROGRAM_FAILURE);
     cl_build_status bs;
@@ -469,9 +473,166 @@ static int build_fail(void) {
     CHECK(clGetProgramBuildInfo(p, devices[0], CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL));
     printf("log: %s\n", log);
     EXPECT(strstr(log, "undeclared_thing") != NULL);
+    EXPECT(strstr(log, ":2:") != NULL); /* the application's line numbers */
     clCreateKernel(p, "broken", &err);
     EXPECT(err == CL_INVALID_PROGRAM_EXECUTABLE);
     printf("build_fail ok\n");
+    return 0;
+}
+
+static cl_program_binary_type binary_type(cl_program p) {
+    cl_program_binary_type t = 99;
+    CHECK(clGetProgramBuildInfo(p, devices[0], CL_PROGRAM_BINARY_TYPE, sizeof t, &t, NULL));
+    return t;
+}
+
+/* Separate compilation and linking (clCompileProgram with an embedded header, a library,
+   clLinkProgram), their failures, and a kernel with a 2048-character name. */
+static int compile_link(void) {
+    find_sucl();
+    cl_int err;
+    ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
+    q = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    const char *header_src = "#define OFFSET 7\nint helper(int x);\n";
+    const char *helper_src = "int helper(int x) { return 3 * x; }\n";
+    const char *main_src =
+        "#include \"inc/helper.h\"\n"
+        "__kernel void apply(__global int *x) { size_t i = get_global_id(0); x[i] = helper(x[i]) + OFFSET; }\n";
+    cl_program header = clCreateProgramWithSource(ctx, 1, &header_src, NULL, &err); CHECK(err);
+    cl_program helper = clCreateProgramWithSource(ctx, 1, &helper_src, NULL, &err); CHECK(err);
+    cl_program mainp = clCreateProgramWithSource(ctx, 1, &main_src, NULL, &err); CHECK(err);
+    const char *name = "inc/helper.h";
+    CHECK(clCompileProgram(mainp, 1, devices, "", 1, &header, &name, NULL, NULL));
+    CHECK(clCompileProgram(helper, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL));
+    EXPECT(binary_type(mainp) == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT);
+    /* A compiled object is no executable. */
+    EXPECT(clCreateKernel(mainp, "apply", &err) == NULL && err == CL_INVALID_PROGRAM_EXECUTABLE);
+    cl_program lib = clLinkProgram(ctx, 1, devices, "-create-library", 1, &helper, NULL, NULL, &err); CHECK(err);
+    EXPECT(binary_type(lib) == CL_PROGRAM_BINARY_TYPE_LIBRARY);
+    cl_program both[2] = {mainp, lib};
+    cl_program exe = clLinkProgram(ctx, 1, devices, NULL, 2, both, NULL, NULL, &err); CHECK(err);
+    EXPECT(binary_type(exe) == CL_PROGRAM_BINARY_TYPE_EXECUTABLE);
+    size_t nk = 0;
+    CHECK(clGetProgramInfo(exe, CL_PROGRAM_NUM_KERNELS, sizeof nk, &nk, NULL));
+    EXPECT(nk == 1);
+    cl_kernel k = clCreateKernel(exe, "apply", &err); CHECK(err);
+    enum { N = 64 };
+    int x[N];
+    for (int i = 0; i < N; i++) x[i] = i;
+    cl_mem X = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof x, x, &err); CHECK(err);
+    CHECK(clSetKernelArg(k, 0, sizeof X, &X));
+    size_t g = N;
+    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x, x, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(x[i] == 3 * i + 7);
+    /* The devices report OpenCL 1.2 and no images: so does the compiler. */
+    const char *img_src =
+        "__kernel void img(__global int *x) {\n"
+        "#ifdef __IMAGE_SUPPORT__\n x[0] = 1;\n#else\n x[0] = 0;\n#endif\n x[1] = __OPENCL_VERSION__;\n"
+        " x[2] = __OPENCL_C_VERSION__;\n}\n";
+    cl_program ip = clCreateProgramWithSource(ctx, 1, &img_src, NULL, &err); CHECK(err);
+    CHECK(clBuildProgram(ip, 0, NULL, NULL, NULL, NULL));
+    cl_kernel ik = clCreateKernel(ip, "img", &err); CHECK(err);
+    CHECK(clSetKernelArg(ik, 0, sizeof X, &X));
+    x[0] = 99;
+    CHECK(clEnqueueTask(q, ik, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, 3 * sizeof x[0], x, 0, NULL, NULL));
+    EXPECT(x[0] == 0);
+    EXPECT(x[1] == 120);
+    EXPECT(x[2] == 120); /* no -cl-std: OpenCL C 1.2 */
+    size_t optlen = 0;
+    CHECK(clGetProgramBuildInfo(ip, devices[0], CL_PROGRAM_BUILD_OPTIONS, 0, NULL, &optlen));
+    EXPECT(optlen == 1); /* the application's options (none), not what the daemon got */
+    CHECK(clReleaseKernel(ik)); CHECK(clReleaseProgram(ip));
+    /* A compilation that fails: its code, status and log. */
+    const char *bad_src = "__kernel void broken(__global int *x) { x[0] = undeclared_thing; }\n";
+    cl_program bad = clCreateProgramWithSource(ctx, 1, &bad_src, NULL, &err); CHECK(err);
+    EXPECT_CODE(clCompileProgram(bad, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL), CL_COMPILE_PROGRAM_FAILURE);
+    cl_build_status bs;
+    CHECK(clGetProgramBuildInfo(bad, devices[0], CL_PROGRAM_BUILD_STATUS, sizeof bs, &bs, NULL));
+    EXPECT(bs == CL_BUILD_ERROR);
+    /* A link that fails (the kernel calls a function nobody defines) returns its program. */
+    cl_program lone = clCreateProgramWithSource(ctx, 1, &main_src, NULL, &err); CHECK(err);
+    CHECK(clCompileProgram(lone, 0, NULL, NULL, 1, &header, &name, NULL, NULL));
+    cl_program unlinked = clLinkProgram(ctx, 0, NULL, NULL, 1, &lone, NULL, NULL, &err);
+    EXPECT(err == CL_LINK_PROGRAM_FAILURE && unlinked != NULL);
+    CHECK(clGetProgramBuildInfo(unlinked, devices[0], CL_PROGRAM_BUILD_STATUS, sizeof bs, &bs, NULL));
+    EXPECT(bs == CL_BUILD_ERROR);
+    CHECK(clReleaseProgram(unlinked));
+    /* Only compiled objects and libraries link. */
+    EXPECT(clLinkProgram(ctx, 0, NULL, NULL, 1, &bad, NULL, NULL, &err) == NULL && err == CL_INVALID_OPERATION);
+    EXPECT(clLinkProgram(ctx, 0, NULL, NULL, 0, NULL, NULL, NULL, &err) == NULL && err == CL_INVALID_VALUE);
+    /* A kernel name of 2048 characters (OpenCL sets no limit; the conformance tests use it). */
+    char long_src[2400], long_name[2049];
+    memset(long_name, 'k', 2048);
+    long_name[2048] = 0;
+    snprintf(long_src, sizeof long_src, "__kernel void %s(__global int *x) { x[get_global_id(0)] = 5; }\n", long_name);
+    const char *ls = long_src;
+    cl_program lp = clCreateProgramWithSource(ctx, 1, &ls, NULL, &err); CHECK(err);
+    CHECK(clBuildProgram(lp, 0, NULL, NULL, NULL, NULL));
+    cl_kernel lk = clCreateKernel(lp, long_name, &err); CHECK(err);
+    cl_uint nargs = 0;
+    CHECK(clGetKernelInfo(lk, CL_KERNEL_NUM_ARGS, sizeof nargs, &nargs, NULL));
+    EXPECT(nargs == 1);
+    CHECK(clFinish(q));
+    CHECK(clReleaseKernel(lk)); CHECK(clReleaseProgram(lp));
+    CHECK(clReleaseKernel(k)); CHECK(clReleaseMemObject(X));
+    CHECK(clReleaseProgram(exe)); CHECK(clReleaseProgram(lib)); CHECK(clReleaseProgram(mainp));
+    CHECK(clReleaseProgram(helper)); CHECK(clReleaseProgram(header)); CHECK(clReleaseProgram(bad));
+    CHECK(clReleaseProgram(lone));
+    CHECK(clReleaseCommandQueue(q)); CHECK(clReleaseContext(ctx));
+    printf("compile_link ok\n");
+    return 0;
+}
+
+/* The device's memory sizes are those the daemon's session limit (argv[2] bytes) allows, and
+   a buffer of CL_DEVICE_MAX_MEM_ALLOC_SIZE bytes can be made and used. */
+static int mem_limit(const char *limit_arg) {
+    cl_ulong limit = strtoull(limit_arg, NULL, 10), global = 0, max_alloc = 0;
+    find_sucl();
+    CHECK(clGetDeviceInfo(devices[0], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL));
+    CHECK(clGetDeviceInfo(devices[0], CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL));
+    printf("limit %llu, global %llu, max alloc %llu\n", (unsigned long long)limit, (unsigned long long)global,
+           (unsigned long long)max_alloc);
+    EXPECT(global == limit); /* PoCL's device has more than the limit */
+    EXPECT(max_alloc > 0 && max_alloc <= limit);
+    cl_int err;
+    ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
+    q = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, max_alloc, NULL, &err); CHECK(err);
+    int v = 42, back = 0;
+    CHECK(clEnqueueWriteBuffer(q, big, CL_TRUE, max_alloc - sizeof v, sizeof v, &v, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(q, big, CL_TRUE, max_alloc - sizeof v, sizeof v, &back, 0, NULL, NULL));
+    EXPECT(back == 42);
+    CHECK(clReleaseMemObject(big)); CHECK(clReleaseCommandQueue(q)); CHECK(clReleaseContext(ctx));
+    printf("mem_limit ok\n");
+    return 0;
+}
+
+/* CL_MEM_COPY_OVERLAP for a rectangular copy within one buffer follows the specification's
+   overlap test (boxes that meet, or one running past its row or slice into the other's span),
+   not the bytes the rows happen to touch. */
+static int copy_rect_overlap(void) {
+    find_sucl();
+    cl_int err;
+    ctx = clCreateContext(NULL, 1, devices, NULL, NULL, &err); CHECK(err);
+    q = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    size_t w = 438, h = 353, d = 408;
+    cl_mem b = clCreateBuffer(ctx, CL_MEM_READ_WRITE, w * h * d, NULL, &err); CHECK(err);
+    size_t so[3] = {14, 69, 100}, dof[3] = {176, 181, 171}, reg[3] = {224, 5, 226};
+    /* Rows of 438 bytes in slices of 353 rows: the boxes are apart. */
+    CHECK(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, w * h, w, w * h, 0, NULL, NULL));
+    /* Slices of 5 rows: the source runs past its slice into the destination's span. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, 0, w, 0, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    /* Rows as wide as the region (224): the destination runs past its row. No two rows of
+       this copy touch the same bytes, but the specification's test says they overlap. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, 0, 224 * h, 0, 224 * h, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, 0, 0, 0, 0, 0, NULL, NULL), CL_MEM_COPY_OVERLAP);
+    /* One buffer, two geometries. */
+    EXPECT_CODE(clEnqueueCopyBufferRect(q, b, b, so, dof, reg, w, w * h, w + 1, (w + 1) * h, 0, NULL, NULL), CL_INVALID_VALUE);
+    CHECK(clFinish(q));
+    CHECK(clReleaseMemObject(b)); CHECK(clReleaseCommandQueue(q)); CHECK(clReleaseContext(ctx));
+    printf("copy_rect_overlap ok\n");
     return 0;
 }
 
@@ -651,6 +812,9 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "held_release")) return held_release();
     if (!strcmp(s, "build_fail")) return build_fail();
     if (!strcmp(s, "bad_input")) return bad_input();
+    if (!strcmp(s, "compile_link")) return compile_link();
+    if (!strcmp(s, "copy_rect_overlap")) return copy_rect_overlap();
+    if (!strcmp(s, "mem_limit") && argc > 2) return mem_limit(argv[2]);
     if (!strcmp(s, "multi")) return multi();
     if (!strcmp(s, "kill")) return kill_wait();
     if (!strcmp(s, "no_platform")) return no_platform();

@@ -38,6 +38,38 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             o.cl_programs.insert(program, (d, p));
             error.map_or(Ok(Outcome::Done), Err)
         }
+        Command::ClCompile { program, device: d, source, options, headers } => {
+            let dev = cl_device(ctx, d)?;
+            if o.cl_programs.contains_key(&program) {
+                return Err(failed(code::INVALID, format!("program {program} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let (p, error) = dev.compile(&source, &options, &headers)?;
+            o.cl_programs.insert(program, (d, p));
+            error.map_or(Ok(Outcome::Done), Err)
+        }
+        Command::ClLink { program, device: d, options, inputs } => {
+            let dev = cl_device(ctx, d)?;
+            if o.cl_programs.contains_key(&program) {
+                return Err(failed(code::INVALID, format!("program {program} already exists")));
+            }
+            room_for_one(ctx, o)?;
+            let mut linked = Vec::with_capacity(inputs.len());
+            for id in &inputs {
+                match o.cl_programs.get(id) {
+                    Some((pd, p)) if *pd == d => linked.push(p),
+                    Some((pd, _)) => {
+                        return Err(failed(code::opencl(-44), format!("program {id} is of device {pd}, the link is for device {d}")))
+                    }
+                    None => return Err(failed(code::opencl(-44), format!("program {id} does not exist"))),
+                }
+            }
+            let (p, error) = dev.link(&linked, &options)?;
+            if let Some(p) = p {
+                o.cl_programs.insert(program, (d, p));
+            }
+            error.map_or(Ok(Outcome::Done), Err)
+        }
         Command::ClKernel { kernel, program, name } => {
             if o.cl_kernels.contains_key(&kernel) {
                 return Err(failed(code::INVALID, format!("kernel {kernel} already exists")));
@@ -73,10 +105,28 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
     }
 }
 
+/// `clGetDeviceInfo(param)` of device `d` as a session sees it: the memory sizes are at most
+/// the session's memory limit (`--max-bytes`), which no allocation of the session may pass,
+/// so that programs sizing their buffers by the device stay within it.
+fn device_info(ctx: &Ctx, d: u32, param: u32) -> Result<Vec<u8>, Outcome> {
+    const CL_DEVICE_MAX_MEM_ALLOC_SIZE: u32 = 0x1010;
+    const CL_DEVICE_GLOBAL_MEM_SIZE: u32 = 0x101F;
+    let v = cl_device(ctx, d)?.device_info(param)?;
+    if ![CL_DEVICE_MAX_MEM_ALLOC_SIZE, CL_DEVICE_GLOBAL_MEM_SIZE].contains(&param) {
+        return Ok(v);
+    }
+    let size = u64::from_le_bytes(
+        v.get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| failed(code::DEVICE, format!("clGetDeviceInfo({param:#x}) answered {} bytes, not a cl_ulong", v.len())))?,
+    );
+    Ok(size.min(ctx.cfg.limits.max_bytes).to_le_bytes().to_vec())
+}
+
 fn query(ctx: &Ctx, o: &mut Objects, what: u8, object: u64, d: u32, param: u32) -> Result<Vec<u8>, Outcome> {
     let no_kernel = || failed(code::opencl(-48), format!("kernel {object} does not exist"));
     match what {
-        cl_query::DEVICE => cl_device(ctx, d)?.device_info(param),
+        cl_query::DEVICE => device_info(ctx, d, param),
         cl_query::KERNEL => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.info(param),
         cl_query::KERNEL_WORK_GROUP => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.work_group_info(param),
         cl_query::KERNEL_ARG => o.cl_kernels.get(&object).ok_or_else(no_kernel)?.1.arg_info(d, param),

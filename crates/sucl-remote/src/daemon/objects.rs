@@ -267,6 +267,8 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             Ok(Outcome::Done)
         }
         Command::ClBuild { .. }
+        | Command::ClCompile { .. }
+        | Command::ClLink { .. }
         | Command::ClKernel { .. }
         | Command::ClLaunch { .. }
         | Command::ClQuery { .. }
