@@ -14,25 +14,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
+source scripts/lib/packages.sh
 need=()
-[ -e /usr/include/CL/cl.h ] || need+=(opencl-c-headers)
-[ -e /usr/lib/x86_64-linux-gnu/libOpenCL.so ] || ldconfig -p | grep -q 'libOpenCL.so ' || need+=(ocl-icd-opencl-dev)
-ls /etc/OpenCL/vendors/*pocl* >/dev/null 2>&1 || need+=(pocl-opencl-icd)
-command -v clinfo >/dev/null || need+=(clinfo)
-command -v cc >/dev/null || need+=(gcc)
+need_opencl
 command -v ip >/dev/null && command -v ss >/dev/null || need+=(iproute2)
 if [ -n "${POCL_SRC:-}" ]; then
   command -v cmake >/dev/null || need+=(cmake)
   command -v c++ >/dev/null || need+=(g++)
 fi
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+install_need
 
 # SUCLD / SUCL_ICD given (prebuilt binaries): used as they are; else the debug builds.
 if [ -z "${SUCLD:-}" ] || [ -z "${SUCL_ICD:-}" ]; then

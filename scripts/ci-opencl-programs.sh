@@ -9,22 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
+source scripts/lib/packages.sh
 need=()
-[ -e /usr/include/CL/cl.h ] || need+=(opencl-c-headers)
-[ -e /usr/lib/x86_64-linux-gnu/libOpenCL.so ] || ldconfig -p | grep -q 'libOpenCL.so ' || need+=(ocl-icd-opencl-dev)
-ls /etc/OpenCL/vendors/*pocl* >/dev/null 2>&1 || need+=(pocl-opencl-icd)
-command -v cc >/dev/null || need+=(gcc)
+need_opencl
 /usr/bin/python3 -c 'import pyopencl' 2>/dev/null || need+=(python3-pyopencl)
 [ -e /usr/share/doc/python-pyopencl-doc/examples/test_wrapper.py ] || need+=(python-pyopencl-doc)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || need+=(python3-pytest)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+install_need
 
 if [ -z "${SUCLD:-}" ] || [ -z "${SUCL_OPENCL_LIB:-}" ]; then
   cargo build -p sucl-remote --bin sucld

@@ -7,20 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
+source scripts/lib/packages.sh
 need=()
-[ -e /usr/include/CL/cl.h ] || need+=(opencl-c-headers)
-[ -e /usr/lib/x86_64-linux-gnu/libOpenCL.so ] || ldconfig -p | grep -q 'libOpenCL.so ' || need+=(ocl-icd-opencl-dev)
-ls /etc/OpenCL/vendors/*pocl* >/dev/null 2>&1 || need+=(pocl-opencl-icd)
-command -v clinfo >/dev/null || need+=(clinfo)
-command -v cc >/dev/null || need+=(gcc)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+need_opencl
+install_need
 clinfo -l
 
 cargo build -p sucl-remote --bin sucld
