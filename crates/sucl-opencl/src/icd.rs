@@ -1523,11 +1523,15 @@ unsafe extern "C" fn cl_set_kernel_arg(kernel: Handle, index: Uint, size: usize,
                 } else if size == 0 || size > wire::MAX_ARG_BYTES {
                     return Err(cl::INVALID_ARG_SIZE);
                 } else if qual == 0 && size == handle_size {
-                    // The platform could not say: a live buffer handle is a buffer.
-                    as_mem(false).or_else(|_| {
+                    // The platform could not say (kernels of linked programs come without
+                    // argument info): a live buffer handle is a buffer; anything else, zero
+                    // included, goes by value, which the platform reads as a null buffer or as
+                    // the number, whichever the argument is.
+                    match as_mem(false) {
+                        Ok(mem @ ArgVal::Mem(_)) => mem,
                         // SAFETY: `size` readable bytes.
-                        Ok::<_, Int>(ArgVal::Value(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec()))
-                    })?
+                        _ => ArgVal::Value(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec()),
+                    }
                 } else {
                     if qual == cl::KERNEL_ARG_ADDRESS_PRIVATE && value_size(&k, index).is_some_and(|want| want != size) {
                         return Err(cl::INVALID_ARG_SIZE);

@@ -525,6 +525,29 @@ static int compile_link(void) {
     CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
     CHECK(clEnqueueReadBuffer(q, X, CL_TRUE, 0, sizeof x, x, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(x[i] == 3 * i + 7);
+    /* Kernels of linked programs come without argument info: an 8-byte zero must reach a
+     * ulong argument as 0 (not as a null buffer the platform refuses), and a null buffer handle
+     * a pointer argument as a null buffer. */
+    const char *off_src =
+        "__kernel void shift(__global ulong *x, ulong off, __global int *maybe) {\n"
+        " size_t i = get_global_id(0); x[i] = off + i + (maybe ? 1000 : 0); }\n";
+    cl_program offp = clCreateProgramWithSource(ctx, 1, &off_src, NULL, &err); CHECK(err);
+    CHECK(clCompileProgram(offp, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL));
+    cl_program offx = clLinkProgram(ctx, 1, devices, NULL, 1, &offp, NULL, NULL, &err); CHECK(err);
+    cl_kernel sk = clCreateKernel(offx, "shift", &err); CHECK(err);
+    cl_ulong y[N], zero = 0, five = 5;
+    cl_mem Y = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof y, NULL, &err); CHECK(err);
+    cl_mem none = NULL;
+    CHECK(clSetKernelArg(sk, 0, sizeof Y, &Y));
+    CHECK(clSetKernelArg(sk, 2, sizeof none, &none));
+    for (int round = 0; round < 2; round++) {
+        CHECK(clSetKernelArg(sk, 1, sizeof zero, round ? (const void *)&five : (const void *)&zero));
+        CHECK(clEnqueueNDRangeKernel(q, sk, 1, NULL, &g, NULL, 0, NULL, NULL));
+        CHECK(clEnqueueReadBuffer(q, Y, CL_TRUE, 0, sizeof y, y, 0, NULL, NULL));
+        for (int i = 0; i < N; i++) EXPECT(y[i] == (cl_ulong)(round ? 5 : 0) + (cl_ulong)i);
+    }
+    CHECK(clReleaseMemObject(Y)); CHECK(clReleaseKernel(sk));
+    CHECK(clReleaseProgram(offx)); CHECK(clReleaseProgram(offp));
     /* The devices report OpenCL 1.2 and no images: so does the compiler. */
     const char *img_src =
         "__kernel void img(__global int *x) {\n"
