@@ -291,10 +291,10 @@ struct Conn {
     spare: Mutex<Vec<Vec<u8>>>,
 }
 
-/// The most data buffers kept for reuse, and the largest one kept: a large upload cycles
-/// through a few buffers instead of mapping (and faulting in) fresh memory for every piece,
-/// and an idle session holds at most a few MiB.
+/// The most data buffers kept for reuse: a large upload cycles through a few buffers instead
+/// of mapping (and faulting in) fresh memory for every piece.
 const SPARE_BUFFERS: usize = 8;
+/// The largest data buffer kept (an idle session holds at most `SPARE_BUFFERS` of these).
 const SPARE_BUFFER_MAX: usize = 2 << 20;
 
 /// One server's session. Clones share it; when the last clone (buffers and meshes hold
