@@ -481,29 +481,26 @@ fn write_piece(r: &Remote) -> usize {
     (r.max_frame() - wire::WRITE_OVERHEAD - 4).clamp(1, PIECE)
 }
 
-/// Copies `data` into pieces that each fit one write frame (the one copy the write makes
-/// on this side: each piece becomes its command's data as is).
+/// `data` split into pieces that each fit one write frame, each copied (when the iterator
+/// reaches it) into a data buffer reused from answered writes: the one copy a write makes on
+/// this side, as each piece becomes its command's data as is.
+fn copied_pieces<'a>(r: &'a Remote, data: &'a [u8]) -> impl Iterator<Item = Vec<u8>> + 'a {
+    data.chunks(write_piece(r)).map(|chunk| {
+        let mut piece = r.data_buffer(chunk.len());
+        piece.extend_from_slice(chunk);
+        piece
+    })
+}
+
+/// Copies `data` into pieces now, for a write posted later.
 pub(crate) fn pieces(r: &Remote, data: &[u8]) -> Vec<Vec<u8>> {
-    data.chunks(write_piece(r))
-        .map(|chunk| {
-            let mut piece = r.data_buffer(chunk.len());
-            piece.extend_from_slice(chunk);
-            piece
-        })
-        .collect()
+    copied_pieces(r, data).collect()
 }
 
 /// Posts `data` into daemon buffer `id` at `offset`, split to fit frames: each piece is
-/// copied into a reused data buffer just before it is posted (never a copy of the whole).
+/// copied just before it is posted (never a copy of the whole).
 pub(crate) fn write_chunks(r: &Remote, id: u64, offset: usize, data: &[u8]) -> Result<(), Int> {
-    let mut at = offset;
-    for chunk in data.chunks(write_piece(r)) {
-        let mut piece = r.data_buffer(chunk.len());
-        piece.extend_from_slice(chunk);
-        r.post_raw(Command::Write { buffer: id, offset: at as u64, data: piece }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
-        at += chunk.len();
-    }
-    Ok(())
+    write_pieces(r, id, offset, copied_pieces(r, data))
 }
 
 /// The application's bytes of a blocking write, read by the command while the call that
@@ -537,8 +534,9 @@ impl BorrowedHost {
     }
 }
 
-/// Posts pieces made by [`pieces`] into daemon buffer `id` from `offset` on.
-pub(crate) fn write_pieces(r: &Remote, id: u64, offset: usize, parts: Vec<Vec<u8>>) -> Result<(), Int> {
+/// Posts write pieces (from [`pieces`], or copied as they go) into daemon buffer `id` from
+/// `offset` on.
+pub(crate) fn write_pieces(r: &Remote, id: u64, offset: usize, parts: impl IntoIterator<Item = Vec<u8>>) -> Result<(), Int> {
     let mut at = offset;
     for part in parts {
         let n = part.len();

@@ -1652,7 +1652,7 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>, max_frame: u32) -> Resul
 const DATA_APART: usize = 64 << 10;
 
 /// The bytes before the data of a frame that carries write or read data, judged from its
-/// first [`WRITE_OVERHEAD`]` - 20` bytes; `None` for other frames.
+/// first 18 bytes (the write command's tag is the 18th); `None` for other frames.
 fn data_head_len(first: &[u8]) -> Option<usize> {
     match first {
         [17, _, _, _, _, _, _, _, _, 1, ..] => Some(READ_REPLY_OVERHEAD), // a reply with data
