@@ -21,9 +21,13 @@ options:
   --sucld PATH        the daemon (default target/release/sucld)
   --icd PATH          the ICD library (default target/release/libsucl_opencl.so)
   --daemon-arg ARG    one more option for sucld (repeatable), e.g. --daemon-arg=--max-session-bytes=8589934592
+  --served-icd FILE   the one vendor (.icd file or library) both ways see, e.g.
+                      /etc/OpenCL/vendors/nvidia.icd (default: every platform of the loader)
+  --jobs N            tests run at once in each way (default 1)
   --table             print the table of what OUT_DIR holds for SUITE and run nothing
   -h, --help          this text
 
+The "pocl" way is the served platform directly (PoCL by default; NVIDIA's with --served-icd).
 Results: OUT_DIR/SUITE.pocl.tsv and OUT_DIR/SUITE.sucl.tsv (test <TAB> pass|fail|skip|crash|hang
 <TAB> seconds), logs in OUT_DIR/logs/SUITE/{pocl,sucl}/TEST.log, the daemon's log in
 OUT_DIR/logs/SUITE/sucld.log. POCL_MAX_PTHREAD_COUNT (default 2) applies to both ways.
@@ -39,6 +43,8 @@ sucld="$repo/target/release/sucld"
 icd="$repo/target/release/libsucl_opencl.so"
 table_only=0
 daemon_args=()
+served_icd=""
+jobs=1
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +56,8 @@ while [ $# -gt 0 ]; do
     --table) table_only=1; shift ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --daemon-arg=*) daemon_args+=("${1#--daemon-arg=}"); shift ;;
+    --served-icd) served_icd="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "opencl-cts: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) args+=("$1"); shift ;;
@@ -61,6 +69,15 @@ suite="${args[1]}"
 named=("${args[@]:2}")
 case "$only" in ""|pocl|sucl) ;; *) echo "opencl-cts: --only takes pocl or sucl, not '$only'" >&2; exit 2 ;; esac
 case "$timeout_s" in ''|*[!0-9]*) echo "opencl-cts: --timeout takes whole seconds, not '$timeout_s'" >&2; exit 2 ;; esac
+case "$jobs" in ''|*[!0-9]*|0) echo "opencl-cts: --jobs takes a positive number, not '$jobs'" >&2; exit 2 ;; esac
+if [ -n "$served_icd" ] && [ ! -e "$served_icd" ]; then echo "opencl-cts: no $served_icd" >&2; exit 2; fi
+# What the served platform's users see: one vendor (both loaders' variables), or all of them.
+if [ -n "$served_icd" ]; then
+  served_env=(OCL_ICD_VENDORS="$served_icd" OCL_ICD_FILENAMES="$(sed -n 1p "$served_icd" 2>/dev/null || true)")
+  case "$served_icd" in *.icd) ;; *) served_env=(OCL_ICD_VENDORS="$served_icd" OCL_ICD_FILENAMES="$served_icd") ;; esac
+else
+  served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
+fi
 bin="$cts/test_conformance/$suite/test_$suite"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -101,7 +118,7 @@ if [ "$table_only" = 1 ]; then print_table; exit $?; fi
 if [ ${#named[@]} -gt 0 ]; then
   tests=("${named[@]}")
 else
-  mapfile -t tests < <(env -u OCL_ICD_VENDORS "$bin" --list | sed -n 's/^\t\([A-Za-z0-9_]*\)$/\1/p')
+  mapfile -t tests < <(env "${served_env[@]}" "$bin" --list | sed -n 's/^\t\([A-Za-z0-9_]*\)$/\1/p')
 fi
 [ ${#tests[@]} -gt 0 ] || { echo "opencl-cts: $bin lists no tests" >&2; exit 2; }
 
@@ -121,7 +138,7 @@ start_daemon() {
   local fifo="$tmp/sucld.out"
   rm -f "$fifo"
   mkfifo "$fifo"
-  env -u OCL_ICD_VENDORS "$sucld" --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral \
+  env "${served_env[@]}" "$sucld" --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral \
     --print-address --token-file "$tmp/token" "${daemon_args[@]}" >"$fifo" 2>>"$logs/sucld.log" &
   daemon_pid=$!
   local address pin
@@ -134,8 +151,55 @@ start_daemon() {
   # Keep draining the daemon's standard output so it never blocks on a full pipe.
   cat <&3 >>"$logs/sucld.log" &
   exec 3<&-
-  sucl_env=(OCL_ICD_VENDORS="$icd" SUCL_REMOTE="${address#listening on }" SUCL_REMOTE_TLS_PIN="${pin#tls pin }"
+  sucl_env=(OCL_ICD_VENDORS="$icd" OCL_ICD_FILENAMES="$icd" SUCL_REMOTE="${address#listening on }" SUCL_REMOTE_TLS_PIN="${pin#tls pin }"
             SUCL_REMOTE_TOKEN_FILE="$tmp/token" SUCL_OPENCL_TIMEOUT=60)
+}
+
+# Runs one test one way under the time limit; appends "test, result, seconds" to TSV.
+run_test() {
+  local way=$1 t=$2 tsv=$3 rc result start secs log
+  log="$logs/$way/$t.log"
+  start=$(date +%s)
+  set +e
+  if [ "$way" = sucl ]; then
+    env -u SUCL_CONFIG -u SUCL_REMOTE_TOKEN "${sucl_env[@]}" timeout -k 10 "$timeout_s" "$bin" "$t" >"$log" 2>&1 </dev/null
+  else
+    env "${served_env[@]}" timeout -k 10 "$timeout_s" "$bin" "$t" >"$log" 2>&1 </dev/null
+  fi
+  rc=$?
+  set -e
+  secs=$(($(date +%s) - start))
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    result=hang
+  elif [ $rc -gt 128 ]; then
+    result=crash
+  # The harness says "<test> passed" (sometimes after a warning without a line end).
+  elif grep -q -E "(^|[^A-Za-z0-9_])$t (test not supported|test currently not implemented|skipped)" "$log" \
+    || grep -q -E "^SKIPPED [0-9]+ of [0-9]+ tests" "$log"; then
+    result=skip
+  elif [ $rc -eq 0 ] && grep -q -E "(^|[^A-Za-z0-9_])$t passed$" "$log"; then
+    result=pass
+  else
+    result=fail
+  fi
+  printf '%s\t%s\t%s\n' "$t" "$result" "$secs" >>"$tsv"
+  printf '%-6s %-45s %-6s %4ss\n' "$way" "$t" "$result" "$secs"
+}
+
+# The tests running now (their pids), at most $jobs of them.
+running=()
+# Waits until fewer than LIMIT tests run (each is bounded by its own time limit).
+wait_tests() {
+  local limit=$1 done_pid p left
+  while [ ${#running[@]} -ge "$limit" ] && [ ${#running[@]} -gt 0 ]; do
+    done_pid=""
+    wait -n -p done_pid "${running[@]}" || true
+    # None of them is a child any longer (all reaped): nothing is left to wait for.
+    if [ -z "$done_pid" ]; then running=(); break; fi
+    left=()
+    for p in "${running[@]}"; do [ "$p" = "$done_pid" ] || left+=("$p"); done
+    running=("${left[@]}")
+  done
 }
 
 # Runs every test one way, appending "test, result, seconds" to OUT_DIR/SUITE.WAY.tsv.
@@ -151,40 +215,19 @@ run_way() {
     : >"$logs/sucld.log"
     start_daemon
   fi
-  local t rc result start secs log
+  local t
   for t in "${tests[@]}"; do
-    log="$logs/$way/$t.log"
     if [ "$way" = sucl ] && ! kill -0 "$daemon_pid" 2>/dev/null; then
       echo "sucld exited before $t; starting another" | tee -a "$logs/sucld.log" >&2
       wait "$daemon_pid" 2>/dev/null || true
       start_daemon
     fi
-    start=$(date +%s)
-    set +e
-    if [ "$way" = sucl ]; then
-      env -u SUCL_CONFIG -u SUCL_REMOTE_TOKEN "${sucl_env[@]}" timeout -k 10 "$timeout_s" "$bin" "$t" >"$log" 2>&1 </dev/null
-    else
-      env -u OCL_ICD_VENDORS timeout -k 10 "$timeout_s" "$bin" "$t" >"$log" 2>&1 </dev/null
-    fi
-    rc=$?
-    set -e
-    secs=$(($(date +%s) - start))
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-      result=hang
-    elif [ $rc -gt 128 ]; then
-      result=crash
-    # The harness says "<test> passed" (sometimes after a warning without a line end).
-    elif grep -q -E "(^|[^A-Za-z0-9_])$t (test not supported|test currently not implemented|skipped)" "$log" \
-      || grep -q -E "^SKIPPED [0-9]+ of [0-9]+ tests" "$log"; then
-      result=skip
-    elif [ $rc -eq 0 ] && grep -q -E "(^|[^A-Za-z0-9_])$t passed$" "$log"; then
-      result=pass
-    else
-      result=fail
-    fi
-    printf '%s\t%s\t%s\n' "$t" "$result" "$secs" >>"$tsv"
-    printf '%-6s %-45s %-6s %4ss\n' "$way" "$t" "$result" "$secs"
+    wait_tests "$jobs"
+    run_test "$way" "$t" "$tsv" &
+    running+=($!)
   done
+  wait_tests 1
+  sort -o "$tsv" "$tsv"
   if [ "$way" = sucl ]; then
     kill "$daemon_pid" 2>/dev/null || true
     wait "$daemon_pid" 2>/dev/null || true

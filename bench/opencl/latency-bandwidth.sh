@@ -2,7 +2,8 @@
 # OpenCL latency (an empty kernel + clFinish) and 64 MiB clEnqueueWriteBuffer/ReadBuffer
 # bandwidth, back to back in one run, for every path to the same PoCL CPU device:
 #   raw TCP        the round trip of a command-sized message, and a one-way stream (tcpbase.c)
-#   PoCL direct    the device used in-process (loopback table only: no network involved)
+#   PoCL direct    the device used in-process (loopback table only: no network involved);
+#                  with SERVED_ICD another vendor's device (NVIDIA's OpenCL on a GPU host)
 #   PoCL-R         PoCL's remote client driver → pocld (the anchor; built by build-pocl-r.sh)
 #   sucl TLS on    the ICD libsucl_opencl.so → sucld --opencl, TLS and a token
 #   sucl TLS off   the same with sucld --no-tls and SUCL_REMOTE_TLS=off
@@ -38,6 +39,10 @@ Environment:
   SUCLD, SUCL_ICD sucld and libsucl_opencl.so (default target/release/, built when absent)
   POCL_R_PREFIX   a PoCL-R build (bench/opencl/build-pocl-r.sh): PREFIX/bin/pocld and
                   PREFIX/lib/libpocl.so; without it the PoCL-R rows are skipped
+  SERVED_ICD      the one OpenCL vendor (.icd file or library) that sucld serves and the
+                  direct row uses, e.g. /etc/OpenCL/vendors/nvidia.icd (default: every platform)
+  DIRECT_PLATFORM a substring of that platform's name for the direct row (default Portable)
+  CLBENCH, TCPBASE  prebuilt clbench.c and tcpbase.c (default: compiled here with cc)
 EOF
 }
 
@@ -60,9 +65,13 @@ if [ "$veth" = 1 ] && [ "$(id -u)" != 0 ]; then
 fi
 
 missing=()
-for tool in cc timeout mkfifo ss; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+for tool in timeout mkfifo; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 [ "$veth" = 0 ] || command -v ip >/dev/null || missing+=(ip)
-[ -e /usr/include/CL/cl.h ] || missing+=("CL/cl.h (opencl-c-headers)")
+[ -z "${POCL_R_PREFIX:-}" ] || command -v ss >/dev/null || missing+=(ss)
+if [ -z "${CLBENCH:-}" ] || [ -z "${TCPBASE:-}" ]; then
+    command -v cc >/dev/null || missing+=(cc)
+    [ -e /usr/include/CL/cl.h ] || missing+=("CL/cl.h (opencl-c-headers)")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "latency-bandwidth.sh: missing ${missing[*]} (Debian: gcc coreutils iproute2 opencl-c-headers ocl-icd-opencl-dev)" >&2
     exit 2
@@ -72,6 +81,16 @@ SUCL_ICD=${SUCL_ICD:-$PWD/target/release/libsucl_opencl.so}
 [ -x "$SUCLD" ] || cargo build --release -q -p sucl-remote --bin sucld
 [ -f "$SUCL_ICD" ] || cargo build --release -q -p sucl-opencl
 SUCLD=$(realpath "$SUCLD"); SUCL_ICD=$(realpath "$SUCL_ICD")
+DIRECT_PLATFORM=${DIRECT_PLATFORM:-Portable}
+# What the daemon and the direct client see: one vendor (both loaders' variables), or all.
+served=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
+if [ -n "${SERVED_ICD:-}" ]; then
+    [ -e "$SERVED_ICD" ] || { echo "latency-bandwidth.sh: no SERVED_ICD $SERVED_ICD" >&2; exit 2; }
+    case "$SERVED_ICD" in
+        *.icd) served=("OCL_ICD_VENDORS=$SERVED_ICD" "OCL_ICD_FILENAMES=$(sed -n 1p "$SERVED_ICD")") ;;
+        *) served=("OCL_ICD_VENDORS=$SERVED_ICD" "OCL_ICD_FILENAMES=$SERVED_ICD") ;;
+    esac
+fi
 pocl_r=
 if [ -n "${POCL_R_PREFIX:-}" ] && [ -x "$POCL_R_PREFIX/bin/pocld" ] && [ -f "$POCL_R_PREFIX/lib/libpocl.so" ]; then
     pocl_r=$(realpath "$POCL_R_PREFIX")
@@ -102,8 +121,8 @@ stop_daemon() {
     fi
 }
 
-cc -O2 -o "$work/clbench" bench/opencl/clbench.c -lOpenCL
-cc -O2 -o "$work/tcpbase" bench/opencl/tcpbase.c
+if [ -n "${CLBENCH:-}" ]; then cp "$CLBENCH" "$work/clbench"; else cc -O2 -o "$work/clbench" bench/opencl/clbench.c -lOpenCL; fi
+if [ -n "${TCPBASE:-}" ]; then cp "$TCPBASE" "$work/tcpbase"; else cc -O2 -o "$work/tcpbase" bench/opencl/tcpbase.c; fi
 "$SUCLD" --gen-token "$work/token" >/dev/null
 # PoCL-R's client (7.0) can hang once its standard input becomes readable: every client gets
 # a FIFO that this script holds open for writing and never writes to, so it never is.
@@ -203,7 +222,7 @@ start_pocld() {
 start_sucld() {
     local tls=$1 flags
     if [ "$tls" = on ]; then flags=(--tls-ephemeral); else flags=(--no-tls); fi
-    "${srv[@]}" env -u OCL_ICD_VENDORS "$SUCLD" --token-file "$work/token" --listen "$addr:0" --opencl \
+    "${srv[@]}" env "${served[@]}" "$SUCLD" --token-file "$work/token" --listen "$addr:0" --opencl \
         --host-devices 0 "${flags[@]}" --print-address >"$work/sucld.out" 2>"$work/sucld.log" </dev/null &
     daemon=$!
     for _ in $(seq 300); do
@@ -225,7 +244,7 @@ measure_sucl() {
     local tls=$1 label="sucl TLS $1"
     lat[$label]=failed; wr[$label]=failed; rd[$label]=failed; beside[$label]=failed
     start_sucld "$tls" || return 0
-    platform=sucl measure "$label" OCL_ICD_VENDORS="$SUCL_ICD" "${sucl_env[@]}"
+    platform=sucl measure "$label" OCL_ICD_VENDORS="$SUCL_ICD" OCL_ICD_FILENAMES="$SUCL_ICD" "${sucl_env[@]}"
     stop_daemon
 }
 
@@ -266,7 +285,7 @@ table() {
     echo "| path         | latency µs | run medians µs | over raw RTT µs | write GB/s | read GB/s | raw stream GB/s | write % of stream | read % of stream |"
     echo "|--------------|-----------:|----------------|----------------:|-----------:|----------:|----------------:|------------------:|-----------------:|"
     row tcp "raw TCP"
-    row direct "PoCL direct"
+    if [ "$DIRECT_PLATFORM" = Portable ]; then row direct "PoCL direct"; else row direct "$DIRECT_PLATFORM direct"; fi
     row PoCL-R "PoCL-R"
     row "sucl TLS on" "sucl TLS on"
     row "sucl TLS off" "sucl TLS off"
@@ -283,7 +302,7 @@ any_failed() {
 measure_all() {
     lat=(); lat_spread=(); wr=(); rd=(); beside=()
     measure_tcp
-    [ -z "$netns_srv" ] && platform=Portable measure direct -u OCL_ICD_VENDORS -u POCL_DEVICES
+    [ -z "$netns_srv" ] && platform=$DIRECT_PLATFORM measure direct -u POCL_DEVICES "${served[@]}"
     measure_pocl_r
     measure_sucl on
     measure_sucl off
@@ -307,7 +326,7 @@ setup_veth() {
 
 echo "# sucld: $SUCLD ($("$SUCLD" --version)); ICD: $SUCL_ICD"
 if [ -n "$pocl_r" ]; then echo "# PoCL-R: $(cat "$pocl_r/VERSION" 2>/dev/null || echo "$pocl_r")"; fi
-echo "# PoCL direct / served device: $(env -u OCL_ICD_VENDORS -u POCL_DEVICES clinfo --raw 2>/dev/null | sed -n 's/.*CL_PLATFORM_VERSION *//p' | head -n 1)"
+echo "# served platform: $(env -u POCL_DEVICES "${served[@]}" clinfo --raw 2>/dev/null | sed -n 's/.*CL_PLATFORM_VERSION *//p' | head -n 1)"
 status=0
 if [ "$loopback" = 1 ]; then
     measure_all

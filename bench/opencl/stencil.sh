@@ -14,12 +14,14 @@ set -euo pipefail
 usage() {
   cat <<'EOF'
 usage: [CORES=<nproc>] [DAEMONS="1 2 4"] [NX=2048] [ROWS=1024] [STEPS=40] [REPS=3]
-       [SUCLD=path] [SUCL_OPENCL_LIB=path] bench/opencl/stencil.sh
+       [SUCLD=path] [SUCL_OPENCL_LIB=path] [STENCIL_BIN=path] [SERVED_ICD=pocl.icd] bench/opencl/stencil.sh
   CORES    cores to split evenly between the daemons' PoCL devices (16 on a 16-core host)
   DAEMONS  daemon counts to run (one device, one strip each)
   NX, ROWS grid columns, and rows per device (fixed: weak scaling)
   STEPS    timed steps per run (after 2 untimed ones); REPS runs per count, median kept
   SUCLD, SUCL_OPENCL_LIB  binaries to use (default: built here in release)
+  STENCIL_BIN  a prebuilt bench/opencl/stencil.c (default: compiled here with cc)
+  SERVED_ICD   the PoCL vendor file the daemons serve, where the loader has other platforms too
 EOF
 }
 case "${1:-}" in -h | --help) usage; exit 0 ;; "") ;; *) usage >&2; exit 2 ;; esac
@@ -34,7 +36,7 @@ if [ -z "${SUCLD:-}" ] || [ -z "${SUCL_OPENCL_LIB:-}" ]; then
 fi
 source scripts/lib/opencl-daemons.sh
 bin=$SUCL_DAEMON_DIR/stencil
-cc -O2 -o "$bin" bench/opencl/stencil.c -lOpenCL -lm
+if [ -n "${STENCIL_BIN:-}" ]; then cp "$STENCIL_BIN" "$bin"; else cc -O2 -o "$bin" bench/opencl/stencil.c -lOpenCL -lm; fi
 
 # The median of the ms_per_step of REPS runs of "$@" (each must pass its check).
 median_ms() {
@@ -49,7 +51,7 @@ median_ms() {
 
 echo "# stencil weak scaling, $(date -u +%F), $(nproc)-core $(uname -m), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# strip ${ROWS}x${NX} f32 per device, $STEPS steps, median of $REPS; CORES=$CORES"
-pocl_ms=$(median_ms on_pocl POCL_MAX_PTHREAD_COUNT="$CORES" POCL_DEVICES=pthread "$bin" --platform Portable --devices 1)
+pocl_ms=$(median_ms on_pocl POCL_MAX_PTHREAD_COUNT="$CORES" POCL_CPU_MAX_CU_COUNT="$CORES" "$bin" --platform Portable --devices 1)
 echo
 echo "| daemons | PoCL threads each | ms/step | Mcells/s | efficiency t(1)/t(N) | throughput N·t(1)/t(N) |"
 echo "|---|---|---|---|---|---|"

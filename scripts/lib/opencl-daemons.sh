@@ -3,8 +3,10 @@
 # token, one PoCL CPU device each) and sets what a client needs to see them through the ICD.
 #   SUCLD=<sucld binary>  SUCL_OPENCL_LIB=<libsucl_opencl.so>  (defaults: target/release)
 #   SUCLD_ARGS="..."          more sucld options (e.g. --max-session-bytes)
+#   SERVED_ICD=<.icd file>    the one OpenCL vendor the daemons serve and on_pocl uses
+#                             (default: every platform of the loader, PoCL here)
 #   start_daemons N THREADS   N daemons, each PoCL limited to THREADS threads
-#                             (POCL_MAX_PTHREAD_COUNT); exports SUCL_REMOTE, SUCL_REMOTE_TLS_PIN,
+#                             (POCL_MAX_PTHREAD_COUNT, and POCL_CPU_MAX_CU_COUNT for PoCL 4+); exports SUCL_REMOTE, SUCL_REMOTE_TLS_PIN,
 #                             SUCL_REMOTE_TOKEN_FILE
 #   stop_daemons              kills and reaps them (also run on EXIT by the trap set here)
 #   through_sucl CMD...       runs CMD with the ICD as its only OpenCL platform
@@ -13,6 +15,11 @@ SUCLD=${SUCLD:-$PWD/target/release/sucld}
 SUCL_OPENCL_LIB=${SUCL_OPENCL_LIB:-$PWD/target/release/libsucl_opencl.so}
 SUCL_DAEMON_DIR=$(mktemp -d)
 SUCL_DAEMON_PIDS=()
+# The environment words (for env) that show a program the served vendor alone, or every one.
+served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
+if [ -n "${SERVED_ICD:-}" ]; then
+  served_env=(OCL_ICD_VENDORS="$SERVED_ICD" OCL_ICD_FILENAMES="$(sed -n 1p "$SERVED_ICD")")
+fi
 export SUCL_OPENCL_TIMEOUT=${SUCL_OPENCL_TIMEOUT:-60}
 
 stop_daemons() {
@@ -20,6 +27,11 @@ stop_daemons() {
   for pid in "${SUCL_DAEMON_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${SUCL_DAEMON_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   SUCL_DAEMON_PIDS=()
+# The environment words (for env) that show a program the served vendor alone, or every one.
+served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
+if [ -n "${SERVED_ICD:-}" ]; then
+  served_env=(OCL_ICD_VENDORS="$SERVED_ICD" OCL_ICD_FILENAMES="$(sed -n 1p "$SERVED_ICD")")
+fi
 }
 
 cleanup_daemons() {
@@ -38,7 +50,7 @@ start_daemons() {
     out=$SUCL_DAEMON_DIR/daemon$i.out
     : >"$out"
     # shellcheck disable=SC2086 # SUCLD_ARGS is a list of options
-    env -u OCL_ICD_VENDORS POCL_MAX_PTHREAD_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
+    env "${served_env[@]}" POCL_MAX_PTHREAD_COUNT="$threads" POCL_CPU_MAX_CU_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
       --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral --print-address ${SUCLD_ARGS:-} \
       >"$out" 2>"$SUCL_DAEMON_DIR/daemon$i.err" &
     SUCL_DAEMON_PIDS+=($!)
@@ -55,5 +67,5 @@ start_daemons() {
   export SUCL_REMOTE SUCL_REMOTE_TLS_PIN SUCL_REMOTE_TOKEN_FILE=$SUCL_DAEMON_DIR/token
 }
 
-through_sucl() { env OCL_ICD_VENDORS="$SUCL_OPENCL_LIB" "$@"; }
-on_pocl() { env -u OCL_ICD_VENDORS "$@"; }
+through_sucl() { env OCL_ICD_VENDORS="$SUCL_OPENCL_LIB" OCL_ICD_FILENAMES="$SUCL_OPENCL_LIB" "$@"; }
+on_pocl() { env "${served_env[@]}" "$@"; }
