@@ -46,6 +46,14 @@ echo "# results in $OUTDIR; $(date -u '+%F %T UTC'), $(nproc)-core $(uname -m)"
 vendor_file() { grep -l -i "$1" /etc/OpenCL/vendors/*.icd 2>/dev/null | head -n 1; }
 nvidia_icd=$(vendor_file nvidia)
 pocl_icd=$(vendor_file pocl)
+# Some images load NVIDIA's OpenCL without a vendor file: write one for its library.
+if [ -z "$nvidia_icd" ]; then
+  nvidia_lib=$(ldconfig -p | sed -n 's/.*libnvidia-opencl\.so\.1 .*=> //p' | head -n 1)
+  for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu; do
+    [ -n "$nvidia_lib" ] || [ ! -e "$d/libnvidia-opencl.so.1" ] || nvidia_lib=$d/libnvidia-opencl.so.1
+  done
+  if [ -n "$nvidia_lib" ]; then echo "$nvidia_lib" >"$OUTDIR/nvidia.icd"; nvidia_icd=$OUTDIR/nvidia.icd; fi
+fi
 echo "# vendor files: NVIDIA ${nvidia_icd:-none}, PoCL ${pocl_icd:-none}"
 status=0
 
