@@ -9,15 +9,14 @@
 # usage: [RANKS="2 4"] [ROUNDS=5] [SIZE=120] [STEPS=50] \
 #        scripts/cuda-halo.sh --sucl PATH --lib DIR --halo PATH [--build --nvcc PATH] [--out DIR]
 #   --sucl   the sucl launcher (target/release/sucl)
-#   --lib    the directory holding libsucl.so.0 (put on LD_LIBRARY_PATH; with --build also
-#            libsucl.so to link)
+#   --lib    the directory holding libsucl.so.0 (put on LD_LIBRARY_PATH; --build links it)
 #   --halo   the halo binary (written there with --build)
-#   --build  compile halo.cu first: NVCC -O2 -arch=sm_90 ... -lsucl (seconds)
+#   --build  compile halo.cu first: NVCC -O2 -arch=sm_90 ... LIB/libsucl.so.0 (seconds)
 #   --nvcc   the nvcc to build with (default: nvcc on PATH)
 #   --out    where logs go (default: a temporary directory, printed)
 # example: scripts/cuda-halo.sh --sucl .dev/sucl --lib .dev/lib --halo .dev/halo --build
 set -uo pipefail
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 SUCL="" LIB="" HALO="" BUILD=0 NVCC=nvcc OUTDIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,7 +38,7 @@ LIB="$(cd "$LIB" && pwd)"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 if [ "$BUILD" = 1 ]; then
   "$NVCC" -O2 -arch=sm_90 -std=c++17 -I "$REPO/crates/sucl-capi/include" "$REPO/crates/sucl-capi/examples/cuda/halo.cu" \
-    -o "$HALO" -L "$LIB" -lsucl || { echo "cuda-halo.sh: building halo.cu failed" >&2; exit 2; }
+    -o "$HALO" -L "$LIB" -l:libsucl.so.0 || { echo "cuda-halo.sh: building halo.cu failed" >&2; exit 2; }
 fi
 [ -x "$SUCL" ] && [ -x "$HALO" ] || { echo "cuda-halo.sh: $SUCL or $HALO is not an executable" >&2; exit 2; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
