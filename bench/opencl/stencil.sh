@@ -22,6 +22,8 @@ usage: [CORES=<nproc>] [DAEMONS="1 2 4"] [NX=2048] [ROWS=1024] [STEPS=40] [REPS=
   SUCLD, SUCL_OPENCL_LIB  binaries to use (default: built here in release)
   STENCIL_BIN  a prebuilt bench/opencl/stencil.c (default: compiled here with cc)
   SERVED_ICD   the PoCL vendor file the daemons serve, where the loader has other platforms too
+  PIN_CORES    1: each daemon is pinned to its own CORES/N cores (taskset), the direct run to
+               cores 0..CORES-1 (default 1 where CORES/N >= 1 for every N and taskset exists)
 EOF
 }
 case "${1:-}" in -h | --help) usage; exit 0 ;; "") ;; *) usage >&2; exit 2 ;; esac
@@ -51,7 +53,16 @@ median_ms() {
 
 echo "# stencil weak scaling, $(date -u +%F), $(nproc)-core $(uname -m), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# strip ${ROWS}x${NX} f32 per device, $STEPS steps, median of $REPS; CORES=$CORES"
-pocl_ms=$(median_ms on_pocl POCL_MAX_PTHREAD_COUNT="$CORES" POCL_CPU_MAX_CU_COUNT="$CORES" "$bin" --platform Portable --devices 1)
+if [ -z "${PIN_CORES:-}" ]; then
+  PIN_CORES=0
+  command -v taskset >/dev/null && [ "$CORES" -le "$(nproc)" ] && PIN_CORES=1
+  for n in $DAEMONS; do [ "$n" -le "$CORES" ] || PIN_CORES=0; done
+fi
+export PIN_CORES
+direct_pin=()
+[ "$PIN_CORES" = 1 ] && direct_pin=(taskset -c "0-$((CORES - 1))")
+echo "# PIN_CORES=$PIN_CORES"
+pocl_ms=$(median_ms "${direct_pin[@]}" env "${served_env[@]}" POCL_MAX_PTHREAD_COUNT="$CORES" POCL_CPU_MAX_CU_COUNT="$CORES" "$bin" --platform Portable --devices 1)
 echo
 echo "| daemons | PoCL threads each | ms/step | Mcells/s | efficiency t(1)/t(N) | throughput N·t(1)/t(N) |"
 echo "|---|---|---|---|---|---|"

@@ -3,6 +3,8 @@
 # token, one PoCL CPU device each) and sets what a client needs to see them through the ICD.
 #   SUCLD=<sucld binary>  SUCL_OPENCL_LIB=<libsucl_opencl.so>  (defaults: target/release)
 #   SUCLD_ARGS="..."          more sucld options (e.g. --max-session-bytes)
+#   PIN_CORES=1               start_daemons pins daemon i to cores i*THREADS .. (i+1)*THREADS-1
+#                             (taskset), so that the daemons' devices share no core
 #   SERVED_ICD=<.icd file>    the one OpenCL vendor the daemons serve and on_pocl uses
 #                             (default: every platform of the loader, PoCL here)
 #   start_daemons N THREADS   N daemons, each PoCL limited to THREADS threads
@@ -41,7 +43,7 @@ cleanup_daemons() {
 trap cleanup_daemons EXIT
 
 start_daemons() {
-  local n=$1 threads=$2 i out addrs=() pins=()
+  local n=$1 threads=$2 i out addrs=() pins=() pin=()
   [ -x "$SUCLD" ] || { echo "sucld not found at $SUCLD (set SUCLD)" >&2; return 1; }
   [ -e "$SUCL_OPENCL_LIB" ] || { echo "libsucl_opencl.so not found at $SUCL_OPENCL_LIB (set SUCL_OPENCL_LIB)" >&2; return 1; }
   stop_daemons
@@ -49,8 +51,10 @@ start_daemons() {
   for ((i = 0; i < n; i++)); do
     out=$SUCL_DAEMON_DIR/daemon$i.out
     : >"$out"
+    pin=()
+    [ "${PIN_CORES:-0}" = 1 ] && pin=(taskset -c "$((i * threads))-$(((i + 1) * threads - 1))")
     # shellcheck disable=SC2086 # SUCLD_ARGS is a list of options
-    env "${served_env[@]}" POCL_MAX_PTHREAD_COUNT="$threads" POCL_CPU_MAX_CU_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
+    "${pin[@]}" env "${served_env[@]}" POCL_MAX_PTHREAD_COUNT="$threads" POCL_CPU_MAX_CU_COUNT="$threads" "$SUCLD" --token-file "$SUCL_DAEMON_DIR/token" \
       --listen 127.0.0.1:0 --opencl --host-devices 0 --tls-ephemeral --print-address ${SUCLD_ARGS:-} \
       >"$out" 2>"$SUCL_DAEMON_DIR/daemon$i.err" &
     SUCL_DAEMON_PIDS+=($!)
