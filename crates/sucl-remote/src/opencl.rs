@@ -325,20 +325,27 @@ impl ClServed {
     /// Builds `source` with `options`: the program (kept whether or not the build succeeded)
     /// and the build's error, if it failed.
     pub(crate) fn build(&self, source: &str, options: &str) -> Result<(ClProgram, Option<Outcome>), Outcome> {
-        let src = CString::new(source).map_err(|_| failed(code::opencl(-30), "the OpenCL source holds a NUL byte"))?;
         // Argument qualifiers are asked for when kernels are made (PoCL answers them only
         // for programs built with this option).
-        let options = if options.contains("-cl-kernel-arg-info") { options.to_string() } else { format!("{options} -cl-kernel-arg-info") };
-        let opts = CString::new(options).map_err(|_| failed(code::opencl(-43), "the build options hold a NUL byte"))?;
-        let mut e = 0;
-        let p = src.as_ptr();
-        // SAFETY: one NUL-terminated source string (lengths null: NUL-terminated).
-        let program = unsafe { (self.api.create_program_with_source)(self.context, 1, &p, ptr::null(), &mut e) };
-        check(e, "clCreateProgramWithSource")?;
-        let prog = ClProgram { api: self.api.clone(), program, device: self.device };
-        // SAFETY: a valid program for this device; options NUL-terminated; no callback.
-        let e = unsafe { (self.api.build_program)(program, 1, &self.device, opts.as_ptr(), ptr::null(), ptr::null_mut()) };
+        let (prog, e) = self.build_once(source, &with_arg_info(options))?;
+        if e != CL_SUCCESS && !options.contains(ARG_INFO) {
+            // NVIDIA's compiler (CUDA 13.0) makes PTX its assembler rejects for a kernel
+            // without arguments when asked for argument info: built as the application
+            // asked, the program has no argument info (the client copes, as with PoCL's
+            // linked programs), and a failure's log is the application's own.
+            let (retry, e) = self.build_once(source, options)?;
+            return Ok(retry.outcome(e, "clBuildProgram"));
+        }
         Ok(prog.outcome(e, "clBuildProgram"))
+    }
+
+    /// One `clBuildProgram` of `source` with exactly `options`: the program and its status.
+    fn build_once(&self, source: &str, options: &str) -> Result<(ClProgram, ClInt), Outcome> {
+        let opts = CString::new(options).map_err(|_| failed(code::opencl(-43), "the build options hold a NUL byte"))?;
+        let prog = self.program_from(source)?;
+        // SAFETY: a valid program for this device; options NUL-terminated; no callback.
+        let e = unsafe { (self.api.build_program)(prog.program, 1, &self.device, opts.as_ptr(), ptr::null(), ptr::null_mut()) };
+        Ok((prog, e))
     }
 
     /// A program from `source` (on this device's context).
@@ -361,8 +368,19 @@ impl ClServed {
         options: &str,
         headers: &[(String, String)],
     ) -> Result<(ClProgram, Option<Outcome>), Outcome> {
-        // As for `build`: the argument qualifiers come from the compilation.
-        let options = if options.contains("-cl-kernel-arg-info") { options.to_string() } else { format!("{options} -cl-kernel-arg-info") };
+        // As for `build`: the argument qualifiers come from the compilation, and a failure
+        // with them asked for is tried again as the application asked.
+        let (prog, e) = self.compile_once(source, &with_arg_info(options), headers)?;
+        if e != CL_SUCCESS && !options.contains(ARG_INFO) {
+            let (retry, e) = self.compile_once(source, options, headers)?;
+            return Ok(retry.outcome(e, "clCompileProgram"));
+        }
+        Ok(prog.outcome(e, "clCompileProgram"))
+    }
+
+    /// One `clCompileProgram` of `source` with exactly `options` and `headers`: the
+    /// program and its status (a failure other than the compilation's own is an error).
+    fn compile_once(&self, source: &str, options: &str, headers: &[(String, String)]) -> Result<(ClProgram, ClInt), Outcome> {
         let opts = CString::new(options).map_err(|_| failed(code::opencl(-66), "the compile options hold a NUL byte"))?;
         let names = headers
             .iter()
@@ -394,7 +412,7 @@ impl ClServed {
             // Bad options and the like: no compiled program to keep.
             check(e, "clCompileProgram")?;
         }
-        Ok(prog.outcome(e, "clCompileProgram"))
+        Ok((prog, e))
     }
 
     /// Links `inputs` (compiled objects and libraries of this device) with `options`: the
@@ -451,6 +469,18 @@ unsafe fn release_queue_and_context(api: &Api, queue: Handle, context: Handle) {
         if let Ok(f) = api._lib.get::<Release>(b"clReleaseContext\0") {
             f(context);
         }
+    }
+}
+
+/// The option that makes a platform keep kernel argument info.
+const ARG_INFO: &str = "-cl-kernel-arg-info";
+
+/// `options` with [`ARG_INFO`] added where it is not there.
+fn with_arg_info(options: &str) -> String {
+    if options.contains(ARG_INFO) {
+        options.to_string()
+    } else {
+        format!("{options} {ARG_INFO}")
     }
 }
 

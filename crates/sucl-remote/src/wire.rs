@@ -36,9 +36,10 @@ pub const MIN_MAX_FRAME: u32 = 4096;
 pub const DEFAULT_MAX_FRAME: u32 = 16 << 20;
 /// The longest kernel or device name on the wire.
 pub const MAX_NAME: usize = 256;
-/// The most arguments one kernel launch carries: as many one-byte arguments as OpenCL's
-/// smallest `CL_DEVICE_MAX_PARAMETER_SIZE` (1024 bytes) holds.
-pub const MAX_ARGS: usize = 1024;
+/// The most arguments one kernel launch carries. A daemon reports OpenCL devices'
+/// `CL_DEVICE_MAX_PARAMETER_SIZE` as at most this many bytes, so every kernel whose
+/// arguments fit has no more arguments than this (NVIDIA's GPUs offer 32764 bytes).
+pub const MAX_ARGS: usize = 4096;
 /// The longest fill pattern.
 pub const MAX_PATTERN: usize = 64;
 /// The most devices one server lists.

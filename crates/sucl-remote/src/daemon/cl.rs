@@ -107,20 +107,30 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
 
 /// `clGetDeviceInfo(param)` of device `d` as a session sees it: the memory sizes are at most
 /// the session's memory limit (`--max-bytes`), which no allocation of the session may pass,
-/// so that programs sizing their buffers by the device stay within it.
+/// so that programs sizing their buffers by the device stay within it; the argument bytes
+/// of a kernel at most [`wire::MAX_ARGS`](crate::wire::MAX_ARGS), which a launch carries.
 fn device_info(ctx: &Ctx, d: u32, param: u32) -> Result<Vec<u8>, Outcome> {
-    const CL_DEVICE_MAX_MEM_ALLOC_SIZE: u32 = 0x1010;
-    const CL_DEVICE_GLOBAL_MEM_SIZE: u32 = 0x101F;
     let v = cl_device(ctx, d)?.device_info(param)?;
-    if ![CL_DEVICE_MAX_MEM_ALLOC_SIZE, CL_DEVICE_GLOBAL_MEM_SIZE].contains(&param) {
-        return Ok(v);
-    }
+    capped(param, v, ctx.cfg.limits.max_bytes)
+}
+
+/// The platform's answer `v` to `clGetDeviceInfo(param)`, capped as [`device_info`] says.
+fn capped(param: u32, v: Vec<u8>, max_bytes: u64) -> Result<Vec<u8>, Outcome> {
+    const CL_DEVICE_MAX_MEM_ALLOC_SIZE: u32 = 0x1010;
+    const CL_DEVICE_MAX_PARAMETER_SIZE: u32 = 0x1017;
+    const CL_DEVICE_GLOBAL_MEM_SIZE: u32 = 0x101F;
+    let cap = match param {
+        CL_DEVICE_MAX_MEM_ALLOC_SIZE | CL_DEVICE_GLOBAL_MEM_SIZE => max_bytes,
+        CL_DEVICE_MAX_PARAMETER_SIZE => crate::wire::MAX_ARGS as u64,
+        _ => return Ok(v),
+    };
+    // cl_ulong and size_t (the parameter size) are both 8 bytes on the platforms served.
     let size = u64::from_le_bytes(
         v.get(..8)
             .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| failed(code::DEVICE, format!("clGetDeviceInfo({param:#x}) answered {} bytes, not a cl_ulong", v.len())))?,
+            .ok_or_else(|| failed(code::DEVICE, format!("clGetDeviceInfo({param:#x}) answered {} bytes, not 8", v.len())))?,
     );
-    Ok(size.min(ctx.cfg.limits.max_bytes).to_le_bytes().to_vec())
+    Ok(size.min(cap).to_le_bytes().to_vec())
 }
 
 fn query(ctx: &Ctx, o: &mut Objects, what: u8, object: u64, d: u32, param: u32) -> Result<Vec<u8>, Outcome> {
@@ -201,4 +211,26 @@ fn launch(
     o.stats.launches += 1;
     o.cl_last.insert(queue, times);
     Ok(Outcome::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capped;
+
+    fn answer(param: u32, v: u64, max_bytes: u64) -> u64 {
+        u64::from_le_bytes(capped(param, v.to_le_bytes().to_vec(), max_bytes).expect("8 bytes").try_into().expect("8 bytes"))
+    }
+
+    #[test]
+    fn sizes_a_session_cannot_use_are_capped() {
+        // NVIDIA's H100: 80 GB of memory, 32764 bytes of kernel arguments.
+        assert_eq!(answer(0x101F, 85_017_493_504, 1 << 30), 1 << 30);
+        assert_eq!(answer(0x1010, 21_254_373_376, 1 << 30), 1 << 30);
+        assert_eq!(answer(0x1017, 32764, 1 << 30), crate::wire::MAX_ARGS as u64);
+        // Below the caps, and other queries, as the platform answers.
+        assert_eq!(answer(0x1017, 1024, 1 << 30), 1024);
+        assert_eq!(answer(0x101F, 1 << 20, 1 << 30), 1 << 20);
+        assert_eq!(answer(0x1002, 132, 1), 132);
+        assert!(capped(0x1017, vec![0; 4], 1).is_err());
+    }
 }
