@@ -70,7 +70,7 @@ run_clinfo() {
   env OCL_ICD_VENDORS="$BIN/libsucl_opencl.so" OCL_ICD_FILENAMES="$BIN/libsucl_opencl.so" \
     SUCL_REMOTE="$(sed -n 's/^listening on //p' "$tmp/out")" SUCL_REMOTE_TLS_PIN="$(sed -n 's/^tls pin //p' "$tmp/out")" \
     SUCL_REMOTE_TOKEN_FILE="$tmp/token" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-sucl.txt" 2>&1
-  OCL_ICD_VENDORS="$nvidia_icd" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-nvidia.txt" 2>&1
+  OCL_ICD_VENDORS="$nvidia_icd" OCL_ICD_FILENAMES="$(sed -n 1p "$nvidia_icd")" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-nvidia.txt" 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null
   rm -rf "$tmp"
   keys='CL_DEVICE_(TYPE|NAME|VENDOR|VENDOR_ID|VERSION|OPENCL_C_VERSION|DRIVER_VERSION|MAX_COMPUTE_UNITS|MAX_CLOCK_FREQUENCY|GLOBAL_MEM_SIZE|MAX_MEM_ALLOC_SIZE|LOCAL_MEM_SIZE|MAX_CONSTANT_BUFFER_SIZE|MAX_WORK_GROUP_SIZE|MAX_WORK_ITEM_SIZES|MAX_WORK_ITEM_DIMENSIONS|IMAGE_SUPPORT|PROFILING_TIMER_RESOLUTION|ADDRESS_BITS|EXTENSIONS)[[:space:]]'
