@@ -2,6 +2,7 @@
 final parameters to argv[2]. Ranks start from different weights (DDP broadcasts rank 0's) and
 train on different data, so the result depends on every collective DDP makes."""
 
+import gc
 import sys
 
 import torch
@@ -28,4 +29,9 @@ for step in range(5):
 if r == 0:
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
 print(f"OK rank {r} loss {loss.item():.6f}", flush=True)
+# DDP holds the process group: destroy_process_group alone leaves it to the interpreter's
+# teardown, where gloo's threads can abort the process ("terminate called without an active
+# exception") after all the work is done. Dropped here, the group ends while Python is alive.
+del ddp, opt
+gc.collect()
 dist.destroy_process_group()
