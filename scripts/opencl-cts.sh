@@ -72,12 +72,9 @@ case "$timeout_s" in ''|*[!0-9]*) echo "opencl-cts: --timeout takes whole second
 case "$jobs" in ''|*[!0-9]*|0) echo "opencl-cts: --jobs takes a positive number, not '$jobs'" >&2; exit 2 ;; esac
 if [ -n "$served_icd" ] && [ ! -e "$served_icd" ]; then echo "opencl-cts: no $served_icd" >&2; exit 2; fi
 # What the served platform's users see: one vendor (both loaders' variables), or all of them.
-if [ -n "$served_icd" ]; then
-  served_env=(OCL_ICD_VENDORS="$served_icd" OCL_ICD_FILENAMES="$(sed -n 1p "$served_icd" 2>/dev/null || true)")
-  case "$served_icd" in *.icd) ;; *) served_env=(OCL_ICD_VENDORS="$served_icd" OCL_ICD_FILENAMES="$served_icd") ;; esac
-else
-  served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
-fi
+# shellcheck source=scripts/lib/opencl-vendor.sh
+source "$repo/scripts/lib/opencl-vendor.sh"
+served_env_for "$served_icd"
 bin="$cts/test_conformance/$suite/test_$suite"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"

@@ -56,6 +56,8 @@ if [ -z "$nvidia_icd" ]; then
 fi
 echo "# vendor files: NVIDIA ${nvidia_icd:-none}, PoCL ${pocl_icd:-none}"
 status=0
+# shellcheck source=scripts/lib/opencl-vendor.sh
+source "$repo/scripts/lib/opencl-vendor.sh"
 
 run_clinfo() {
   local tmp pid keys
@@ -63,14 +65,15 @@ run_clinfo() {
   [ -n "$nvidia_icd" ] || { echo "no NVIDIA vendor file"; return 1; }
   tmp=$(mktemp -d)
   "$BIN/sucld" --gen-token "$tmp/token" >/dev/null
-  OCL_ICD_VENDORS="$nvidia_icd" OCL_ICD_FILENAMES="$(sed -n 1p "$nvidia_icd")" "$BIN/sucld" --listen 127.0.0.1:0 \
+  served_env_for "$nvidia_icd"
+  env "${served_env[@]}" "$BIN/sucld" --listen 127.0.0.1:0 \
     --opencl --host-devices 0 --tls-ephemeral --print-address --token-file "$tmp/token" >"$tmp/out" 2>"$tmp/err" &
   pid=$!
   for _ in $(seq 300); do grep -q '^tls pin' "$tmp/out" && break; sleep 0.1; done
   env OCL_ICD_VENDORS="$BIN/libsucl_opencl.so" OCL_ICD_FILENAMES="$BIN/libsucl_opencl.so" \
     SUCL_REMOTE="$(sed -n 's/^listening on //p' "$tmp/out")" SUCL_REMOTE_TLS_PIN="$(sed -n 's/^tls pin //p' "$tmp/out")" \
     SUCL_REMOTE_TOKEN_FILE="$tmp/token" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-sucl.txt" 2>&1
-  OCL_ICD_VENDORS="$nvidia_icd" OCL_ICD_FILENAMES="$(sed -n 1p "$nvidia_icd")" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-nvidia.txt" 2>&1
+  env "${served_env[@]}" "$BIN/clinfo" --raw >"$OUTDIR/clinfo-nvidia.txt" 2>&1
   kill "$pid"; wait "$pid" 2>/dev/null
   rm -rf "$tmp"
   keys='CL_DEVICE_(TYPE|NAME|VENDOR|VENDOR_ID|VERSION|OPENCL_C_VERSION|DRIVER_VERSION|MAX_COMPUTE_UNITS|MAX_CLOCK_FREQUENCY|GLOBAL_MEM_SIZE|MAX_MEM_ALLOC_SIZE|LOCAL_MEM_SIZE|MAX_CONSTANT_BUFFER_SIZE|MAX_WORK_GROUP_SIZE|MAX_WORK_ITEM_SIZES|MAX_WORK_ITEM_DIMENSIONS|IMAGE_SUPPORT|PROFILING_TIMER_RESOLUTION|ADDRESS_BITS|EXTENSIONS)[[:space:]]'

@@ -83,14 +83,12 @@ SUCL_ICD=${SUCL_ICD:-$PWD/target/release/libsucl_opencl.so}
 SUCLD=$(realpath "$SUCLD"); SUCL_ICD=$(realpath "$SUCL_ICD")
 DIRECT_PLATFORM=${DIRECT_PLATFORM:-Portable}
 # What the daemon and the direct client see: one vendor (both loaders' variables), or all.
-served=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
-if [ -n "${SERVED_ICD:-}" ]; then
-    [ -e "$SERVED_ICD" ] || { echo "latency-bandwidth.sh: no SERVED_ICD $SERVED_ICD" >&2; exit 2; }
-    case "$SERVED_ICD" in
-        *.icd) served=("OCL_ICD_VENDORS=$SERVED_ICD" "OCL_ICD_FILENAMES=$(sed -n 1p "$SERVED_ICD")") ;;
-        *) served=("OCL_ICD_VENDORS=$SERVED_ICD" "OCL_ICD_FILENAMES=$SERVED_ICD") ;;
-    esac
+if [ -n "${SERVED_ICD:-}" ] && [ ! -e "$SERVED_ICD" ]; then
+    echo "latency-bandwidth.sh: no SERVED_ICD $SERVED_ICD" >&2; exit 2
 fi
+# shellcheck source=scripts/lib/opencl-vendor.sh
+source scripts/lib/opencl-vendor.sh
+served_env_for "${SERVED_ICD:-}"
 pocl_r=
 if [ -n "${POCL_R_PREFIX:-}" ] && [ -x "$POCL_R_PREFIX/bin/pocld" ] && [ -f "$POCL_R_PREFIX/lib/libpocl.so" ]; then
     pocl_r=$(realpath "$POCL_R_PREFIX")
@@ -222,7 +220,7 @@ start_pocld() {
 start_sucld() {
     local tls=$1 flags
     if [ "$tls" = on ]; then flags=(--tls-ephemeral); else flags=(--no-tls); fi
-    "${srv[@]}" env "${served[@]}" "$SUCLD" --token-file "$work/token" --listen "$addr:0" --opencl \
+    "${srv[@]}" env "${served_env[@]}" "$SUCLD" --token-file "$work/token" --listen "$addr:0" --opencl \
         --host-devices 0 "${flags[@]}" --print-address >"$work/sucld.out" 2>"$work/sucld.log" </dev/null &
     daemon=$!
     for _ in $(seq 300); do
@@ -302,7 +300,7 @@ any_failed() {
 measure_all() {
     lat=(); lat_spread=(); wr=(); rd=(); beside=()
     measure_tcp
-    [ -z "$netns_srv" ] && platform=$DIRECT_PLATFORM measure direct -u POCL_DEVICES "${served[@]}"
+    [ -z "$netns_srv" ] && platform=$DIRECT_PLATFORM measure direct -u POCL_DEVICES "${served_env[@]}"
     measure_pocl_r
     measure_sucl on
     measure_sucl off
@@ -326,7 +324,7 @@ setup_veth() {
 
 echo "# sucld: $SUCLD ($("$SUCLD" --version)); ICD: $SUCL_ICD"
 if [ -n "$pocl_r" ]; then echo "# PoCL-R: $(cat "$pocl_r/VERSION" 2>/dev/null || echo "$pocl_r")"; fi
-echo "# served platform: $(env -u POCL_DEVICES "${served[@]}" clinfo --raw 2>/dev/null | sed -n 's/.*CL_PLATFORM_VERSION *//p' | head -n 1)"
+echo "# served platform: $(env -u POCL_DEVICES "${served_env[@]}" clinfo --raw 2>/dev/null | sed -n 's/.*CL_PLATFORM_VERSION *//p' | head -n 1)"
 status=0
 if [ "$loopback" = 1 ]; then
     measure_all

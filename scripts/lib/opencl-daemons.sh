@@ -17,11 +17,9 @@ SUCLD=${SUCLD:-$PWD/target/release/sucld}
 SUCL_OPENCL_LIB=${SUCL_OPENCL_LIB:-$PWD/target/release/libsucl_opencl.so}
 SUCL_DAEMON_DIR=$(mktemp -d)
 SUCL_DAEMON_PIDS=()
-# The environment words (for env) that show a program the served vendor alone, or every one.
-served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
-if [ -n "${SERVED_ICD:-}" ]; then
-  served_env=(OCL_ICD_VENDORS="$SERVED_ICD" OCL_ICD_FILENAMES="$(sed -n 1p "$SERVED_ICD")")
-fi
+# shellcheck source=scripts/lib/opencl-vendor.sh
+source "$(dirname "${BASH_SOURCE[0]}")/opencl-vendor.sh"
+served_env_for "${SERVED_ICD:-}"
 export SUCL_OPENCL_TIMEOUT=${SUCL_OPENCL_TIMEOUT:-60}
 
 stop_daemons() {
@@ -29,11 +27,6 @@ stop_daemons() {
   for pid in "${SUCL_DAEMON_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${SUCL_DAEMON_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   SUCL_DAEMON_PIDS=()
-# The environment words (for env) that show a program the served vendor alone, or every one.
-served_env=(-u OCL_ICD_VENDORS -u OCL_ICD_FILENAMES)
-if [ -n "${SERVED_ICD:-}" ]; then
-  served_env=(OCL_ICD_VENDORS="$SERVED_ICD" OCL_ICD_FILENAMES="$(sed -n 1p "$SERVED_ICD")")
-fi
 }
 
 cleanup_daemons() {
