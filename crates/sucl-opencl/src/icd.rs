@@ -1433,7 +1433,7 @@ unsafe extern "C" fn cl_get_program_build_info(
 
 fn make_kernel(p: Ref<Program>, name: &str) -> R<Ref<Kernel>> {
     let (d, id) = p.any_built().ok_or(cl::INVALID_PROGRAM_EXECUTABLE)?;
-    let (kid, quals) = Kernel::make(&d, id, name)?;
+    let (kid, quals, read_only) = Kernel::make(&d, id, name)?;
     p.kernels.fetch_add(1, Ordering::AcqRel);
     let mut ids = std::collections::HashMap::new();
     ids.insert(pos(&d), kid);
@@ -1442,6 +1442,7 @@ fn make_kernel(p: Ref<Program>, name: &str) -> R<Ref<Kernel>> {
         name: name.into(),
         args: Mutex::new(vec![None; quals.len()]),
         quals,
+        read_only,
         ids: Mutex::new(ids),
         value_sizes: Mutex::default(),
     }))
@@ -1751,9 +1752,9 @@ unsafe extern "C" fn cl_enqueue_nd_range_kernel(
             let cmd =
                 Command::ClLaunch { queue: qid, kernel: kid, dims: dims as u8, offset: off, global: glob, local: loc, args: wire_args };
             r.post_raw(cmd).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
-            for a in &args {
+            for (i, a) in args.iter().enumerate() {
                 if let Launched::Mem(m) = a {
-                    if m.flags & cl::MEM_READ_ONLY == 0 {
+                    if m.flags & cl::MEM_READ_ONLY == 0 && !k.read_only.get(i).copied().unwrap_or(false) {
                         m.store.written(&dev);
                     }
                 }

@@ -906,6 +906,9 @@ pub(crate) struct Kernel {
     pub(crate) name: String,
     /// Each argument's address qualifier (`CL_KERNEL_ARG_ADDRESS_*`; 0 unknown).
     pub(crate) quals: Vec<u32>,
+    /// Each argument: whether the kernel only reads it (`__constant`, or a pointer to
+    /// `const`), so that a launch leaves the other devices' copies of its buffer current.
+    pub(crate) read_only: Vec<bool>,
     pub(crate) args: Mutex<Vec<Option<ArgVal>>>,
     /// Device position → the daemon's kernel.
     pub(crate) ids: Mutex<HashMap<usize, u64>>,
@@ -917,8 +920,9 @@ impl Data for Kernel {
 }
 
 impl Kernel {
-    /// Makes the kernel on `d`'s daemon: (daemon kernel id, address qualifiers).
-    pub(crate) fn make(d: &Ref<Device>, program: u64, name: &str) -> Result<(u64, Vec<u32>), Int> {
+    /// Makes the kernel on `d`'s daemon: the daemon's kernel id, each argument's address
+    /// qualifier and whether the kernel only reads it.
+    pub(crate) fn make(d: &Ref<Device>, program: u64, name: &str) -> Result<(u64, Vec<u32>, Vec<bool>), Int> {
         if name.len() > wire::MAX_CL_KERNEL_NAME {
             return Err(cl::INVALID_KERNEL_NAME); // longer than any name the daemon takes
         }
@@ -929,9 +933,12 @@ impl Kernel {
             Ok(_) => return Err(cl::INVALID_KERNEL_NAME),
             Err(e) => return Err(error::code(&e, cl::INVALID_KERNEL_NAME)),
         };
+        // The answer: the argument count n, n address qualifiers, n read-only flags.
         let words: Vec<u32> = v.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
-        let quals = words.get(1..).unwrap_or_default().to_vec();
-        Ok((id, quals))
+        let n = words.first().map_or(0, |n| *n as usize).min(words.len().saturating_sub(1));
+        let quals = words[1..1 + n].to_vec();
+        let read_only = (0..n).map(|i| words.get(1 + n + i).is_some_and(|f| *f == 1)).collect();
+        Ok((id, quals, read_only))
     }
 
     /// The daemon's kernel for `d` (made there on first use).
@@ -941,7 +948,7 @@ impl Kernel {
             return Ok(*id);
         }
         let prog = self.program.built(d).ok_or(cl::INVALID_PROGRAM_EXECUTABLE)?;
-        let (id, _) = Kernel::make(d, prog, &self.name)?;
+        let (id, _, _) = Kernel::make(d, prog, &self.name)?;
         lock(&self.ids).insert(at, id);
         Ok(id)
     }

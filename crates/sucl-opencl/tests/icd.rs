@@ -276,6 +276,11 @@ fn a_context_over_two_daemons_migrates_buffers_between_them() {
 }
 
 #[test]
+fn reads_and_migrations_wait_for_the_kernel_that_wrote_the_buffer() {
+    scenario("overlap", 2);
+}
+
+#[test]
 fn a_wrong_token_offers_no_platform() {
     let Some(c) = Cluster::new(1) else { return };
     let mut cmd = c.command("no_platform");

@@ -2,15 +2,17 @@
 //! loader (`libOpenCL.so.1`, opened with `libloading`; nothing is linked, so a daemon without
 //! OpenCL builds and runs and simply offers no OpenCL device), as PoCL-R's `pocld` does.
 //!
-//! Every device gets its own context and one in-order queue with profiling on; each command
-//! enqueues its work and waits for that work's event before it is answered (a session's
-//! commands run one after another anyway), so the times of the last command on a session queue
-//! are known when the client records an event behind it.
+//! Every device gets its own context and two in-order queues with profiling on. Kernels are
+//! enqueued on the first and answered at once: the launch's event ([`ClEvent`]) is what a
+//! later command waits for. Every other command on the first queue waits for its own work
+//! before it is answered (and so, the queue being in order, for every launch before it). The
+//! second queue reads a buffer beside running kernels once the buffer's last writing launch is
+//! over: a migration out of a device does not wait for kernels that do not write what it sends.
 
 use crate::wire::{code, failed, Outcome};
 use std::ffi::{c_char, c_void, CString};
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 type ClInt = i32;
 type Handle = *mut c_void;
@@ -30,6 +32,10 @@ const CL_BUFFER_CREATE_TYPE_REGION: u32 = 0x1220;
 const CL_PROGRAM_BUILD_LOG: u32 = 0x1183;
 const CL_KERNEL_NUM_ARGS: u32 = 0x1191;
 const CL_KERNEL_ARG_ADDRESS_QUALIFIER: u32 = 0x1196;
+const CL_KERNEL_ARG_ADDRESS_CONSTANT: u32 = 0x119D;
+const CL_KERNEL_ARG_TYPE_QUALIFIER: u32 = 0x1199;
+const CL_KERNEL_ARG_TYPE_CONST: u64 = 1;
+const CL_EVENT_COMMAND_EXECUTION_STATUS: u32 = 0x11D3;
 const CL_PROFILING_COMMAND_QUEUED: u32 = 0x1280;
 /// The longest answer an info query may have (build logs included).
 const MAX_INFO: usize = 1 << 20;
@@ -85,7 +91,10 @@ struct Api {
     set_kernel_arg: unsafe extern "C" fn(Handle, u32, usize, *const c_void) -> ClInt,
     enqueue_nd_range:
         unsafe extern "C" fn(Handle, Handle, u32, *const usize, *const usize, *const usize, u32, *const Handle, *mut Handle) -> ClInt,
+    flush: unsafe extern "C" fn(Handle) -> ClInt,
     wait_for_events: unsafe extern "C" fn(u32, *const Handle) -> ClInt,
+    get_event_info: unsafe extern "C" fn(Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
+    retain_event: unsafe extern "C" fn(Handle) -> ClInt,
     get_event_profiling_info: unsafe extern "C" fn(Handle, u32, usize, *mut c_void, *mut usize) -> ClInt,
     release_event: unsafe extern "C" fn(Handle) -> ClInt,
     _lib: libloading::Library,
@@ -176,7 +185,10 @@ impl Api {
             release_kernel: sym!("clReleaseKernel"),
             set_kernel_arg: sym!("clSetKernelArg"),
             enqueue_nd_range: sym!("clEnqueueNDRangeKernel"),
+            flush: sym!("clFlush"),
             wait_for_events: sym!("clWaitForEvents"),
+            get_event_info: sym!("clGetEventInfo"),
+            retain_event: sym!("clRetainEvent"),
             get_event_profiling_info: sym!("clGetEventProfilingInfo"),
             release_event: sym!("clReleaseEvent"),
             _lib: lib,
@@ -202,12 +214,15 @@ fn text(v: &[u8]) -> String {
     String::from_utf8_lossy(v.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
 }
 
-/// One OpenCL device the daemon serves, with its context and queue.
+/// One OpenCL device the daemon serves, with its context and queues.
 pub(crate) struct ClServed {
     api: Arc<Api>,
     device: Handle,
     context: Handle,
+    /// Kernels and every command but the reads beside them.
     queue: Handle,
+    /// Reads of buffers whose last writing launch is over, beside the kernels on `queue`.
+    beside: Handle,
     name: String,
     memory: u64,
 }
@@ -272,7 +287,10 @@ impl ClServed {
         // SAFETY: a valid context and device of it.
         let queue = unsafe { (api.create_command_queue)(context, device, CL_QUEUE_PROFILING_ENABLE, &mut e) };
         check(e, "clCreateCommandQueue")?;
-        let mut s = ClServed { api: api.clone(), device, context, queue, name: String::new(), memory: 0 };
+        // SAFETY: as above.
+        let beside = unsafe { (api.create_command_queue)(context, device, 0, &mut e) };
+        check(e, "clCreateCommandQueue")?;
+        let mut s = ClServed { api: api.clone(), device, context, queue, beside, name: String::new(), memory: 0 };
         s.name = format!("{} ({platform})", text(&s.device_info(CL_DEVICE_NAME)?));
         let m = s.device_info(CL_DEVICE_GLOBAL_MEM_SIZE)?;
         s.memory = u64::from_le_bytes(m.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default());
@@ -295,7 +313,7 @@ impl ClServed {
         // SAFETY: a valid context; no host pointer.
         let mem = unsafe { (self.api.create_buffer)(self.context, CL_MEM_READ_WRITE, bytes.max(1), ptr::null_mut(), &mut e) };
         check(e, "clCreateBuffer")?;
-        let m = ClMem { api: self.api.clone(), queue: self.queue, mem, len: bytes };
+        let m = ClMem { api: self.api.clone(), queue: self.queue, beside: self.beside, mem, len: bytes, last_write: Mutex::new(None) };
         if bytes > 0 {
             m.fill(0..bytes, &[0])?;
         }
@@ -309,13 +327,7 @@ impl ClServed {
         check(enqueue(&mut ev), what)?;
         // SAFETY: `ev` is the event the enqueue just returned.
         let waited = unsafe { (api.wait_for_events)(1, &ev) };
-        let mut times = [0u64; 4];
-        for (i, t) in times.iter_mut().enumerate() {
-            // SAFETY: a valid event; the output is one u64.
-            unsafe {
-                (api.get_event_profiling_info)(ev, CL_PROFILING_COMMAND_QUEUED + i as u32, 8, (t as *mut u64).cast(), ptr::null_mut())
-            };
-        }
+        let times = profile(api, ev);
         // SAFETY: the event is ours to release, once.
         unsafe { (api.release_event)(ev) };
         check(waited, what)?;
@@ -449,22 +461,24 @@ impl ClServed {
 
 impl Drop for ClServed {
     fn drop(&mut self) {
-        // SAFETY: the queue and context were created by `open` and are released once.
-        unsafe { release_queue_and_context(&self.api, self.queue, self.context) };
+        // SAFETY: the queues and context were created by `open` and are released once.
+        unsafe { release_queues_and_context(&self.api, &[self.queue, self.beside], self.context) };
     }
 }
 
-/// Releases a queue and a context through the loader (entry points looked up on demand: they
+/// Releases queues and a context through the loader (entry points looked up on demand: they
 /// are needed once, when the daemon stops).
 ///
 /// # Safety
-/// `queue` and `context` are valid and not used afterwards.
-unsafe fn release_queue_and_context(api: &Api, queue: Handle, context: Handle) {
+/// `queues` and `context` are valid and not used afterwards.
+unsafe fn release_queues_and_context(api: &Api, queues: &[Handle], context: Handle) {
     type Release = unsafe extern "C" fn(Handle) -> ClInt;
     // SAFETY: the symbols are the OpenCL release functions of these objects.
     unsafe {
         if let Ok(f) = api._lib.get::<Release>(b"clReleaseCommandQueue\0") {
-            f(queue);
+            for q in queues {
+                f(*q);
+            }
         }
         if let Ok(f) = api._lib.get::<Release>(b"clReleaseContext\0") {
             f(context);
@@ -484,12 +498,96 @@ fn with_arg_info(options: &str) -> String {
     }
 }
 
+/// The last writing launch of a buffer, locked even after a panicked holder (a panic in one
+/// session's thread must not take the daemon down).
+fn last_write(m: &Mutex<Option<ClEvent>>) -> MutexGuard<'_, Option<ClEvent>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The event of a command enqueued without waiting (a launch): held (retained) until dropped.
+pub(crate) struct ClEvent {
+    api: Arc<Api>,
+    event: Handle,
+}
+
+// SAFETY: see ClServed: an event handle is used only in thread-safe OpenCL calls.
+unsafe impl Send for ClEvent {}
+// SAFETY: as for Send.
+unsafe impl Sync for ClEvent {}
+
+impl Clone for ClEvent {
+    fn clone(&self) -> ClEvent {
+        // SAFETY: a valid event, retained once more for the clone (released by its drop).
+        unsafe { (self.api.retain_event)(self.event) };
+        ClEvent { api: self.api.clone(), event: self.event }
+    }
+}
+
+impl Drop for ClEvent {
+    fn drop(&mut self) {
+        // SAFETY: this handle's one reference, released once.
+        unsafe { (self.api.release_event)(self.event) };
+    }
+}
+
+impl ClEvent {
+    /// Waits until the command is over; an error if it failed (`what` names it).
+    pub(crate) fn wait(&self, what: &str) -> Result<(), Outcome> {
+        // SAFETY: a valid event.
+        let waited = unsafe { (self.api.wait_for_events)(1, &self.event) };
+        match self.status() {
+            s if s < 0 => Err(failed(code::opencl(s), format!("{what} failed on the device: {} ({s})", error_name(s)))),
+            _ => check(waited, what),
+        }
+    }
+
+    /// Whether the command is over (complete or failed), without waiting.
+    pub(crate) fn over(&self) -> bool {
+        self.status() <= 0
+    }
+
+    /// `CL_EVENT_COMMAND_EXECUTION_STATUS` (0 complete, negative failed); an unanswered query
+    /// reads as a failure.
+    fn status(&self) -> ClInt {
+        let mut st: ClInt = -5;
+        // SAFETY: a valid event; the output is one cl_int.
+        let e = unsafe {
+            (self.api.get_event_info)(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS, 4, (&mut st as *mut ClInt).cast(), ptr::null_mut())
+        };
+        if e == CL_SUCCESS {
+            st
+        } else {
+            e
+        }
+    }
+
+    /// The command's four profiling times (queued, submitted, started, ended), once it is over.
+    pub(crate) fn times(&self, what: &str) -> Result<[u64; 4], Outcome> {
+        self.wait(what)?;
+        Ok(profile(&self.api, self.event))
+    }
+}
+
+/// The four profiling times of `ev` (zeros where the platform answers none).
+fn profile(api: &Api, ev: Handle) -> [u64; 4] {
+    let mut times = [0u64; 4];
+    for (i, t) in times.iter_mut().enumerate() {
+        // SAFETY: a valid event; the output is one u64.
+        unsafe { (api.get_event_profiling_info)(ev, CL_PROFILING_COMMAND_QUEUED + i as u32, 8, (t as *mut u64).cast(), ptr::null_mut()) };
+    }
+    times
+}
+
 /// A buffer on an OpenCL device.
 pub(crate) struct ClMem {
     api: Arc<Api>,
     queue: Handle,
+    /// The device's queue for reads beside kernels.
+    beside: Handle,
     mem: Handle,
     len: usize,
+    /// The last launch given this buffer as an argument it may write (not `const`).
+    last_write: Mutex<Option<ClEvent>>,
 }
 
 // SAFETY: see ClServed: the handles are used only in thread-safe OpenCL calls.
@@ -510,13 +608,24 @@ impl ClMem {
         })
     }
 
+    /// Bytes `r` as the commands before this one left them: read on the device's second
+    /// queue, beside the kernels on the first, once the last launch that may write this buffer
+    /// is over (a kernel that only reads it may still run: reads do not conflict).
     pub(crate) fn read(&self, r: std::ops::Range<usize>) -> Result<(Vec<u8>, [u64; 4]), Outcome> {
+        let writer = last_write(&self.last_write).clone();
+        if let Some(w) = writer {
+            w.wait("the kernel that last wrote the buffer")?;
+        }
+        self.read_on(self.beside, r)
+    }
+
+    fn read_on(&self, queue: Handle, r: std::ops::Range<usize>) -> Result<(Vec<u8>, [u64; 4]), Outcome> {
         // Not zeroed first: the platform writes every byte (a pass over the data saved).
         let mut v = Vec::<u8>::with_capacity(r.len());
         // SAFETY: the range was checked by the caller; `v` has room for `r.len()` bytes and
         // lives through the wait inside `run`.
         let t = ClServed::run(&self.api, "clEnqueueReadBuffer", |ev| unsafe {
-            (self.api.read_buffer)(self.queue, self.mem, 0, r.start, r.len(), v.as_mut_ptr().cast(), 0, ptr::null(), ev)
+            (self.api.read_buffer)(queue, self.mem, 0, r.start, r.len(), v.as_mut_ptr().cast(), 0, ptr::null(), ev)
         })?;
         // SAFETY: the blocking read completed without error (`run` waited for its event and
         // checked its status), so the platform wrote all `r.len()` bytes.
@@ -617,22 +726,32 @@ impl ClProgram {
         info("clGetProgramInfo", |s, v, r| unsafe { (self.api.get_program_info)(self.program, param, s, v, r) })
     }
 
-    /// Kernel `name` of this (built) program, with its argument count and address qualifiers.
+    /// Kernel `name` of this (built) program, with each argument's address qualifier.
     pub(crate) fn kernel(&self, name: &str) -> Result<(ClKernel, Vec<u32>), Outcome> {
         let n = CString::new(name).map_err(|_| failed(code::opencl(-46), "a kernel name holds a NUL byte"))?;
         let mut e = 0;
         // SAFETY: a valid program and a NUL-terminated name.
         let kernel = unsafe { (self.api.create_kernel)(self.program, n.as_ptr(), &mut e) };
         check(e, &format!("clCreateKernel `{name}`"))?;
-        let k = ClKernel { api: self.api.clone(), kernel, device: self.device };
+        let mut k = ClKernel { api: self.api.clone(), kernel, device: self.device, read_only: Vec::new() };
         let count = k.info(CL_KERNEL_NUM_ARGS)?;
         let count = u32::from_le_bytes(count.get(..4).and_then(|b| b.try_into().ok()).unwrap_or_default());
-        let quals = (0..count.min(crate::wire::MAX_ARGS as u32))
+        let number = |i: u32, param: u32| -> Option<u64> {
+            let v = k.arg_info(i, param).ok()?;
+            match v.len() {
+                4 => Some(u32::from_le_bytes(v[..4].try_into().ok()?) as u64),
+                8 => Some(u64::from_le_bytes(v[..8].try_into().ok()?)),
+                _ => None,
+            }
+        };
+        let count = count.min(crate::wire::MAX_ARGS as u32);
+        let quals: Vec<u32> = (0..count).map(|i| number(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER).unwrap_or(0) as u32).collect();
+        // A `__constant` argument, or a pointer to `const`, is never written by the kernel.
+        // Without argument info (a program built without it) every argument may be written.
+        k.read_only = (0..count)
             .map(|i| {
-                k.arg_info(i, CL_KERNEL_ARG_ADDRESS_QUALIFIER)
-                    .ok()
-                    .and_then(|v| v.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes))
-                    .unwrap_or(0)
+                quals[i as usize] == CL_KERNEL_ARG_ADDRESS_CONSTANT
+                    || number(i, CL_KERNEL_ARG_TYPE_QUALIFIER).is_some_and(|t| t & CL_KERNEL_ARG_TYPE_CONST != 0)
             })
             .collect();
         Ok((k, quals))
@@ -651,6 +770,8 @@ pub(crate) struct ClKernel {
     api: Arc<Api>,
     kernel: Handle,
     device: Handle,
+    /// Per argument: whether the kernel only reads it (`__constant`, or a pointer to `const`).
+    read_only: Vec<bool>,
 }
 
 // SAFETY: see ClServed; arguments are set only under the owning session's lock.
@@ -685,7 +806,13 @@ impl ClKernel {
         info("clGetKernelArgInfo", |s, v, r| unsafe { (self.api.get_kernel_arg_info)(self.kernel, index, param, s, v, r) })
     }
 
-    /// Sets every argument and runs the NDRange on `device`'s queue; returns its times.
+    /// Whether argument `index` is one the kernel never writes.
+    pub(crate) fn reads_only(&self, index: usize) -> bool {
+        self.read_only.get(index).copied().unwrap_or(false)
+    }
+
+    /// Sets every argument and enqueues the NDRange on `device`'s queue, without waiting for
+    /// it: its event, which each buffer the kernel may write keeps as its last writer.
     pub(crate) fn launch(
         &self,
         device: &ClServed,
@@ -694,12 +821,13 @@ impl ClKernel {
         offset: &[usize; 3],
         global: &[usize; 3],
         local: Option<&[usize; 3]>,
-    ) -> Result<[u64; 4], Outcome> {
+    ) -> Result<ClEvent, Outcome> {
         let mut subs = Vec::new();
         let r = self.set_args(args, &mut subs).and_then(|_| {
+            let mut ev: Handle = ptr::null_mut();
             // SAFETY: a valid queue and kernel; the size arrays have 3 entries, of which the
             // platform reads `dims`.
-            ClServed::run(&self.api, "clEnqueueNDRangeKernel", |ev| unsafe {
+            let e = unsafe {
                 (self.api.enqueue_nd_range)(
                     device.queue,
                     self.kernel,
@@ -709,15 +837,29 @@ impl ClKernel {
                     local.map_or(ptr::null(), |l| l.as_ptr()),
                     0,
                     ptr::null(),
-                    ev,
+                    &mut ev,
                 )
-            })
+            };
+            check(e, "clEnqueueNDRangeKernel")?;
+            // Submitted now, not at the next blocking call: nothing else may come for a while.
+            // SAFETY: a valid queue.
+            unsafe { (self.api.flush)(device.queue) };
+            Ok(ClEvent { api: self.api.clone(), event: ev })
         });
         for m in subs {
-            // SAFETY: the sub-buffers made for this launch, released once it has run.
+            // SAFETY: the sub-buffers made for this launch, released once enqueued (the
+            // platform keeps them for the command that uses them).
             unsafe { (self.api.release_mem)(m) };
         }
-        r
+        let ev = r?;
+        for (i, a) in args.iter().enumerate() {
+            if let KernelArg::Mem(m, _) = a {
+                if !self.reads_only(i) {
+                    *last_write(&m.last_write) = Some(ev.clone());
+                }
+            }
+        }
+        Ok(ev)
     }
 
     fn set_args(&self, args: &[KernelArg], subs: &mut Vec<Handle>) -> Result<(), Outcome> {

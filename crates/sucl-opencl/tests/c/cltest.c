@@ -85,7 +85,13 @@ static const char *KERNELS =
     "__kernel void scale(__global float *x, float k) { x[get_global_id(0)] *= k; }\n"
     "__kernel void add1(__global int *x) { x[get_global_id(0)] += 1; }\n"
     "__kernel void twice(__global int *x) { x[get_global_id(0)] *= 2; }\n"
-    "__kernel void spin(__global int *x, int n) { int v = 0; for (int i = 0; i < n; i++) v = v * 3 + i; x[get_global_id(0)] = v; }\n";
+    "__kernel void spin(__global int *x, int n) { int v = 0; for (int i = 0; i < n; i++) v = v * 3 + i; x[get_global_id(0)] = v; }\n"
+    "__kernel void slow_set(__global int *x, int n, int base) {\n"
+    "  uint v = 0; for (int i = 0; i < n; i++) v = v * 3u + (uint)i;\n"
+    "  x[get_global_id(0)] = base + (int)get_global_id(0) + (int)(v % 2u); }\n"
+    "__kernel void slow_copy(__global const int *src, __global int *dst, int n) {\n"
+    "  uint v = 0; for (int i = 0; i < n; i++) v = v * 3u + (uint)i;\n"
+    "  dst[get_global_id(0)] = src[get_global_id(0)] + (int)(v % 2u); }\n";
 
 static cl_context ctx;
 static cl_command_queue q;
@@ -749,6 +755,84 @@ static int multi(void) {
     return 0;
 }
 
+/* The host's value of the slow kernels' spin (a check of their results, not of time). */
+static int spin_parity(int n) {
+    unsigned v = 0;
+    for (int i = 0; i < n; i++) v = v * 3u + (unsigned)i;
+    return (int)(v % 2u);
+}
+
+/* Kernels that run long, and what must wait for them: the daemon answers a launch before it
+ * ends, so a read, and a migration to the other daemon, must each wait for the last kernel
+ * that writes the buffer; a kernel that only reads a buffer (`const`) leaves the other
+ * daemon's copy current, so writing it there again moves nothing. */
+static int overlap(void) {
+    find_sucl();
+    EXPECT(ndev >= 2);
+    cl_int err;
+    ctx = clCreateContext(NULL, 2, devices, NULL, NULL, &err); CHECK(err);
+    cl_command_queue qa = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    cl_command_queue qb = clCreateCommandQueue(ctx, devices[1], 0, &err); CHECK(err);
+    prog = build(ctx, KERNELS);
+    enum { N = 64 };
+    int spins = 2000000, p = spin_parity(spins), back[N];
+    size_t g = N;
+    cl_mem X = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof back, NULL, &err); CHECK(err);
+    cl_mem Y = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof back, NULL, &err); CHECK(err);
+    cl_mem W = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof back, NULL, &err); CHECK(err);
+    cl_kernel set = kernel("slow_set"), copy = kernel("slow_copy"), two = kernel("twice"), one = kernel("add1");
+    CHECK(clSetKernelArg(set, 1, sizeof spins, &spins));
+    CHECK(clSetKernelArg(copy, 2, sizeof spins, &spins));
+
+    /* 1. A blocking read right behind a long kernel sees what the kernel wrote. */
+    int base = 100;
+    CHECK(clSetKernelArg(set, 0, sizeof X, &X));
+    CHECK(clSetKernelArg(set, 2, sizeof base, &base));
+    CHECK(clEnqueueNDRangeKernel(qa, set, 1, NULL, &g, NULL, 0, NULL, NULL));
+    CHECK(clEnqueueReadBuffer(qa, X, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 100 + i + p);
+
+    /* 2. The buffer moves to the other daemon only once the long kernel wrote it. */
+    base = 200;
+    CHECK(clSetKernelArg(set, 2, sizeof base, &base));
+    cl_event set_done, doubled;
+    CHECK(clEnqueueNDRangeKernel(qa, set, 1, NULL, &g, NULL, 0, NULL, &set_done));
+    CHECK(clSetKernelArg(two, 0, sizeof X, &X));
+    CHECK(clEnqueueNDRangeKernel(qb, two, 1, NULL, &g, NULL, 1, &set_done, &doubled));
+    CHECK(clEnqueueReadBuffer(qb, X, CL_TRUE, 0, sizeof back, back, 1, &doubled, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 2 * (200 + i + p));
+
+    /* 3. Y, written on A, read (const) on B: A's copy stays current, so A writes it again
+     * without anything coming back from B. */
+    base = 300;
+    CHECK(clSetKernelArg(set, 0, sizeof Y, &Y));
+    CHECK(clSetKernelArg(set, 2, sizeof base, &base));
+    cl_event y_set, copied;
+    CHECK(clEnqueueNDRangeKernel(qa, set, 1, NULL, &g, NULL, 0, NULL, &y_set));
+    CHECK(clSetKernelArg(copy, 0, sizeof Y, &Y));
+    CHECK(clSetKernelArg(copy, 1, sizeof W, &W));
+    CHECK(clEnqueueNDRangeKernel(qb, copy, 1, NULL, &g, NULL, 1, &y_set, &copied));
+    CHECK(clSetKernelArg(one, 0, sizeof Y, &Y));
+    CHECK(clEnqueueNDRangeKernel(qa, one, 1, NULL, &g, NULL, 1, &copied, NULL));
+    CHECK(clEnqueueReadBuffer(qb, W, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 300 + i + 2 * p);
+    CHECK(clEnqueueReadBuffer(qa, Y, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 300 + i + p + 1);
+
+    typedef cl_int (*stats_fn)(cl_platform_id, cl_uint, cl_ulong *);
+    stats_fn stats = (stats_fn)clGetExtensionFunctionAddressForPlatform(platform, "clGetSuclServerStats");
+    EXPECT(stats != NULL);
+    cl_ulong sa[4], sb[4];
+    CHECK(stats(platform, 0, sa));
+    CHECK(stats(platform, 1, sb));
+    printf("daemon A: %llu migrations in; daemon B: %llu migrations in\n", (unsigned long long)sa[2], (unsigned long long)sb[2]);
+    EXPECT(sa[2] == 0 && sb[2] == 2);
+    CHECK(clFinish(qa));
+    CHECK(clFinish(qb));
+    printf("overlap ok\n");
+    return 0;
+}
+
 /* A kernel released by the application while a command that uses it is held behind a user
  * event: the command still runs (the specification keeps the kernel for the commands that
  * use it), as pyopencl does with the kernel objects it makes for each call. */
@@ -839,6 +923,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "copy_rect_overlap")) return copy_rect_overlap();
     if (!strcmp(s, "mem_limit") && argc > 2) return mem_limit(argv[2]);
     if (!strcmp(s, "multi")) return multi();
+    if (!strcmp(s, "overlap")) return overlap();
     if (!strcmp(s, "kill")) return kill_wait();
     if (!strcmp(s, "no_platform")) return no_platform();
     fprintf(stderr, "unknown scenario %s\n", s);

@@ -78,9 +78,14 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             let (d, p) =
                 o.cl_programs.get(&program).ok_or_else(|| failed(code::opencl(-44), format!("program {program} does not exist")))?;
             let (k, quals) = p.kernel(&name)?;
+            // The argument count, each argument's address qualifier, then whether the kernel
+            // only reads it (1) or may write it (0).
             let mut answer = (quals.len() as u32).to_le_bytes().to_vec();
-            for q in quals {
+            for q in &quals {
                 answer.extend_from_slice(&q.to_le_bytes());
+            }
+            for i in 0..quals.len() {
+                answer.extend_from_slice(&u32::from(k.reads_only(i)).to_le_bytes());
             }
             let d = *d;
             o.cl_kernels.insert(kernel, (d, k));
@@ -150,10 +155,10 @@ fn query(ctx: &Ctx, o: &mut Objects, what: u8, object: u64, d: u32, param: u32) 
             o.cl_programs.get(&object).ok_or_else(|| failed(code::opencl(-44), format!("program {object} does not exist")))?.1.info(param)
         }
         cl_query::EVENT_PROFILE => {
-            let t = o.cl_profiles.get(&object).ok_or_else(|| {
+            let launch = o.cl_profiles.get(&object).ok_or_else(|| {
                 failed(code::opencl(-7), format!("event {object} has no profiling times (no OpenCL command ran before it)"))
             })?;
-            Ok(t.iter().flat_map(|v| v.to_le_bytes()).collect())
+            Ok(launch.times("the kernel timed")?.iter().flat_map(|v| v.to_le_bytes()).collect())
         }
         w => Err(failed(code::INVALID, format!("unknown OpenCL query {w}"))),
     }
@@ -207,9 +212,9 @@ fn launch(
         |v: [u64; 3], what| -> Result<[usize; 3], Outcome> { Ok([usize_of(v[0], what)?, usize_of(v[1], what)?, usize_of(v[2], what)?]) };
     let (off, glob, loc) = (three(offset, "an offset")?, three(global, "a global size")?, three(local, "a local size")?);
     let local = (loc != [0; 3]).then_some(&loc);
-    let times = k.launch(dev, &kargs, dims as u32, &off, &glob, local)?;
+    let launched = k.launch(dev, &kargs, dims as u32, &off, &glob, local)?;
     o.stats.launches += 1;
-    o.cl_last.insert(queue, times);
+    o.cl_last.insert(queue, launched);
     Ok(Outcome::Done)
 }
 

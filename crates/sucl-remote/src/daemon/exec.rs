@@ -1,6 +1,7 @@
 //! The executor: runs a session's commands in order, each exactly once, and answers them.
 
 use super::mesh::*;
+use super::notify;
 use super::objects::*;
 use super::peer_mem;
 use super::state::*;
@@ -227,10 +228,18 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
             let mut o = lock(&s.objects);
             o.stats.executed += 1;
+            let recording = record.map(|event| event_recorded(s, event));
             let outcome = run(&ctx, &mut o, other)?;
+            let launch = record.and_then(|event| match o.events.get(&event) {
+                Some(Ev::Cl(l)) => Some(l.clone()),
+                _ => None,
+            });
             drop(o);
-            if let Some(event) = record {
-                event_done(shared, s, event);
+            if let (Some(event), Some(recording)) = (record, recording) {
+                match launch {
+                    Some(launch) if in_mesh => notify::when_over(shared, s, notify::Recorded { launch, event, recording }),
+                    _ => event_done(shared, s, event, recording, true),
+                }
             }
             if let Some(id) = freed {
                 peer_mem::freed(shared, s, id);

@@ -78,8 +78,10 @@ pub(super) struct RemoteState {
     pub(super) mesh: Option<MeshInfo>,
     pub(super) outs: HashMap<u32, Arc<PeerOut>>,
     pub(super) ins: Vec<Link>,
-    /// Local events that completed (kept for peers that subscribe later).
-    pub(super) done: HashSet<u64>,
+    /// Local events that completed, or (false) failed: kept for peers that subscribe later.
+    pub(super) done: HashMap<u64, bool>,
+    /// How many times each local event was recorded (the client reuses event ids).
+    pub(super) recordings: HashMap<u64, u64>,
     /// Peers waiting for local events.
     pub(super) subscribers: HashMap<u64, Vec<u32>>,
     /// Events of peers that completed, or (false) never will.

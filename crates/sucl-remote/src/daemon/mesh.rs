@@ -273,18 +273,30 @@ pub(super) fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Resu
     }
 }
 
-/// Tells the peers waiting for local event `event` that it completed.
-pub(super) fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64) {
+/// Starts a recording of local event `event` (the client reuses event ids): peers that
+/// subscribe from now on wait for this recording, and a late notice of an earlier one is
+/// ignored. Returns the recording's number, for [`event_done`].
+pub(super) fn event_recorded(s: &Session, event: u64) -> u64 {
+    let mut r = lock(&s.remote);
+    r.done.remove(&event);
+    let n = r.recordings.entry(event).or_default();
+    *n += 1;
+    *n
+}
+
+/// Tells the peers waiting for recording `recording` of local event `event` that it
+/// completed (`ok`) or failed.
+pub(super) fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, recording: u64, ok: bool) {
     let waiting = {
         let mut r = lock(&s.remote);
-        if r.mesh.is_none() {
+        if r.mesh.is_none() || r.recordings.get(&event) != Some(&recording) {
             return;
         }
-        r.done.insert(event);
+        r.done.insert(event, ok);
         r.subscribers.remove(&event).unwrap_or_default()
     };
     for p in waiting {
-        let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok: true }.encode());
+        let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok }.encode());
     }
 }
 
@@ -319,8 +331,8 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
             wire::PeerRead::Frame(Frame::PeerSubscribe { event }) => {
                 let done = {
                     let mut r = lock(&s.remote);
-                    let done = r.done.contains(&event);
-                    if !done {
+                    let done = r.done.get(&event).copied();
+                    if done.is_none() {
                         let subs = r.subscribers.entry(event).or_default();
                         if !subs.contains(&from) {
                             subs.push(from);
@@ -328,8 +340,8 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
                     }
                     done
                 };
-                if done {
-                    let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok: true }.encode());
+                if let Some(ok) = done {
+                    let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok }.encode());
                 }
                 continue;
             }

@@ -55,6 +55,7 @@ mod config;
 mod exec;
 mod links;
 mod mesh;
+mod notify;
 mod objects;
 mod peer_mem;
 mod session;
@@ -310,6 +311,7 @@ mod tests {
             closed: AtomicBool::new(false),
             retiring: AtomicBool::new(false),
             peer_frames: AtomicU64::new(0),
+            notices: Mutex::new(None),
         })
     }
 

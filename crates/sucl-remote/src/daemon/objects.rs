@@ -74,10 +74,11 @@ pub(super) struct Objects {
     pub(super) cl_programs: HashMap<u64, (u32, crate::opencl::ClProgram)>,
     /// OpenCL kernels this session made, by id: (device, kernel).
     pub(super) cl_kernels: HashMap<u64, (u32, crate::opencl::ClKernel)>,
-    /// The profiling times of the last OpenCL command on each queue.
-    pub(super) cl_last: HashMap<u64, [u64; 4]>,
-    /// The times an event was recorded behind (see [`crate::wire::cl_query::EVENT_PROFILE`]).
-    pub(super) cl_profiles: HashMap<u64, [u64; 4]>,
+    /// The last OpenCL launch on each queue (every other OpenCL command is over when answered).
+    pub(super) cl_last: HashMap<u64, crate::opencl::ClEvent>,
+    /// The launch an event was recorded behind, whose times it answers (see
+    /// [`crate::wire::cl_query::EVENT_PROFILE`]).
+    pub(super) cl_profiles: HashMap<u64, crate::opencl::ClEvent>,
 }
 
 /// What the peer-memory path keeps open for a session (all closed when the session goes).
@@ -101,6 +102,8 @@ pub(super) struct PeerMemHandles {
 pub(super) enum Ev {
     /// Commands of a session run in order, so a host event is complete when recorded.
     Done,
+    /// Recorded behind an OpenCL launch (the last on its queue): complete when it is.
+    Cl(crate::opencl::ClEvent),
     #[cfg(feature = "cuda")]
     Cuda(crate::cuda::CudaEv),
 }
@@ -314,11 +317,14 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             if o.events.len() >= limits.max_events as usize && !o.events.contains_key(&event) {
                 return Err(failed(code::LIMIT, format!("the session already holds {} events (its limit)", limits.max_events)));
             }
-            if let Some(t) = o.cl_last.get(&queue).copied() {
-                o.cl_profiles.insert(event, t);
-            }
+            let launch = o.cl_last.get(&queue).cloned();
+            match &launch {
+                Some(l) => o.cl_profiles.insert(event, l.clone()),
+                None => o.cl_profiles.remove(&event),
+            };
             let ev = match device(ctx, d)? {
-                Served::Host { .. } | Served::OpenCl(_) => Ev::Done,
+                Served::Host { .. } => Ev::Done,
+                Served::OpenCl(_) => launch.map_or(Ev::Done, Ev::Cl),
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => Ev::Cuda(c.record()?),
             };
@@ -338,6 +344,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             let ev = o.events.get(&event).ok_or_else(|| failed(code::INVALID, format!("event {event} does not exist")))?;
             match (device(ctx, d)?, ev) {
                 (_, Ev::Done) => Ok(Outcome::Done),
+                (_, Ev::Cl(e)) => e.wait("the kernel waited for").map(|_| Outcome::Done),
                 #[cfg(feature = "cuda")]
                 (Served::Cuda(c), Ev::Cuda(e)) => c.wait_for(e).map(|_| Outcome::Done),
                 #[cfg(feature = "cuda")]
@@ -347,6 +354,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
         Command::SyncEvent { event } => {
             match o.events.get(&event).ok_or_else(|| failed(code::INVALID, format!("event {event} does not exist")))? {
                 Ev::Done => Ok(Outcome::Done),
+                Ev::Cl(e) => e.wait("the kernel waited for").map(|_| Outcome::Done),
                 #[cfg(feature = "cuda")]
                 Ev::Cuda(e) => crate::cuda::sync_event(e).map(|_| Outcome::Done),
             }
@@ -354,7 +362,11 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
         Command::Finish { queue } => {
             let d = *o.queues.get(&queue).ok_or_else(|| failed(code::INVALID, format!("queue {queue} does not exist")))?;
             match device(ctx, d)? {
-                Served::Host { .. } | Served::OpenCl(_) => Ok(Outcome::Done),
+                Served::Host { .. } => Ok(Outcome::Done),
+                Served::OpenCl(_) => match o.cl_last.get(&queue) {
+                    Some(l) => l.wait("the queue's last kernel").map(|_| Outcome::Done),
+                    None => Ok(Outcome::Done),
+                },
                 #[cfg(feature = "cuda")]
                 Served::Cuda(c) => c.synchronize().map(|_| Outcome::Done),
             }

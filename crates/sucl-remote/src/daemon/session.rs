@@ -38,6 +38,7 @@ pub(super) fn open_session(
         closed: AtomicBool::new(false),
         retiring: AtomicBool::new(false),
         peer_frames: AtomicU64::new(0),
+        notices: Mutex::new(None),
     });
     if let Err(why) = admit(shared, &s) {
         return Err(refuse(conn, out, why)); // nothing of the session started yet

@@ -57,6 +57,9 @@ pub(super) struct Session {
     pub(super) retiring: AtomicBool,
     /// Frames received over peer links.
     pub(super) peer_frames: AtomicU64,
+    /// The notice thread's queue of events recorded behind running OpenCL kernels (started on
+    /// first use; its thread ends when this is dropped).
+    pub(super) notices: Mutex<Option<std::sync::mpsc::Sender<super::notify::Recorded>>>,
 }
 
 impl Session {
