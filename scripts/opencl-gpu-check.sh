@@ -18,9 +18,10 @@
 #   --out DIR  where results go (default: a temporary directory, printed)
 #   STEP       clinfo, cts, latency, stencil
 # Environment: SUITES ("events buffers compiler api basic"), CTS_JOBS (8), CTS_TIMEOUT (180),
+#   CTS_ONLY (pocl or sucl: one way only),
 #   ITERS, REPS, MIB (latency-bandwidth.sh), STENCIL_CORES (nproc).
 set -uo pipefail
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 BIN="" CTS="" OUTDIR="" steps=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -89,7 +90,7 @@ run_cts() {
   [ -n "$CTS" ] || { echo "no --cts"; return 1; }
   for suite in ${SUITES:-events buffers compiler api basic}; do
     echo "## test_$suite"
-    "$repo/scripts/opencl-cts.sh" --served-icd "$nvidia_icd" --jobs "${CTS_JOBS:-8}" --timeout "${CTS_TIMEOUT:-180}" \
+    "$repo/scripts/opencl-cts.sh" --served-icd "$nvidia_icd" --jobs "${CTS_JOBS:-8}" --timeout "${CTS_TIMEOUT:-180}" ${CTS_ONLY:+--only "$CTS_ONLY"} \
       --sucld "$BIN/sucld" --icd "$BIN/libsucl_opencl.so" --out "$OUTDIR/cts" "$CTS" "$suite" >"$OUTDIR/cts-$suite.log" 2>&1 || rc=1
     sed -n '/^suite /,$p' "$OUTDIR/cts-$suite.log"
   done
