@@ -16,5 +16,7 @@ clinfo -l
 cargo build -p sucl-remote --bin sucld
 cargo build -p sucl-opencl
 SUCL_OPENCL_TESTS_REQUIRED=1 cargo test -p sucl-opencl --test icd
+# Again with calls spinning for their replies (the default only on machines of 4 cores or more).
+SUCL_REMOTE_SPIN_US=200 SUCL_OPENCL_TESTS_REQUIRED=1 cargo test -p sucl-opencl --test icd
 cargo test -p sucl-remote --lib wire
 cargo test -p sucl-remote --test wire_fuzz
