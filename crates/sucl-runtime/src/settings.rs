@@ -148,6 +148,7 @@ pub const SETTINGS: &[Setting] = &[
     s(Remote, "SUCL_REMOTE_TLS", "remote_tls", "on", "`off` (or `0`, `false`): plain TCP, for daemons started with `--no-tls`", "sucl-remote client"),
     s(Remote, "SUCL_REMOTE_TLS_PIN", "remote_tls_pins", "none", "SHA-256 pins of the daemons' certificates the client trusts, comma-separated", "sucl-remote client"),
     s(Remote, "SUCL_REMOTE_TLS_CERT", "remote_tls_certs", "none", "PEM certificate files the client trusts, comma-separated", "sucl-remote client"),
+    s(Remote, "SUCL_REMOTE_SPIN_US", "", "50 (0 under 4 cores)", "microseconds a call to a daemon spins for its reply before it sleeps (at most 10000; 0: never spins)", "sucl-remote client"),
     s(Remote, "SUCL_REMOTE_PEER_PATH", "", "`auto`", "`sucld --peer-path`: `auto` migrates between GPU daemons of one host through peer memory, `network` always over the network", "sucl-remote daemon"),
     s(Remote, "SUCLD_TOKEN", "", "none", "`sucld`: the token clients must prove they hold, when `--token-file` is not given", "sucld"),
     s(Remote, "SUCLD_LOG", "", "`--log` (`info`)", "`sucld`: the log filter (`tracing` syntax), over `--log`", "sucld"),
