@@ -710,14 +710,29 @@ static int bad_input(void) {
     return 0;
 }
 
-static int multi(void) {
+/* A context over the first two devices (two daemons), a queue on each, KERNELS built. */
+static void setup_two(cl_command_queue *qa, cl_command_queue *qb) {
     find_sucl();
     EXPECT(ndev >= 2);
     cl_int err;
     ctx = clCreateContext(NULL, 2, devices, NULL, NULL, &err); CHECK(err);
-    cl_command_queue qa = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
-    cl_command_queue qb = clCreateCommandQueue(ctx, devices[1], 0, &err); CHECK(err);
+    *qa = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
+    *qb = clCreateCommandQueue(ctx, devices[1], 0, &err); CHECK(err);
     prog = build(ctx, KERNELS);
+}
+
+/* Daemon `server`'s counters through the sucl extension clGetSuclServerStats. */
+static void server_stats(cl_uint server, cl_ulong out[4]) {
+    typedef cl_int (*stats_fn)(cl_platform_id, cl_uint, cl_ulong *);
+    stats_fn stats = (stats_fn)clGetExtensionFunctionAddressForPlatform(platform, "clGetSuclServerStats");
+    EXPECT(stats != NULL);
+    CHECK(stats(platform, server, out));
+}
+
+static int multi(void) {
+    cl_command_queue qa, qb;
+    setup_two(&qa, &qb);
+    cl_int err;
     enum { N = 100000 };
     int *x = malloc(N * 4), *back = malloc(N * 4);
     for (int i = 0; i < N; i++) x[i] = i - 500;
@@ -739,12 +754,9 @@ static int multi(void) {
     for (int i = 0; i < N; i++) EXPECT(back[i] == x[i]);
     /* The buffer moved daemon to daemon: each daemon received it over the peer link (A once
      * per round after the first, B once per round), never through this process. */
-    typedef cl_int (*stats_fn)(cl_platform_id, cl_uint, cl_ulong *);
-    stats_fn stats = (stats_fn)clGetExtensionFunctionAddressForPlatform(platform, "clGetSuclServerStats");
-    EXPECT(stats != NULL);
     cl_ulong sa[4], sb[4];
-    CHECK(stats(platform, 0, sa));
-    CHECK(stats(platform, 1, sb));
+    server_stats(0, sa);
+    server_stats(1, sb);
     printf("daemon A: %llu migrations in, %llu bytes; daemon B: %llu migrations in, %llu bytes\n",
            (unsigned long long)sa[2], (unsigned long long)sa[3], (unsigned long long)sb[2], (unsigned long long)sb[3]);
     EXPECT(sb[2] == 3 && sb[3] == 3ull * N * 4);
@@ -767,13 +779,9 @@ static int spin_parity(int n) {
  * that writes the buffer; a kernel that only reads a buffer (`const`) leaves the other
  * daemon's copy current, so writing it there again moves nothing. */
 static int overlap(void) {
-    find_sucl();
-    EXPECT(ndev >= 2);
+    cl_command_queue qa, qb;
+    setup_two(&qa, &qb);
     cl_int err;
-    ctx = clCreateContext(NULL, 2, devices, NULL, NULL, &err); CHECK(err);
-    cl_command_queue qa = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
-    cl_command_queue qb = clCreateCommandQueue(ctx, devices[1], 0, &err); CHECK(err);
-    prog = build(ctx, KERNELS);
     enum { N = 64 };
     int spins = 2000000, p = spin_parity(spins), back[N];
     size_t g = N;
@@ -819,12 +827,9 @@ static int overlap(void) {
     CHECK(clEnqueueReadBuffer(qa, Y, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
     for (int i = 0; i < N; i++) EXPECT(back[i] == 300 + i + p + 1);
 
-    typedef cl_int (*stats_fn)(cl_platform_id, cl_uint, cl_ulong *);
-    stats_fn stats = (stats_fn)clGetExtensionFunctionAddressForPlatform(platform, "clGetSuclServerStats");
-    EXPECT(stats != NULL);
     cl_ulong sa[4], sb[4];
-    CHECK(stats(platform, 0, sa));
-    CHECK(stats(platform, 1, sb));
+    server_stats(0, sa);
+    server_stats(1, sb);
     printf("daemon A: %llu migrations in; daemon B: %llu migrations in\n", (unsigned long long)sa[2], (unsigned long long)sb[2]);
     EXPECT(sa[2] == 0 && sb[2] == 2);
     CHECK(clFinish(qa));
