@@ -286,7 +286,15 @@ impl Queue {
         for w in waits {
             let server = lock(&w.state).server;
             if let Some((srv, id)) = server {
-                if srv != self.server() {
+                if srv == self.server() {
+                    // Another device of the same daemon: its queue runs beside this one, so the
+                    // daemon waits for that event before this command (and fails it if it failed).
+                    if w.queue.as_ref().is_some_and(|wq| wq.device.index != self.device.index) {
+                        self.remote()
+                            .post_raw(Command::WaitEvent { queue: self.id, event: id })
+                            .map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+                    }
+                } else {
                     let p = plat();
                     p.ensure_mesh()?;
                     let peer = p.servers[srv].remote.mesh_index().ok_or(cl::OUT_OF_RESOURCES)?;
@@ -936,7 +944,7 @@ impl Kernel {
         // The answer: the argument count n, n address qualifiers, n read-only flags.
         let words: Vec<u32> = v.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
         let n = words.first().map_or(0, |n| *n as usize).min(words.len().saturating_sub(1));
-        let quals = words[1..1 + n].to_vec();
+        let quals = words.get(1..1 + n).unwrap_or_default().to_vec();
         let read_only = (0..n).map(|i| words.get(1 + n + i).is_some_and(|f| *f == 1)).collect();
         Ok((id, quals, read_only))
     }

@@ -76,13 +76,15 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(token: &Path, extra: &[&str]) -> Daemon {
+    /// `pocl_devices`: PoCL's `POCL_DEVICES` (how many CPU devices the daemon serves).
+    fn start(token: &Path, extra: &[&str], pocl_devices: &str) -> Daemon {
         let mut child = Command::new(sucld())
             .args(["--listen", "127.0.0.1:0", "--opencl", "--host-devices", "0", "--tls-ephemeral", "--print-address", "--token-file"])
             .arg(token)
             .args(extra)
             .env_remove("OCL_ICD_VENDORS")
             .env("POCL_MAX_PTHREAD_COUNT", "2")
+            .env("POCL_DEVICES", pocl_devices)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -120,8 +122,13 @@ impl Cluster {
         Cluster::with_args(n, &[])
     }
 
-    /// `n` daemons started with the extra options `extra`.
+    /// `n` daemons started with the extra options `extra`, each serving one PoCL CPU device.
     fn with_args(n: usize, extra: &[&str]) -> Option<Cluster> {
+        Cluster::start(n, extra, "pthread")
+    }
+
+    /// `n` daemons started with the extra options `extra`, PoCL serving `pocl_devices`.
+    fn start(n: usize, extra: &[&str], pocl_devices: &str) -> Option<Cluster> {
         if !has_opencl() {
             return None;
         }
@@ -129,7 +136,7 @@ impl Cluster {
         let token = dir.0.join("token");
         let st = Command::new(sucld()).arg("--gen-token").arg(&token).stdout(Stdio::null()).status().expect("sucld --gen-token");
         assert!(st.success());
-        let daemons = (0..n).map(|_| Daemon::start(&token, extra)).collect();
+        let daemons = (0..n).map(|_| Daemon::start(&token, extra, pocl_devices)).collect();
         Some(Cluster { dir, daemons })
     }
 
@@ -278,6 +285,13 @@ fn a_context_over_two_daemons_migrates_buffers_between_them() {
 #[test]
 fn reads_and_migrations_wait_for_the_kernel_that_wrote_the_buffer() {
     scenario("overlap", 2);
+}
+
+#[test]
+fn a_command_waits_for_an_event_of_another_device_of_the_same_daemon() {
+    let Some(c) = Cluster::start(1, &[], "pthread pthread") else { return };
+    let o = c.run("same_daemon");
+    assert_ran(&o, "same_daemon");
 }
 
 #[test]

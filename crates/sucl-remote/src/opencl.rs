@@ -600,12 +600,21 @@ impl ClMem {
         self.len
     }
 
+    /// After a blocking command wrote this buffer on the first queue: every launch before it is
+    /// over, so no earlier kernel (nor its failure) is the buffer's last writer any more.
+    fn written(&self, done: Result<[u64; 4], Outcome>) -> Result<[u64; 4], Outcome> {
+        if done.is_ok() {
+            *last_write(&self.last_write) = None;
+        }
+        done
+    }
+
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<[u64; 4], Outcome> {
         // SAFETY: the range was checked against the buffer by the caller; `data` lives
         // through the blocking wait inside `run`.
-        ClServed::run(&self.api, "clEnqueueWriteBuffer", |ev| unsafe {
+        self.written(ClServed::run(&self.api, "clEnqueueWriteBuffer", |ev| unsafe {
             (self.api.write_buffer)(self.queue, self.mem, 0, offset, data.len(), data.as_ptr().cast(), 0, ptr::null(), ev)
-        })
+        }))
     }
 
     /// Bytes `r` as the commands before this one left them: read on the device's second
@@ -644,9 +653,9 @@ impl ClMem {
             return self.write(r.start, &data);
         }
         // SAFETY: the range was checked; the pattern outlives the wait.
-        ClServed::run(&self.api, "clEnqueueFillBuffer", |ev| unsafe {
+        self.written(ClServed::run(&self.api, "clEnqueueFillBuffer", |ev| unsafe {
             (self.api.fill_buffer)(self.queue, self.mem, pattern.as_ptr().cast(), pattern.len(), r.start, r.len(), 0, ptr::null(), ev)
-        })
+        }))
     }
 
     /// Copies `src[rs]` to `self` at `at` (both on this device; overlap within one buffer is
@@ -656,9 +665,9 @@ impl ClMem {
             return Ok([0; 4]);
         }
         // SAFETY: both ranges were checked by the caller.
-        ClServed::run(&self.api, "clEnqueueCopyBuffer", |ev| unsafe {
+        self.written(ClServed::run(&self.api, "clEnqueueCopyBuffer", |ev| unsafe {
             (self.api.copy_buffer)(self.queue, src.mem, self.mem, rs.start, at, rs.len(), 0, ptr::null(), ev)
-        })
+        }))
     }
 
     /// A sub-buffer for bytes `offset..offset + len`.

@@ -711,13 +711,13 @@ static int bad_input(void) {
 }
 
 /* A context over the first two devices (two daemons), a queue on each, KERNELS built. */
-static void setup_two(cl_command_queue *qa, cl_command_queue *qb) {
+static void setup_two(cl_command_queue *qa, cl_command_queue *qb, cl_command_queue_properties props) {
     find_sucl();
     EXPECT(ndev >= 2);
     cl_int err;
     ctx = clCreateContext(NULL, 2, devices, NULL, NULL, &err); CHECK(err);
-    *qa = clCreateCommandQueue(ctx, devices[0], 0, &err); CHECK(err);
-    *qb = clCreateCommandQueue(ctx, devices[1], 0, &err); CHECK(err);
+    *qa = clCreateCommandQueue(ctx, devices[0], props, &err); CHECK(err);
+    *qb = clCreateCommandQueue(ctx, devices[1], props, &err); CHECK(err);
     prog = build(ctx, KERNELS);
 }
 
@@ -731,7 +731,7 @@ static void server_stats(cl_uint server, cl_ulong out[4]) {
 
 static int multi(void) {
     cl_command_queue qa, qb;
-    setup_two(&qa, &qb);
+    setup_two(&qa, &qb, 0);
     cl_int err;
     enum { N = 100000 };
     int *x = malloc(N * 4), *back = malloc(N * 4);
@@ -780,7 +780,7 @@ static int spin_parity(int n) {
  * daemon's copy current, so writing it there again moves nothing. */
 static int overlap(void) {
     cl_command_queue qa, qb;
-    setup_two(&qa, &qb);
+    setup_two(&qa, &qb, 0);
     cl_int err;
     enum { N = 64 };
     int spins = 2000000, p = spin_parity(spins), back[N];
@@ -835,6 +835,44 @@ static int overlap(void) {
     CHECK(clFinish(qa));
     CHECK(clFinish(qb));
     printf("overlap ok\n");
+    return 0;
+}
+
+/* Two devices of one daemon (its PoCL serves two CPU devices): a kernel on the second that
+ * waits for a long kernel on the first starts only once that one ended (the daemon's two
+ * device queues run beside each other, and no buffer is shared to order them). */
+static int same_daemon(void) {
+    cl_command_queue qa, qb;
+    setup_two(&qa, &qb, CL_QUEUE_PROFILING_ENABLE);
+    cl_int err;
+    enum { N = 64 };
+    int spins = 4000000, p = spin_parity(spins), base = 7, back[N];
+    size_t g = N;
+    cl_mem X = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof back, NULL, &err); CHECK(err);
+    cl_mem Z = clCreateBuffer(ctx, CL_MEM_READ_WRITE, sizeof back, NULL, &err); CHECK(err);
+    CHECK(clEnqueueFillBuffer(qb, Z, &base, sizeof base, 0, sizeof back, 0, NULL, NULL));
+    CHECK(clFinish(qb));
+    cl_kernel set = kernel("slow_set"), two = kernel("twice");
+    CHECK(clSetKernelArg(set, 0, sizeof X, &X));
+    CHECK(clSetKernelArg(set, 1, sizeof spins, &spins));
+    CHECK(clSetKernelArg(set, 2, sizeof base, &base));
+    CHECK(clSetKernelArg(two, 0, sizeof Z, &Z));
+    cl_event set_done, doubled;
+    CHECK(clEnqueueNDRangeKernel(qa, set, 1, NULL, &g, NULL, 0, NULL, &set_done));
+    CHECK(clEnqueueNDRangeKernel(qb, two, 1, NULL, &g, NULL, 1, &set_done, &doubled));
+    CHECK(clWaitForEvents(1, &doubled));
+    cl_ulong set_end, doubled_start;
+    CHECK(clGetEventProfilingInfo(set_done, CL_PROFILING_COMMAND_END, sizeof set_end, &set_end, NULL));
+    CHECK(clGetEventProfilingInfo(doubled, CL_PROFILING_COMMAND_START, sizeof doubled_start, &doubled_start, NULL));
+    printf("the waiting kernel started %lld ns after the awaited one ended\n", (long long)(doubled_start - set_end));
+    EXPECT(doubled_start >= set_end);
+    CHECK(clEnqueueReadBuffer(qb, Z, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 14);
+    CHECK(clEnqueueReadBuffer(qa, X, CL_TRUE, 0, sizeof back, back, 0, NULL, NULL));
+    for (int i = 0; i < N; i++) EXPECT(back[i] == 7 + i + p);
+    CHECK(clReleaseEvent(set_done));
+    CHECK(clReleaseEvent(doubled));
+    printf("same_daemon ok\n");
     return 0;
 }
 
@@ -929,6 +967,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "mem_limit") && argc > 2) return mem_limit(argv[2]);
     if (!strcmp(s, "multi")) return multi();
     if (!strcmp(s, "overlap")) return overlap();
+    if (!strcmp(s, "same_daemon")) return same_daemon();
     if (!strcmp(s, "kill")) return kill_wait();
     if (!strcmp(s, "no_platform")) return no_platform();
     fprintf(stderr, "unknown scenario %s\n", s);

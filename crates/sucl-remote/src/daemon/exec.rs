@@ -228,8 +228,9 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
             let mut o = lock(&s.objects);
             o.stats.executed += 1;
-            let recording = record.map(|event| event_recorded(s, event));
             let outcome = run(&ctx, &mut o, other)?;
+            // Numbered only once recorded: a refused Record leaves the earlier recording's notice due.
+            let recording = record.map(|event| event_recorded(s, event));
             let launch = record.and_then(|event| match o.events.get(&event) {
                 Some(Ev::Cl(l)) => Some(l.clone()),
                 _ => None,

@@ -363,7 +363,8 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
             let d = *o.queues.get(&queue).ok_or_else(|| failed(code::INVALID, format!("queue {queue} does not exist")))?;
             match device(ctx, d)? {
                 Served::Host { .. } => Ok(Outcome::Done),
-                Served::OpenCl(_) => match o.cl_last.get(&queue) {
+                // The queue is drained either way: its last kernel's failure is reported once.
+                Served::OpenCl(_) => match o.cl_last.remove(&queue) {
                     Some(l) => l.wait("the queue's last kernel").map(|_| Outcome::Done),
                     None => Ok(Outcome::Done),
                 },
