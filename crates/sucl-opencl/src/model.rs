@@ -61,6 +61,8 @@ pub(crate) struct EvState {
     pub(crate) watched: bool,
     /// The daemon's profiling times, once read.
     pub(crate) profile: Option<[u64; 4]>,
+    /// Waits for it posted to other daemons (told to its daemon when it is released).
+    pub(crate) remote_waits: u64,
 }
 
 /// An event: of a command, or a user event.
@@ -84,7 +86,7 @@ impl Event {
             queue,
             command,
             timed,
-            state: Mutex::new(EvState { status, server: None, callbacks: Vec::new(), watched: false, profile: None }),
+            state: Mutex::new(EvState { status, server: None, callbacks: Vec::new(), watched: false, profile: None, remote_waits: 0 }),
             changed: Condvar::new(),
         })
     }
@@ -104,14 +106,14 @@ impl Event {
     }
 }
 
-/// Daemon events of released events, by daemon: re-recording an event id moves it, so they
-/// are reused (a session holds a limited number of events).
-static SPARE_EVENTS: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
-
+/// A released event is released on its daemon too (each daemon event id is recorded once, so
+/// that a daemon waiting for it can never take a later recording for it).
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Some(spare) = lock(&self.state).server {
-            lock(&SPARE_EVENTS).push(spare);
+        let s = lock(&self.state);
+        if let (Some((srv, id)), Some(p)) = (s.server, platform::get()) {
+            // A session already over has nothing left to release.
+            let _ = p.servers[srv].remote.release_event(id, s.remote_waits);
         }
     }
 }
@@ -299,6 +301,7 @@ impl Queue {
                     p.ensure_mesh()?;
                     let peer = p.servers[srv].remote.mesh_index().ok_or(cl::OUT_OF_RESOURCES)?;
                     self.remote().post_raw(Command::WaitRemote { peer, event: id }).map_err(|e| error::code(&e, cl::OUT_OF_RESOURCES))?;
+                    lock(&w.state).remote_waits += 1;
                 }
             }
         }
@@ -314,11 +317,7 @@ impl Queue {
 
     /// Records `e` behind everything posted so far.
     pub(crate) fn record(&self, e: &Ref<Event>) -> Result<(), Int> {
-        let spare = {
-            let mut s = lock(&SPARE_EVENTS);
-            s.iter().position(|(srv, _)| *srv == self.server()).map(|i| s.swap_remove(i).1)
-        };
-        let id = spare.unwrap_or_else(|| self.remote().new_id());
+        let id = self.remote().new_id();
         self.remote().post_raw(Command::Record { queue: self.id, event: id }).map_err(|err| error::code(&err, cl::OUT_OF_RESOURCES))?;
         lock(&e.state).server = Some((self.server(), id));
         set_status(e, cl::SUBMITTED);

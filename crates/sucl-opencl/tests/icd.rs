@@ -288,6 +288,11 @@ fn reads_and_migrations_wait_for_the_kernel_that_wrote_the_buffer() {
 }
 
 #[test]
+fn a_wait_on_another_daemon_waits_for_this_event_not_an_earlier_one() {
+    scenario("events_again", 2);
+}
+
+#[test]
 fn a_command_waits_for_an_event_of_another_device_of_the_same_daemon() {
     let Some(c) = Cluster::start(1, &[], "pthread pthread") else { return };
     let o = c.run("same_daemon");

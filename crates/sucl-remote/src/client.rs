@@ -292,7 +292,12 @@ struct Conn {
     answered: AtomicU64,
     /// Data buffers of writes whose replies came, for the next writes ([`Remote::data_buffer`]).
     spare: Mutex<Vec<Vec<u8>>>,
+    /// Released events not yet told to the server ([`Remote::release_event`]).
+    released: Mutex<Vec<(u64, u64)>>,
 }
+
+/// Released events go to the server in batches of this many (one frame, not one each).
+const RELEASE_BATCH: usize = 64;
 
 /// How long a call spins for its reply before it sleeps: `SUCL_REMOTE_SPIN_US` microseconds,
 /// by default 50 where the machine has at least 4 cores and none where it has fewer (there the
@@ -489,6 +494,7 @@ impl Remote {
             answered: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             spare: Mutex::new(Vec::new()),
+            released: Mutex::new(Vec::new()),
         });
         {
             let mut st = conn.lock();
@@ -562,6 +568,21 @@ impl Remote {
     /// Waits for the answer to the command [`Remote::send_raw`] sent as `seq`.
     pub fn answer_raw(&self, seq: u64) -> Result<Outcome> {
         self.answer(seq, "a raw command")
+    }
+
+    /// Releases event `event` (made with raw commands) after `waits`
+    /// [`Command::WaitRemote`]s for it were posted to other servers: the server learns of it
+    /// with the next [`RELEASE_BATCH`]-th release, in one command.
+    pub fn release_event(&self, event: u64, waits: u64) -> Result<()> {
+        let batch = {
+            let mut r = self.conn.released.lock().unwrap_or_else(|p| p.into_inner());
+            r.push((event, waits));
+            if r.len() < RELEASE_BATCH {
+                return Ok(());
+            }
+            std::mem::take(&mut *r)
+        };
+        self.post(Command::ReleaseEvents { events: batch })
     }
 
     /// A fresh id for an object of this session (buffers, queues, events, programs, kernels
@@ -1190,10 +1211,21 @@ pub struct RemoteQueue {
     id: u64,
 }
 
-/// A point in a remote queue's work.
+/// A point in a remote queue's work. Dropping it releases it on its server (which forgets it
+/// once the other servers that were told to wait for it have asked).
 pub struct RemoteEvent {
     remote: Remote,
     id: u64,
+    /// Waits for it posted to other servers ([`RemoteQueue::wait_for`]).
+    remote_waits: AtomicU64,
+}
+
+impl Drop for RemoteEvent {
+    fn drop(&mut self) {
+        let waits = self.remote_waits.load(Ordering::Relaxed);
+        // A session already over has nothing left to release.
+        let _ = self.remote.release_event(self.id, waits);
+    }
 }
 
 impl RemoteEvent {
@@ -1245,7 +1277,7 @@ impl RemoteQueue {
     pub fn record(&self) -> Result<RemoteEvent> {
         let id = self.remote().id();
         self.remote().post(Command::Record { queue: self.id, event: id })?;
-        Ok(RemoteEvent { remote: self.remote().clone(), id })
+        Ok(RemoteEvent { remote: self.remote().clone(), id, remote_waits: AtomicU64::new(0) })
     }
 
     /// Makes later work on this queue wait for `event`. An event of another server of the same
@@ -1256,7 +1288,9 @@ impl RemoteQueue {
             return self.remote().post(Command::WaitEvent { queue: self.id, event: event.id });
         }
         let (peer, _) = same_mesh(&event.remote, self.remote())?;
-        self.remote().post(Command::WaitRemote { peer, event: event.id })
+        self.remote().post(Command::WaitRemote { peer, event: event.id })?;
+        event.remote_waits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Waits until everything enqueued so far has run; reports any earlier failure.

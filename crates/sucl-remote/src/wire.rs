@@ -28,6 +28,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
 /// [`Command::ClKernel`], [`Command::ClLaunch`],
 /// [`Command::ClQuery`], [`Command::ClRelease`]).
 pub const VERSION: u16 = 3;
+/// The most events one [`Command::ReleaseEvents`] releases.
+pub const MAX_RELEASES: usize = 4096;
 /// The largest frame either side accepts before the handshake has negotiated a limit.
 pub const HANDSHAKE_MAX_FRAME: u32 = 1024;
 /// The smallest frame limit a peer may ask for (every fixed-size command must fit).
@@ -506,6 +508,14 @@ pub enum Command {
         /// Its id.
         id: u64,
     },
+    /// Releases events the client will name no more, each with how many
+    /// [`Command::WaitRemote`]s for it the client posted to other members of its mesh (once
+    /// those have asked for it, and it completed, the server forgets it). A client records
+    /// each event id once. At most [`MAX_RELEASES`] events.
+    ReleaseEvents {
+        /// (event, waits posted for it).
+        events: Vec<(u64, u64)>,
+    },
 }
 
 /// One member of a peer mesh, as a client describes it to the others.
@@ -834,6 +844,7 @@ impl Command {
             Command::ClRelease { .. } => 25,
             Command::ClCompile { .. } => 26,
             Command::ClLink { .. } => 27,
+            Command::ReleaseEvents { .. } => 28,
         }
     }
 
@@ -934,6 +945,13 @@ impl Command {
             Command::WaitRemote { peer, event } => {
                 e.u32(*peer);
                 e.u64(*event);
+            }
+            Command::ReleaseEvents { events } => {
+                e.u32(events.len() as u32);
+                for (event, waits) in events {
+                    e.u64(*event);
+                    e.u64(*waits);
+                }
             }
             Command::SetContentSize { buffer, size_buffer } => {
                 e.u64(*buffer);
@@ -1437,6 +1455,14 @@ fn decode_command(d: &mut Dec) -> Result<Command, WireError> {
                 inputs.push(d.u64("linked program")?);
             }
             Command::ClLink { program, device, options, inputs }
+        }
+        28 => {
+            let n = d.count("released events", MAX_RELEASES, 16)?;
+            let mut events = Vec::with_capacity(n);
+            for _ in 0..n {
+                events.push((d.u64("event")?, d.u64("waits")?));
+            }
+            Command::ReleaseEvents { events }
         }
         t => return Err(WireError::UnknownTag { what: "command", tag: t }),
     })
@@ -1982,6 +2008,14 @@ mod tests {
             cmd: Command::ClLink { program: 2, device: 0, options: String::new(), inputs: vec![1; MAX_PROGRAM_INPUTS + 1] },
         };
         assert!(matches!(decode(&many.encode()[4..]), Err(WireError::TooLong { what: "linked programs", .. })));
+    }
+
+    #[test]
+    fn released_events_round_trip_and_too_many_are_refused() {
+        let f = Frame::Command { seq: 1, ack: 0, cmd: Command::ReleaseEvents { events: vec![(7, 0), (u64::MAX, 3)] } };
+        assert_eq!(decode(&f.encode()[4..]).unwrap(), f);
+        let many = Frame::Command { seq: 2, ack: 0, cmd: Command::ReleaseEvents { events: vec![(1, 1); MAX_RELEASES + 1] } };
+        assert!(matches!(decode(&many.encode()[4..]), Err(WireError::TooLong { what: "released events", .. })));
     }
 
     #[test]

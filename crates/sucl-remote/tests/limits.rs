@@ -190,3 +190,23 @@ fn a_client_and_a_daemon_that_disagree_about_tls_are_told_so() {
     let e = Remote::connect(&plain.addr, o).err().expect("a TLS client cannot use a plain daemon").to_string();
     assert!(e.contains("--no-tls"), "{e}");
 }
+
+#[test]
+fn released_events_leave_room_for_new_ones_and_held_ones_count_against_the_limit() {
+    let (d, o) = plain_daemon(|c| {
+        c.limits.max_events = 100;
+        c.host_devices = 1;
+    });
+    let r = Remote::connect(&d.local_addr().to_string(), o).unwrap();
+    let q = r.devices().unwrap()[0].queue().unwrap();
+    // Ten times the limit, each dropped (released in batches) before the next.
+    for _ in 0..1000 {
+        q.record().unwrap();
+    }
+    q.synchronize().expect("released events do not count against the limit");
+    // Held events do.
+    let held: Vec<_> = (0..150).map(|_| q.record().unwrap()).collect();
+    let e = q.synchronize().expect_err("150 held events pass a limit of 100").to_string();
+    assert!(e.contains("events (its limit)"), "{e}");
+    drop(held);
+}

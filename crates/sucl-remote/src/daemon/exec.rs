@@ -1,5 +1,6 @@
 //! The executor: runs a session's commands in order, each exactly once, and answers them.
 
+use super::cl;
 use super::mesh::*;
 use super::notify;
 use super::objects::*;
@@ -18,7 +19,8 @@ pub(super) fn would_block(s: &Session, cmd: &Command) -> bool {
             let key = (*peer, *transfer);
             !r.mem_offers.contains_key(&key) && r.inbox.get(&key).is_none_or(|i| i.received != i.total)
         }
-        Command::WaitRemote { peer, event } => !r.remote_done.contains_key(&(*peer, *event)),
+        // Each wait subscribes and waits for its own notice.
+        Command::WaitRemote { .. } => true,
         _ => false,
     }
 }
@@ -150,6 +152,9 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             check_peer(s, peer)?;
             let started = Instant::now();
             let what = format!("waiting for event {event} of mesh member {peer}");
+            // A notice left over from an earlier wait (sent twice after a broken link) is not
+            // this wait's: the member answers each subscription once more.
+            lock(&s.remote).remote_done.remove(&(peer, event));
             wait_remote(
                 shared,
                 s,
@@ -166,6 +171,7 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
                 },
                 || peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode()),
             )?;
+            lock(&s.remote).remote_done.remove(&(peer, event));
             lock(&s.objects).stats.peer_wait_ns += started.elapsed().as_nanos() as u64;
             Ok(Outcome::Done)
         }
@@ -224,11 +230,15 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
                 Command::Free { buffer } => Some(buffer),
                 _ => None,
             };
+            let released = match &other {
+                Command::ReleaseEvents { events } => events.clone(),
+                _ => Vec::new(),
+            };
             let in_mesh = lock(&s.remote).mesh.is_some();
             let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
             let mut o = lock(&s.objects);
             o.stats.executed += 1;
-            let outcome = run(&ctx, &mut o, other)?;
+            let outcome = if cl::is_opencl(&other) { cl::run(&ctx, &mut o, other) } else { run(&ctx, &mut o, other) }?;
             // Numbered only once recorded: a refused Record leaves the earlier recording's notice due.
             let recording = record.map(|event| event_recorded(s, event));
             let launch = record.and_then(|event| match o.events.get(&event) {
@@ -238,12 +248,15 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             drop(o);
             if let (Some(event), Some(recording)) = (record, recording) {
                 match launch {
-                    Some(launch) if in_mesh => notify::when_over(shared, s, notify::Recorded { launch, event, recording }),
+                    Some(launch) if in_mesh => notify::when_over(shared, s, Recorded { launch, event, recording }),
                     _ => event_done(shared, s, event, recording, true),
                 }
             }
             if let Some(id) = freed {
                 peer_mem::freed(shared, s, id);
+            }
+            for (event, waits) in released {
+                event_released(shared, s, event, waits);
             }
             Ok(outcome)
         }

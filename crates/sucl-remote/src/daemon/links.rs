@@ -2,6 +2,7 @@
 //! flight and the events peers wait for (the data; `mesh` moves it).
 
 use super::sync::lock;
+use super::waiters::Waiters;
 use crate::auth::MeshKey;
 use crate::transport::Link;
 use crate::wire::PeerSpec;
@@ -78,13 +79,10 @@ pub(super) struct RemoteState {
     pub(super) mesh: Option<MeshInfo>,
     pub(super) outs: HashMap<u32, Arc<PeerOut>>,
     pub(super) ins: Vec<Link>,
-    /// Local events that completed, or (false) failed: kept for peers that subscribe later.
-    pub(super) done: HashMap<u64, bool>,
-    /// How many times each local event was recorded (the client reuses event ids).
-    pub(super) recordings: HashMap<u64, u64>,
-    /// Peers waiting for local events.
-    pub(super) subscribers: HashMap<u64, Vec<u32>>,
-    /// Events of peers that completed, or (false) never will.
+    /// Local events that members wait for, or may.
+    pub(super) waiters: Waiters,
+    /// Events of peers that completed, or (false) never will, not yet taken by the wait that
+    /// subscribed.
     pub(super) remote_done: HashMap<(u32, u64), bool>,
     pub(super) inbox: HashMap<(u32, u64), Incoming>,
     /// Bytes staged in `inbox`.

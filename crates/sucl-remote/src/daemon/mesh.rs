@@ -4,6 +4,7 @@
 use super::links::*;
 use super::objects::*;
 use super::state::*;
+use super::waiters::Subscribed;
 use crate::auth::{random, MeshKey, Nonces};
 use crate::transport::{self, Link, Tls};
 use crate::wire::{self, code, failed, read_frame, write_frame, Frame, Outcome, PeerSpec, HANDSHAKE_MAX_FRAME, VERSION};
@@ -273,29 +274,28 @@ pub(super) fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Resu
     }
 }
 
-/// Starts a recording of local event `event` (the client reuses event ids): peers that
-/// subscribe from now on wait for this recording, and a late notice of an earlier one is
-/// ignored. Returns the recording's number, for [`event_done`].
+/// Starts a recording of local event `event`: peers that subscribe from now on wait for this
+/// recording, and those waiting for an earlier one still for theirs. Returns the recording's
+/// number, for [`event_done`].
 pub(super) fn event_recorded(s: &Session, event: u64) -> u64 {
-    let mut r = lock(&s.remote);
-    r.done.remove(&event);
-    let n = r.recordings.entry(event).or_default();
-    *n += 1;
-    *n
+    lock(&s.remote).waiters.recorded(event)
 }
 
-/// Tells the peers waiting for recording `recording` of local event `event` that it
-/// completed (`ok`) or failed.
+/// Recording `recording` of local event `event` completed (`ok`) or failed: tells the peers
+/// waiting for it.
 pub(super) fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, recording: u64, ok: bool) {
-    let waiting = {
-        let mut r = lock(&s.remote);
-        if r.mesh.is_none() || r.recordings.get(&event) != Some(&recording) {
-            return;
-        }
-        r.done.insert(event, ok);
-        r.subscribers.remove(&event).unwrap_or_default()
-    };
-    for p in waiting {
+    let waiting = lock(&s.remote).waiters.completed(event, recording, ok);
+    tell(shared, s, event, ok, waiting);
+}
+
+/// The client released local event `event`, having posted `waits` waits for it.
+pub(super) fn event_released(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, waits: u64) {
+    let waiting = lock(&s.remote).waiters.released(event, waits);
+    tell(shared, s, event, false, waiting);
+}
+
+fn tell(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, ok: bool, members: Vec<u32>) {
+    for p in members {
         let _ = peer_send(shared, s, p, Frame::PeerNotice { event, ok }.encode());
     }
 }
@@ -329,18 +329,8 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
         let h = match f {
             wire::PeerRead::Data(h) => h,
             wire::PeerRead::Frame(Frame::PeerSubscribe { event }) => {
-                let done = {
-                    let mut r = lock(&s.remote);
-                    let done = r.done.get(&event).copied();
-                    if done.is_none() {
-                        let subs = r.subscribers.entry(event).or_default();
-                        if !subs.contains(&from) {
-                            subs.push(from);
-                        }
-                    }
-                    done
-                };
-                if let Some(ok) = done {
+                let answer = lock(&s.remote).waiters.subscribe(event, from);
+                if let Subscribed::Now(ok) = answer {
                     let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok }.encode());
                 }
                 continue;

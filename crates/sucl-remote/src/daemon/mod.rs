@@ -19,12 +19,14 @@
 //! session is attached or has a command to run.
 //!
 //! **Files.** `accept`: the accept pool and the handshake; `session`: opening, re-attaching
-//! and receiving a session's commands; `exec`: running them in order and answering;
-//! `objects`: buffers, queues, events and the commands on them alone; `mesh` and `links`: the
-//! peer mesh (its threads and transfers; its state); `peer_mem`: migrations GPU to GPU through
-//! peer memory; `state`: what the threads share; `config`: the settings; `sync`: locking. Each
-//! imports only files listed after it, in the order accept, session, exec, peer_mem, mesh,
-//! state, links, objects, config, sync.
+//! and receiving a session's commands; `exec`: running them in order and answering; `cl`: the
+//! OpenCL-only commands; `notify`: the thread that tells members when events recorded behind
+//! running OpenCL kernels complete; `objects`: buffers, queues, events and the commands on them
+//! alone; `mesh` and `links`: the peer mesh (its threads and transfers; its state); `waiters`:
+//! which members wait for which local events, and when those are forgotten; `peer_mem`:
+//! migrations GPU to GPU through peer memory; `state`: what the threads share; `config`: the
+//! settings; `sync`: locking. Each imports only files listed after it, in the order accept,
+//! session, exec, cl, notify, peer_mem, mesh, state, links, waiters, objects, config, sync.
 //!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`](crate::wire::Command::JoinMesh):
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
@@ -61,6 +63,7 @@ mod peer_mem;
 mod session;
 mod state;
 mod sync;
+mod waiters;
 
 use crate::transport::{Pin, TlsIdentity};
 use crate::wire::MIN_MAX_FRAME;

@@ -4,16 +4,8 @@
 
 use super::mesh::event_done;
 use super::state::*;
-use crate::opencl::ClEvent;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Weak};
-
-/// Recording `recording` of local event `event`, complete when `launch` is.
-pub(super) struct Recorded {
-    pub(super) launch: ClEvent,
-    pub(super) event: u64,
-    pub(super) recording: u64,
-}
 
 /// Tells the members waiting for `r.event` once its kernel is over: at once when it is over
 /// already, else from the session's notice thread (started on first use). Without a thread

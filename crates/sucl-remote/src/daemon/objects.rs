@@ -275,7 +275,7 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
         | Command::ClKernel { .. }
         | Command::ClLaunch { .. }
         | Command::ClQuery { .. }
-        | Command::ClRelease { .. } => super::cl::run(ctx, o, cmd),
+        | Command::ClRelease { .. } => unreachable!("OpenCL commands run in cl"),
         Command::Stats | Command::JoinMesh { .. } | Command::MigrateIn { .. } | Command::MigrateOut { .. } | Command::WaitRemote { .. } => {
             unreachable!("peer commands and stats run in exec")
         }
@@ -337,6 +337,14 @@ pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, O
                 }
             }
             o.events.insert(event, ev); // re-recording an event id moves it, as in CUDA
+            Ok(Outcome::Done)
+        }
+        Command::ReleaseEvents { events } => {
+            // Unknown ids are no error: an event's Record may have been refused.
+            for (event, _) in events {
+                o.events.remove(&event);
+                o.cl_profiles.remove(&event);
+            }
             Ok(Outcome::Done)
         }
         Command::WaitEvent { queue, event } => {

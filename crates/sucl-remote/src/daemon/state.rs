@@ -59,7 +59,7 @@ pub(super) struct Session {
     pub(super) peer_frames: AtomicU64,
     /// The notice thread's queue of events recorded behind running OpenCL kernels (started on
     /// first use; its thread ends when this is dropped).
-    pub(super) notices: Mutex<Option<std::sync::mpsc::Sender<super::notify::Recorded>>>,
+    pub(super) notices: Mutex<Option<std::sync::mpsc::Sender<Recorded>>>,
 }
 
 impl Session {
@@ -118,4 +118,12 @@ pub(super) struct Acceptors {
 
 pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Recording `recording` of local event `event`, complete when `launch` is (for the session's
+/// notice thread, `notify`).
+pub(super) struct Recorded {
+    pub(super) launch: crate::opencl::ClEvent,
+    pub(super) event: u64,
+    pub(super) recording: u64,
 }
