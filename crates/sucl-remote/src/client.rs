@@ -572,7 +572,7 @@ impl Remote {
 
     /// Releases event `event` (made with raw commands) after `waits`
     /// [`Command::WaitRemote`]s for it were posted to other servers: the server learns of it
-    /// with the next [`RELEASE_BATCH`]-th release, in one command.
+    /// with the next 64th release, in one command.
     pub fn release_event(&self, event: u64, waits: u64) -> Result<()> {
         let batch = {
             let mut r = self.conn.released.lock().unwrap_or_else(|p| p.into_inner());

@@ -286,10 +286,18 @@ impl ClServed {
         check(e, "clCreateContext")?;
         // SAFETY: a valid context and device of it.
         let queue = unsafe { (api.create_command_queue)(context, device, CL_QUEUE_PROFILING_ENABLE, &mut e) };
-        check(e, "clCreateCommandQueue")?;
+        if let Err(o) = check(e, "clCreateCommandQueue") {
+            // SAFETY: the context was made above and nothing else holds it.
+            unsafe { release_queues_and_context(api, &[], context) };
+            return Err(o);
+        }
         // SAFETY: as above.
         let beside = unsafe { (api.create_command_queue)(context, device, 0, &mut e) };
-        check(e, "clCreateCommandQueue")?;
+        if let Err(o) = check(e, "clCreateCommandQueue") {
+            // SAFETY: the queue and context were made above and nothing else holds them.
+            unsafe { release_queues_and_context(api, &[queue], context) };
+            return Err(o);
+        }
         let mut s = ClServed { api: api.clone(), device, context, queue, beside, name: String::new(), memory: 0 };
         s.name = format!("{} ({platform})", text(&s.device_info(CL_DEVICE_NAME)?));
         let m = s.device_info(CL_DEVICE_GLOBAL_MEM_SIZE)?;

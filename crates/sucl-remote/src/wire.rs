@@ -26,7 +26,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SUCL");
 /// counters of [`SessionStats`]; version 3 added OpenCL devices ([`DeviceKind::OpenCl`]) and
 /// their commands ([`Command::ClBuild`], [`Command::ClCompile`], [`Command::ClLink`],
 /// [`Command::ClKernel`], [`Command::ClLaunch`],
-/// [`Command::ClQuery`], [`Command::ClRelease`]).
+/// [`Command::ClQuery`], [`Command::ClRelease`]), the read-only flags in the answer to
+/// [`Command::ClKernel`], and [`Command::ReleaseEvents`] (a version-3 client records each event
+/// id once).
 pub const VERSION: u16 = 3;
 /// The most events one [`Command::ReleaseEvents`] releases.
 pub const MAX_RELEASES: usize = 4096;
@@ -464,7 +466,9 @@ pub enum Command {
     },
     /// Creates kernel `kernel` (an id the client chose) from function `name` of built program
     /// `program`; answers [`Outcome::Data`]: its argument count (`u32`), then each argument's
-    /// address qualifier (`u32`, `CL_KERNEL_ARG_ADDRESS_*`, 0 when the platform cannot say).
+    /// address qualifier (`u32`, `CL_KERNEL_ARG_ADDRESS_*`, 0 when the platform cannot say),
+    /// then for each argument 1 if the kernel only reads it (`__constant`, or a pointer to
+    /// `const`), else 0 (`u32` each).
     ClKernel {
         /// The new kernel's id.
         kernel: u64,
