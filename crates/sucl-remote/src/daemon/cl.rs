@@ -25,20 +25,6 @@ fn usize_of(v: u64, what: &str) -> Result<usize, Outcome> {
     usize::try_from(v).map_err(|_| failed(code::INVALID, format!("{what} {v} does not fit this server's size_t")))
 }
 
-/// Whether [`run`] is the one to run `cmd` (the OpenCL-only commands).
-pub(super) fn is_opencl(cmd: &Command) -> bool {
-    matches!(
-        cmd,
-        Command::ClBuild { .. }
-            | Command::ClCompile { .. }
-            | Command::ClLink { .. }
-            | Command::ClKernel { .. }
-            | Command::ClLaunch { .. }
-            | Command::ClQuery { .. }
-            | Command::ClRelease { .. }
-    )
-}
-
 /// Runs one OpenCL command.
 pub(super) fn run(ctx: &Ctx, o: &mut Objects, cmd: Command) -> Result<Outcome, Outcome> {
     match cmd {

@@ -1,6 +1,6 @@
 //! The executor: runs a session's commands in order, each exactly once, and answers them.
 
-use super::cl;
+use super::commands::run;
 use super::mesh::*;
 use super::notify;
 use super::objects::*;
@@ -238,7 +238,7 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             let ctx = Ctx { devices: &shared.devices, cfg: &shared.cfg, max_frame: s.max_frame, in_mesh };
             let mut o = lock(&s.objects);
             o.stats.executed += 1;
-            let outcome = if cl::is_opencl(&other) { cl::run(&ctx, &mut o, other) } else { run(&ctx, &mut o, other) }?;
+            let outcome = run(&ctx, &mut o, other)?;
             // Numbered only once recorded: a refused Record leaves the earlier recording's notice due.
             let recording = record.map(|event| event_recorded(s, event));
             let launch = record.and_then(|event| match o.events.get(&event) {

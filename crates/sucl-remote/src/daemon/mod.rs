@@ -19,14 +19,15 @@
 //! session is attached or has a command to run.
 //!
 //! **Files.** `accept`: the accept pool and the handshake; `session`: opening, re-attaching
-//! and receiving a session's commands; `exec`: running them in order and answering; `cl`: the
-//! OpenCL-only commands; `notify`: the thread that tells members when events recorded behind
-//! running OpenCL kernels complete; `objects`: buffers, queues, events and the commands on them
-//! alone; `mesh` and `links`: the peer mesh (its threads and transfers; its state); `waiters`:
+//! and receiving a session's commands; `exec`: running them in order and answering;
+//! `commands`: the commands on the session's objects alone; `cl`: the OpenCL-only ones among
+//! them; `notify`: the thread that tells members when events recorded behind running OpenCL
+//! kernels complete; `objects`: buffers, queues, events, kernels, and finding them; `mesh` and
+//! `links`: the peer mesh (its threads and transfers; its state); `waiters`:
 //! which members wait for which local events, and when those are forgotten; `peer_mem`:
 //! migrations GPU to GPU through peer memory; `state`: what the threads share; `config`: the
 //! settings; `sync`: locking. Each imports only files listed after it, in the order accept,
-//! session, exec, cl, notify, peer_mem, mesh, state, links, waiters, objects, config, sync.
+//! session, exec, commands, cl, notify, peer_mem, mesh, state, links, waiters, objects, config, sync.
 //!
 //! **Peer mesh.** A client makes the servers of its sessions a mesh ([`Command::JoinMesh`](crate::wire::Command::JoinMesh):
 //! indices, addresses, certificate pins and a key the client hands every member). Members open
@@ -53,6 +54,7 @@
 
 mod accept;
 mod cl;
+mod commands;
 mod config;
 mod exec;
 mod links;
