@@ -404,7 +404,9 @@ pub enum Command {
         transfer: u64,
     },
     /// Holds back later commands until event `event` of mesh member `peer` has completed
-    /// (the server learns it from that peer, not from the client).
+    /// (the server learns it from that peer, not from the client). A client counts the waits it
+    /// posts for each event, and tells the event's server when it releases the event
+    /// ([`Command::ReleaseEvents`]).
     WaitRemote {
         /// The mesh index of the event's server.
         peer: u32,
@@ -698,10 +700,13 @@ pub enum Frame {
         /// HMAC under the mesh key.
         mac: [u8; 32],
     },
-    /// Peer → peer: tell me when your event `event` completes.
+    /// Peer → peer: tell me when your event `event` completes (for my wait `wait`: the same
+    /// wait subscribing again, after a broken link, names the same number).
     PeerSubscribe {
         /// The event.
         event: u64,
+        /// The subscribing member's number for this wait.
+        wait: u64,
     },
     /// Peer → peer: event `event` completed (`ok`) or can never complete (`!ok`).
     PeerNotice {
@@ -1188,9 +1193,10 @@ impl Frame {
                 e.u8(9);
                 e.raw(mac);
             }
-            Frame::PeerSubscribe { event } => {
+            Frame::PeerSubscribe { event, wait } => {
                 e.u8(20);
                 e.u64(*event);
+                e.u64(*wait);
             }
             Frame::PeerNotice { event, ok } => {
                 e.u8(21);
@@ -1567,7 +1573,7 @@ pub fn decode(body: &[u8]) -> Result<Frame, WireError> {
         19 => Frame::Fatal { reason: d.str("reason", 4096)? },
         8 => Frame::PeerOpen { mesh: d.array("mesh id")?, from: d.u32("from")?, to: d.u32("to")?, mac: d.array("mac")? },
         9 => Frame::PeerOpened { mac: d.array("mac")? },
-        20 => Frame::PeerSubscribe { event: d.u64("event")? },
+        20 => Frame::PeerSubscribe { event: d.u64("event")?, wait: d.u64("wait")? },
         21 => Frame::PeerNotice {
             event: d.u64("event")?,
             ok: match d.u8("ok")? {

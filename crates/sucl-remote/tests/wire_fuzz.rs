@@ -170,7 +170,7 @@ fn frame() -> impl Strategy<Value = Frame> {
             mac
         }),
         any::<[u8; 32]>().prop_map(|mac| Frame::PeerOpened { mac }),
-        any::<u64>().prop_map(|event| Frame::PeerSubscribe { event }),
+        (any::<u64>(), any::<u64>()).prop_map(|(event, wait)| Frame::PeerSubscribe { event, wait }),
         (any::<u64>(), any::<bool>()).prop_map(|(event, ok)| Frame::PeerNotice { event, ok }),
         (any::<u64>(), any::<u64>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 0..24))
             .prop_map(|(transfer, total, offset, data)| Frame::PeerData { transfer, total, offset, data }),

@@ -152,10 +152,10 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
             check_peer(s, peer)?;
             let started = Instant::now();
             let what = format!("waiting for event {event} of mesh member {peer}");
-            // A notice left over from an earlier wait (sent twice after a broken link) is not
-            // this wait's: the member answers each subscription once more.
-            lock(&s.remote).remote_done.remove(&(peer, event));
-            wait_remote(
+            // Notices are taken only while a wait for them runs (one at a time: a session's
+            // commands run in order), so a late one is dropped, not kept.
+            let wait = lock(&s.remote).waiting_for(peer, event);
+            let waited = wait_remote(
                 shared,
                 s,
                 peer,
@@ -169,9 +169,10 @@ pub(super) fn exec(shared: &Arc<Shared>, s: &Arc<Session>, cmd: Command) -> Resu
                         }
                     })
                 },
-                || peer_send(shared, s, peer, Frame::PeerSubscribe { event }.encode()),
-            )?;
-            lock(&s.remote).remote_done.remove(&(peer, event));
+                || peer_send(shared, s, peer, Frame::PeerSubscribe { event, wait }.encode()),
+            );
+            lock(&s.remote).waited_for(peer, event);
+            waited?;
             lock(&s.objects).stats.peer_wait_ns += started.elapsed().as_nanos() as u64;
             Ok(Outcome::Done)
         }

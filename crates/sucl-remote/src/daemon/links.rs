@@ -81,9 +81,13 @@ pub(super) struct RemoteState {
     pub(super) ins: Vec<Link>,
     /// Local events that members wait for, or may.
     pub(super) waiters: Waiters,
-    /// Events of peers that completed, or (false) never will, not yet taken by the wait that
-    /// subscribed.
+    /// Events of peers that completed, or (false) never will, for the wait that runs.
     pub(super) remote_done: HashMap<(u32, u64), bool>,
+    /// The event of a peer the running wait is for, and that wait's number (see
+    /// [`RemoteState::waiting_for`]).
+    pub(super) remote_waiting: Option<(u32, u64)>,
+    /// Waits for peers' events begun.
+    pub(super) remote_waits: u64,
     pub(super) inbox: HashMap<(u32, u64), Incoming>,
     /// Bytes staged in `inbox`.
     pub(super) staged: u64,
@@ -208,6 +212,27 @@ pub(super) fn this_node() -> u64 {
 }
 
 impl RemoteState {
+    /// A wait for event `event` of `peer` begins: returns its number, for its subscription.
+    pub(super) fn waiting_for(&mut self, peer: u32, event: u64) -> u64 {
+        self.remote_done.clear(); // nothing is waited for between waits
+        self.remote_waiting = Some((peer, event));
+        self.remote_waits += 1;
+        self.remote_waits
+    }
+
+    /// The wait for event `event` of `peer` ended: its notice is taken.
+    pub(super) fn waited_for(&mut self, peer: u32, event: u64) {
+        self.remote_done.remove(&(peer, event));
+        self.remote_waiting = None;
+    }
+
+    /// A member's notice came: kept only for the wait that runs for it.
+    pub(super) fn notice(&mut self, peer: u32, event: u64, ok: bool) {
+        if self.remote_waiting == Some((peer, event)) {
+            self.remote_done.insert((peer, event), ok);
+        }
+    }
+
     pub(super) fn epoch(&self, peer: u32) -> u64 {
         self.epoch.get(&peer).copied().unwrap_or(0)
     }

@@ -276,21 +276,39 @@ pub(super) fn peer_link(shared: &Arc<Shared>, s: &Arc<Session>, to: u32) -> Resu
 
 /// Starts a recording of local event `event`: peers that subscribe from now on wait for this
 /// recording, and those waiting for an earlier one still for theirs. Returns the recording's
-/// number, for [`event_done`].
+/// number, for [`event_done`] (0 outside a mesh, where no one can wait for it).
 pub(super) fn event_recorded(s: &Session, event: u64) -> u64 {
-    lock(&s.remote).waiters.recorded(event)
+    let mut r = lock(&s.remote);
+    if r.mesh.is_none() {
+        return 0;
+    }
+    r.waiters.recorded(event)
 }
 
 /// Recording `recording` of local event `event` completed (`ok`) or failed: tells the peers
 /// waiting for it.
 pub(super) fn event_done(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, recording: u64, ok: bool) {
-    let waiting = lock(&s.remote).waiters.completed(event, recording, ok);
+    let waiting = {
+        let mut r = lock(&s.remote);
+        // Outside a mesh a Record is not waited for before it is called done (a CUDA event
+        // is synchronized only in a mesh): nothing may be told of it.
+        if r.mesh.is_none() || recording == 0 {
+            return;
+        }
+        r.waiters.completed(event, recording, ok)
+    };
     tell(shared, s, event, ok, waiting);
 }
 
 /// The client released local event `event`, having posted `waits` waits for it.
 pub(super) fn event_released(shared: &Arc<Shared>, s: &Arc<Session>, event: u64, waits: u64) {
-    let waiting = lock(&s.remote).waiters.released(event, waits);
+    let waiting = {
+        let mut r = lock(&s.remote);
+        if r.mesh.is_none() {
+            return;
+        }
+        r.waiters.released(event, waits)
+    };
     tell(shared, s, event, false, waiting);
 }
 
@@ -328,15 +346,15 @@ pub(super) fn peer_receive(shared: &Arc<Shared>, s: &Arc<Session>, from: u32, co
         s.peer_frames.fetch_add(1, Ordering::Relaxed);
         let h = match f {
             wire::PeerRead::Data(h) => h,
-            wire::PeerRead::Frame(Frame::PeerSubscribe { event }) => {
-                let answer = lock(&s.remote).waiters.subscribe(event, from);
+            wire::PeerRead::Frame(Frame::PeerSubscribe { event, wait }) => {
+                let answer = lock(&s.remote).waiters.subscribe(event, from, wait);
                 if let Subscribed::Now(ok) = answer {
                     let _ = peer_send(shared, s, from, Frame::PeerNotice { event, ok }.encode());
                 }
                 continue;
             }
             wire::PeerRead::Frame(Frame::PeerNotice { event, ok }) => {
-                lock(&s.remote).remote_done.insert((from, event), ok);
+                lock(&s.remote).notice(from, event, ok);
                 s.remote_cv.notify_all();
                 continue;
             }

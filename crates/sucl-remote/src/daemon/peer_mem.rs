@@ -112,7 +112,7 @@ impl Join {
         match cmd {
             Command::MigrateOut { peer, .. } => Join::To(*peer),
             Command::MigrateIn { buffer, offset, len, .. } => Join::Overlapping(*buffer, *offset..offset.saturating_add(*len)),
-            Command::Nop | Command::Devices | Command::Stats => Join::Nothing,
+            Command::Nop | Command::Devices | Command::Stats | Command::ReleaseEvents { .. } => Join::Nothing,
             _ => Join::All,
         }
     }
