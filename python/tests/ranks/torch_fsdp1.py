@@ -4,6 +4,7 @@ parameters to argv[2]. Ranks start from the same weights (FSDP1's sync_module_st
 GPU) and train on different data, so the result depends on every collective FSDP makes
 (all_gather_into_tensor of the shards, reduce_scatter_tensor of the gradients)."""
 
+import gc
 import sys
 
 import torch
@@ -33,4 +34,9 @@ with FSDP.summon_full_params(fsdp):
 if r == 0:
     torch.save(params, out)
 print(f"OK rank {r} loss {loss.item():.6f}", flush=True)
+# FSDP holds the process group, as DDP does (torch_ddp.py): dropped here, the group ends while
+# Python is alive, not in the interpreter's teardown, where gloo's threads can abort the
+# process ("terminate called without an active exception") after all the work is done.
+del fsdp, opt, loss
+gc.collect()
 dist.destroy_process_group()
