@@ -34,9 +34,9 @@ enum Cmd {
         /// Do not prefix output lines with the rank.
         #[arg(long)]
         no_prefix: bool,
-        /// Seconds between SIGTERM and SIGKILL when a rank fails.
-        #[arg(long, default_value_t = 2.0)]
-        grace: f64,
+        /// Seconds between SIGTERM and SIGKILL when a rank fails (0 to 86400).
+        #[arg(long, default_value = "2", value_parser = grace_seconds)]
+        grace: Duration,
         /// Do not bind the ranks to CPUs. By default, when the ranks fit the CPUs this process
         /// may use, each rank is bound to its own contiguous block of them (all CPUs / ranks each).
         #[arg(long)]
@@ -577,6 +577,16 @@ fn tune_main(t: TuneCli) -> i32 {
     }
 }
 
+/// `--grace`: seconds from 0 to a day.
+fn grace_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if (0.0..=86400.0).contains(&v) {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(format!("{s} seconds: the grace is 0 to 86400 seconds"))
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
@@ -585,13 +595,7 @@ fn main() {
             if ranks == 0 {
                 fail("-n must be at least 1")
             } else {
-                launcher::launch(&launcher::LaunchOpts {
-                    ranks,
-                    argv,
-                    prefix: !no_prefix,
-                    grace: Duration::from_secs_f64(grace.max(0.0)),
-                    bind: !no_bind,
-                })
+                launcher::launch(&launcher::LaunchOpts { ranks, argv, prefix: !no_prefix, grace, bind: !no_bind })
             }
         }
         Cmd::Bench(b) => bench_main(b),

@@ -47,8 +47,9 @@ pub(crate) struct Platform {
 /// How long a call to a daemon may take, and how long a lost daemon is waited for
 /// (`SUCL_OPENCL_TIMEOUT`, seconds, default 30).
 pub(crate) fn timeout() -> Duration {
-    let s = std::env::var("SUCL_OPENCL_TIMEOUT").ok().and_then(|v| v.parse::<f64>().ok()).filter(|v| *v > 0.0).unwrap_or(30.0);
-    Duration::from_secs_f64(s)
+    // A value no Duration holds (or inf) is ignored as an unparsable one is.
+    let s = std::env::var("SUCL_OPENCL_TIMEOUT").ok().and_then(|v| v.parse::<f64>().ok()).filter(|v| *v > 0.0 && *v <= 1e11);
+    Duration::from_secs_f64(s.unwrap_or(30.0))
 }
 
 static PLATFORM: OnceLock<Option<Platform>> = OnceLock::new();

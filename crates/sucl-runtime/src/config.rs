@@ -304,10 +304,9 @@ impl Config {
         let at = |needle: &str| line_of(text, needle).map(|l| format!("{path}:{l}")).unwrap_or_else(|| path.to_string());
         let bytes_err = |key: &str, e: String| Error::Config(format!("{}: {e}", at(key)));
         if let Some(t) = f.timeout {
-            if !(t > 0.0 && t.is_finite()) {
-                return Err(Error::Config(format!("{}: key `timeout`: must be a positive number of seconds", at("timeout"))));
-            }
-            self.host.timeout = Duration::from_secs_f64(t);
+            self.host.timeout = seconds(t).ok_or_else(|| {
+                Error::Config(format!("{}: key `timeout`: must be a positive number of seconds (at most {MAX_SECONDS:e})", at("timeout")))
+            })?;
             self.record("timeout", &from);
         }
         if let Some(c) = f.check_collectives {
@@ -512,13 +511,12 @@ impl Config {
             self.record("platforms.host", "env SUCL_THRESHOLD");
         }
         if let Some(v) = get("SUCL_TIMEOUT") {
-            let secs: f64 = v
+            self.host.timeout = v
                 .trim()
                 .parse()
                 .ok()
-                .filter(|s: &f64| *s > 0.0 && s.is_finite())
-                .ok_or_else(|| bad("SUCL_TIMEOUT", &v, "a positive number of seconds"))?;
-            self.host.timeout = Duration::from_secs_f64(secs);
+                .and_then(seconds)
+                .ok_or_else(|| bad("SUCL_TIMEOUT", &v, &format!("a positive number of seconds (at most {MAX_SECONDS:e})")))?;
             self.record("timeout", "env SUCL_TIMEOUT");
         }
         let mut sizes: Vec<(&str, &str, &mut usize, u64)> = vec![
@@ -794,6 +792,15 @@ pub fn agree_settings(cfg: &mut Config, store: &StoreClient, rank: usize) -> Res
 
 /// Entry point of the coverage-guided fuzz target `config_toml` (`fuzz/`) and of the tests
 /// that replay its corpus: not part of the API.
+/// The longest timeout taken, in seconds (about 3170 years: far below what a `Duration` holds,
+/// and what `Instant` arithmetic can add to the present without overflowing).
+pub const MAX_SECONDS: f64 = 1e11;
+
+/// `s` seconds as a timeout: positive, finite and at most [`MAX_SECONDS`], else `None`.
+pub fn seconds(s: f64) -> Option<Duration> {
+    (s > 0.0 && s <= MAX_SECONDS).then(|| Duration::from_secs_f64(s))
+}
+
 #[doc(hidden)]
 pub mod fuzz {
     use super::*;
@@ -818,6 +825,18 @@ mod tests {
         c.apply_file("sucl.toml", text)?;
         c.validate()?;
         Ok(c)
+    }
+
+    #[test]
+    fn timeouts_beyond_what_a_duration_holds_are_refused_not_a_panic() {
+        for t in ["3e19", "1e300", "inf", "nan", "0", "-1"] {
+            let e = file(&format!("timeout = {t}\n")).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains("timeout"), "{t}: {e}");
+        }
+        assert_eq!(file("timeout = 1e11\n").unwrap().host.timeout, Duration::from_secs(100_000_000_000));
+        let mut c = Config::default();
+        let e = c.apply_env(&|k| (k == "SUCL_TIMEOUT").then(|| "1e20".to_string())).unwrap_err().to_string();
+        assert!(e.contains("SUCL_TIMEOUT"), "{e}");
     }
 
     #[test]
