@@ -195,8 +195,8 @@ fn main() {
         .map(|x| x.trim().parse().ok().filter(|&n: &usize| n > 0).unwrap_or_else(|| args.fail(format!("--ranks: bad rank count {x:?}"))))
         .collect();
     let seconds: f64 = args.num("--min-seconds", 1.0);
-    if !(seconds.is_finite() && seconds >= 0.0) {
-        args.fail(format!("--min-seconds: want a duration in seconds, got {seconds}"));
+    if !(0.0..=1e9).contains(&seconds) {
+        args.fail(format!("--min-seconds: want a duration in seconds (0 to 1e9), got {seconds}"));
     }
     let min = Duration::from_secs_f64(seconds);
     let json = args.flag("--json");
