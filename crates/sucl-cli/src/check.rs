@@ -225,5 +225,6 @@ pub fn run(comm: &Communicator, args: &CheckArgs) -> Result<i32> {
             t0.elapsed().as_secs_f64()
         );
     }
+    crate::ops::reported(comm)?;
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }

@@ -321,6 +321,7 @@ pub fn check(
             t0.elapsed().as_secs_f64()
         );
     }
+    crate::ops::reported(comm)?;
     Ok(if totals[1] == 0 { 0 } else { 1 })
 }
 

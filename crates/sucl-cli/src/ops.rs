@@ -17,6 +17,12 @@ pub fn run_op<T: Element>(comm: &Communicator, op: CollOp, send: &[T], recv: &mu
     }
 }
 
+/// Holds every rank until rank 0 has printed its report (call it after that print): a rank
+/// that exits non-zero makes the launcher end the others, which must not cut the report short.
+pub fn reported(comm: &Communicator) -> Result<()> {
+    oob_sum(comm, "reported", 0).map(|_| ())
+}
+
 /// The sum over every rank of `value`, added up through the rendezvous store (never through the
 /// backend being checked or measured). Collective; every rank calls it with the same `what` in
 /// the same order (a per-process counter makes each call's store keys unique).
